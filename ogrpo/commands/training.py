@@ -1,0 +1,7 @@
+"""`ogrpo train` (owned by the training area)."""
+from __future__ import annotations
+
+
+def train() -> None:
+    """Train (not built yet)."""
+    raise NotImplementedError

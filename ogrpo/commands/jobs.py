@@ -1,22 +1,221 @@
-"""`ogrpo submit`, `status`, `logs`, `cancel` (owned by the Slurm area)."""
+"""`ogrpo submit`, `status`, `logs`, `cancel` (owned by the Slurm area).
+
+Implementations are imported inside the functions so that `ogrpo --help` stays fast.
+"""
+
 from __future__ import annotations
 
+from typing import Optional
 
-def submit() -> None:
-    """Submit (not built yet)."""
-    raise NotImplementedError
+import typer
 
-
-def status() -> None:
-    """Status (not built yet)."""
-    raise NotImplementedError
+GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu."
+CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
+JOB_HELP = "Slurm job id or the job's run directory."
 
 
-def logs() -> None:
-    """Logs (not built yet)."""
-    raise NotImplementedError
+def _default_job_dir(name: str) -> str:
+    import os
+    import time
+
+    return os.path.abspath(os.path.join("ogrpo-jobs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
-def cancel() -> None:
-    """Cancel (not built yet)."""
-    raise NotImplementedError
+def _summary(p: dict, spec) -> list[str]:
+    lines = [f"plan: {p['cluster']['spec']}, model {p['model']['name']}, mode {p['mode']}, precision {p['precision']}"]
+    for s in spec.steps:
+        what = f"GPUs {s.gpus}" if s.gpus else "CPU"
+        lines.append(f"  {s.role}: nodes {s.nodes}, {what}, {s.ntasks} task(s)")
+    if p["mode"] != "none":
+        lines.append(f"  trainer: {p['trainer']['num_processes']} process(es), {p['trainer']['strategy']}")
+    return lines
+
+
+def submit(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Slurm partition."),
+    time_limit: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: minutes, HH:MM:SS or D-HH:MM."),
+    account: Optional[str] = typer.Option(None, "--account", "-A", help="Slurm account to charge."),
+    qos: Optional[str] = typer.Option(None, "--qos", help="Slurm QOS."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Nodes (default: the plan's)."),
+    container: Optional[str] = typer.Option(None, "--container", help="Image every step runs in (.sif, docker://, .sqsh)."),
+    container_runtime: Optional[str] = typer.Option(
+        None, "--container-runtime", help="apptainer | singularity | pyxis | none (default: detected)."),
+    slurm: Optional[list[str]] = typer.Option(None, "--slurm", help="Extra sbatch option KEY=VALUE (repeatable)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="slurm | local (default: slurm when sbatch is on PATH)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Run directory (default: ./ogrpo-jobs/NAME-TIME)."),
+    max_requeues: int = typer.Option(3, "--max-requeues", help="Requeues allowed after preemption / time limit."),
+    signal_delay: int = typer.Option(90, "--signal-delay", help="Seconds before the time limit to checkpoint (>= 30)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
+    params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
+    vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    force: bool = typer.Option(False, "--force", help="Submit even when the plan does not fit."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
+) -> None:
+    """Plan, render and submit a job (Slurm through submitit, or run it here with --backend local)."""
+    import os
+    import shutil
+
+    from ogrpo.config import load_run_config
+    from ogrpo.errors import NoFitError, OgrpoError
+    from ogrpo.jobspec import build_jobspec
+    from ogrpo.plan import plan_from_config
+    from ogrpo.render import render_job, write_job
+
+    if backend is None:
+        backend = "slurm" if shutil.which("sbatch") else "local"
+    if backend not in ("slurm", "local"):
+        raise OgrpoError(f"--backend {backend!r}: use slurm or local")
+    if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:
+        raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node "
+                         "(or load the slurm module), or use --backend local")
+    from ogrpo.launch import slurm as sl
+    from ogrpo.launch.containers import make_container
+
+    extra = sl.parse_passthrough(slurm)
+    minutes = sl.parse_time(time_limit) if time_limit else None
+    overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params, "model": model,
+                           "partition": partition, "account": account, "qos": qos, "time": time_limit,
+                           "container": container}}
+    rc = load_run_config(config, overrides)
+    plan = plan_from_config(rc)
+    for w in list(rc.warnings) + list(getattr(plan, "warnings", [])):
+        typer.echo(f"warning: {w}", err=True)
+    if not plan.fits and not force:
+        raise NoFitError("the plan does not fit: " + "; ".join(plan.reasons)
+                         + (f"; try: {', '.join(plan.fixes)}" if plan.fixes else "") + " (or --force)")
+    p = plan.to_dict()
+    opts_cfg = rc.ogrpo
+    job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
+    spec = build_jobspec(plan, rc, job_dir)
+    files = render_job(plan, rc, spec)
+    summary = _summary(p, spec)
+
+    if backend == "local":
+        if dry_run:
+            typer.echo("\n".join(summary))
+            typer.echo(f"would run locally in {job_dir}:")
+            for s in spec.steps:
+                typer.echo(f"  {s.role}: {' '.join(s.argv)}")
+            return
+        _submit_local(files, spec, job_dir, summary)
+        return
+
+    opts = sl.options_for(p, rc, nodes=nodes, time_min=minutes, extra=extra, signal_delay_s=signal_delay,
+                          max_requeues=max_requeues, job_name=spec.name,
+                          container=make_container(opts_cfg.container, container_runtime, [job_dir]))
+    if dry_run:
+        if shutil.which("sbatch"):
+            params_ = sl.preflight(spec, opts)  # checks only; nothing is submitted
+        else:
+            params_ = sl.executor_parameters(spec, opts)
+        typer.echo("\n".join(summary))
+        typer.echo(f"==> sbatch (submitit, {job_dir}/submitit) <==")
+        typer.echo(sl.sbatch_text(spec, opts, os.path.join(job_dir, "submitit")).rstrip())
+        typer.echo("==> steps (started by the supervisor in the batch step) <==")
+        hosts = [f"NODE{i}" for i in range(sl.job_nodes(spec))]
+        cmds = sl.SlurmSupervisor(spec, opts).commands(hosts, 0, params_.get("cpus_per_task") or 1, None)
+        import shlex
+
+        for role, argv in cmds.items():
+            typer.echo(f"{role}: {shlex.join(argv)}")
+        return
+    params_ = sl.preflight(spec, opts)  # raises before anything is written or submitted
+    write_job(files, job_dir)
+    sub = sl.submit(spec, opts, params_)
+    typer.echo(f"submitted job {sub.job_id}")
+    typer.echo(f"run dir:    {sub.job_dir}")
+    typer.echo(f"supervisor: {sub.supervisor_log}")
+    for role, path in sub.logs.items():
+        typer.echo(f"{role + ':':11} {path}")
+    typer.echo("\n".join(summary))
+    typer.echo(f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})")
+
+
+def _submit_local(files: dict, spec, job_dir: str, summary: list[str]) -> None:
+    import json
+    from pathlib import Path
+
+    from ogrpo.errors import LaunchError
+    from ogrpo.render import write_job
+
+    try:
+        from ogrpo.launch.local import run_local
+    except ImportError as exc:
+        raise LaunchError(f"the local backend is not available ({exc}): run the rendered job with sbatch") from exc
+    write_job(files, job_dir)
+    (Path(job_dir) / "jobspec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+    typer.echo("\n".join(summary))
+    typer.echo(f"running locally in {job_dir}")
+    rc = run_local(job_dir)
+    raise typer.Exit(rc)
+
+
+def status(
+    job: str = typer.Argument(..., help=JOB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """State of a job: Slurm state and steps, requeues, devices each role saw, last checkpoint and metrics."""
+    import json
+
+    from ogrpo.launch.slurm_query import status as job_status
+
+    info = job_status(job)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, default=str))
+        return
+    head = f"job {info.get('job_id')}: {info.get('state')}"
+    if info.get("reason") and info["reason"] not in ("None", ""):
+        head += f" ({info['reason']})"
+    if info.get("elapsed"):
+        head += f", elapsed {info['elapsed']}"
+    if info.get("exit_code"):
+        head += f", exit {info['exit_code']}"
+    typer.echo(head)
+    for s in info.get("steps", []):
+        typer.echo(f"  step {s['id']} {s['name']}: {s['state']} (exit {s['exit_code']})")
+    if "job_dir" in info:
+        typer.echo(f"run dir: {info['job_dir']}")
+        req = f"requeues: {info.get('requeues', 0)}"
+        if info.get("max_requeues") is not None:
+            req += f" of {info['max_requeues']}"
+        typer.echo(f"attempts: {info.get('attempts', 0)}, {req}")
+        for role, dev in info.get("devices", {}).items():
+            typer.echo(f"  {role} saw CUDA_VISIBLE_DEVICES={dev}")
+        if info.get("last_checkpoint"):
+            typer.echo(f"last checkpoint: {info['last_checkpoint']}")
+        if info.get("last_metrics"):
+            typer.echo(f"last metrics: {json.dumps(info['last_metrics'])}")
+
+
+def logs(
+    job: str = typer.Argument(..., help=JOB_HELP),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    role: Optional[str] = typer.Option(None, "--role", help="server | trainer | supervisor (default: all)."),
+) -> None:
+    """Print a job's logs (supervisor, server, trainer) from its run directory."""
+    import sys
+
+    from ogrpo.errors import OgrpoError
+    from ogrpo.launch.slurm_query import stream_logs
+
+    if role not in (None, "server", "trainer", "supervisor"):
+        raise OgrpoError(f"--role {role!r}: use server, trainer or supervisor")
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    stream_logs(job, role, follow, write)
+
+
+def cancel(
+    job: str = typer.Argument(..., help=JOB_HELP),
+) -> None:
+    """Cancel a job (scancel) and wait until Slurm has killed its steps."""
+    from ogrpo.launch.slurm_query import cancel as job_cancel
+
+    ref = job_cancel(job)
+    typer.echo(f"cancelled job {ref.job_id}")

@@ -1,17 +1,185 @@
-"""`ogrpo plan`, `ogrpo render`, `ogrpo doctor` (owned by the planning core)."""
+"""`ogrpo plan`, `ogrpo render`, `ogrpo doctor` (owned by the planning core).
+
+Implementations are imported inside the functions so that `ogrpo --help` stays fast.
+"""
+
 from __future__ import annotations
 
+from typing import Optional
 
-def plan() -> None:
-    """Plan placement and memory fit (not built yet)."""
-    raise NotImplementedError
+import typer
+
+def _plain_coercion() -> None:
+    """typer 0.29 coerces every non-flag option through a pydantic TypeAdapter, and importing pydantic costs
+    0.1-0.2 s of the 0.3 s that `ogrpo plan` may take. Options typed plain str/int/float (or Optional of
+    them) need no pydantic: coerce those directly and leave every other annotation to typer. Applies to the
+    whole app (cli.py imports this module); a typer without these internals is left untouched."""
+    import typing
+    from dataclasses import dataclass
+
+    try:
+        from typer import core
+        from typer._click.exceptions import BadParameter
+        from typer._coercion import RuntimeParam
+    except ImportError:
+        return
+    original = getattr(core._TyperParameter, "get_runtime_param", None)
+    if original is None or getattr(original, "_ogrpo_plain", False):
+        return
+
+    @dataclass(frozen=True)
+    class PlainParam(RuntimeParam):
+        base: type = str
+
+        def _coerce_value(self, value, param, ctx):
+            if self.base is bool:
+                if isinstance(value, bool):
+                    return value
+                word = str(value).strip().lower()
+                if word in ("1", "true", "t", "yes", "y", "on"):
+                    return True
+                if word in ("0", "false", "f", "no", "n", "off"):
+                    return False
+                raise BadParameter(f"{value!r} is not a valid boolean.", ctx=ctx, param=param)
+            if isinstance(value, self.base) and not isinstance(value, bool):
+                return value
+            try:
+                return self.base(value)
+            except (TypeError, ValueError):
+                kind = {int: "integer", float: "number"}.get(self.base, self.base.__name__)
+                raise BadParameter(f"{value!r} is not a valid {kind}.", ctx=ctx, param=param) from None
+
+    def plain_type(annotation):
+        if annotation in (str, int, float, bool):
+            return annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) \
+                and len(args) == 1 and args[0] in (str, int, float, bool):
+            return args[0]
+        return None
+
+    def get_runtime_param(self):
+        if self._runtime_param is None:
+            desc = self.type_descriptor
+            base = plain_type(desc.annotation)
+            if base is not None and desc.file_annotation is None and getattr(desc.parameter_info, "parser",
+                                                                               None) is None:
+                self._runtime_param = PlainParam(parameter_info=desc.parameter_info, annotation=desc.annotation,
+                                                 base=base)
+        return original(self)
+
+    get_runtime_param._ogrpo_plain = True
+    core._TyperParameter.get_runtime_param = get_runtime_param
 
 
-def render() -> None:
-    """Render the Slurm job (not built yet)."""
-    raise NotImplementedError
+_plain_coercion()
+
+GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
+CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 
 
-def doctor() -> None:
-    """Check this machine (not built yet)."""
-    raise NotImplementedError
+def _load(config: str, gpus, model, params, profile, vllm_gpus):
+    from ogrpo.config import load_run_config
+    from ogrpo.errors import OgrpoError
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.plan import plan_from_config
+
+    if not config:
+        raise OgrpoError("--config is required: a TRL recipe YAML or a built-in recipe name (e.g. --config tiny)")
+
+    if gpus is not None:
+        parse_gpus(gpus)  # a bad --gpus is reported as such, not as a config problem
+
+    overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
+                           "model": model}}
+    rc = load_run_config(config, overrides)
+    plan = plan_from_config(rc)
+    return rc, plan
+
+
+def _warn(rc, plan) -> None:
+    for w in list(rc.warnings) + list(plan.warnings):
+        typer.echo(f"warning: {w}", err=True)
+
+
+def plan(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
+    params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
+    vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
+    rc, p = _load(config, gpus, model, params, profile, vllm_gpus)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(p.to_dict(), indent=2))
+    else:
+        _warn(rc, p)
+        from ogrpo.render.table import print_plan
+
+        print_plan(p)
+    raise typer.Exit(0 if p.fits else 3)
+
+
+def render(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Job directory to write."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
+    params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
+    vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the files instead of writing them."),
+    force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit."),
+    job_dir_opt: Optional[str] = typer.Option(
+        None, "--job-dir", help="Path the job will have on the cluster (default: the absolute --output path)."),
+) -> None:
+    """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
+    import os
+
+    from ogrpo.errors import NoFitError, OgrpoError
+    from ogrpo.jobspec import build_jobspec
+    from ogrpo.render import render_job, write_job
+
+    if not output and not dry_run:
+        raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
+    rc, p = _load(config, gpus, model, params, profile, vllm_gpus)
+    _warn(rc, p)
+    if not p.fits and not force:
+        raise NoFitError("the plan does not fit: " + "; ".join(p.reasons)
+                         + (f"; try: {', '.join(p.fixes)}" if p.fixes else "") + " (or --force to render anyway)")
+    job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
+    if not os.path.isabs(job_dir):
+        raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
+    spec = build_jobspec(p, rc, job_dir)
+    files = render_job(p, rc, spec)
+    if dry_run:
+        for name, text in files.items():
+            typer.echo(f"==> {name} <==")
+            typer.echo(text.rstrip("\n"))
+            typer.echo("")
+        return
+    written = write_job(files, output)
+    for path in written:
+        typer.echo(str(path))
+    typer.echo(f"submit with: sbatch {os.path.join(job_dir, 'job.sbatch')}  (or: ogrpo submit)", err=True)
+
+
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers."""
+    from ogrpo.doctor import print_report, run_checks
+
+    report = run_checks()
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    raise typer.Exit(0 if report["can_train"] else 1)

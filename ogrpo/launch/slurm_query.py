@@ -1,0 +1,222 @@
+"""`ogrpo status/logs/cancel`: find a job (by id or run directory) and read Slurm (squeue, sacct) and its run dir.
+
+A job id maps to its run directory three ways, first hit wins: the run dir itself (`slurm/job_id`), the job's
+working directory in squeue/sacct (submit sets `--chdir` to the run dir), and a small index written at submit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ogrpo.errors import OgrpoError
+
+# The run dir (TRL output_dir) inside the job dir: logs/, roles/, checkpoints, metrics.jsonl
+RUN_SUBDIR = "run"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED"}
+
+
+def _index_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ogrpo" / "slurm-jobs.jsonl"
+
+
+def remember(job_id: str, job_dir: str | Path) -> None:
+    path = _index_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"job_id": str(job_id), "job_dir": str(Path(job_dir).resolve())}) + "\n")
+
+
+def _from_index(job_id: str) -> str | None:
+    path = _index_path()
+    if not path.exists():
+        return None
+    found = None
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("job_id") == job_id:
+            found = rec.get("job_dir")
+    return found
+
+
+def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class JobRef:
+    job_id: str
+    job_dir: Path | None
+
+
+def resolve(ref: str) -> JobRef:
+    """A job id or a run directory → JobRef."""
+    p = Path(ref)
+    if p.is_dir():
+        f = p / "slurm" / "job_id"
+        if not f.exists():
+            raise OgrpoError(f"{ref} has no slurm/job_id: it was not submitted with `ogrpo submit --backend slurm`")
+        return JobRef(f.read_text().strip(), p.resolve())
+    if not ref.split("_")[0].isdigit():
+        raise OgrpoError(f"{ref!r} is neither a Slurm job id nor a run directory")
+    job_dir = _from_index(ref)
+    if job_dir is None and shutil.which("squeue"):
+        out = _run(["squeue", "-h", "-j", ref, "-o", "%Z"])
+        job_dir = out.stdout.strip() or None if out.returncode == 0 else None
+    if job_dir is None and shutil.which("sacct"):
+        out = _run(["sacct", "-n", "-P", "-X", "-j", ref, "-o", "WorkDir"])
+        job_dir = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    return JobRef(ref, Path(job_dir) if job_dir and Path(job_dir).is_dir() else None)
+
+
+def _require(tool: str) -> None:
+    if shutil.which(tool) is None:
+        raise OgrpoError(f"`{tool}` is not on PATH: run this on a Slurm login node")
+
+
+def slurm_state(job_id: str) -> dict:
+    """{state, reason, elapsed, exit_code, nodes, steps: [{id, name, state}]} from squeue, else sacct."""
+    _require("squeue")
+    info: dict = {"job_id": job_id, "state": "UNKNOWN", "steps": []}
+    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%M|%N"])
+    if q.returncode == 0 and q.stdout.strip():
+        state, reason, elapsed, nodes = q.stdout.strip().splitlines()[0].split("|")
+        info.update(state=state, reason=reason, elapsed=elapsed, nodes=nodes, source="squeue")
+    if shutil.which("sacct"):
+        a = _run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State,ExitCode,Elapsed,NodeList"])
+        if a.returncode == 0:
+            for line in a.stdout.strip().splitlines():
+                jid, name, state, exit_code, elapsed, nodes = line.split("|")
+                if jid == job_id:
+                    if info.get("source") != "squeue":
+                        info.update(state=state.split()[0], exit_code=exit_code, elapsed=elapsed, nodes=nodes,
+                                    source="sacct")
+                    else:
+                        info["exit_code"] = exit_code
+                elif jid.startswith(job_id + "."):
+                    info["steps"].append({"id": jid, "name": name, "state": state.split()[0],
+                                          "exit_code": exit_code})
+    return info
+
+
+def run_dir_state(job_dir: Path | None) -> dict:
+    """Attempts, requeues, role device records, checkpoints and the last metrics line from the run dir."""
+    if job_dir is None:
+        return {}
+    out: dict = {"job_dir": str(job_dir)}
+    sl = job_dir / "slurm"
+    out["attempts"] = len(list(sl.glob("attempt-*.json")))
+    requeues = [json.loads(p.read_text()) for p in sorted(sl.glob("requeue-*.json"))]
+    out["requeues"] = sum(1 for r in requeues if r.get("requeued"))
+    if requeues:
+        out["max_requeues"] = requeues[-1].get("max_requeues")
+    if (sl / "result.json").exists():
+        out["result"] = json.loads((sl / "result.json").read_text())
+    run = job_dir / RUN_SUBDIR
+    roles = {}
+    # <role>.step.json: written inside each srun step, so it holds the devices Slurm gave that step
+    for p in sorted((run / "roles").glob("*.step*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except ValueError:
+            continue
+        role, task = p.name[: -len(".json")].split(".step")
+        roles[role + (f".{task}" if task else "")] = rec.get("cuda_visible_devices")
+    out["devices"] = roles
+    ckpts = sorted((p for p in run.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+                   key=lambda p: int(p.name.split("-")[-1]))
+    if ckpts:
+        out["last_checkpoint"] = ckpts[-1].name
+    if (run / "preempted.json").exists():
+        out["preempted"] = json.loads((run / "preempted.json").read_text())
+    metrics = run / "metrics.jsonl"
+    if metrics.exists():
+        lines = metrics.read_text().strip().splitlines()
+        if lines:
+            try:
+                out["last_metrics"] = json.loads(lines[-1])
+            except ValueError:
+                pass
+    return out
+
+
+def status(ref: str) -> dict:
+    job = resolve(ref)
+    return {**slurm_state(job.job_id), **run_dir_state(job.job_dir)}
+
+
+def log_files(job: JobRef, role: str | None) -> list[Path]:
+    if job.job_dir is None:
+        raise OgrpoError(f"no run directory found for job {job.job_id}: pass the run directory instead of the id")
+    logs = job.job_dir / RUN_SUBDIR / "logs"
+    supervisor = job.job_dir / "submitit" / f"{job.job_id}_0_log.out"
+    if role == "supervisor":
+        return [supervisor]
+    if role:
+        return [logs / f"{role}.log"]
+    return [supervisor, *sorted(logs.glob("*.log"))]
+
+
+def is_finished(job_id: str) -> bool:
+    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    return q.returncode != 0 or not q.stdout.strip()
+
+
+def stream_logs(ref: str, role: str | None, follow: bool, write) -> None:
+    """Print the logs (each file under a header); with follow, keep printing new lines until the job ends."""
+    job = resolve(ref)
+    files = log_files(job, role)
+    offsets = {f: 0 for f in files}
+    multi = len(files) > 1
+
+    def drain() -> None:
+        for f in files:
+            if not f.exists():
+                continue
+            with f.open("r", errors="replace") as fh:
+                fh.seek(offsets[f])
+                text = fh.read()
+                offsets[f] = fh.tell()
+            if text:
+                if multi:
+                    write(f"==> {f} <==\n")
+                write(text)
+
+    drain()
+    if not follow:
+        if not any(f.exists() for f in files):
+            raise OgrpoError(f"no logs yet for job {job.job_id} ({', '.join(str(f) for f in files)}): "
+                             "the job may still be pending (ogrpo status)")
+        return
+    while not is_finished(job.job_id):
+        time.sleep(1)
+        drain()
+    drain()
+
+
+def cancel(ref: str, wait_s: float = 60) -> JobRef:
+    """scancel the job and wait until Slurm reports it gone (its steps and processes killed)."""
+    _require("scancel")
+    job = resolve(ref)
+    out = _run(["scancel", job.job_id])
+    if out.returncode != 0:
+        raise OgrpoError(f"scancel {job.job_id} failed: {out.stderr.strip() or out.returncode}")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not is_finished(job.job_id):
+        time.sleep(0.5)
+    return job
+
+
+def interrupt(job_id: str) -> None:
+    """Send what Slurm sends near the time limit (USR2 to the batch step): checkpoint, then requeue."""
+    _run(["scancel", "--batch", "--signal=USR2", job_id]).check_returncode()

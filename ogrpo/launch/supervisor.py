@@ -1,0 +1,259 @@
+"""Run one job's steps as process groups: server and trainer side by side, health wait, watchdog, teardown.
+
+Why a supervisor: the failure modes users hit most are jobs that never end (a script waits on a server that
+never exits), servers that never come up, and trainers that hang on a dead server until the allocation runs
+out (shared/anchors.md). Here:
+- the server and the trainer start together (the trainer's own start-up overlaps the server's ~30 s);
+- the server must answer `GET /health` within `health_timeout_s`, else everything is stopped (exit 1);
+- when the trainer ends, the server is torn down and the trainer's exit code is the job's;
+- when the server dies, the trainer is stopped (SIGTERM to its process group, SIGKILL after `kill_grace_s`)
+  and the job exits 1 with the server's log tail and path.
+
+Backends plug in through two hooks, so that local and Slurm runs share this logic:
+- `wrap_step(step, argv) -> argv`: a launcher prefix; Slurm returns
+  `["srun", "--exact", "--nodes", …, "--ntasks", …, "--gpus", …, *argv]`, local returns argv unchanged.
+- `step_env(step) -> dict`: per-step environment (local: `CUDA_VISIBLE_DEVICES` from `step.gpus`).
+`values` fills the JobSpec placeholders `{server_host} {server_port} {rendezvous_host} {rendezvous_port}
+{job_dir}` in argv and env.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+from ogrpo.jobspec import JobSpec, Step
+
+PLACEHOLDER = re.compile(r"\{(server_host|server_port|rendezvous_host|rendezvous_port|job_dir)\}")
+LOG_TAIL_LINES = 30
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """Replace the JobSpec placeholders only, so JSON in an argument (`{"backend": …}`) stays intact."""
+    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def health_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass
+class Running:
+    step: Step
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen
+    log_file: TextIO
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class JobResult:
+    rc: int
+    message: str
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        jobspec: JobSpec,
+        values: dict[str, str],
+        *,
+        wrap_step: Callable[[Step, list[str]], list[str]] | None = None,
+        step_env: Callable[[Step], dict[str, str]] | None = None,
+        log_dir: str | os.PathLike | None = None,
+        health_timeout_s: float | None = None,
+        kill_grace_s: float = 10.0,
+        poll_s: float = 0.5,
+        out: TextIO | None = None,
+    ):
+        self.job = jobspec
+        self.values = {k: str(v) for k, v in values.items()}
+        self.values.setdefault("job_dir", str(jobspec.job_dir))
+        self.wrap_step = wrap_step or (lambda step, argv: argv)
+        self.step_env = step_env or (lambda step: {})
+        self.log_dir = Path(log_dir or Path(jobspec.job_dir) / "run" / "logs")
+        self.health_timeout_s = float(health_timeout_s if health_timeout_s is not None else jobspec.health_timeout_s)
+        self.kill_grace_s = kill_grace_s
+        self.poll_s = poll_s
+        self.out = out or sys.stderr
+        self.running: list[Running] = []
+        self._stop_signal: int | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.out.write(f"[ogrpo supervise] {text}\n")
+        self.out.flush()
+
+    @property
+    def health_url(self) -> str | None:
+        if self.job.step("server") is None:
+            return None
+        return f"http://{self.values['server_host']}:{self.values['server_port']}{self.job.health_path}"
+
+    def _start(self, step: Step, index: int) -> Running:
+        argv = self.wrap_step(step, [fill(a, self.values) for a in step.argv])
+        env = dict(os.environ)
+        env.update({k: fill(str(v), self.values) for k, v in self.job.env.items()})
+        env.update({k: fill(str(v), self.values) for k, v in step.env.items()})
+        env.update(self.step_env(step))
+        # Steps name `ogrpo` / `accelerate` bare: find the ones of the environment the supervisor runs in, even
+        # when that environment was never activated (cron, a test runner, `.venv/bin/ogrpo submit`).
+        bindir = os.path.dirname(sys.executable)
+        if bindir not in env.get("PATH", "").split(os.pathsep):
+            env["PATH"] = os.pathsep.join(p for p in (bindir, env.get("PATH")) if p)
+        same_role = [s for s in self.job.steps if s.role == step.role]
+        name = step.role if len(same_role) == 1 else f"{step.role}{index}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log_file = open(log_path, "ab", buffering=0)
+        # A new session per step: the whole tree (vLLM engine core, accelerate's workers) is one process group
+        # that we can signal at once, and a Ctrl-C at the terminal reaches us, not the children directly.
+        proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self._write_role(name, step, argv, env, proc.pid)
+        self.say(f"{name}: pid {proc.pid}, log {log_path}")
+        return Running(step, name, argv, log_path, proc, log_file)
+
+    def _write_role(self, name: str, step: Step, argv: list[str], env: dict, pid: int) -> None:
+        roles = self.log_dir.parent / "roles"
+        roles.mkdir(parents=True, exist_ok=True)
+        keys = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_P2P_DISABLE", "SLURM_JOB_ID")
+        (roles / f"{name}.json").write_text(json.dumps({
+            "role": step.role, "pid": pid, "argv": argv, "nodes": step.nodes, "gpus": step.gpus,
+            "env": {k: env[k] for k in keys if k in env}}, indent=2))
+
+    def _signal_group(self, r: Running, sig: int) -> None:
+        try:
+            os.killpg(r.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _stop(self, procs: list[Running]) -> None:
+        """SIGTERM each group, then SIGKILL whatever is left after kill_grace_s (also stray grandchildren)."""
+        for r in procs:
+            self._signal_group(r, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace_s
+        for r in procs:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for r in procs:
+            # The leader may be gone while children (vLLM's engine core) still hold the group: kill the group.
+            self._signal_group(r, signal.SIGKILL)
+            try:
+                r.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            r.log_file.close()
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_signal = signum
+
+    # -- the job ---------------------------------------------------------------------------------------------
+    def run(self) -> JobResult:
+        servers = [s for s in self.job.steps if s.role == "server"]
+        workers = [s for s in self.job.steps if s.role != "server"]
+        if not workers:
+            return JobResult(2, "job has no trainer step")
+        old = {}
+        if _main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old[sig] = signal.signal(sig, self._on_signal)
+        try:
+            return self._run(servers, workers)
+        finally:
+            self._stop([r for r in self.running if not r.log_file.closed])
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _run(self, servers: list[Step], workers: list[Step]) -> JobResult:
+        srv = [self._start(s, i) for i, s in enumerate(servers)]
+        self.running += srv
+        # Trainers start right away: their imports and model load overlap the server's start-up, and TRL's
+        # client waits for /health itself.
+        trn = [self._start(s, i) for i, s in enumerate(workers)]
+        self.running += trn
+        logs = {r.name: str(r.log_path) for r in self.running}
+        url = self.health_url
+        healthy = url is None
+        t0 = time.monotonic()
+        while True:
+            if self._stop_signal is not None:
+                name = signal.Signals(self._stop_signal).name
+                self.say(f"received {name}: stopping all steps")
+                self._stop(self.running)
+                return JobResult(128 + self._stop_signal, f"stopped by {name}", logs)
+            dead_server = next((r for r in srv if not r.alive), None)
+            if dead_server is not None:
+                rc = dead_server.proc.returncode
+                self._stop([r for r in self.running if r is not dead_server])
+                dead_server.log_file.close()
+                msg = (f"server exited with code {rc} {'before becoming healthy' if not healthy else 'mid-run'}; "
+                       f"trainer stopped. Server log: {dead_server.log_path}\n--- last lines of "
+                       f"{dead_server.log_path} ---\n{log_tail(dead_server.log_path)}")
+                self.say(msg)
+                return JobResult(1, msg, logs)
+            if all(not r.alive for r in trn):
+                codes = {r.name: r.proc.returncode for r in trn}
+                self._stop(srv)
+                for r in trn:
+                    r.log_file.close()
+                bad = {n: c for n, c in codes.items() if c != 0}
+                if bad:
+                    first = next(r for r in trn if r.name in bad)
+                    msg = (f"trainer exited with code {first.proc.returncode}; log: {first.log_path}\n--- last "
+                           f"lines of {first.log_path} ---\n{log_tail(first.log_path)}")
+                    self.say(msg)
+                    return JobResult(first.proc.returncode or 1, msg, logs)
+                self.say("trainer finished; server stopped")
+                return JobResult(0, "trainer finished", logs)
+            if not healthy:
+                if health_ok(url):
+                    healthy = True
+                    self.say(f"server healthy at {url} after {time.monotonic() - t0:.1f} s")
+                elif time.monotonic() - t0 > self.health_timeout_s:
+                    self._stop(self.running)
+                    log = srv[0].log_path if srv else "?"
+                    msg = (f"server not healthy at {url} after {self.health_timeout_s:.0f} s; all steps stopped. "
+                           f"Server log: {log}\n--- last lines of {log} ---\n{log_tail(Path(log))}")
+                    self.say(msg)
+                    return JobResult(1, msg, logs)
+            time.sleep(self.poll_s)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

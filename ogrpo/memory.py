@@ -1,0 +1,142 @@
+"""Memory model per device and role, as named terms in GiB (pure arithmetic, no torch).
+
+Trainer (per process/GPU), P parameters, N trainer processes:
+- weights / gradients / optimizer: mixed precision keeps fp32 master weights and fp32 Adam moments, so a
+  parameter costs 16 bytes in all: DDP holds 4 (fp32 weights) + 4 (fp32 grads) + 8 (Adam m, v) on every
+  GPU; DeepSpeed holds 2 (half weights) + 2 (half grads) + 12 (fp32 master + m + v), with ZeRO-2 sharding
+  grads and optimizer over N, ZeRO-3 also the weights, and offload moving the optimizer to host RAM.
+- activations: per token and layer a decoder keeps about 10·H + 3·I values for backward (norm inputs, q/k/v,
+  attention output, o-proj input, residual: ≈10·H; gate, up, act(gate)·up: 3·I). With gradient
+  checkpointing only each layer's input (H per token per layer) stays, plus one layer recomputed.
+- logits: TRL computes logits for completion tokens only (B·C·V): half-precision logits, an fp32
+  log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away.
+- reference model (beta > 0): a half-precision copy of the weights (sharded under ZeRO-3).
+- runtime: CUDA context + allocator slack, ~1 GiB per process.
+
+vLLM server (per GPU, tensor parallel size t): weights (half precision, /t), the profiled activation peak,
+CUDA graphs, and the KV cache that fills the rest of `gpu_memory_utilization` x memory; the plan checks it
+holds at least one max-length sequence and reports how many run at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ogrpo.models import ModelFacts
+
+GiB = float(2**30)
+RUNTIME_GIB = 1.0  # CUDA context (~0.5 GiB) + caching-allocator fragmentation
+CPU_RUNTIME_GIB = 0.5  # python + torch + gloo per CPU process
+CUDA_GRAPHS_GIB = 0.5  # vLLM's captured graphs at the default capture sizes
+VLLM_BATCHED_TOKENS = 8192  # vLLM's default max_num_batched_tokens for its activation profile run
+
+
+@dataclass
+class Estimate:
+    role: str
+    terms: dict[str, float]  # GiB per device
+    budget_gib: float  # what this role may use per device
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def total_gib(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.budget_gib + 1e-9
+
+    def to_dict(self) -> dict:
+        return {"total_gib": round(self.total_gib, 2), "budget_gib": round(self.budget_gib, 2),
+                "terms": {k: round(v, 3) for k, v in self.terms.items()}, **self.notes}
+
+
+def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter before sharding."""
+    if strategy == "ddp":
+        # fp32 master weights (AMP autocasts the forward), fp32 grads, Adam m and v in fp32.
+        return 4.0, 4.0, 8.0
+    # DeepSpeed: half weights and grads (fp32 on CPU, not used), fp32 master + m + v in the optimizer.
+    half = 4.0 if precision == "fp32" else 2.0
+    return half, half, 12.0
+
+
+def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, precision: str, micro_batch: int,
+                     prompt_len: int, completion_len: int, gradient_checkpointing: bool, beta: float,
+                     liger: bool = False, lora: bool = False, budget_gib: float = 0.0,
+                     is_cpu: bool = False) -> Estimate:
+    n = max(1, num_processes)
+    P = model.params
+    w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
+    act_b = 4 if precision == "fp32" else 2
+    if lora:
+        # Frozen base in half precision; adapters (~0.5% of P) carry the gradient and optimizer cost.
+        w_b, trainable = (4.0 if precision == "fp32" else 2.0), 0.005 * P
+        weights = P * w_b
+        grads = trainable * 4.0
+        optim = trainable * 8.0
+    else:
+        shard_w = n if strategy.startswith("zero3") else 1
+        shard_g = n if strategy in ("zero2", "zero3", "zero3_offload") else 1
+        shard_o = n if strategy != "ddp" else 1
+        weights = P * w_b / shard_w
+        grads = P * g_b / shard_g
+        optim = 0.0 if strategy == "zero3_offload" else P * o_b / shard_o
+    H, L, I, V = model.hidden_size, model.num_layers, model.intermediate_size, model.vocab_size
+    tokens = micro_batch * (prompt_len + completion_len)
+    per_layer = 10 * H + 3 * I
+    if gradient_checkpointing:
+        acts = tokens * (L * H + per_layer) * act_b
+    else:
+        acts = tokens * L * per_layer * act_b
+    logits = 0.0 if liger else micro_batch * completion_len * V * (2 * act_b + 4)
+    ref = 0.0
+    if beta and beta > 0 and not lora:
+        ref = P * (4.0 if precision == "fp32" else 2.0) / (n if strategy.startswith("zero3") else 1)
+    terms = {
+        "weights": weights / GiB,
+        "gradients": grads / GiB,
+        "optimizer": optim / GiB,
+        "activations": acts / GiB,
+        "logits": logits / GiB,
+        "reference_model": ref / GiB,
+    }
+    if strategy.startswith("zero3") and not lora:
+        # ZeRO-3 gathers one layer (or the embedding) at a time, with one more prefetched.
+        layer_params = (P - V * H * (1 if model.tie_word_embeddings else 2)) / max(1, L)
+        terms["zero3_gather"] = 2 * max(layer_params, V * H) * w_b / GiB
+    terms["runtime"] = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
+    notes = {"offloaded_optimizer_gib_per_process": round(P * o_b / n / GiB, 2)} if strategy == "zero3_offload" \
+        else {}
+    return Estimate("trainer", terms, budget_gib, notes)
+
+
+def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes: int, memory_gib: float,
+                    gpu_memory_utilization: float, max_model_len: int, max_num_seqs: int,
+                    enforce_eager: bool, is_cpu: bool = False) -> Estimate:
+    t = max(1, tensor_parallel_size)
+    budget = memory_gib * gpu_memory_utilization
+    weights = model.params * dtype_bytes / t / GiB
+    H, I = model.hidden_size, model.intermediate_size
+    # Profile run: a full batch of max_num_batched_tokens through one layer's widest tensors, plus fp32
+    # sampler logits for every running sequence.
+    acts = (VLLM_BATCHED_TOKENS * (4 * H + 2 * I) * dtype_bytes / t + max_num_seqs * model.vocab_size * 4) / GiB
+    graphs = 0.0 if (enforce_eager or is_cpu) else CUDA_GRAPHS_GIB
+    runtime = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
+    fixed = weights + acts + graphs + runtime
+    kv_per_token = kv_bytes_per_token_per_gpu(model, t, dtype_bytes)
+    kv_gib = max(0.0, budget - fixed)
+    kv_tokens = int(kv_gib * GiB // kv_per_token) if kv_per_token else 0
+    concurrent = kv_tokens // max(1, max_model_len)
+    needed_one = max_model_len * kv_per_token / GiB
+    terms = {"weights": weights, "activations": acts, "cuda_graphs": graphs, "runtime": runtime,
+             "kv_cache": max(kv_gib, needed_one)}
+    notes = {"kv_cache_tokens": kv_tokens, "max_concurrent_seqs": int(concurrent),
+             "kv_bytes_per_token": int(kv_per_token), "gpu_memory_utilization": gpu_memory_utilization}
+    return Estimate("server", terms, budget, notes)
+
+
+def kv_bytes_per_token_per_gpu(model: ModelFacts, tp: int, dtype_bytes: int) -> float:
+    # KV heads split across tensor-parallel ranks; with more ranks than KV heads vLLM replicates them.
+    heads = max(1.0, model.num_kv_heads / tp)
+    return 2 * model.num_layers * heads * model.head_dim * dtype_bytes

@@ -1,0 +1,201 @@
+"""Trainer side of weight sync: the client TRL's GRPOTrainer talks to in server mode.
+
+TRL 1.16 builds `VLLMClient(base_url)` on the main process only and, before each generation, calls
+`update_named_params(metadata, iterator)` then `reset_prefix_cache()`. Its `init_communicator` raises
+NotImplementedError on CPU because it opens an NCCL group. `install_cpu_client()` swaps in a subclass, at the
+one place TRL looks the class up (`trl.generation.vllm_generation.VLLMClient`), whose weight sync writes one
+safetensors file under /dev/shm and tells the server's `cpu_shm` backend (ogrpo/serve/cpu_transfer.py) to load
+it. No TRL file is edited.
+
+On GPU the NCCL path is TRL's own; `install_gpu_sync_timeout()` only puts a deadline around it, because a hung
+NCCL broadcast otherwise burns the whole allocation (TRL #2923, #6797): past the deadline the process prints
+every thread's stack and exits, and the supervisor tears the job down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tempfile
+from typing import Any, Iterator
+
+log = logging.getLogger("ogrpo.serve.client")
+
+SHM_DIR = "/dev/shm"
+_counter = itertools.count()
+
+
+class ServerMismatchError(RuntimeError):
+    """The server serves another model/revision/dtype or a shorter context than the trainer needs."""
+
+
+def _shm_dir() -> str:
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+
+
+def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str | None = None) -> tuple[str, int]:
+    """Write (name, tensor) pairs to one safetensors file; returns (path, number of tensors).
+
+    The file is written under a temporary name and renamed, so a server never reads a half-written file.
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    seen_storage: set[int] = set()
+    for name, tensor in named_params:
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        # safetensors refuses tensors that share storage (tied weights, views); copy the later ones.
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen_storage or not t.is_contiguous():
+            t = t.clone().contiguous()
+        seen_storage.add(t.untyped_storage().data_ptr())
+        tensors[name] = t
+    directory = directory or _shm_dir()
+    final = os.path.join(directory, f"ogrpo-weights-{os.getpid()}-{next(_counter)}.safetensors")
+    tmp = final + ".tmp"
+    save_file(tensors, tmp)
+    os.replace(tmp, final)
+    return final, len(tensors)
+
+
+def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: str | None = None) -> dict:
+    """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`)."""
+    from ogrpo.serve.server import required_max_model_len, resolve_model
+
+    model = trl_args.get("model_name_or_path")
+    expect: dict[str, Any] = {"model": resolve_model(model) if model else None}
+    if trl_args.get("model_revision") not in (None, "main"):
+        expect["revision"] = trl_args["model_revision"]
+    if dtype:
+        expect["dtype"] = dtype
+    need = required_max_model_len(trl_args, ogrpo)
+    if need:
+        expect["min_max_model_len"] = need
+    return expect
+
+
+def check_server_matches(server_info: dict, models: dict, expect: dict) -> list[str]:
+    """Problems (empty when none) between what the server reports and what the trainer expects.
+
+    `server_info` is `/server_info?config_format=json` (its `vllm_config`), `models` is `/v1/models`.
+    """
+    problems: list[str] = []
+    mc = (server_info or {}).get("model_config") or {}
+    entry = ((models or {}).get("data") or [{}])[0]
+    served = {str(mc.get("model") or entry.get("root") or entry.get("id") or "")}
+    served |= {str(entry.get("id") or ""), str(entry.get("root") or "")}
+    want_model = expect.get("model")
+    if want_model and not any(_same_model(want_model, s) for s in served if s):
+        problems.append(f"server serves {sorted(s for s in served if s)}, the trainer trains {want_model}")
+    want_rev = expect.get("revision")
+    if want_rev and mc.get("revision") not in (want_rev, None):
+        problems.append(f"server revision {mc.get('revision')}, the trainer needs {want_rev}")
+    want_dtype = expect.get("dtype")
+    if want_dtype and mc.get("dtype") is not None and _dtype_name(mc["dtype"]) != _dtype_name(want_dtype):
+        problems.append(f"server dtype {mc['dtype']}, the trainer needs {want_dtype}")
+    need = expect.get("min_max_model_len")
+    have = mc.get("max_model_len") or entry.get("max_model_len")
+    if need and have and int(have) < int(need):
+        problems.append(f"server max_model_len {have} < {need} (max_prompt_length + max_completion_length)")
+    return problems
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    ra, rb = os.path.realpath(a), os.path.realpath(b)
+    return os.path.exists(ra) and ra == rb
+
+
+def _dtype_name(d: Any) -> str:
+    text = str(d).removeprefix("torch.")
+    return {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
+            "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}.get(text, text)
+
+
+def _cpu_client_cls():
+    from trl.generation.vllm_client import VLLMClient
+
+    class CPUVLLMClient(VLLMClient):
+        """VLLMClient whose weight sync goes through the server's `cpu_shm` backend."""
+
+        expect: dict | None = None
+
+        def init_communicator(self, device: Any = 0) -> None:
+            info = self.get_server_info()
+            wt = info.get("weight_transfer_config") or {}
+            if wt.get("backend") != "cpu_shm":
+                raise RuntimeError(
+                    f"vLLM server at {self.base_url} has weight transfer {wt or None}; start it with "
+                    "`ogrpo serve` on CPU (it selects the cpu_shm backend)"
+                )
+            if self.expect:
+                models = self._get(f"{self.base_url}/v1/models")
+                problems = check_server_matches(info, models, self.expect)
+                if problems:
+                    raise ServerMismatchError(f"vLLM server at {self.base_url}: " + "; ".join(problems))
+            self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
+
+        def update_named_params(self, metadata, named_params) -> None:
+            path, n = write_weights_file(named_params)
+            try:
+                if not self._updating_weights:
+                    self._start_weight_update()
+                self._post(f"{self.base_url}/update_weights",
+                           json={"update_info": {"path": path, "num_tensors": n}})
+                if not self._updating_weights:
+                    self._finish_weight_update()
+            finally:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+        def close_communicator(self) -> None:
+            self.communicator = None
+
+    return CPUVLLMClient
+
+
+def install_cpu_client(expect: dict | None = None):
+    """Make TRL's server-mode generation use the CPU weight-sync client. Returns the class installed.
+
+    `expect` (see `expected_from_run_config`) makes `init_communicator` refuse a server that serves another
+    model, revision, dtype or a shorter context than the trainer needs.
+    """
+    import trl.generation.vllm_generation as vg
+
+    cls = _cpu_client_cls()
+    cls.expect = dict(expect) if expect else None
+    vg.VLLMClient = cls
+    return cls
+
+
+def install_gpu_sync_timeout(timeout_s: float = 600.0):
+    """Bound TRL's NCCL weight sync: past `timeout_s` dump all stacks and exit(1) instead of hanging."""
+    import faulthandler
+
+    import trl.generation.vllm_generation as vg
+    from trl.generation.vllm_client import VLLMClient
+
+    def guarded(method):
+        def wrapper(self, *args, **kwargs):
+            faulthandler.dump_traceback_later(timeout_s, exit=True)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+
+        wrapper.__name__ = method.__name__
+        return wrapper
+
+    class TimedVLLMClient(VLLMClient):
+        init_communicator = guarded(VLLMClient.init_communicator)
+        update_named_params = guarded(VLLMClient.update_named_params)
+
+    TimedVLLMClient.sync_timeout_s = timeout_s
+    vg.VLLMClient = TimedVLLMClient
+    return TimedVLLMClient

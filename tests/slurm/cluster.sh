@@ -1,0 +1,165 @@
+#!/bin/bash
+# A throw-away one-node Slurm on localhost for the `slurm` tests: munge, mariadb + slurmdbd (sacct, account
+# enforcement), slurmctld, slurmd, and 3 fake A40s (character devices: Slurm only stats them, and plain files
+# would give no CUDA_VISIBLE_DEVICES). Adapted from shared/slurm-ci.
+#
+#   tests/slurm/cluster.sh up     install (apt-get) if needed, start from a fresh state dir, wait until idle
+#   tests/slurm/cluster.sh down   cancel jobs, stop exactly the daemons `up` started (pid files), in reverse order
+#   tests/slurm/cluster.sh env    print the export line for SLURM_CONF
+#
+# Env: ROOT (default /tmp/ogrpo-slurm-test). Partition `debug`, account `ogrpo` (user root belongs to it).
+set -euo pipefail
+ROOT=${ROOT:-/tmp/ogrpo-slurm-test}
+export SLURM_CONF=$ROOT/etc/slurm.conf
+SOCK=$ROOT/munge/munge.socket
+PKGS="munge slurmctld slurmd slurm-client slurmdbd mariadb-server"
+
+ensure_packages() {
+  dpkg -s $PKGS >/dev/null 2>&1 && return 0
+  [ "$(id -u)" = 0 ] || { echo "cluster.sh: needs root to apt-get install $PKGS" >&2; exit 1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
+}
+
+wait_for() {  # wait_for TRIES CMD...: poll every 0.2 s
+  local n=$1; shift
+  for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+
+up() {
+  ensure_packages
+  if [ -s "$ROOT/run/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/run/slurmctld.pid")" 2>/dev/null; then
+    echo "cluster.sh: already up under $ROOT (run 'down' first)" >&2; exit 1
+  fi
+  rm -rf "$ROOT"; mkdir -p "$ROOT"/{etc,run,log,state/ctld,state/d,munge/key,dev,mysql}
+  chmod 755 "$ROOT/munge"; chmod 700 "$ROOT/munge/key"
+  for i in 0 1 2; do mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done   # never opened, only stat'ed by slurmd
+  mungekey --create --keyfile="$ROOT/munge/key/munge.key"
+  cat > "$ROOT/etc/gres.conf" <<EOT
+AutoDetect=off
+NodeName=localhost Name=gpu Type=a40 File=$ROOT/dev/nvidia[0-2]
+EOT
+  local mem; mem=$(( $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) * 8 / 10 ))
+  cat > "$ROOT/etc/slurm.conf" <<EOT
+ClusterName=ci
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire=10 lets a requeued job start again after ~15 s instead of the default 2 minutes
+AuthInfo=socket=$SOCK,cred_expire=10
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$ROOT/state/ctld
+SlurmdSpoolDir=$ROOT/state/d
+SlurmctldPidFile=$ROOT/run/slurmctld.pid
+SlurmdPidFile=$ROOT/run/slurmd.pid
+SlurmctldLogFile=$ROOT/log/slurmctld.log
+SlurmdLogFile=$ROOT/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+MpiDefault=none
+# linuxproc tracks every descendant of a step, so scancel reaches the trainer's worker processes too
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=5,bf_interval=5
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1000
+GresTypes=gpu
+JobCompType=jobcomp/filetxt
+JobCompLoc=$ROOT/log/jobcomp.txt
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=6819
+AccountingStoragePass=$SOCK
+AccountingStorageTRES=gres/gpu
+AccountingStorageEnforce=associations
+JobAcctGatherType=jobacct_gather/linux
+KillWait=5
+MinJobAge=300
+InactiveLimit=0
+Waittime=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOT
+  munged --force --socket="$SOCK" --key-file="$ROOT/munge/key/munge.key" --log-file="$ROOT/log/munged.log" \
+         --pid-file="$ROOT/run/munged.pid" --seed-file="$ROOT/munge/key/munged.seed"
+  mariadb-install-db --no-defaults --user=root --datadir="$ROOT/mysql/data" \
+     --auth-root-authentication-method=socket >"$ROOT/log/mariadb-install.log" 2>&1
+  # setsid: the database must not die with the shell that ran `up` (CI steps, pytest fixtures)
+  setsid mariadbd --no-defaults --user=root --datadir="$ROOT/mysql/data" --socket="$ROOT/mysql/mysqld.sock" \
+     --pid-file="$ROOT/run/mariadb.pid" --bind-address=127.0.0.1 --port=3306 --skip-name-resolve \
+     --log-error="$ROOT/log/mariadb.err" --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1 &
+  wait_for 150 mariadb-admin --no-defaults -S "$ROOT/mysql/mysqld.sock" -uroot ping \
+    || { echo "mariadb did not start"; tail -n 20 "$ROOT/log/mariadb.err"; exit 1; }
+  mariadb --no-defaults -S "$ROOT/mysql/mysqld.sock" -uroot -e \
+    "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+  install -m 600 /dev/stdin "$ROOT/etc/slurmdbd.conf" <<EOT
+AuthType=auth/munge
+AuthInfo=socket=$SOCK
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=6819
+SlurmUser=root
+LogFile=$ROOT/log/slurmdbd.log
+PidFile=$ROOT/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StoragePass=slurmpw
+StorageLoc=slurm_acct_db
+EOT
+  slurmdbd
+  wait_for 150 bash -c "echo >/dev/tcp/127.0.0.1/6819" || { echo "slurmdbd did not start"; exit 1; }
+  # Associations first: with AccountingStorageEnforce=associations an unknown --account is refused at submit
+  sacctmgr -i add cluster ci >/dev/null
+  sacctmgr -i add account ogrpo Description=tests Organization=ogrpo >/dev/null
+  sacctmgr -i add user root account=ogrpo DefaultAccount=ogrpo >/dev/null
+  slurmctld -i
+  slurmd -N localhost
+  for _ in $(seq 120); do
+    if [ "$(timeout 5 sinfo -h -N -n localhost -o %T 2>/dev/null)" = idle ]; then
+      echo "slurm up: export SLURM_CONF=$SLURM_CONF"; return 0
+    fi
+    sleep 0.25
+  done
+  echo "slurm did not come up"; tail -n 30 "$ROOT"/log/*.log; exit 1
+}
+
+down() {
+  [ -d "$ROOT/run" ] || { echo "cluster.sh: nothing under $ROOT"; return 0; }
+  if [ -s "$ROOT/run/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/run/slurmctld.pid")" 2>/dev/null; then
+    timeout 10 scancel --user=root 2>/dev/null || true
+    # slurmstepd outlives slurmd otherwise: wait (max 30 s) until jobs and steps are gone
+    for _ in $(seq 60); do [ -z "$(timeout 5 squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
+  fi
+  local d f pid
+  for d in slurmd slurmctld slurmdbd mariadb munged; do
+    f=$ROOT/run/$d.pid; [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+      kill -0 "$pid" 2>/dev/null && { echo "$d ($pid) did not stop; SIGKILL"; kill -KILL "$pid"; }
+    fi
+    rm -f "$f"
+  done
+  echo "slurm down ($ROOT)"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+esac

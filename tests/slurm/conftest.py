@@ -1,0 +1,90 @@
+"""The test Slurm cluster (tests/slurm/cluster.sh): used when already up, else started here and stopped after."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = os.environ.get("ROOT", "/tmp/ogrpo-slurm-test")
+TOY = str(HERE / "toy_steps.py")
+
+
+def _reachable() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mix", "alloc"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    os.environ.setdefault("SLURM_CONF", f"{ROOT}/etc/slurm.conf")
+    started = False
+    if not (Path(os.environ["SLURM_CONF"]).exists() and _reachable()):
+        if os.geteuid() != 0 and shutil.which("slurmctld") is None:
+            pytest.skip("no Slurm: run `sudo tests/slurm/cluster.sh up` first")
+        subprocess.run(["bash", str(HERE / "cluster.sh"), "up"], check=True, env={**os.environ, "ROOT": ROOT})
+        started = True
+    yield os.environ["SLURM_CONF"]
+    if started:
+        subprocess.run(["bash", str(HERE / "cluster.sh"), "down"], check=False, env={**os.environ, "ROOT": ROOT})
+
+
+def wait_gone(job_id: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
+        if not out.stdout.strip():
+            return
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} still in squeue after {timeout}s")
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def sacct_state(job_id: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State"], capture_output=True, text=True)
+    return out.stdout.strip().split()[0] if out.stdout.strip() else ""
+
+
+def ogrpo(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "ogrpo", *args], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=300)
+    if check and out.returncode != 0:
+        raise AssertionError(f"ogrpo {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """PIDs whose environment says they belong to Slurm job JOB_ID (what a cancelled job must not leave)."""
+    pids = []
+    needle = f"SLURM_JOB_ID={job_id}\0".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids

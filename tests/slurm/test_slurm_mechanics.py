@@ -1,0 +1,127 @@
+"""The Slurm backend on the real test cluster, with stand-in steps (tests/slurm/toy_steps.py): devices per step,
+status/logs/cancel, USR2 → checkpoint → requeue → resume, the requeue bound, and a real time limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ogrpo.jobspec import JobSpec, Step
+from ogrpo.launch import slurm as sl
+from ogrpo.launch import slurm_query
+
+from .conftest import TOY, ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
+
+pytestmark = pytest.mark.slurm
+
+
+def toy_spec(job_dir: Path, total: int) -> JobSpec:
+    """build_jobspec's layout: the run dir (logs/, roles/) is job_dir/run."""
+    py = sys.executable
+    return JobSpec(
+        name="toy", job_dir=str(job_dir), health_timeout_s=60,
+        steps=[
+            Step("server", [0], [0], 1, [py, TOY, "server", "{server_port}"]),
+            Step("trainer", [0], [1, 2], 1, [py, TOY, "trainer", "{job_dir}", str(total)]),
+        ],
+    )
+
+
+def submit_toy(job_dir: Path, total: int, **opts) -> str:
+    spec = toy_spec(job_dir, total)
+    options = sl.SlurmOptions(gpus_per_node=3, time_min=opts.pop("time_min", 10), **opts)
+    return sl.submit(spec, options, sl.preflight(spec, options)).job_id
+
+
+def toy_state(job_dir: Path) -> dict:
+    return read_json(job_dir / "toy_ckpt.json")
+
+
+def test_disjoint_devices_status_and_logs(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "run"
+    job = submit_toy(job_dir, total=3)
+    wait_gone(job, 120)
+    assert sacct_state(job) == "COMPLETED"
+    server = read_json(job_dir / "run" / "roles" / "server.step.json")
+    trainer = read_json(job_dir / "run" / "roles" / "trainer.step.json")
+    server_dev = set(server["cuda_visible_devices"].split(","))
+    trainer_dev = set(trainer["cuda_visible_devices"].split(","))
+    # 1 + 2 fake A40s of one node: each step sees only its own, and together all three
+    assert len(server_dev) == 1 and len(trainer_dev) == 2
+    assert not server_dev & trainer_dev
+    assert server["slurm_step_id"] != trainer["slurm_step_id"]
+
+    out = ogrpo("status", job, check=True).stdout
+    assert f"job {job}: COMPLETED" in out and "trainer saw CUDA_VISIBLE_DEVICES=" in out
+    info = json.loads(ogrpo("status", str(job_dir), "--json", check=True).stdout)
+    assert info["state"] == "COMPLETED" and info["requeues"] == 0 and info["attempts"] == 1
+    assert {s["name"] for s in info["steps"]} >= {"server", "trainer"}
+    assert "done 3" in ogrpo("logs", job, "--role", "trainer", check=True).stdout
+    assert "server healthy" in ogrpo("logs", job, "--role", "supervisor", check=True).stdout
+    # --follow returns once the job has ended
+    assert "done 3" in ogrpo("logs", str(job_dir), "--follow", check=True).stdout
+
+
+def test_cancel_leaves_no_process(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "run"
+    job = submit_toy(job_dir, total=600)
+    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
+    pids = [read_json(job_dir / "run" / "roles" / f"{r}.step.json")["pid"] for r in ("server", "trainer")]
+    assert processes_of_job(job), "the running job should own processes"
+    out = ogrpo("cancel", job, check=True)
+    assert f"cancelled job {job}" in out.stdout
+    assert sacct_state(job) == "CANCELLED"
+    # slurmstepd may take KillWait (5 s) to SIGKILL stragglers
+    wait_for(lambda: not processes_of_job(job), 30, f"processes of job {job} to disappear")
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "run"
+    job = submit_toy(job_dir, total=25, max_requeues=2, signal_delay_s=30)
+    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
+    time.sleep(6)
+    slurm_queue_interrupt = slurm_query.interrupt  # what Slurm sends before the time limit: USR2 to the batch step
+    slurm_queue_interrupt(job)
+    wait_gone(job, 180)
+    assert sacct_state(job) == "COMPLETED"
+    state = toy_state(job_dir)
+    assert state["step"] == 25
+    first, second = state["attempts"]
+    assert first["start"] == 0 and second["start"] > 0  # resumed from the checkpoint, not from scratch
+    requeue = read_json(job_dir / "slurm" / "requeue-0.json")
+    assert requeue["requeued"] and requeue["trainer_rc"] == 75 and requeue["max_requeues"] == 2
+    assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
+    info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
+    assert info["requeues"] == 1 and info["attempts"] == 2
+    assert "requeues: 1 of 2" in ogrpo("status", job, check=True).stdout
+
+
+def test_requeue_bound(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "run"
+    job = submit_toy(job_dir, total=600, max_requeues=0)
+    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
+    slurm_query.interrupt(job)
+    wait_gone(job, 90)
+    requeue = read_json(job_dir / "slurm" / "requeue-0.json")
+    assert requeue["requeued"] is False and requeue["restart_count"] == 0
+    assert not (job_dir / "slurm" / "attempt-1.json").exists()
+    assert toy_state(job_dir)["step"] < 600  # stopped, saved, and not run again
+    assert not processes_of_job(job)
+
+
+def test_time_limit_requeues_and_resumes(slurm_cluster, tmp_path):
+    """A real 2-minute limit: Slurm sends USR2 30-60 s before it (limits are checked every 30 s)."""
+    job_dir = tmp_path / "run"
+    job = submit_toy(job_dir, total=130, time_min=2, max_requeues=2, signal_delay_s=30)
+    wait_gone(job, 420)
+    assert sacct_state(job) == "COMPLETED"
+    state = toy_state(job_dir)
+    assert state["step"] == 130 and len(state["attempts"]) >= 2
+    assert all(a["start"] > 0 for a in state["attempts"][1:])
+    assert read_json(job_dir / "slurm" / "requeue-0.json")["requeued"]

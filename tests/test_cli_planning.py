@@ -1,0 +1,147 @@
+"""`ogrpo plan`, `render`, `doctor` through the real executable: output, exit codes 0/3/2, nothing written on
+error, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+
+
+def test_help_lists_commands(run_cli):
+    proc = run_cli("--help", check_rc=0)
+    for cmd in ("plan", "render", "doctor"):
+        assert cmd in proc.stdout
+    for opt in ("--gpus", "--config", "--model", "--params", "--profile", "--vllm-gpus", "--json"):
+        assert opt in run_cli("plan", "--help", check_rc=0).stdout
+    rhelp = run_cli("render", "--help", check_rc=0).stdout
+    assert "--output" in rhelp and "--dry-run" in rhelp
+
+
+def test_plan_table_fits(run_cli, basic_recipe):
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", basic_recipe, check_rc=0)
+    assert "vLLM server" in proc.stdout and "trainer" in proc.stdout and "fits" in proc.stdout
+    assert "flash_attention_2" in proc.stdout
+
+
+def test_plan_json(run_cli, basic_recipe):
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", basic_recipe, "--json", check_rc=0)
+    p = json.loads(proc.stdout)
+    assert p["fits"] is True
+    for role in ("vllm", "trainer"):
+        assert {"nodes", "gpus", "num_gpus", "memory_gib_per_gpu"} <= set(p[role])
+    assert p["vllm"]["tensor_parallel_size"] == 1 and p["vllm"]["data_parallel_size"] == 1
+    assert p["trainer"]["num_processes"] == 2 and p["trainer"]["strategy"] == "ddp"
+    assert p["precision"] == "bf16" and p["attn_implementation"] == "flash_attention_2"
+
+
+def test_plan_no_fit_exit_3(run_cli, basic_recipe):
+    proc = run_cli("plan", "--gpus", "1xV100-16G", "--config", basic_recipe, "--model", "Qwen/Qwen2.5-7B-Instruct")
+    assert proc.returncode == 3
+    assert "does not fit" in proc.stdout and "try:" in proc.stdout
+    _no_traceback(proc)
+    js = run_cli("plan", "--gpus", "1xV100-16G", "--config", basic_recipe, "--model", "Qwen/Qwen2.5-7B-Instruct",
+                 "--json")
+    assert js.returncode == 3 and json.loads(js.stdout)["fits"] is False
+
+
+def test_plan_options(run_cli, basic_recipe):
+    p = json.loads(run_cli("plan", "--gpus", "4xA40", "--config", basic_recipe, "--vllm-gpus", "2",
+                           "--profile", "conservative", "--json", check_rc=0).stdout)
+    assert p["vllm"]["gpus"] == [0, 1] and p["profile"] == "conservative"
+    p = json.loads(run_cli("plan", "--gpus", "8xA100-80G", "--config", basic_recipe, "--model", "org/new-model",
+                           "--params", "3B", "--json", check_rc=0).stdout)
+    assert p["model"]["params"] == 3_000_000_000
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpus", "3xA4O"], "did you mean A40"),
+    (["--gpus", "3*A40"], "malformed"),
+    (["--gpus", "0xA40"], "at least 1"),
+    (["--gpus", "-2xA40"], "positive"),
+    (["--gpus", "3xA40", "--model", "someone/unknown-13b"], "--params"),
+    (["--gpus", "3xA40", "--profile", "fast"], "ogrpo.profile"),
+    (["--gpus", "3xA40", "--vllm-gpus", "5"], "leaves no trainer GPU"),
+])
+def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
+    proc = run_cli("plan", "--config", basic_recipe, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0  # one line
+    _no_traceback(proc)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a: [1,\n", "malformed YAML"),
+    ("model_name_or_path: Qwen/Qwen2.5-1.5B\nlearning_rat: 1.0e-6\n", "did you mean learning_rate"),
+    ("model_name_or_path: Qwen/Qwen2.5-1.5B\nnum_generations: lots\n", "expected int"),
+])
+def test_bad_config_exit_2(run_cli, write_recipe, text, words):
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", write_recipe(text))
+    assert proc.returncode == 2 and words in proc.stderr
+    _no_traceback(proc)
+
+
+def test_missing_config_exit_2(run_cli, tmp_path):
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", tmp_path / "missing.yaml")
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    _no_traceback(proc)
+
+
+def test_usage_error_exit_2(run_cli):
+    proc = run_cli("plan", "--gpus", "3xA40")  # --config missing
+    assert proc.returncode == 2 and "--config is required" in proc.stderr
+    _no_traceback(proc)
+
+
+def test_render_writes_job(run_cli, basic_recipe, tmp_path):
+    out = tmp_path / "job"
+    proc = run_cli("render", "--gpus", "3xA40", "--config", basic_recipe, "-o", out, check_rc=0)
+    assert {p.name for p in out.iterdir()} >= {"job.sbatch", "accelerate.yaml", "run.yaml", "manifest.json", "logs"}
+    assert str(out / "job.sbatch") in proc.stdout
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["jobspec"]["job_dir"] == str(out)
+
+
+def test_render_dry_run_writes_nothing(run_cli, basic_recipe, tmp_path):
+    out = tmp_path / "job"
+    proc = run_cli("render", "--gpus", "4xV100-32G", "--config", basic_recipe, "-o", out, "--dry-run", check_rc=0)
+    assert not out.exists()
+    for name in ("job.sbatch", "accelerate.yaml", "deepspeed.json", "run.yaml", "manifest.json"):
+        assert f"==> {name} <==" in proc.stdout
+    assert run_cli("render", "--gpus", "cpu", "--config", basic_recipe, "--dry-run").returncode in (0, 3)
+
+
+def test_render_bad_input_writes_nothing(run_cli, basic_recipe, write_recipe, tmp_path):
+    out = tmp_path / "job"
+    assert run_cli("render", "--gpus", "3xZ9", "--config", basic_recipe, "-o", out).returncode == 2
+    assert run_cli("render", "--gpus", "3xA40", "--config", write_recipe("x: [\n", "bad.yaml"),
+                   "-o", out).returncode == 2
+    nofit = run_cli("render", "--gpus", "1xV100-16G", "--model", "Qwen/Qwen2.5-7B-Instruct", "--config",
+                    basic_recipe, "-o", out)
+    assert nofit.returncode == 3 and "--force" in nofit.stderr
+    assert run_cli("render", "--gpus", "3xA40", "--config", basic_recipe).returncode == 2  # no -o
+    assert not out.exists()
+    _no_traceback(nofit)
+
+
+def test_render_force_writes_a_no_fit_job(run_cli, basic_recipe, tmp_path):
+    out = tmp_path / "job"
+    run_cli("render", "--gpus", "1xV100-16G", "--model", "Qwen/Qwen2.5-7B-Instruct", "--config", basic_recipe,
+            "-o", out, "--force", check_rc=0)
+    assert "DOES NOT FIT" in (out / "job.sbatch").read_text()
+
+
+def test_doctor_json(run_cli):
+    proc = run_cli("doctor", "--json")
+    assert proc.returncode in (0, 1)
+    rep = json.loads(proc.stdout)
+    assert {"python", "torch", "gpus", "trl", "vllm", "stack", "deepspeed", "slurm", "containers",
+            "can_train"} <= set(rep)
+    assert rep["python"]["version"]
+    assert (proc.returncode == 0) == rep["can_train"]
+    _no_traceback(proc)

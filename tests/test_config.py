@@ -1,0 +1,145 @@
+"""Run config loading: TRL flat recipes, the ogrpo: section, collected errors, the vendored TRL field list."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from ogrpo.config import FIELDS_FILE, field_table_from_trl, load_run_config
+from ogrpo.errors import ConfigError
+
+
+def test_vendored_fields_match_trl():
+    """The vendored table equals what the installed TRL declares (regenerate: python -m ogrpo.config
+    --regen-fields)."""
+    vendored = json.loads(FIELDS_FILE.read_text())
+    real = json.loads(json.dumps(field_table_from_trl()))
+    assert vendored == real
+
+
+def test_vendored_fields_cover_training_arguments():
+    from transformers import TrainingArguments
+    import dataclasses
+
+    vendored = json.loads(FIELDS_FILE.read_text())
+    ta = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    assert ta <= set(vendored["GRPOConfig"])
+
+
+def test_loading_does_not_import_trl(basic_recipe):
+    import subprocess
+
+    code = (f"import sys; from ogrpo.config import load_run_config; load_run_config({str(basic_recipe)!r}); "
+            "bad = [m for m in ('trl', 'torch', 'transformers', 'vllm') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_basic_recipe(basic_recipe):
+    rc = load_run_config(basic_recipe)
+    assert rc.trl["model_name_or_path"] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert rc.trl["reward_funcs"] == ["accuracy_reward"]
+    assert rc.get("num_generations") == 8
+    assert rc.get("beta") == 0.0  # TRL 1.16's default, from the vendored table
+    assert rc.get("vllm_mode") == "colocate"
+    assert rc.warnings == []
+    assert rc.source == str(basic_recipe)
+
+
+def test_open_r1_recipe_loads_with_warnings(open_r1_recipe):
+    rc = load_run_config(open_r1_recipe)
+    warned = " ".join(rc.warnings)
+    for key in ("system_prompt", "dataset_prompt_column", "hub_model_revision", "callbacks", "benchmarks",
+                "torch_dtype", "max_prompt_length", "warmup_ratio", "overwrite_output_dir"):
+        assert key in warned, key
+    # Loaded unchanged: every key is kept.
+    assert rc.trl["system_prompt"].startswith("You are")
+    assert rc.trl["num_generations"] == 16
+    groups = rc.by_group()
+    assert "system_prompt" in groups["other"] and "num_generations" in groups["GRPOConfig"]
+    assert "model_revision" in groups["ModelConfig"] and "dataset_name" in groups["GRPOScriptArguments"]
+
+
+def test_errors_are_collected_once(write_recipe):
+    path = write_recipe(
+        "model_name_or_path: Qwen/Qwen2.5-1.5B\n"
+        "learning_rat: 1e-6\n"  # misspelled
+        "num_generations: many\n"  # wrong type
+        "per_device_train_batch_size: 0\n"  # out of range
+        "bf16: yes please\n"  # wrong type
+        "frobnicate: 1\n"  # unknown
+        "ogrpo:\n  gpu: 3xA40\n  profile: fast\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_run_config(path)
+    problems = e.value.problems
+    text = str(e.value)
+    assert "did you mean learning_rate?" in text
+    assert "num_generations: expected int" in text
+    assert "per_device_train_batch_size: must be at least 1" in text
+    assert "bf16: expected bool" in text
+    assert "unknown key 'frobnicate'" in text
+    assert "did you mean ogrpo.gpus?" in text
+    assert "ogrpo.profile" in text
+    assert len(problems) == 7
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("a: [1, 2\n", "malformed YAML at line"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("num_generations: 1\n", "at least 2 generations"),
+        ("bf16: true\nfp16: true\n", "set only one"),
+        ("ogrpo: 3\n", "ogrpo: must be a mapping"),
+        ("ogrpo:\n  gpus: 3xZ99\n", "unknown GPU type Z99"),
+        ("ogrpo:\n  params: lots\n", "ogrpo.params"),
+        ("ogrpo:\n  vllm_gpus: -1\n", "0 or more"),
+    ],
+)
+def test_bad_configs(write_recipe, text, words):
+    with pytest.raises(ConfigError, match=words):
+        load_run_config(write_recipe(text))
+
+
+def test_missing_file_and_recipe_names(tmp_path):
+    with pytest.raises(ConfigError, match="no such file or built-in recipe"):
+        load_run_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="no such file or built-in recipe"):
+        load_run_config("no-such-recipe")
+    with pytest.raises(ConfigError, match="not a file"):
+        load_run_config(tmp_path)
+
+
+def test_builtin_recipe_by_name(monkeypatch, tmp_path):
+    import ogrpo.config as config
+
+    (tmp_path / "mini.yaml").write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nnum_generations: 4\n")
+    monkeypatch.setattr(config, "RECIPES_DIR", tmp_path)
+    rc = load_run_config("mini")
+    assert rc.trl["num_generations"] == 4 and rc.source.endswith("mini.yaml")
+
+
+def test_overrides_and_ogrpo_options(basic_recipe):
+    rc = load_run_config(basic_recipe, {"num_generations": 4, "seed": 7, "ogrpo": {"gpus": "3xA40", "profile": None},
+                                        "ogrpo.vllm_gpus": 1})
+    assert rc.trl["num_generations"] == 4 and rc.trl["seed"] == 7
+    assert rc.ogrpo.gpus == "3xA40" and rc.ogrpo.vllm_gpus == 1 and rc.ogrpo.profile is None
+
+
+def test_yaml_round_trip(basic_recipe, tmp_path):
+    rc = load_run_config(basic_recipe, {"ogrpo": {"gpus": "2xcpu", "reward_weights": [1.0, 0.5]}})
+    out = tmp_path / "again.yaml"
+    out.write_text(rc.to_yaml())
+    again = load_run_config(out)
+    assert again.trl == rc.trl and again.ogrpo == rc.ogrpo
+    assert again.to_dict()["ogrpo"] == {"gpus": "2xcpu", "reward_weights": [1.0, 0.5]}
+
+
+def test_quoted_numbers_are_accepted(write_recipe):
+    # YAML 1.1 reads 1e-6 (no dot) as a string; TRL's parser accepts it, so do we.
+    rc = load_run_config(write_recipe("learning_rate: 1e-6\n"))
+    assert rc.trl["learning_rate"] == "1e-6"

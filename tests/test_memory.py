@@ -1,0 +1,120 @@
+"""The memory model, with the expected numbers worked out by hand (GiB = 2^30 bytes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ogrpo.memory import server_estimate, trainer_estimate
+from ogrpo.models import resolve_model
+
+GiB = 2**30
+QWEN15 = resolve_model("Qwen/Qwen2.5-1.5B-Instruct")  # P = 1,543,714,304; H 1536, L 28, I 8960, V 151936
+QWEN7 = resolve_model("Qwen/Qwen2.5-7B-Instruct")  # P = 7,615,616,512
+
+
+def _trainer(model=QWEN15, **kw):
+    args = dict(num_processes=2, strategy="ddp", precision="bf16", micro_batch=8, prompt_len=512,
+                completion_len=1024, gradient_checkpointing=True, beta=0.0, budget_gib=40.5)
+    args.update(kw)
+    return trainer_estimate(model, **args)
+
+
+def test_ddp_terms_qwen_1_5b():
+    e = _trainer()
+    P = 1_543_714_304
+    # DDP keeps fp32 master weights (4 B), fp32 grads (4 B) and Adam m+v (8 B) per parameter on every GPU.
+    assert e.terms["weights"] == pytest.approx(P * 4 / GiB)  # 5.75 GiB
+    assert e.terms["gradients"] == pytest.approx(P * 4 / GiB)  # 5.75 GiB
+    assert e.terms["optimizer"] == pytest.approx(P * 8 / GiB)  # 11.50 GiB
+    # Activations with checkpointing: 8 x (512+1024) = 12288 tokens; per token L·H (layer inputs: 28·1536 =
+    # 43008) + one recomputed layer (10·1536 + 3·8960 = 42240) = 85248 values of 2 bytes -> 1.95 GiB.
+    assert e.terms["activations"] == pytest.approx(12288 * 85248 * 2 / GiB)
+    assert e.terms["activations"] == pytest.approx(1.951, abs=1e-3)
+    # Logits: 8 x 1024 completion tokens x 151936 vocab x (2 bf16 + 4 fp32 log-softmax + 2 grad) = 9.27 GiB.
+    assert e.terms["logits"] == pytest.approx(8 * 1024 * 151936 * 8 / GiB)
+    assert e.terms["logits"] == pytest.approx(9.273, abs=1e-3)
+    assert e.terms["reference_model"] == 0.0  # beta 0 (TRL 1.16's default): no reference model
+    assert e.terms["runtime"] == 1.0
+    # 5.75 + 5.75 + 11.50 + 1.95 + 9.27 + 1.0 = 35.23 GiB, within 40.5.
+    assert e.total_gib == pytest.approx(35.228, abs=1e-2)
+    assert e.fits
+
+
+def test_without_checkpointing_activations_scale_with_layers():
+    e = _trainer(gradient_checkpointing=False)
+    # Every layer keeps its 42240 values per token: 12288 x 28 x 42240 x 2 B = 27.1 GiB.
+    assert e.terms["activations"] == pytest.approx(12288 * 28 * 42240 * 2 / GiB)
+    assert not e.fits
+
+
+def test_zero_stages_shard_what_they_should():
+    P = 1_543_714_304
+    z2 = _trainer(strategy="zero2", num_processes=4)
+    # ZeRO-2: half weights whole (2 B), half grads and fp32 optimizer (master + m + v = 12 B) over 4.
+    assert z2.terms["weights"] == pytest.approx(2 * P / GiB)  # 2.88
+    assert z2.terms["gradients"] == pytest.approx(2 * P / 4 / GiB)  # 0.72
+    assert z2.terms["optimizer"] == pytest.approx(12 * P / 4 / GiB)  # 4.31
+    z3 = _trainer(strategy="zero3", num_processes=4)
+    assert z3.terms["weights"] == pytest.approx(2 * P / 4 / GiB)  # 0.72
+    # ZeRO-3 gathers the largest unit twice (current + prefetch): the 151936 x 1536 embedding, 2 B each.
+    assert z3.terms["zero3_gather"] == pytest.approx(2 * 151936 * 1536 * 2 / GiB)
+    off = _trainer(strategy="zero3_offload", num_processes=4)
+    assert off.terms["optimizer"] == 0.0
+    assert off.notes["offloaded_optimizer_gib_per_process"] == pytest.approx(12 * P / 4 / GiB, abs=0.01)
+    assert _trainer().total_gib > z2.total_gib > z3.total_gib > off.total_gib
+
+
+def test_reference_model_when_beta_positive():
+    e = _trainer(beta=0.04)
+    # A bf16 copy of the weights: 2 B x 1.54e9 = 2.88 GiB; sharded over 4 under ZeRO-3.
+    assert e.terms["reference_model"] == pytest.approx(2 * 1_543_714_304 / GiB)
+    z3 = _trainer(beta=0.04, strategy="zero3", num_processes=4)
+    assert z3.terms["reference_model"] == pytest.approx(2 * 1_543_714_304 / 4 / GiB)
+
+
+def test_liger_and_lora():
+    assert _trainer(liger=True).terms["logits"] == 0.0
+    lora = _trainer(lora=True)
+    P = 1_543_714_304
+    # Frozen bf16 base (2 B) + adapters of 0.5% P with fp32 grads (4 B) and Adam (8 B).
+    assert lora.terms["weights"] == pytest.approx(2 * P / GiB)
+    assert lora.terms["optimizer"] == pytest.approx(0.005 * P * 8 / GiB)
+
+
+def test_fp32_on_cpu():
+    e = _trainer(precision="fp32", is_cpu=True)
+    # fp32 activations are 4 B: twice the bf16 number; logits 4 + 4 + 4 = 12 B per value.
+    assert e.terms["activations"] == pytest.approx(12288 * 85248 * 4 / GiB)
+    assert e.terms["logits"] == pytest.approx(8 * 1024 * 151936 * 12 / GiB)
+    assert e.terms["runtime"] == 0.5
+
+
+def test_server_kv_cache_qwen_1_5b_on_a40():
+    e = server_estimate(QWEN15, tensor_parallel_size=1, dtype_bytes=2, memory_gib=45.0, gpu_memory_utilization=0.9,
+                        max_model_len=1536, max_num_seqs=256, enforce_eager=False)
+    assert e.budget_gib == pytest.approx(40.5)  # 0.9 x 45 GiB
+    assert e.terms["weights"] == pytest.approx(2 * 1_543_714_304 / GiB)  # 2.88 GiB
+    # Profile run: 8192 tokens x (4·1536 + 2·8960 = 24064) x 2 B = 0.367 GiB, plus fp32 sampler logits for
+    # 256 sequences: 256 x 151936 x 4 B = 0.145 GiB.
+    assert e.terms["activations"] == pytest.approx((8192 * 24064 * 2 + 256 * 151936 * 4) / GiB)
+    # KV per token: K and V x 28 layers x 2 KV heads x 128 dims x 2 B = 28672 B.
+    assert e.notes["kv_bytes_per_token"] == 28672
+    kv_gib = 40.5 - (e.terms["weights"] + e.terms["activations"] + 0.5 + 1.0)
+    assert e.terms["kv_cache"] == pytest.approx(kv_gib)  # ≈ 35.6 GiB
+    # ≈ 1.33 M tokens: about 868 sequences of 1536 tokens at once.
+    assert e.notes["kv_cache_tokens"] == int(kv_gib * GiB // 28672)
+    assert 860 <= e.notes["max_concurrent_seqs"] <= 875
+    assert e.fits
+
+
+def test_server_tensor_parallel_splits_weights_and_kv():
+    one = server_estimate(QWEN7, tensor_parallel_size=1, dtype_bytes=2, memory_gib=16.0, gpu_memory_utilization=0.9,
+                          max_model_len=1536, max_num_seqs=256, enforce_eager=True)
+    # 7.6e9 x 2 B = 14.2 GiB of weights > 14.4 GiB budget minus overhead: not one sequence fits.
+    assert one.notes["max_concurrent_seqs"] == 0
+    two = server_estimate(QWEN7, tensor_parallel_size=2, dtype_bytes=2, memory_gib=16.0,
+                          gpu_memory_utilization=0.9, max_model_len=1536, max_num_seqs=256, enforce_eager=True)
+    assert two.terms["weights"] == pytest.approx(7_615_616_512 / GiB)  # 7.09 GiB per GPU
+    # 4 KV heads over 2 ranks: 2 x 28 x 2 x 128 x 2 B = 28672 B per token per GPU.
+    assert two.notes["kv_bytes_per_token"] == 28672
+    assert two.notes["max_concurrent_seqs"] > 0

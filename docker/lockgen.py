@@ -97,9 +97,9 @@ def pip_env() -> dict[str, str]:
     return env
 
 
-def resolve(requirements: list[str], constraints: dict[str, str]) -> dict:
+def resolve(requirements: list[str], constraints: dict[str, str]) -> tuple[dict, dict[str, str]]:
     """pip's resolution report for REQUIREMENTS with CONSTRAINTS (name -> version), dropping constraints
-    pip names in a conflict until it resolves."""
+    pip names in a conflict until it resolves. Returns the report and the constraints that were kept."""
     constraints = dict(constraints)
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -110,7 +110,7 @@ def resolve(requirements: list[str], constraints: dict[str, str]) -> dict:
             cmd = pip_base(report, tmpdir / "t") + ["-c", str(cfile), *requirements]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=pip_env())
             if proc.returncode == 0:
-                return json.loads(report.read_text())
+                return json.loads(report.read_text()), constraints
             out = proc.stdout + proc.stderr
             # "The user requested (constraint) numpy==2.3.5" / "Cannot install x==1 because ... numpy==2.3.5"
             bad = {normalize_name(n) for n in re.findall(r"\(constraint\) ([A-Za-z0-9._\-]+)==", out)}
@@ -213,7 +213,7 @@ def generate(name: str) -> str:
     # pip evaluates dependency markers for the interpreter running it, not for --python-version: re-resolve
     # with whatever the image's interpreter (3.12) needs beyond that until nothing is unmet
     for _ in range(5):
-        report = resolve(requirements, prefer)
+        report, prefer = resolve(requirements, prefer)
         resolved = {normalize_name(it["metadata"]["name"]): it["metadata"]["version"] for it in report["install"]}
         missing = unmet([it["metadata"] for it in report["install"]], resolved)
         if not missing:

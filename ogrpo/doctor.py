@@ -26,7 +26,7 @@ def _version(*dists: str) -> str | None:
 
 
 def _gpu_rows(torch) -> list[dict]:
-    from ogrpo.hardware import _CATALOG
+    from ogrpo.hardware import match_device
 
     rows = []
     for i in range(torch.cuda.device_count()):
@@ -34,7 +34,8 @@ def _gpu_rows(torch) -> list[dict]:
         major, minor = props.major, props.minor
         sm = major * 10 + minor
         name = props.name
-        known = next((g.name for g in _CATALOG if g.family.upper() in name.upper().replace(" ", "")), None)
+        known = match_device(name, props.total_memory / 2**30)
+        known = known.name if known else None
         rows.append({
             "index": i, "name": name, "catalog": known, "sm": sm,
             "memory_gib": round(props.total_memory / 2**30, 1),

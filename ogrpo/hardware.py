@@ -182,3 +182,14 @@ def _lookup(tname: str, mem: str | None, spec: str) -> GpuType:
             return g
     variants = ", ".join(g.name for g in fam)
     raise OgrpoError(f"--gpus {spec!r}: no {tname.upper()} with {_fmt_mem(want)} GB; known variants: {variants}")
+
+
+def match_device(device_name: str, memory_gib: float) -> GpuType | None:
+    """The catalog entry for a device as torch/nvidia-smi names it ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"):
+    the longest family name it contains (so A100 is not taken for A10), then the variant nearest in memory."""
+    text = re.sub(r"[\s_]+", "", device_name.upper())
+    fams = [f for f in FAMILIES if f in text]
+    if not fams:
+        return None
+    fam = max(fams, key=len)
+    return min(FAMILIES[fam], key=lambda g: abs(g.memory_gib - memory_gib))

@@ -199,6 +199,10 @@ def _resolve_known(name: str) -> ModelFacts:
     hit = BUILTIN.get(name.lower())
     if hit is not None:
         return hit
+    from ogrpo import tiny  # cheap: the spec is data, building needs torch
+
+    if tiny.is_tiny(name):
+        return from_config_dict(tiny.model_config(), tiny.TINY_NAME, "builtin")
     # A hub name that is not built in: look in the local HF cache before giving up (no network).
     cached = _hf_cache_config(name)
     if cached is not None:

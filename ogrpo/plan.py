@@ -92,8 +92,14 @@ def valid_tp_sizes(model: ModelFacts, limit: int) -> list[int]:
 
 
 def _lengths(run_config, model: ModelFacts) -> tuple[int, int]:
-    prompt = run_config.ogrpo.max_prompt_length or run_config.trl.get("max_prompt_length") or DEFAULT_PROMPT_LENGTH
+    """(prompt, completion) tokens to budget for. TRL 1.16 does not truncate prompts, so the prompt length is
+    O-GRPO's planning assumption: ogrpo.max_prompt_length, else an old recipe's max_prompt_length, else 512
+    capped to what the model's positions leave after the completion."""
     completion = int(run_config.get("max_completion_length") or 256)
+    prompt = run_config.ogrpo.max_prompt_length or run_config.trl.get("max_prompt_length")
+    if not prompt:
+        room = model.max_position_embeddings - completion
+        prompt = min(DEFAULT_PROMPT_LENGTH, room) if room >= 16 else DEFAULT_PROMPT_LENGTH
     return int(prompt), completion
 
 
@@ -181,8 +187,9 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         run_config.get("steps_per_generation") or run_config.get("gradient_accumulation_steps"))
     max_num_seqs = max(1, min(gen_batch_guess, 64 if gpu.is_cpu else prof["max_seqs"]))
 
-    def _server(t: int) -> Estimate:
-        util = CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]
+    def _server(t: int, util: float | None = None) -> Estimate:
+        if util is None:
+            util = CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]
         return server_estimate(model, tensor_parallel_size=t, dtype_bytes=dtype_bytes, memory_gib=gpu.memory_gib,
                                gpu_memory_utilization=util, max_model_len=max_model_len,
                                max_num_seqs=max_num_seqs, enforce_eager=prof["eager"] or gpu.is_cpu,
@@ -259,14 +266,6 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                 trainer_nodes, trainer_gpus = [0], list(range(tp, gpn))
                 s.add("placement", f"server GPU(s) {server_gpus}, trainer GPU(s) {trainer_gpus}",
                       "one node: the server takes the fewest GPUs that hold the model, the trainer the rest")
-            if not _server_ok(server_est):
-                reasons.append(
-                    f"vLLM server: weights {server_est.terms['weights']:.1f} GiB + overhead leave no room for one "
-                    f"{max_model_len}-token sequence in {server_est.budget_gib:.1f} GiB per GPU")
-                bigger = [t for t in valid_tp_sizes(model, gpn) if t > tp]
-                if bigger:
-                    fixes.append(f"--vllm-gpus {bigger[0]}")
-                fixes.append(f"max_completion_length {max(64, completion_len // 2)}")
     elif mode == "colocate":
         trainer_nodes, trainer_gpus = [0], list(range(total))
         if cluster.nodes > 1:
@@ -314,22 +313,45 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
              "steps_per_generation": spg, "generation_batch_size": gbs, "prompts_per_generation": gbs // G if G else 0,
              "num_processes": num_processes, "prompt_length": prompt_len, "completion_length": completion_len,
              "max_model_len": max_model_len}
+    seq_cap = 64 if gpu.is_cpu else prof["max_seqs"]
+    colocate_util = 0.0
     if mode == "server":
-        max_num_seqs = max(1, min(gbs, 64 if gpu.is_cpu else prof["max_seqs"]))
+        max_num_seqs = max(1, min(gbs, seq_cap))
         server_est = _server(tp)
+        if not _server_ok(server_est):
+            where = "of host RAM" if gpu.is_cpu else "per GPU"
+            reasons.append(
+                f"vLLM server: weights {server_est.terms['weights']:.1f} GiB + overhead leave no room for one "
+                f"{max_model_len}-token sequence in {server_est.budget_gib:.1f} GiB {where}")
+            bigger = [t for t in valid_tp_sizes(model, gpn) if t > tp] if not gpu.is_cpu else []
+            if bigger:
+                fixes.append(f"--vllm-gpus {bigger[0]}")
+            fixes.append(f"max_completion_length {max(16, completion_len // 2)}")
+    elif mode == "colocate":
+        # Each trainer process runs its own vLLM (tensor parallel 1) on its device for its share of the batch.
+        max_num_seqs = max(1, min(gbs // max(1, num_processes), seq_cap))
+        colocate_util = CPU_VLLM_UTIL if gpu.is_cpu else prof["colocate_util"]
+        server_est = _server(1, colocate_util)
+        while not gpu.is_cpu and not _server_ok(server_est) and colocate_util < 0.7 - 1e-9:
+            colocate_util = round(colocate_util + 0.05, 2)
+            server_est = _server(1, colocate_util)
+        if not _server_ok(server_est):
+            reasons.append(f"colocated vLLM: weights {server_est.terms['weights']:.1f} GiB + overhead leave no room "
+                           f"for one {max_model_len}-token sequence in {server_est.budget_gib:.1f} GiB")
+            if not gpu.is_cpu:
+                fixes.append(f"a separate vLLM server: 2x{gpu.name} or more")
+            fixes.append(f"max_completion_length {max(16, completion_len // 2)}")
 
     # ---- trainer memory and strategy --------------------------------------------------------------------
     headroom = prof["headroom"]
     beta = float(run_config.get("beta") or 0.0)
     liger = bool(trl.get("use_liger_kernel", False))
     lora = bool(trl.get("use_peft", False))
-    colocate_util = 0.0
-    if mode == "colocate":
-        colocate_util = CPU_VLLM_UTIL if gpu.is_cpu else prof["colocate_util"]
     if gpu.is_cpu:
         # All processes share host RAM: the per-process budget is an equal share of what the server leaves.
-        server_gib = server_est.total_gib if server_est else 0.0
-        host_left = gpu.memory_gib * (1 - headroom - colocate_util) - server_gib
+        server_gib = server_est.total_gib if (server_est and mode == "server") else 0.0
+        # Colocated, every trainer process hosts its own vLLM with its own share.
+        host_left = gpu.memory_gib * (1 - headroom - colocate_util * num_processes) - server_gib
         budget = host_left / max(1, num_processes)
     else:
         budget = gpu.memory_gib * (1 - headroom - colocate_util)

@@ -64,7 +64,9 @@ def test_plan_options(run_cli, basic_recipe):
     (["--gpus", "0xA40"], "at least 1"),
     (["--gpus", "-2xA40"], "positive"),
     (["--gpus", "3xA40", "--model", "someone/unknown-13b"], "--params"),
-    (["--gpus", "3xA40", "--profile", "fast"], "ogrpo.profile"),
+    (["--gpus", "3xA40", "--profile", "fast"], "--profile 'fast': choose one of"),
+    (["--gpus", "3xA40", "--vllm-gpus", "-1"], "must be 0"),
+    (["--gpus", "3xA40", "--params", "lots"], "--params 'lots'"),
     (["--gpus", "3xA40", "--vllm-gpus", "5"], "leaves no trainer GPU"),
 ])
 def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):

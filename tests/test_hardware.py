@@ -85,3 +85,20 @@ def test_catalog_facts_follow_compat_md():
     assert CATALOG["H100"].sm == 90 and CATALOG["L40S"].sm == 89
     cpu = parse_gpus("cpu").gpu
     assert cpu.is_cpu and not cpu.bf16 and not cpu.fa2 and cpu.memory_gib > 0
+
+
+@pytest.mark.parametrize("device, mem, name", [
+    ("NVIDIA A100-SXM4-80GB", 79.2, "A100-80G"),
+    ("NVIDIA A100-PCIE-40GB", 39.4, "A100-40G"),
+    ("Tesla V100-SXM2-32GB", 31.7, "V100-32G"),
+    ("Tesla V100-PCIE-16GB", 15.8, "V100-16G"),
+    ("NVIDIA A40", 44.4, "A40"),
+    ("NVIDIA A10", 22.0, "A10"),
+    ("NVIDIA H100 80GB HBM3", 79.1, "H100"),
+    ("NVIDIA GeForce RTX 4090", 23.6, None),
+])
+def test_match_device_names(device, mem, name):
+    from ogrpo.hardware import match_device
+
+    got = match_device(device, mem)
+    assert (got.name if got else None) == name

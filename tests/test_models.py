@@ -18,6 +18,8 @@ REAL_SHAPES = {
     "Qwen/Qwen2.5-3B-Instruct": (2048, 36, 16, 2, 151936, 11008, True, 32768, "bfloat16"),
     "Qwen/Qwen2.5-7B-Instruct": (3584, 28, 28, 4, 152064, 18944, False, 32768, "bfloat16"),
     "Qwen/Qwen3-0.6B": (1024, 28, 16, 8, 151936, 3072, True, 40960, "bfloat16"),
+    "Qwen/Qwen3-1.7B": (2048, 28, 16, 8, 151936, 6144, True, 40960, "bfloat16"),
+    "Qwen/Qwen3-4B": (2560, 36, 32, 8, 151936, 9728, True, 40960, "bfloat16"),
     "Qwen/Qwen3-8B": (4096, 36, 32, 8, 151936, 12288, False, 40960, "bfloat16"),
     "meta-llama/Llama-3.2-1B-Instruct": (2048, 16, 32, 8, 128256, 8192, True, 131072, "bfloat16"),
     "meta-llama/Llama-3.2-3B-Instruct": (3072, 28, 24, 8, 128256, 8192, True, 131072, "bfloat16"),
@@ -29,6 +31,7 @@ PUBLISHED_PARAMS = {
     "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
     "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "Qwen/Qwen3-0.6B": 596_049_920,
     "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400,
     "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
 }
@@ -130,3 +133,13 @@ def test_hf_cache_lookup(tmp_path, monkeypatch):
                                                   "vocab_size": 100}))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     assert resolve_model("org/cached").source == "hf-cache"
+
+
+def test_tiny_model_resolves_without_building():
+    from ogrpo import tiny
+
+    m = resolve_model(tiny.TINY_NAME)
+    cfg = tiny.model_config()
+    assert (m.hidden_size, m.num_layers, m.vocab_size, m.torch_dtype) == (
+        cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], "float32")
+    assert resolve_model("tiny").name == tiny.TINY_NAME

@@ -198,3 +198,28 @@ def test_plan_from_config_defaults_to_config_gpus_then_cpu(tiny_recipe, write_re
     assert plan_from_config(load_run_config(tiny_recipe)).cluster.spec == "cpu"
     rc = load_run_config(write_recipe(f"model_name_or_path: {tiny_model_dir}\nogrpo:\n  gpus: 2xcpu\n"))
     assert plan_from_config(rc).cluster.spec == "2xcpu"
+
+
+def test_prompt_length_default_fits_small_models(write_recipe):
+    # The tiny model has 256 positions: with 32 completion tokens the default prompt budget is 224, not 512.
+    p = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 32\n"
+                           "per_device_train_batch_size: 4\nnum_generations: 4\n"), "2xcpu")
+    assert p.fits, p.reasons
+    assert p.batch["prompt_length"] == 224 and p.vllm["args"]["max_model_len"] == 256
+    too_long = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 200\n"
+                                  "num_generations: 4\nper_device_train_batch_size: 4\n"
+                                  "ogrpo:\n  max_prompt_length: 128\n", "long.yaml"), "2xcpu")
+    assert not too_long.fits and any("exceed the model's 256 positions" in r for r in too_long.reasons)
+
+
+def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
+    # 7.6e9 params x 2 B = 14.2 GiB of weights: 0.3 x 45 GiB = 13.5 is too small, 0.4 x 45 = 18 holds them
+    # plus overhead and a KV cache. The trainer keeps 45 x (1 - 0.1 - 0.4) = 22.5 GiB, less than ZeRO-3 with
+    # offload needs on one GPU (fp16 weights + grads alone are 28 GiB), so LoRA is the fix named.
+    p = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct").to_dict()
+    assert p["mode"] == "colocate"
+    assert p["trainer_args"]["vllm_gpu_memory_utilization"] == 0.4 == p["vllm"]["args"]["gpu_memory_utilization"]
+    assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= 1
+    assert not p["fits"] and p["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
+    assert "LoRA (use_peft: true)" in p["fixes"]
+    assert _plan(basic_recipe, "1xA100-80G", model="Qwen/Qwen2.5-7B-Instruct").fits

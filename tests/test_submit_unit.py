@@ -62,6 +62,16 @@ def test_executor_parameters_and_sbatch_text():
     assert "srun" not in text  # steps are started by the supervisor, not by the script
 
 
+def test_passthrough_replaces_rather_than_duplicates():
+    opts = sl.SlurmOptions(gpus_per_node=3, cpus_per_task=24,
+                           extra={"cpus-per-task": "8", "time": "01:00:00", "gres": "gpu:a40:3", "constraint": "ib"})
+    text = sl.sbatch_text(spec(), opts, "/jobs/a/submitit").splitlines()
+    assert "#SBATCH --cpus-per-task=8" in text and "#SBATCH --time=60" in text
+    assert "#SBATCH --gres=gpu:a40:3" in text and "#SBATCH --constraint=ib" in text
+    for flag in ("--cpus-per-task", "--time", "--gpus-per-node"):
+        assert sum(line.startswith(f"#SBATCH {flag}") for line in text) == (0 if flag == "--gpus-per-node" else 1)
+
+
 def test_step_resources_split_shared_nodes():
     steps = spec().steps
     # 1 server GPU, 2 trainer GPUs on one 24-CPU node: 8 + 16 CPUs, memory likewise
@@ -205,26 +215,21 @@ def rendered_steps(sbatch: str) -> dict[str, dict]:
     return steps
 
 
-def submitted_steps(commands: dict[str, list[str]], values: dict) -> dict[str, dict]:
+def submitted_steps(commands: dict[str, list[str]]) -> dict[str, dict]:
     out = {}
     for role, argv in commands.items():
         cut = argv.index("--")
         opts = dict(a[2:].partition("=")[::2] for a in argv[:cut] if a.startswith("--"))
         gres = opts.get("gres", "none")
-        # back from the values this allocation filled in to the placeholders
-        cmd = []
-        for a in argv[cut + 1:]:
-            for key, value in sorted(values.items(), key=lambda kv: -len(str(kv[1]))):
-                a = a.replace(str(value), "{" + key + "}")
-            cmd.append(a)
+        # the command after the per-step wrapper (python -m ogrpo.launch.slurm step ... --)
         out[role] = {"nodes": int(opts["nodes"]), "gpus": 0 if gres == "none" else int(gres.split(":")[-1]),
-                     "argv": cmd}
+                     "argv": argv[cut + 1:]}
     return out
 
 
 def test_render_and_submit_describe_the_same_job(tmp_path):
     from ogrpo.config import load_run_config
-    from ogrpo.jobspec import build_jobspec
+    from ogrpo.jobspec import build_jobspec, fill
     from ogrpo.plan import plan_from_config
     from ogrpo.render import job_sbatch
 
@@ -240,8 +245,11 @@ def test_render_and_submit_describe_the_same_job(tmp_path):
     sup = sl.SlurmSupervisor(spec, opts)
     hosts = ["node-a"]
     values = sl.placeholder_values(spec, hosts, job_id=77)
-    sent = submitted_steps(sup.commands(hosts, 77, 24, None), values)
-    assert sent == rendered_steps(rendered)
+    sent = submitted_steps(sup.commands(hosts, 77, 24, None))
+    # submit adds `--resume auto` to the trainer (sl.with_resume) so that a requeued job continues
+    expected = {role: {**st, "argv": sl.with_resume(fill(st["argv"], values))}
+                for role, st in rendered_steps(rendered).items()}
+    assert sent == expected
     assert set(sent) == {"server", "trainer"} and sent["server"]["gpus"] + sent["trainer"]["gpus"] == 3
     # the allocation: same nodes, GPUs per node, partition, account and time limit
     header = sl.sbatch_text(spec, opts, f"{job_dir}/submitit").splitlines()

@@ -26,8 +26,7 @@ def _summary(p: dict, spec) -> list[str]:
     for s in spec.steps:
         what = f"GPUs {s.gpus}" if s.gpus else "CPU"
         lines.append(f"  {s.role}: nodes {s.nodes}, {what}, {s.ntasks} task(s)")
-    if p["mode"] != "none":
-        lines.append(f"  trainer: {p['trainer']['num_processes']} process(es), {p['trainer']['strategy']}")
+    lines.append(f"  training: {p['trainer']['num_processes']} process(es), {p['trainer']['strategy']}")
     return lines
 
 
@@ -89,9 +88,12 @@ def submit(
     p = plan.to_dict()
     opts_cfg = rc.ogrpo
     job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
-    spec = build_jobspec(plan, rc, job_dir)
+    if os.environ.get("OGRPO_FAKE_GPUS") == "1" and backend == "slurm" and not p["cluster"]["gpu"].get("is_cpu"):
+        plan, rc, spec = _fake_gpu_job(plan, rc, config, job_dir, overrides)
+    else:
+        spec = build_jobspec(plan, rc, job_dir)
     files = render_job(plan, rc, spec)
-    summary = _summary(p, spec)
+    summary = _summary(plan.to_dict(), spec)
 
     if backend == "local":
         if dry_run:
@@ -132,6 +134,33 @@ def submit(
         typer.echo(f"{role + ':':11} {path}")
     typer.echo("\n".join(summary))
     typer.echo(f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})")
+
+
+def _fake_gpu_job(gpu_plan, rc, config: str, job_dir: str, overrides: dict):
+    """OGRPO_FAKE_GPUS=1 (the project's test cluster, whose A40s are character devices): keep the GPU plan's
+    allocation and per-step GPU counts, so Slurm hands each step its own devices as on a real cluster, but run
+    the steps with the CPU plan of the same layout (NxCPU: same server/trainer split), which the trainer and
+    the server can execute here."""
+    from ogrpo.config import load_run_config
+    from ogrpo.errors import OgrpoError
+    from ogrpo.jobspec import build_jobspec
+    from ogrpo.plan import plan_from_config
+
+    gp = gpu_plan.to_dict()
+    if int(gp["cluster"]["nodes"]) != 1:
+        raise OgrpoError("OGRPO_FAKE_GPUS=1 runs one-node plans only (CPU plans are single-machine)")
+    n = int(gp["cluster"]["gpus_per_node"])
+    cpu_over = {"ogrpo": {**overrides["ogrpo"], "gpus": f"{n}xcpu" if n > 1 else "cpu"}}
+    cpu_rc = load_run_config(config, cpu_over)
+    cpu_plan = plan_from_config(cpu_rc)
+    spec = build_jobspec(cpu_plan, cpu_rc, job_dir)
+    gpu_steps = {s.role: s for s in build_jobspec(gpu_plan, rc, job_dir).steps}
+    if set(gpu_steps) != {s.role for s in spec.steps}:
+        raise OgrpoError(f"OGRPO_FAKE_GPUS=1: the {n}xcpu plan places roles {sorted(s.role for s in spec.steps)}, "
+                         f"the GPU plan {sorted(gpu_steps)}; set ogrpo.vllm_gpus so both agree")
+    for step in spec.steps:
+        step.gpus = list(gpu_steps[step.role].gpus)
+    return cpu_plan, cpu_rc, spec
 
 
 def _submit_local(files: dict, spec, job_dir: str, summary: list[str]) -> None:

@@ -87,8 +87,17 @@ def _load(config: str, gpus, model, params, profile, vllm_gpus):
     if not config:
         raise OgrpoError("--config is required: a TRL recipe YAML or a built-in recipe name (e.g. --config tiny)")
 
+    # Options given on the command line are reported under their flag names, not as config problems.
     if gpus is not None:
-        parse_gpus(gpus)  # a bad --gpus is reported as such, not as a config problem
+        parse_gpus(gpus)
+    if profile is not None and profile not in ("conservative", "balanced", "aggressive"):
+        raise OgrpoError(f"--profile {profile!r}: choose one of conservative, balanced, aggressive")
+    if vllm_gpus is not None and vllm_gpus < 0:
+        raise OgrpoError(f"--vllm-gpus {vllm_gpus}: must be 0 (colocate) or more")
+    if params is not None:
+        from ogrpo.models import parse_params
+
+        parse_params(params)
 
     overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
                            "model": model}}

@@ -157,7 +157,15 @@ def executor_parameters(spec: JobSpec, opts: SlurmOptions) -> dict:
         "requeue": True,
         "chdir": spec.job_dir,
     }
-    extra.update(opts.extra)
+    for key, value in opts.extra.items():
+        name = key.replace("-", "_")
+        if name in params and name not in ("use_srun", "stderr_to_stdout", "signal_delay_s"):
+            # `--slurm time=..`/`nodes=..`/`cpus-per-task=..` replace ours rather than add a second #SBATCH line
+            params[name] = parse_time(value) if name == "time" else value
+        else:
+            extra[key] = value
+    if ("gres" in extra or "gpus" in extra) and "gpus_per_node" in params:
+        del params["gpus_per_node"]  # a site that names its GRES type (gpu:a40:3) says it that way
     params["additional_parameters"] = extra
     return params
 
@@ -231,6 +239,14 @@ def srun_argv(
     return [*srun, *extra_srun, *cmd]
 
 
+def with_resume(argv: list[str]) -> list[str]:
+    """A requeued job reruns the same trainer command, which must continue from the last complete checkpoint
+    (the trainer refuses a run dir with checkpoints otherwise): add `--resume auto` unless the command says."""
+    if "ogrpo.train" in argv and not any(a == "--resume" or a.startswith("--resume=") for a in argv):
+        return [*argv, "--resume", "auto"]
+    return list(argv)
+
+
 def placeholder_values(spec: JobSpec, hosts: list[str], job_id: int) -> dict[str, object]:
     server_port, rdzv_port = slurm_ports(job_id)
     server = spec.step("server")
@@ -292,7 +308,7 @@ class SlurmSupervisor:
 
         def wrap_step(step: Step, argv: list[str]) -> list[str]:
             return srun_argv(step, job_dir=self.spec.job_dir, hosts=hosts, values=values, cpus=res[step.role][0],
-                             mem_mb=res[step.role][1], container=self.opts.container, argv=argv)
+                             mem_mb=res[step.role][1], container=self.opts.container, argv=with_resume(argv))
 
         return values, wrap_step
 

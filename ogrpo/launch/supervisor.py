@@ -178,6 +178,10 @@ class Supervisor:
                 pass
             r.log_file.close()
 
+    def stop_all(self) -> None:
+        """Stop every step still running (for backends' signal paths, e.g. Slurm's USR2 checkpoint)."""
+        self._stop([r for r in self.running if not r.log_file.closed])
+
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
 

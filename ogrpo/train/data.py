@@ -22,6 +22,8 @@ def _load(name: str, config: str | None, split: str):
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise OgrpoError(f"dataset {name}: unknown file type {path.suffix!r}; use .jsonl, .json, .parquet or .csv")
+        if not path.read_bytes().strip():
+            raise OgrpoError(f"dataset {name} is empty (no rows); point dataset_name at a file with prompts")
         kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
         return datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     if path.is_dir():

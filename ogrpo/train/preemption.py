@@ -146,8 +146,9 @@ class PreemptionCallback(_trainer_callback_base()):
 
     SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
-    def __init__(self, output_dir: str | Path):
+    def __init__(self, output_dir: str | Path, trainer=None):
         self.output_dir = Path(output_dir)
+        self.trainer = trainer  # for the cross-rank agreement; None in a single process
         self.signal_name: str | None = None
         self.saved_step: int | None = None
         self._previous: dict[int, object] = {}
@@ -180,8 +181,21 @@ class PreemptionCallback(_trainer_callback_base()):
             self.install_handlers()
         return control
 
+    def _any_rank_preempted(self) -> bool:
+        """Every rank must stop at the same step (the save has collectives), but the signal reaches the ranks
+        at slightly different times: agree on it with one all-reduce per step."""
+        acc = getattr(self.trainer, "accelerator", None)
+        if acc is None or acc.num_processes <= 1:
+            return self.preempted
+        import torch
+
+        flag = torch.tensor([1.0 if self.preempted else 0.0], device=acc.device)
+        if acc.reduce(flag, reduction="sum").item() > 0 and not self.preempted:
+            self.signal_name = "peer"
+        return self.preempted
+
     def on_step_end(self, args, state, control, **kwargs):
-        if self.preempted:
+        if self._any_rank_preempted():
             control.should_save = True
             control.should_training_stop = True
         return control
@@ -208,7 +222,7 @@ class PreemptionCallback(_trainer_callback_base()):
 def install(trainer, output_dir: str | Path | None = None) -> PreemptionCallback:
     """Make the trainer's checkpoints atomic and add the preemption callback (signal handlers set now)."""
     make_checkpoints_atomic(trainer)
-    cb = PreemptionCallback(output_dir or trainer.args.output_dir)
+    cb = PreemptionCallback(output_dir or trainer.args.output_dir, trainer)
     cb.install_handlers()
     trainer.add_callback(cb)
     return cb

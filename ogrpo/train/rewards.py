@@ -72,14 +72,39 @@ REGISTRY: dict[str, Callable] = {
 }
 
 
+# Names TRL's own `trl grpo` script accepts (trl/scripts/grpo.py), so its recipes run unchanged.
+TRL_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def _known() -> str:
+    return ", ".join([*REGISTRY, *TRL_NAMES])
+
+
+def _trl_reward(name: str) -> Callable:
+    try:
+        import trl.rewards as trl_rewards
+
+        return getattr(trl_rewards, name)
+    except Exception as exc:  # e.g. accuracy_reward needs math_verify
+        raise OgrpoError(f"reward {name!r}: TRL's implementation cannot be loaded ({type(exc).__name__}: {exc}); "
+                         "install what it needs (pip install 'trl[math_verify]') or use another reward") from None
+
+
 def resolve_reward(spec: str) -> Callable:
-    """A registry name or `package.module:function` → the callable (named after the spec for TRL's logs)."""
+    """A registry name, one of TRL's reward names, or an import path → the callable.
+
+    Import paths: `package.module:function` (explicit) or TRL's dotted form `package.module.function`.
+    """
     if not isinstance(spec, str) or not spec.strip():
-        raise OgrpoError(f"reward_funcs: {spec!r} is not a reward name; use one of {', '.join(REGISTRY)} "
+        raise OgrpoError(f"reward_funcs: {spec!r} is not a reward name; use one of {_known()} "
                          "or a `package.module:function` path")
     spec = spec.strip()
-    if ":" in spec:
-        mod_name, _, attr = spec.partition(":")
+    if spec in REGISTRY:
+        return REGISTRY[spec]
+    if spec in TRL_NAMES:
+        return _trl_reward(spec)
+    if ":" in spec or "." in spec:
+        mod_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
         try:
             module = importlib.import_module(mod_name)
         except Exception as exc:  # ImportError, or the module's own import-time error
@@ -94,20 +119,22 @@ def resolve_reward(spec: str) -> Callable:
         if not callable(func):
             raise OgrpoError(f"reward {spec!r}: {attr!r} is not callable; point at a function")
         return func
-    func = REGISTRY.get(spec)
-    if func is None:
-        close = difflib.get_close_matches(spec, list(REGISTRY), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise OgrpoError(f"unknown reward {spec!r}: {hint}use one of {', '.join(REGISTRY)} or a "
-                         "`package.module:function` path")
-    return func
+    close = difflib.get_close_matches(spec, [*REGISTRY, *TRL_NAMES], n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise OgrpoError(f"unknown reward {spec!r}: {hint}use one of {_known()} or a `package.module:function` path")
 
 
 def named(func: Callable, name: str) -> Callable:
     """A wrapper carrying `name` as __name__, which TRL uses for the `rewards/<name>/mean` metric."""
 
-    def reward(*args, **kwargs):
-        return func(*args, **kwargs)
+    import inspect
+
+    if inspect.iscoroutinefunction(func):  # TRL runs async reward functions concurrently; keep them async
+        async def reward(*args, **kwargs):
+            return await func(*args, **kwargs)
+    else:
+        def reward(*args, **kwargs):
+            return func(*args, **kwargs)
 
     reward.__name__ = reward.__qualname__ = re.sub(r"[^A-Za-z0-9_]", "_", name.split(":")[-1])
     reward.__doc__ = func.__doc__

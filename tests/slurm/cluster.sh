@@ -7,18 +7,18 @@
 #   tests/slurm/cluster.sh down   cancel jobs, stop exactly the daemons `up` started (pid files), in reverse order
 #   tests/slurm/cluster.sh env    print the export line for SLURM_CONF
 #
-# Env: ROOT (default /tmp/ogrpo-slurm-test). Partition `debug`, account `ogrpo` (user root belongs to it).
+# Env: ROOT or OGRPO_SLURM_ROOT (default /tmp/ogrpo-slurm-test). Partition `debug`, account `ogrpo` (user root belongs to it).
 set -euo pipefail
-ROOT=${ROOT:-/tmp/ogrpo-slurm-test}
+ROOT=${ROOT:-${OGRPO_SLURM_ROOT:-/tmp/ogrpo-slurm-test}}
 export SLURM_CONF=$ROOT/etc/slurm.conf
 SOCK=$ROOT/munge/munge.socket
-PKGS="munge slurmctld slurmd slurm-client slurmdbd mariadb-server"
+PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
 
 ensure_packages() {
-  dpkg -s $PKGS >/dev/null 2>&1 && return 0
-  [ "$(id -u)" = 0 ] || { echo "cluster.sh: needs root to apt-get install $PKGS" >&2; exit 1; }
+  dpkg -s "${PKGS[@]}" >/dev/null 2>&1 && return 0
+  [ "$(id -u)" = 0 ] || { echo "cluster.sh: needs root to apt-get install ${PKGS[*]}" >&2; exit 1; }
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
 }
 
 wait_for() {  # wait_for TRIES CMD...: poll every 0.2 s
@@ -30,7 +30,10 @@ wait_for() {  # wait_for TRIES CMD...: poll every 0.2 s
 up() {
   ensure_packages
   if [ -s "$ROOT/run/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/run/slurmctld.pid")" 2>/dev/null; then
-    echo "cluster.sh: already up under $ROOT (run 'down' first)" >&2; exit 1
+    if [ "$(timeout 5 sinfo -h -N -n localhost -o %T 2>/dev/null)" = idle ]; then
+      echo "slurm already up: export SLURM_CONF=$SLURM_CONF"; return 0
+    fi
+    echo "cluster.sh: daemons running under $ROOT but the node is not idle (run 'down' first)" >&2; exit 1
   fi
   rm -rf "$ROOT"; mkdir -p "$ROOT"/{etc,run,log,state/ctld,state/d,munge/key,dev,mysql}
   chmod 755 "$ROOT/munge"; chmod 700 "$ROOT/munge/key"
@@ -80,7 +83,7 @@ AccountingStorageHost=localhost
 AccountingStoragePort=6819
 AccountingStoragePass=$SOCK
 AccountingStorageTRES=gres/gpu
-AccountingStorageEnforce=associations
+AccountingStorageEnforce=associations,qos
 JobAcctGatherType=jobacct_gather/linux
 KillWait=5
 MinJobAge=300
@@ -121,7 +124,8 @@ StorageLoc=slurm_acct_db
 EOT
   slurmdbd
   wait_for 150 bash -c "echo >/dev/tcp/127.0.0.1/6819" || { echo "slurmdbd did not start"; exit 1; }
-  # Associations first: with AccountingStorageEnforce=associations an unknown --account is refused at submit
+  # Associations first: with AccountingStorageEnforce=associations,qos an unknown --account or --qos is
+  # refused at submit
   sacctmgr -i add cluster ci >/dev/null
   sacctmgr -i add account ogrpo Description=tests Organization=ogrpo >/dev/null
   sacctmgr -i add user root account=ogrpo DefaultAccount=ogrpo >/dev/null

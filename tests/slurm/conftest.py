@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-ROOT = os.environ.get("ROOT", "/tmp/ogrpo-slurm-test")
+ROOT = os.environ.get("ROOT") or os.environ.get("OGRPO_SLURM_ROOT") or "/tmp/ogrpo-slurm-test"
 TOY = str(HERE / "toy_steps.py")
 
 

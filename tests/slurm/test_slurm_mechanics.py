@@ -1,5 +1,6 @@
 """The Slurm backend on the real test cluster, with stand-in steps (tests/slurm/toy_steps.py): devices per step,
-status/logs/cancel, USR2 → checkpoint → requeue → resume, the requeue bound, and a real time limit."""
+status/logs/cancel, USR2 → checkpoint → requeue → resume, and the requeue bound. The real time limit and a
+forced requeue run the real trainer in test_slurm_grpo.py."""
 
 from __future__ import annotations
 
@@ -86,8 +87,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     job = submit_toy(job_dir, total=25, max_requeues=2, signal_delay_s=30)
     wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
     time.sleep(6)
-    slurm_queue_interrupt = slurm_query.interrupt  # what Slurm sends before the time limit: USR2 to the batch step
-    slurm_queue_interrupt(job)
+    slurm_query.interrupt(job)  # what Slurm sends before the time limit: USR2 to the batch step
     wait_gone(job, 180)
     assert sacct_state(job) == "COMPLETED"
     state = toy_state(job_dir)
@@ -113,15 +113,3 @@ def test_requeue_bound(slurm_cluster, tmp_path):
     assert not (job_dir / "slurm" / "attempt-1.json").exists()
     assert toy_state(job_dir)["step"] < 600  # stopped, saved, and not run again
     assert not processes_of_job(job)
-
-
-def test_time_limit_requeues_and_resumes(slurm_cluster, tmp_path):
-    """A real 2-minute limit: Slurm sends USR2 30-60 s before it (limits are checked every 30 s)."""
-    job_dir = tmp_path / "run"
-    job = submit_toy(job_dir, total=130, time_min=2, max_requeues=2, signal_delay_s=30)
-    wait_gone(job, 420)
-    assert sacct_state(job) == "COMPLETED"
-    state = toy_state(job_dir)
-    assert state["step"] == 130 and len(state["attempts"]) >= 2
-    assert all(a["start"] > 0 for a in state["attempts"][1:])
-    assert read_json(job_dir / "slurm" / "requeue-0.json")["requeued"]

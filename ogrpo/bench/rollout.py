@@ -1,0 +1,376 @@
+"""`ogrpo bench rollout`: one GRPO rollout (prompts x generations x new tokens), three ways, same model/dtype.
+
+(a) hf     — TRL's default rollout without vLLM: `model.generate` on the prompts repeated num_generations times
+             (TRL's RepeatSampler order), sampling at temperature 1, the GenerationConfig TRL 1.16 builds.
+(b) vllm   — raw vLLM offline: `LLM(...).generate(token prompts, SamplingParams(n=G, logprobs=0))`.
+(c) server — O-GRPO's server path: `ogrpo serve` for a run config of this model, then TRL's own
+             `VLLMClient.generate` (what the trainer calls each step) over HTTP.
+
+Every path runs in its own fresh subprocess: vLLM's CPU worker replaces `torch.set_num_threads` with a no-op in
+the process that hosts it and keeps memory after shutdown, so sharing a process would skew the next path.
+EOS is ignored so that every path generates exactly the same number of tokens. The model is a randomly
+initialized Qwen2 of the given shape (throughput does not depend on the weights' values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row, median_seconds
+
+RESULT_TAG = "OGRPO_BENCH_RESULT "
+PATHS = ("hf", "vllm", "server", "vllm_inproc")
+DEFAULT_PATHS = ["hf", "vllm", "server"]
+PATH_NAMES = {"hf": "HF generate (TRL default)", "vllm": "vLLM offline (raw)", "server": "O-GRPO server path",
+              "vllm_inproc": "vLLM offline, engine in-process"}
+_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+           "fp16": "float16", "float16": "float16"}
+
+
+@dataclass
+class RolloutShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool = True
+
+    def params(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = self.hidden * head_dim * (self.heads * 2 + self.kv_heads * 2) + head_dim * (self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        per_layer = attn + mlp + 2 * self.hidden
+        emb = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * per_layer + emb + self.hidden
+
+    def label(self) -> str:
+        return (f"{self.params() / 1e6:.1f}M h{self.hidden} i{self.intermediate} l{self.layers} "
+                f"a{self.heads}/{self.kv_heads} v{self.vocab}{' tied' if self.tied else ''}")
+
+
+@dataclass
+class Workload:
+    model_dir: str
+    dtype: str  # torch name: float32 | bfloat16 | float16
+    prompts: list[list[int]]
+    generations: int
+    new_tokens: int
+    repeats: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    workdir: str
+
+    @property
+    def max_model_len(self) -> int:
+        return max(len(p) for p in self.prompts) + self.new_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.prompts) * self.generations * self.new_tokens
+
+
+def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -> Path:
+    """Random Qwen2 weights of `shape` in `dtype`, with a word-level tokenizer covering the whole vocabulary
+    (so every sampled id detokenizes)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file() and (out_dir / "tokenizer.json").is_file():
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab = {f"t{i}": i for i in range(shape.vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t0", pad_token="t0", unk_token="t1")
+    fast.save_pretrained(out_dir)
+    cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, max_position_embeddings=4096,
+                      tie_word_embeddings=shape.tied, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(n)]
+
+
+# --- the three paths (each runs in a worker subprocess) ----------------------------------------------------
+def _run_hf(w: Workload) -> tuple[list[float], int]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(w.model_dir, dtype=getattr(torch, w.dtype)).eval()
+    # TRL's RepeatSampler puts each prompt's num_generations copies next to each other.
+    rows = [p for p in w.prompts for _ in range(w.generations)]
+    ids = torch.tensor(rows)
+    mask = torch.ones_like(ids)
+    # What GRPOTrainer builds when use_vllm=False; eos_token_id None so every row generates new_tokens.
+    cfg = GenerationConfig(max_new_tokens=w.new_tokens, do_sample=True, pad_token_id=0, bos_token_id=None,
+                           eos_token_id=None, temperature=1.0, top_p=1.0, top_k=0, min_p=None,
+                           repetition_penalty=1.0, cache_implementation=None, disable_compile=True)
+    produced = {}
+
+    def once():
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+        produced["n"] = int((out.shape[1] - ids.shape[1]) * out.shape[0])
+
+    med, times = median_seconds(once, w.repeats)
+    return times, produced["n"]
+
+
+def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"server not healthy at {url} after {timeout:.0f} s")
+
+
+def _start_server(w: Workload):
+    """`ogrpo serve` for a run config of this workload; returns (process, port, log file)."""
+    import yaml
+
+    from ogrpo.launch.ports import free_ports
+
+    work = Path(w.workdir)
+    run_yaml = work / "bench-run.yaml"
+    args = {"gpu_memory_utilization": w.gpu_memory_utilization}
+    if w.enforce_eager:
+        args["enforce_eager"] = True
+    run_yaml.write_text(yaml.safe_dump({
+        "model_name_or_path": w.model_dir, "max_completion_length": w.new_tokens, "dtype": w.dtype,
+        "ogrpo": {"max_prompt_length": w.max_model_len - w.new_tokens, "plan": {"vllm": {"args": args}}}}))
+    (port,) = free_ports(1)
+    log = open(work / "server.log", "wb")
+    cmd = [sys.executable, "-m", "ogrpo", "serve", "--config", str(run_yaml), "--host", "127.0.0.1",
+           "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port, log
+
+
+def _stop_server(proc: subprocess.Popen, port: int, log) -> None:
+    from ogrpo.launch.ports import release_ports
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    log.close()
+    release_ports([port])
+
+
+def _server_generate(w: Workload, port: int):
+    """TRL's own client call, as GRPOTrainer makes it each step (token-id prompts, n, logprobs=0)."""
+    from trl.generation.vllm_client import VLLMClient
+
+    client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)
+    produced = {}
+
+    def once():
+        out = client.generate(w.prompts, n=w.generations, temperature=1.0, top_p=1.0, top_k=0,
+                              max_tokens=w.new_tokens, logprobs=0, generation_kwargs={"ignore_eos": True})
+        produced["n"] = sum(len(c) for c in out["completion_ids"])
+
+    return once, produced
+
+
+def _offline_generate(w: Workload):
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=w.model_dir, dtype=w.dtype, max_model_len=w.max_model_len, seed=0,
+              gpu_memory_utilization=w.gpu_memory_utilization, enforce_eager=w.enforce_eager)
+    # logprobs=0: TRL asks for the sampled token's log-prob on every path, so the raw baseline does too.
+    params = SamplingParams(n=w.generations, max_tokens=w.new_tokens, ignore_eos=True, temperature=1.0,
+                            top_p=1.0, top_k=0, logprobs=0)
+    prompts = [{"prompt_token_ids": p} for p in w.prompts]
+    produced = {}
+
+    def once():
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        produced["n"] = sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    return once, produced
+
+
+def _run_server(w: Workload) -> tuple[list[float], int]:
+    proc, port, log = _start_server(w)
+    try:
+        _wait_health(f"http://127.0.0.1:{port}/health", proc, timeout=600)
+        once, produced = _server_generate(w, port)
+        med, times = median_seconds(once, w.repeats)
+        return times, produced["n"]
+    finally:
+        _stop_server(proc, port, log)
+
+
+def _run_paired(w: Workload) -> dict:
+    """Raw offline vLLM and the server path in turns, so that load from other jobs on a shared machine hits both
+    alike and their ratio stays meaningful. Both engines are idle (blocked on their queues) while the other
+    one runs."""
+    proc, port, log = _start_server(w)
+    try:
+        offline, off_n = _offline_generate(w)  # builds while the server starts
+        _wait_health(f"http://127.0.0.1:{port}/health", proc, timeout=600)
+        served, srv_n = _server_generate(w, port)
+        offline()
+        served()
+        times = {"vllm": [], "server": []}
+        for _ in range(max(1, w.repeats)):
+            for name, fn in (("vllm", offline), ("server", served)):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        return {"vllm": {"times": times["vllm"], "tokens": off_n["n"]},
+                "server": {"times": times["server"], "tokens": srv_n["n"]}}
+    finally:
+        _stop_server(proc, port, log)
+
+
+def _run_vllm(w: Workload) -> tuple[list[float], int]:
+    once, produced = _offline_generate(w)
+    med, times = median_seconds(once, w.repeats)
+    return times, produced["n"]
+
+
+# `vllm_inproc` is context, not a baseline: the OpenAI server always runs its engine core in a separate
+# process (AsyncLLM has no in-process mode), so the like-for-like baseline is offline `vllm` with vLLM's
+# default multiprocessing; in-process shows what that process split costs on this machine.
+_RUNNERS = {"hf": _run_hf, "vllm": _run_vllm, "server": _run_server, "vllm_inproc": _run_vllm}
+_PATH_ENV = {"vllm_inproc": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+
+
+def _worker(path: str, spec_file: str) -> None:
+    w = Workload(**json.loads(Path(spec_file).read_text()))
+    if path == "paired":
+        result = _run_paired(w)
+    else:
+        times, produced = _RUNNERS[path](w)
+        result = {"times": times, "tokens": produced}
+    sys.stdout.write(RESULT_TAG + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _spawn(path: str, spec_file: Path, log_path: Path) -> dict:
+    cmd = [sys.executable, "-m", "ogrpo.bench.rollout", path, str(spec_file)]
+    env = {**os.environ, **_PATH_ENV.get(path, {})}
+    with open(log_path, "wb") as log:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, timeout=1800, env=env)
+    out = proc.stdout.decode("utf-8", "replace")
+    for line in out.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+    raise RuntimeError(f"bench path {path} failed (exit {proc.returncode}); see {log_path}")
+
+
+def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int = 8, generations: int = 8,
+                      new_tokens: int = 128, prompt_tokens: int = 32, repeats: int = 3,
+                      paths: list[str] | None = None, csv_path: str | os.PathLike = "bench/results/rollout.csv",
+                      workdir: str | None = None, gpu_memory_utilization: float = 0.1,
+                      enforce_eager: bool = False, paired: bool = True, out=None) -> list[dict]:
+    """Run the chosen paths, print a table with tokens/s and ratios, append CSV rows; returns the rows."""
+    from ogrpo.errors import OgrpoError
+
+    out = out or sys.stdout
+    paths = paths or list(DEFAULT_PATHS)
+    bad = [p for p in paths if p not in PATHS]
+    if bad:
+        raise OgrpoError(f"unknown bench path(s) {bad}; choose from {', '.join(PATHS)}")
+    if dtype not in _DTYPES:
+        raise OgrpoError(f"unknown dtype {dtype!r}; use fp32 or bf16")
+    if shape.hidden % shape.heads or shape.heads % shape.kv_heads:
+        raise OgrpoError(f"hidden {shape.hidden} must divide by heads {shape.heads}, heads by kv-heads "
+                         f"{shape.kv_heads}")
+    torch_dtype = _DTYPES[dtype]
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = build_model(shape, torch_dtype, work / f"model-{shape.hidden}-{shape.layers}-{shape.vocab}-{dtype}")
+    w = Workload(model_dir=str(model_dir), dtype=torch_dtype,
+                 prompts=make_prompts(prompts, prompt_tokens, shape.vocab), generations=generations,
+                 new_tokens=new_tokens, repeats=repeats, gpu_memory_utilization=gpu_memory_utilization,
+                 enforce_eager=enforce_eager, workdir=str(work))
+    spec_file = work / "workload.json"
+    spec_file.write_text(json.dumps(asdict(w)))
+    tokps: dict[str, float] = {}
+    raw: dict[str, dict] = {}
+    results: dict[str, dict] = {}
+    if paired and "vllm" in paths and "server" in paths:
+        out.write("running vLLM offline (raw) and O-GRPO server path, in turns ...\n")
+        out.flush()
+        results.update(_spawn("paired", spec_file, work / "paired.log"))
+    for p in paths:
+        if p in results:
+            continue
+        out.write(f"running {PATH_NAMES[p]} ...\n")
+        out.flush()
+        results[p] = _spawn(p, spec_file, work / f"{p}.log")
+    for p in paths:
+        res = results[p]
+        if res["tokens"] != w.total_tokens:
+            raise RuntimeError(f"{p} generated {res['tokens']} tokens, expected {w.total_tokens}")
+        med = statistics.median(res["times"])
+        tokps[p] = w.total_tokens / med
+        raw[p] = res
+    case = f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}"
+    params = json.dumps({**asdict(shape), "dtype": dtype, "prompts": prompts, "generations": generations,
+                         "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
+                         "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
+                         "paired": paired},
+                        sort_keys=True)
+    tags = environment_tags()
+    rows = [make_row("rollout", case, p, "tokens_per_s", tokps[p], "tok/s", params, tags) for p in paths]
+    table = [[PATH_NAMES[p], f"{tokps[p]:,.0f}", " ".join(f"{t:.2f}" for t in raw[p]["times"])] for p in paths]
+    ratios = []
+    if "server" in tokps and "vllm" in tokps:
+        ratios.append(("server_vs_vllm", tokps["server"] / tokps["vllm"]))
+    if "server" in tokps and "hf" in tokps:
+        ratios.append(("server_vs_hf", tokps["server"] / tokps["hf"]))
+    if "vllm" in tokps and "hf" in tokps:
+        ratios.append(("vllm_vs_hf", tokps["vllm"] / tokps["hf"]))
+    rows += [make_row("rollout", case, name, "ratio", value, "x", params, tags) for name, value in ratios]
+    path = append_rows(csv_path, rows)
+    out.write(f"\nrollout: {case}  ({tags['device']}, torch {tags['torch']}, vllm {tags['vllm']}, "
+              f"trl {tags['trl']})\n")
+    out.write(format_table(["path", "tok/s", "seconds per repeat"], table) + "\n")
+    for name, value in ratios:
+        note = ""
+        if name == "server_vs_vllm":
+            note = "  (bar: >= 0.95)" + ("" if value >= 0.95 else "  BELOW BAR")
+        out.write(f"{name}: {value:.3f}{note}\n")
+    out.write(f"csv: {path}\n")
+    return rows
+
+
+if __name__ == "__main__":  # worker entry: python -m ogrpo.bench.rollout PATH WORKLOAD.json
+    _worker(sys.argv[1], sys.argv[2])

@@ -1,0 +1,230 @@
+"""Build-time self-check of a GPU image: the last step of the Dockerfile, so a wrong image never gets a tag.
+
+    python -m ogrpo.selfcheck --family a40 --lock /opt/ogrpo/requirements.lock --build-info /opt/ogrpo/build-info.json
+    python -m ogrpo.selfcheck --family v100 --facts facts.json      # judge recorded facts (tests, debugging)
+
+It fails (exit 1, one line per problem) when:
+- torch was not compiled for the family's GPU (`torch.cuda.get_arch_list()`);
+- `import flash_attn` fails, or flash-attn is present where it cannot run (V100);
+- the compiled kernels of DeepSpeed's prebuilt ops, flash-attn or our own extensions (`ogrpo/csrc`, listed in
+  the builder's build-info.json) carry no code for the family's GPU — read from each library's fatbin, so the
+  check needs no GPU and no CUDA toolkit (`docker build` has neither);
+- the A40's DeepSpeed ops were built for an arch with major <= 7 (DeepSpeed then drops BF16 from every op);
+- the torch/vLLM/flash-attn versions do not fit the family, or the TRL/vLLM pair is not one `ogrpo doctor`
+  supports (ogrpo.stacks, the same data doctor reads);
+- an installed version differs from the image's lock file.
+
+`gather()` collects the facts inside the image; `evaluate()` judges them and is pure, which is what the tests
+exercise with fake facts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import struct
+import sys
+from pathlib import Path
+
+from ogrpo.stacks import Family, arch_runs_on, check_family_versions, family, normalize_name, read_lock
+
+FATBIN_MAGIC = 0xBA55ED50
+_KIND = {1: "compute", 2: "sm", 0x10: "sm"}  # PTX / ELF cubin / ELF cubin (alternate)
+
+
+def fatbin_archs(data: bytes) -> set[str]:
+    """Arch entries ('sm_80' cubins, 'compute_80' PTX) of every CUDA fatbin container inside DATA (an ELF
+    shared library or a bare .fatbin).
+
+    Container: u32 magic 0xBA55ED50, u16 version 1, u16 header size 16, u64 size of the entries that follow.
+    Entry: u16 kind (1 PTX, 2 ELF), u16, u32 entry header size, u64 padded payload size, ..., u32 sm at
+    offset 28; the next entry starts after header + payload. (Layout as cuobjdump reads it.)
+    """
+    archs: set[str] = set()
+    magic = struct.pack("<I", FATBIN_MAGIC)
+    pos = data.find(magic)
+    while pos != -1:
+        if pos + 16 <= len(data):
+            _, version, header_size, fat_size = struct.unpack_from("<IHHQ", data, pos)
+            end = pos + header_size + fat_size
+            if version == 1 and header_size == 16 and end <= len(data):
+                entry = pos + header_size
+                while entry + 32 <= end:
+                    kind, _, entry_size, payload = struct.unpack_from("<HHIQ", data, entry)
+                    (sm,) = struct.unpack_from("<I", data, entry + 28)
+                    if entry_size < 32:
+                        break
+                    if kind in _KIND and 10 <= sm < 1000:
+                        archs.add(f"{_KIND[kind]}_{sm}")
+                    entry += entry_size + payload
+                pos = max(end, pos + 1)
+                pos = data.find(magic, pos)
+                continue
+        pos = data.find(magic, pos + 4)
+    return archs
+
+
+def file_archs(path: Path) -> set[str]:
+    with open(path, "rb") as fh:
+        try:
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return fatbin_archs(mm)  # type: ignore[arg-type]
+        except ValueError:  # empty file
+            return set()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# judging (pure)
+
+
+def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> list[str]:
+    """Problems with an image for FAM, from FACTS (see gather()); empty = the image is right."""
+    problems: list[str] = []
+    target = fam.sm
+
+    arch_list = facts.get("arch_list") or []
+    if not any(arch_runs_on(a, target) and a.startswith("sm_") for a in arch_list):
+        problems.append(
+            f"torch is not compiled for {fam.gpu}: torch.cuda.get_arch_list() = {arch_list or '[]'} "
+            f"has no sm_{target // 10}x binary that runs on sm_{target}"
+        )
+
+    versions = {normalize_name(k): v for k, v in (facts.get("versions") or {}).items()}
+    problems += check_family_versions(fam, versions)
+
+    fa_error = facts.get("flash_attn_import")
+    if fam.flash_attn_cuda_archs and fa_error:
+        problems.append(f"import flash_attn failed: {fa_error}")
+
+    kernels: dict[str, dict[str, list[str]]] = facts.get("kernels") or {}
+    groups = {"deepspeed": "DeepSpeed ops"}
+    if fam.flash_attn_cuda_archs:
+        groups["flash-attn"] = "flash-attn"
+    build_info = facts.get("build_info") or {}
+    if build_info.get("extensions"):
+        groups["ogrpo"] = "O-GRPO extensions (ogrpo/csrc)"
+    for group, label in groups.items():
+        files = kernels.get(group) or {}
+        cuda_files = {path: archs for path, archs in files.items() if archs}
+        if not cuda_files:
+            problems.append(f"{label}: no compiled CUDA kernels found (was the builder's wheel installed?)")
+            continue
+        for path, archs in sorted(cuda_files.items()):
+            if not any(arch_runs_on(a, target) for a in archs):
+                problems.append(f"{label}: {path} has no code for sm_{target} (has {', '.join(sorted(archs))})")
+            if group == "deepspeed" and fam.compute_capability[0] >= 8:
+                old = sorted(a for a in archs if a.startswith("sm_") and int(a[3:]) < 80)
+                if old:
+                    problems.append(
+                        f"{label}: {path} also targets {', '.join(old)}: DeepSpeed drops BF16 when the arch "
+                        "list holds an arch with major <= 7 (build with TORCH_CUDA_ARCH_LIST=" +
+                        f"{fam.torch_cuda_arch_list})"
+                    )
+    expected_ext = set(build_info.get("extensions") or [])
+    found_ext = set((kernels.get("ogrpo") or {}).keys())
+    for missing in sorted(expected_ext - found_ext):
+        problems.append(f"O-GRPO extension {missing} listed in build-info.json is not installed")
+    if build_info and build_info.get("family") not in (None, fam.name):
+        problems.append(f"build-info.json is for family {build_info.get('family')!r}, not {fam.name!r}")
+
+    if lock is not None:
+        for name, pinned in sorted(lock.items()):
+            have = versions.get(name)
+            if have is None:
+                problems.append(f"{name}=={pinned} is in the lock file but not installed")
+            elif have != pinned:
+                problems.append(f"{name} {have} is installed but the lock file pins {pinned}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gathering (inside the image)
+
+
+def _package_dir(name: str) -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _so_archs(paths) -> dict[str, list[str]]:
+    return {str(p): sorted(file_archs(p)) for p in paths}
+
+
+def gather(build_info: dict | None = None) -> dict:
+    """The facts evaluate() judges, read from this environment (imports torch; no GPU needed)."""
+    from importlib import metadata
+
+    import torch
+
+    arch_list = list(torch.cuda.get_arch_list())
+    if not arch_list and torch.version.cuda:
+        # get_arch_list() is [] without a driver (docker build has none); the compiled-in list is still there
+        arch_list = torch._C._cuda_getArchFlags().split()
+    versions = {normalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    facts: dict = {"arch_list": arch_list, "versions": versions, "kernels": {}, "build_info": build_info or {}}
+
+    try:
+        import flash_attn  # noqa: F401
+
+        facts["flash_attn_import"] = None
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the finding
+        facts["flash_attn_import"] = f"{type(exc).__name__}: {exc}"
+
+    import importlib.util
+
+    fa_spec = importlib.util.find_spec("flash_attn_2_cuda")
+    if fa_spec and fa_spec.origin:
+        facts["kernels"]["flash-attn"] = _so_archs([Path(fa_spec.origin)])
+    for group, package in (("deepspeed", "deepspeed"), ("ogrpo", "ogrpo")):
+        root = _package_dir(package)
+        if root is not None:
+            facts["kernels"][group] = _so_archs(sorted(root.rglob("*.so")))
+    if facts["kernels"].get("ogrpo"):
+        site = _package_dir("ogrpo").parent  # type: ignore[union-attr]
+        facts["kernels"]["ogrpo"] = {
+            str(Path(p).relative_to(site)): a for p, a in facts["kernels"]["ogrpo"].items()
+        }
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ogrpo.selfcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", required=True, help="v100 or a40")
+    parser.add_argument("--facts", help="judge this JSON (from --dump) instead of the running environment")
+    parser.add_argument("--lock", help="the image's lock file: installed versions must equal its pins")
+    parser.add_argument("--build-info", help="the builder's build-info.json (which extensions were built)")
+    parser.add_argument("--dump", help="also write the gathered facts to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        fam = family(args.family)
+    except ValueError as exc:
+        print(f"selfcheck: {exc}", file=sys.stderr)
+        return 2
+    build_info = json.loads(Path(args.build_info).read_text()) if args.build_info else None
+    if args.facts:
+        facts = json.loads(Path(args.facts).read_text())
+        if build_info is not None:
+            facts["build_info"] = build_info
+    else:
+        facts = gather(build_info)
+    if args.dump:
+        Path(args.dump).write_text(json.dumps(facts, indent=1, sort_keys=True))
+    lock = read_lock(args.lock) if args.lock else None
+    problems = evaluate(fam, facts, lock)
+    if problems:
+        for p in problems:
+            print(f"selfcheck {fam.name}: FAIL: {p}", file=sys.stderr)
+        return 1
+    kernels = facts.get("kernels") or {}
+    summary = ", ".join(f"{g}: {sum(1 for a in f.values() if a)} CUDA libs" for g, f in sorted(kernels.items()))
+    print(f"selfcheck {fam.name}: OK ({fam.gpu}; torch archs {' '.join(facts.get('arch_list') or [])}; {summary})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

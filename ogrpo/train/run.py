@@ -1,0 +1,258 @@
+"""`ogrpo train`: run config (+ plan) → TRL GRPOTrainer with the plan's settings, profiled, in a run directory.
+
+Order matters: everything the user can get wrong (config, model path, rewards, dataset, GRPOConfig values) is
+checked before the run directory is created, so bad input gives one line and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ogrpo.errors import NoFitError, OgrpoError
+
+
+@dataclass
+class Prepared:
+    """Everything validated, nothing written yet."""
+
+    run_config: object
+    plan: dict
+    model_path: str
+    run_dir: Path
+    args: object  # GRPOConfig
+    tokenizer: object
+    dataset: object
+    reward_funcs: list
+    resume_from: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_config(source, overrides: dict | None = None):
+    from ogrpo.config import load_run_config
+
+    return load_run_config(source, overrides)
+
+
+def resolve_model_path(name) -> str:
+    """The tiny model (built on demand), a local directory with config.json, or a hub name."""
+    from ogrpo import tiny
+
+    if not name:
+        raise OgrpoError("no model: set model_name_or_path in the run config (a local directory, a hub name, or "
+                         "ogrpo:tiny)")
+    if tiny.is_tiny(name):
+        return str(tiny.ensure_tiny_model())
+    path = Path(str(name)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise OgrpoError(f"model path {name} has no config.json; point model_name_or_path at a directory "
+                             "written by save_pretrained (or a hub name)")
+        return str(path)
+    if path.exists():
+        raise OgrpoError(f"model path {name} is a file; point model_name_or_path at the model's directory")
+    if str(name).startswith(("/", ".", "~")) or str(name).count("/") > 1:
+        raise OgrpoError(f"model path {name} does not exist; fix model_name_or_path")
+    return str(name)  # a hub name: transformers resolves it (cache or network)
+
+
+def plan_for(run_config, model_path: str, gpus: str | None = None) -> dict:
+    """The plan a rendered config carries, else a plan for this machine."""
+    carried = getattr(run_config.ogrpo, "plan", None)
+    if carried:
+        return dict(carried)
+    from ogrpo.plan import plan_from_config
+
+    if gpus is None:
+        import torch
+
+        gpus = None if torch.cuda.is_available() else "cpu"
+    plan = plan_from_config(run_config, gpus=gpus, model=model_path).to_dict()
+    if not plan.get("fits", True):
+        reasons = "; ".join(plan.get("reasons") or []) or "does not fit"
+        fixes = "; ".join(plan.get("fixes") or [])
+        raise NoFitError(f"plan does not fit: {reasons}" + (f"; try: {fixes}" if fixes else ""))
+    return plan
+
+
+def apply_env(plan: dict) -> None:
+    """The plan's environment for this process (what the launcher sets for a job's steps)."""
+    for key, value in (plan.get("env") or {}).items():
+        os.environ.setdefault(key, str(value))
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def load_tokenizer(model_path: str, trl: dict):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path, revision=trl.get("model_revision") or None,
+                                            trust_remote_code=bool(trl.get("trust_remote_code")))
+    except Exception as exc:  # OSError for missing files/hub, ValueError for unknown tokenizer classes
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OgrpoError(f"model {model_path!r}: cannot load its tokenizer ({type(exc).__name__}: {first}); "
+                         "check model_name_or_path") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def default_run_dir(run_config) -> Path:
+    stem = Path(str(getattr(run_config, "source", "run"))).stem or "run"
+    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resume_from(run_dir: Path, resume: str | None) -> str | None:
+    from ogrpo.train import preemption
+
+    if resume in (None, "", "no", "never"):
+        if preemption.complete_checkpoints(run_dir):
+            raise OgrpoError(f"{run_dir} already has checkpoints; pass --resume auto to continue that run or "
+                             "choose a new --output-dir")
+        return None
+    if resume == "auto":
+        return preemption.resume_checkpoint(run_dir)
+    path = Path(resume).expanduser()
+    if not (path / "trainer_state.json").is_file():
+        raise OgrpoError(f"--resume {resume}: not a checkpoint directory (no trainer_state.json); pass --resume "
+                         "auto or a checkpoint-N directory")
+    return str(path)
+
+
+def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
+            overrides: dict | None = None, gpus: str | None = None) -> Prepared:
+    """Validate everything and build the trainer's inputs. Writes nothing except the tiny-model cache."""
+    from ogrpo.train.data import load_prompts
+    from ogrpo.train.rewards import resolve_rewards
+    from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
+
+    rc = load_config(config, overrides)
+    model_path = resolve_model_path(rc.trl.get("model_name_or_path"))
+    funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
+                                     rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
+                                     else rc.trl.get("reward_weights"))
+    plan = plan_for(rc, model_path, gpus)
+    apply_env(plan)
+    dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
+    tokenizer = load_tokenizer(model_path, rc.trl)
+    run_dir = Path(output_dir).expanduser() if output_dir else default_run_dir(rc)
+    resume_from = _resume_from(run_dir, resume)
+    trl = dict(rc.trl)
+    trl["model_name_or_path"] = model_path
+    if weights is not None:
+        trl["reward_weights"] = weights
+    _, notes = grpo_config_kwargs(trl, plan, run_dir, vllm_url)
+    args = build_grpo_config(trl, plan, run_dir, vllm_url)
+    return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes)
+
+
+def install_vllm_hooks(p: Prepared) -> None:
+    """CPU replacements for TRL's weight sync (server: another area's client; colocate: ours)."""
+    args = p.args
+    if not getattr(args, "use_vllm", False):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        try:
+            from ogrpo.serve.client import install_gpu_sync_timeout
+
+            install_gpu_sync_timeout()
+        except ImportError:
+            pass
+        return
+    if args.vllm_mode == "server":
+        try:
+            from ogrpo.serve.client import install_cpu_client
+        except ImportError as exc:
+            raise OgrpoError("server mode on CPU needs ogrpo.serve.client (the cpu_shm weight-sync client), "
+                             f"which is missing ({exc}); reinstall O-GRPO") from None
+        expect = None
+        try:
+            from ogrpo.serve.client import expected_from_run_config
+
+            expect = expected_from_run_config(p.run_config.trl, p.run_config.ogrpo.to_dict())
+        except Exception:  # the check is a guard, not a requirement
+            expect = None
+        install_cpu_client(expect)
+    elif args.vllm_mode == "colocate":
+        from ogrpo.train import colocate_cpu
+
+        vargs = (p.plan.get("vllm") or {}).get("args") or {}
+        dtype = vargs.get("dtype") or _trainer_dtype(p)
+        colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True))
+
+
+def _trainer_dtype(p: Prepared) -> str:
+    if getattr(p.args, "bf16", False):
+        return "bfloat16"
+    if getattr(p.args, "fp16", False):
+        return "float16"
+    return "float32"
+
+
+def build_trainer(p: Prepared):
+    from trl import GRPOTrainer
+
+    return GRPOTrainer(model=p.model_path, reward_funcs=p.reward_funcs, args=p.args, train_dataset=p.dataset,
+                       processing_class=p.tokenizer)
+
+
+def train(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
+          overrides: dict | None = None, gpus: str | None = None, console=None) -> Path:
+    """Run one GRPO training; returns the run directory."""
+    from rich.console import Console
+
+    from ogrpo.train import rundir
+    from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
+    from ogrpo.train.profiler import StageProfiler, render_table, summarize
+
+    console = console or Console(stderr=True)
+    p = prepare(config, output_dir, vllm_url, resume, overrides, gpus)
+    run_dir = p.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    if is_main:
+        rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan, seed=p.args.seed,
+                              model_path=p.model_path,
+                              extra={"grpo_config": _config_summary(p.args), "notes": p.notes,
+                                     "resumed_from": p.resume_from, "status": "running"})
+    install_vllm_hooks(p)
+    trainer = build_trainer(p)
+    profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None).attach(trainer)
+    for cb in default_callbacks(run_dir):
+        trainer.add_callback(cb)
+    use_quiet_progress(trainer)
+    preempt_cb = None
+    try:
+        from ogrpo.train import preemption
+
+        preempt_cb = preemption.install(trainer, run_dir)
+    except ImportError:
+        preemption = None
+    trainer.train(resume_from_checkpoint=p.resume_from)
+    if preempt_cb is not None:
+        preemption.exit_if_preempted(preempt_cb)
+    if trainer.accelerator.is_main_process:
+        rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
+        plots = rundir.write_plots(run_dir)
+        rundir.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
+                               profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots])
+        render_table(rows, console)
+        console.print(f"run directory: {run_dir}")
+    del profiler
+    return run_dir
+
+
+def _config_summary(args) -> dict:
+    keys = ("seed", "learning_rate", "max_steps", "num_generations", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "max_completion_length", "beta", "bf16", "fp16", "tf32", "optim",
+            "torch_compile", "gradient_checkpointing", "dataloader_num_workers", "use_vllm", "vllm_mode",
+            "vllm_server_base_url", "model_init_kwargs", "use_cpu", "reward_weights")
+    return {k: getattr(args, k, None) for k in keys}

@@ -1,0 +1,165 @@
+"""The real pipeline on the test cluster: `ogrpo submit --gpus 3xA40 --config ...` with the tiny CPU model.
+
+The test cluster's A40s are character devices, so submit runs with OGRPO_FAKE_GPUS=1: Slurm still allocates
+GPUs per step (and sets CUDA_VISIBLE_DEVICES for each), while the steps execute the CPU plan of the same
+layout (ogrpo.commands.jobs._fake_gpu_job).
+
+Determinism of resumed runs: the preemption and time-limit runs generate with HF `generate` inside the trainer
+(`use_vllm: false`). On CPU that is deterministic given the RNG state, which the checkpoint carries
+(rng_state.pth), so a resumed run reproduces the uninterrupted one. A vLLM server restarted by the requeue
+would not: its sampler state starts afresh, so the completions after the restart differ.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+FAKE = {"OGRPO_FAKE_GPUS": "1"}
+TINY = """model_name_or_path: ogrpo:tiny
+dataset_name: ogrpo:tiny
+reward_funcs: [tiny_letter]
+seed: 42
+learning_rate: 1.0e-3
+lr_scheduler_type: constant
+beta: 0.04
+num_generations: 8
+per_device_train_batch_size: 32
+gradient_accumulation_steps: 1
+max_completion_length: 12
+temperature: 1.0
+max_steps: {steps}
+logging_steps: 1
+save_steps: {save}
+save_total_limit: 2
+report_to: none
+ogrpo:
+  use_vllm: {vllm}
+  max_prompt_length: 64   # stated, so the plan's and the server's context lengths agree
+"""
+# Long enough that a 2-minute limit interrupts it (~1.2 s/step here, after ~20 s of start-up)
+LONG_STEPS = 64
+COMPARED = ("loss", "reward", "kl", "grad_norm", "entropy")
+
+
+def config(tmp_path: Path, steps: int, save: int, vllm: bool) -> str:
+    path = tmp_path / f"tiny-{steps}-{'vllm' if vllm else 'hf'}.yaml"
+    path.write_text(TINY.format(steps=steps, save=save, vllm=str(vllm).lower()))
+    return str(path)
+
+
+def submit(cfg: str, job_dir: Path, *args: str) -> str:
+    out = ogrpo("submit", "--config", cfg, "-o", str(job_dir), *args, env=FAKE, check=True)
+    line = out.stdout.splitlines()[0]
+    assert line.startswith("submitted job "), out.stdout
+    return line.split()[-1]
+
+
+def step_metrics(run: Path) -> dict[int, dict]:
+    """step → logged values; a step logged again after a resume counts with its last values."""
+    out = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec and "step" in rec:
+            out[rec["step"]] = {k: rec[k] for k in COMPARED if k in rec}
+    return out
+
+
+def final_weights(run: Path, steps: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / f"checkpoint-{steps}" / "model.safetensors"))
+
+
+def assert_same_run(run: Path, ref: Path, steps: int) -> None:
+    import torch
+
+    got, want = step_metrics(run), step_metrics(ref)
+    assert sorted(got) == list(range(1, steps + 1)) == sorted(want)
+    for s in want:
+        for k, v in want[s].items():
+            assert got[s][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (s, k)
+    a, b = final_weights(run, steps), final_weights(ref, steps)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def latest_step(run: Path) -> int:
+    try:
+        return max(step_metrics(run), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_grpo_with_server_disjoint_devices_status_logs(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "job"
+    job = submit(config(tmp_path, steps=4, save=2, vllm=True), job_dir, "--gpus", "3xA40", "--time", "10")
+    wait_gone(job, 420)
+    assert sacct_state(job) == "COMPLETED", ogrpo("logs", job).stdout[-3000:]
+    run = job_dir / "run"
+    server = read_json(run / "roles" / "server.step.json")["cuda_visible_devices"].split(",")
+    trainer = read_json(run / "roles" / "trainer.step.json")["cuda_visible_devices"].split(",")
+    assert len(server) == 1 and len(trainer) == 2 and not set(server) & set(trainer)
+    assert sorted(step_metrics(run)) == [1, 2, 3, 4]
+    status = ogrpo("status", job, check=True).stdout
+    assert f"job {job}: COMPLETED" in status and "last checkpoint: checkpoint-4" in status
+    assert "server saw CUDA_VISIBLE_DEVICES=" in status and "trainer saw CUDA_VISIBLE_DEVICES=" in status
+    assert ogrpo("logs", job, "--role", "server", check=True).stdout.strip()
+    assert "run directory" in ogrpo("logs", str(job_dir), "--role", "trainer", check=True).stdout
+
+
+def test_cancel_grpo_leaves_no_process(slurm_cluster, tmp_path):
+    job_dir = tmp_path / "job"
+    job = submit(config(tmp_path, steps=500, save=100, vllm=True), job_dir, "--gpus", "3xA40", "--time", "10")
+    wait_for(lambda: latest_step(job_dir / "run") >= 1, 300, "the first GRPO step")
+    assert len(processes_of_job(job)) >= 4  # supervisor, srun clients, vLLM server, trainer workers
+    assert f"cancelled job {job}" in ogrpo("cancel", job, check=True).stdout
+    assert sacct_state(job) == "CANCELLED"
+    wait_for(lambda: not processes_of_job(job), 30, f"processes of job {job} to disappear")
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster, tmp_path_factory):
+    """The uninterrupted run the resumed ones must reproduce."""
+    tmp = tmp_path_factory.mktemp("ref")
+    job = submit(config(tmp, LONG_STEPS, 8, vllm=False), tmp / "job", "--gpus", "1xA40", "--time", "10")
+    wait_gone(job, 400)
+    assert sacct_state(job) == "COMPLETED"
+    return tmp / "job" / "run"
+
+
+def test_forced_requeue_resumes_to_the_same_result(reference, tmp_path):
+    job_dir = tmp_path / "job"
+    job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "10")
+    wait_for(lambda: latest_step(job_dir / "run") >= 10, 300, "step 10")
+    subprocess.run(["scontrol", "requeue", job], check=True)  # what a preemption with PreemptMode=REQUEUE does
+    wait_gone(job, 400)
+    assert sacct_state(job) == "COMPLETED"
+    manifest = read_json(job_dir / "run" / "manifest.json")
+    assert manifest.get("resumed_from"), "the second attempt must resume from a checkpoint"
+    assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
+    assert_same_run(job_dir / "run", reference, LONG_STEPS)
+
+
+def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
+    """2-minute limit, warning 60 s before (Slurm checks every 30 s, so it comes 60-90 s in)."""
+    job_dir = tmp_path / "job"
+    job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "2",
+                 "--signal-delay", "60", "--max-requeues", "2")
+    wait_gone(job, 600)
+    assert sacct_state(job) == "COMPLETED"
+    requeue = read_json(job_dir / "slurm" / "requeue-0.json")
+    assert requeue["requeued"] and requeue["trainer_rc"] == 75  # saved on the signal, exited for requeue
+    info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
+    assert info["requeues"] >= 1 and info["max_requeues"] == 2
+    assert read_json(job_dir / "run" / "manifest.json").get("resumed_from")
+    assert_same_run(job_dir / "run", reference, LONG_STEPS)

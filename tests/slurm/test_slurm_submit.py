@@ -1,0 +1,48 @@
+"""`ogrpo submit` against the test cluster: bad input is refused before anything is written or submitted."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .conftest import ogrpo
+
+pytestmark = pytest.mark.slurm
+
+CONFIG = ("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\ndataset_name: trl-lib/tldr\n"
+          "reward_funcs: [accuracy]\n")
+
+
+def job_count() -> int:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"], capture_output=True,
+                         text=True, check=True)
+    return len(out.stdout.split())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus", "3xA40", "--partition", "nope"], "unknown partition 'nope': use one of debug"),
+    (["--gpus", "3xA40", "--account", "nope"], "unknown account 'nope' for this user: use one of ogrpo"),
+    (["--gpus", "4xA40"], "4 GPUs per node requested but nodes of this cluster have at most 3"),
+    (["--gpus", "3xA40", "--qos", "nope"], "Slurm would not accept this job"),
+])
+def test_bad_requests_are_refused_before_submitting(slurm_cluster, tmp_path, args, message):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(CONFIG)
+    before = job_count()
+    out = ogrpo("submit", "--config", str(cfg), "-o", str(tmp_path / "job"), *args)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and message in out.stderr  # one line, naming the fix
+    assert not (tmp_path / "job").exists()
+    assert job_count() == before
+
+
+def test_dry_run_submits_nothing(slurm_cluster, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(CONFIG)
+    before = job_count()
+    out = ogrpo("submit", "--config", str(cfg), "--gpus", "3xA40", "--dry-run", "-o", str(tmp_path / "job"),
+                "--slurm", "mail-type=END", check=True)
+    assert "#SBATCH --gpus-per-node=3" in out.stdout and "#SBATCH --mail-type=END" in out.stdout
+    assert "server: srun --exact" in out.stdout and "--gres=gpu:1" in out.stdout and "--gres=gpu:2" in out.stdout
+    assert not (tmp_path / "job").exists() and job_count() == before

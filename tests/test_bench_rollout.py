@@ -1,0 +1,63 @@
+"""`ogrpo bench rollout` structure on a tiny shape (never its timings: performance is reported by the
+benchmark itself, not asserted)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from ogrpo.bench.harness import CSV_FIELDS
+from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
+from ogrpo.errors import OgrpoError
+
+TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, vocab=512)
+
+
+def test_shapes_match_the_reference_models():
+    # shared/vllm-cpu/README.md names these shapes by parameter count (tied embeddings, Qwen2 biases on q/k/v)
+    assert round(RolloutShape(512, 8, 8, 2, 2048, 4096).params() / 1e6, 1) == 32.5
+    assert round(RolloutShape(768, 12, 12, 4, 2048, 4096).params() / 1e6, 1) == 78.7
+
+
+def test_bad_input_is_one_error(tmp_path):
+    with pytest.raises(OgrpoError, match="unknown bench path"):
+        run_rollout_bench(TINY, paths=["gpu"], csv_path=tmp_path / "r.csv", workdir=str(tmp_path))
+    with pytest.raises(OgrpoError, match="divide"):
+        run_rollout_bench(RolloutShape(100, 1, 3, 1, 64, 64), csv_path=tmp_path / "r.csv", workdir=str(tmp_path))
+    assert not (tmp_path / "r.csv").exists()
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_hf_path_writes_tagged_rows(tmp_path):
+    out = io.StringIO()
+    run_rollout_bench(TINY, prompts=2, generations=2, new_tokens=4, prompt_tokens=4, repeats=1, paths=["hf"],
+                      csv_path=tmp_path / "r.csv", workdir=str(tmp_path), out=out)
+    rows = _read(tmp_path / "r.csv")
+    assert list(rows[0].keys()) == CSV_FIELDS
+    assert [r["path"] for r in rows] == ["hf"] and rows[0]["metric"] == "tokens_per_s"
+    assert float(rows[0]["value"]) > 0 and rows[0]["device"] and rows[0]["torch"] and rows[0]["trl"]
+    assert json.loads(rows[0]["params"])["hidden"] == 128
+    assert "HF generate" in out.getvalue()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_three_paths_and_ratios(tmp_path):
+    out = io.StringIO()
+    run_rollout_bench(TINY, prompts=2, generations=2, new_tokens=8, prompt_tokens=4, repeats=1,
+                      csv_path=tmp_path / "r.csv", workdir=str(tmp_path), enforce_eager=True, out=out)
+    rows = _read(tmp_path / "r.csv")
+    assert [(r["path"], r["metric"]) for r in rows] == [
+        ("hf", "tokens_per_s"), ("vllm", "tokens_per_s"), ("server", "tokens_per_s"),
+        ("server_vs_vllm", "ratio"), ("server_vs_hf", "ratio"), ("vllm_vs_hf", "ratio")]
+    tps = {r["path"]: float(r["value"]) for r in rows[:3]}
+    ratio = {r["path"]: float(r["value"]) for r in rows[3:]}
+    assert ratio["server_vs_vllm"] == pytest.approx(tps["server"] / tps["vllm"], rel=1e-4)
+    assert "server_vs_vllm" in out.getvalue()

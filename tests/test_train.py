@@ -1,0 +1,141 @@
+"""`ogrpo train` on the embedded default, end to end on CPU: run directory, profile, determinism, resume, and
+bad input (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OGRPO = str(Path(sys.executable).with_name("ogrpo"))
+TIMING_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _run(args, cwd, timeout=300):
+    env = dict(os.environ, COLUMNS="120", OMP_NUM_THREADS="2")
+    return subprocess.run(args, capture_output=True, text=True, cwd=str(cwd), env=env, timeout=timeout)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _learning_metrics(run_dir: Path) -> list[dict]:
+    rows = _jsonl(run_dir / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS and "time" not in k} for r in rows]
+
+
+def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
+    out = tmp_path / "run"
+    proc = _run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "max_steps=4",
+                 "--set", "save_steps=2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Stage profile" in proc.stderr and f"run directory: {out}" in proc.stderr
+    # TRL's checkpoints (save_steps=2 of 4 steps), each loadable
+    for step in (2, 4):
+        ckpt = out / f"checkpoint-{step}"
+        assert (ckpt / "model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
+        assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == step
+    metrics = _jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics if "reward" in m] == [1, 2, 3, 4]
+    assert all(0.0 <= m["reward"] <= 1.0 for m in metrics if "reward" in m)
+    profile = _jsonl(out / "profile.jsonl")
+    assert [r["step"] for r in profile] == [1, 2, 3, 4]
+    for row in profile:
+        for stage in ("generation", "reward", "logprobs", "train"):
+            assert row[f"{stage}_s"] > 0, (stage, row)
+        assert row["completion_tokens"] > 0 and row["gen_tokens_per_s"] > 0 and row["peak_mem_gib"] > 0
+    for png in ("reward.png", "profile.png"):
+        data = (out / "plots" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["global_step"] == 4 and manifest["seed"] == 42
+    assert manifest["config"]["model_name_or_path"] == "ogrpo:tiny"
+    assert manifest["plan"]["precision"] == "fp32" and manifest["plan"]["mode"] == "none"
+    for dist in ("python", "torch", "transformers", "trl", "vllm"):
+        assert manifest["versions"][dist], dist
+    assert manifest["hardware"]["cpus"] >= 1 and "git_sha" in manifest
+    assert manifest["grpo_config"]["use_cpu"] is True and manifest["grpo_config"]["bf16"] is False
+
+
+def test_two_seeded_runs_give_identical_metrics(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        proc = _run([sys.executable, "-m", "ogrpo.train", "--config", "tiny", "--output-dir", str(out),
+                     "--set", "max_steps=3", "--set", "save_strategy=no"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(_learning_metrics(out))
+    assert len(runs[0]) >= 3
+    assert runs[0] == runs[1]
+    assert len({r["loss"] for r in runs[0] if "loss" in r}) > 1  # not trivially constant
+
+
+def test_resume_auto_continues_from_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    base = [OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "save_steps=2"]
+    first = _run([*base, "--set", "max_steps=2"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # the same directory again without --resume is refused (it would mix two runs' checkpoints)
+    again = _run([*base, "--set", "max_steps=4"], tmp_path)
+    assert again.returncode == 2 and "--resume auto" in again.stderr
+    resumed = _run([*base, "--set", "max_steps=4", "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed_from"].endswith("checkpoint-2") and manifest["global_step"] == 4
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file()
+
+
+def _bad_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """name -> (run config YAML, text the error must contain)."""
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text('{"question": "2+2?"}\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    no_config = tmp_path / "not_a_model"
+    no_config.mkdir()
+    base = ("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+            "max_completion_length: 12\nogrpo:\n  max_prompt_length: 32\n")
+    return {
+        "unknown_reward": (base.replace("[tiny_letter]", "[tiny_leter]"), "did you mean 'tiny_letter'"),
+        "unimportable_reward": (base.replace("[tiny_letter]", "[no_such_pkg.rewards:score]"),
+                                "cannot import module 'no_such_pkg.rewards'"),
+        "no_prompt_column": (base.replace("dataset_name: ogrpo:tiny", f"dataset_name: {no_prompt}"),
+                             "no 'prompt' column (columns: question); set ogrpo.prompt_column"),
+        "empty_dataset": (base.replace("dataset_name: ogrpo:tiny", f"dataset_name: {empty}"), "no rows"),
+        "model_without_config": (base.replace("model_name_or_path: ogrpo:tiny",
+                                              f"model_name_or_path: {no_config}"), "has no config.json"),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown_reward", "unimportable_reward", "no_prompt_column", "empty_dataset",
+                                  "model_without_config"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
+    text, needle = _bad_cases(tmp_path)[case]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    out = tmp_path / "out"
+    proc = _run([OGRPO, "train", "--config", str(cfg), "--output-dir", str(out)], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_prompt_column_option_and_local_csv(tmp_path):
+    """A CSV with another column name trains once ogrpo.prompt_column names it (validation path only)."""
+    from ogrpo.train.run import prepare
+
+    csv = tmp_path / "p.csv"
+    csv.write_text("question,letter\nWrite the letter a:,a\nWrite the letter b:,b\n")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model_name_or_path: ogrpo:tiny\ndataset_name: {csv}\nreward_funcs: [tiny_letter]\n"
+                   "max_completion_length: 12\nogrpo:\n  prompt_column: question\n  max_prompt_length: 32\n")
+    p = prepare(str(cfg), output_dir=tmp_path / "out")
+    assert p.dataset.column_names == ["prompt", "letter"] and len(p.dataset) == 2
+    assert not (tmp_path / "out").exists()

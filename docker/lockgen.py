@@ -124,7 +124,7 @@ def resolve(requirements: list[str], constraints: dict[str, str]) -> tuple[dict,
     raise SystemExit("too many conflicting preferences")
 
 
-def requirement_edges(report: dict, roots: dict[str, str]) -> dict[str, set[str]]:
+def requirement_edges(report: dict, roots: dict[str, set[str]]) -> dict[str, set[str]]:
     """name -> names of the resolved packages that require it (for the '# via' comments). ROOTS maps the
     requirements lockgen itself added (the builder packages' own requirements) to their builder package."""
     from packaging.requirements import Requirement
@@ -149,9 +149,9 @@ def requirement_edges(report: dict, roots: dict[str, str]) -> dict[str, set[str]
             name = normalize_name(req.name)
             if name in items and _applies(req, extras[parent]):
                 via.setdefault(name, set()).add(parent)
-    for name, root in roots.items():
+    for name, builders in roots.items():
         if name in items:
-            via.setdefault(name, set()).add(root)
+            via.setdefault(name, set()).update(builders)
     return via
 
 
@@ -194,14 +194,16 @@ def generate(name: str) -> str:
     in_path = ROOT / "requirements" / f"{fam.name}.in"
     rows = read_in(in_path)
     builder = {normalize_name(b) for b in fam.builder_wheels}
-    requirements, why, roots = [], {}, {}
+    requirements: list[str] = []
+    why: dict[str, str] = {}
+    roots: dict[str, set[str]] = {}
     for pkg, extras, version, reason in rows:
         key = normalize_name(pkg)
         why[key] = reason
         if key in builder:
             requirements += BUILDER_REQUIRES[key]
             for req in BUILDER_REQUIRES[key]:
-                roots[normalize_name(re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0])] = key
+                roots.setdefault(normalize_name(re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0]), set()).add(key)
         else:
             requirements.append(f"{pkg}{extras}=={version}")
     missing = builder - {normalize_name(r[0]) for r in rows}

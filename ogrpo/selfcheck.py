@@ -6,6 +6,8 @@
 It fails (exit 1, one line per problem) when:
 - torch was not compiled for the family's GPU (`torch.cuda.get_arch_list()`);
 - `import flash_attn` fails, or flash-attn is present where it cannot run (V100);
+- vLLM's own kernels (vllm/_C) have no code for the GPU (compat.md: the last vLLM wheels with sm_70 are
+  believed to be 0.19.x — this is where that is confirmed);
 - the compiled kernels of DeepSpeed's prebuilt ops, flash-attn or our own extensions (`ogrpo/csrc`, listed in
   the builder's build-info.json) carry no code for the family's GPU — read from each library's fatbin, so the
   check needs no GPU and no CUDA toolkit (`docker build` has neither);
@@ -98,7 +100,7 @@ def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> li
         problems.append(f"import flash_attn failed: {fa_error}")
 
     kernels: dict[str, dict[str, list[str]]] = facts.get("kernels") or {}
-    groups = {"deepspeed": "DeepSpeed ops"}
+    groups = {"vllm": "vLLM kernels (vllm/_C)", "deepspeed": "DeepSpeed ops"}
     if fam.flash_attn_cuda_archs:
         groups["flash-attn"] = "flash-attn"
     build_info = facts.get("build_info") or {}
@@ -129,8 +131,13 @@ def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> li
         problems.append(f"build-info.json is for family {build_info.get('family')!r}, not {fam.name!r}")
 
     if lock is not None:
+        # a builder-compiled wheel may carry a local version (DeepSpeed appends +<git hash> when built in a
+        # checkout); everything else must match exactly, local part included (2.10.0+cu126 is another torch)
+        built = {normalize_name(b) for b in fam.builder_wheels}
         for name, pinned in sorted(lock.items()):
             have = versions.get(name)
+            if have is not None and name in built:
+                have = have.split("+", 1)[0]
             if have is None:
                 problems.append(f"{name}=={pinned} is in the lock file but not installed")
             elif have != pinned:
@@ -180,6 +187,10 @@ def gather(build_info: dict | None = None) -> dict:
     fa_spec = importlib.util.find_spec("flash_attn_2_cuda")
     if fa_spec and fa_spec.origin:
         facts["kernels"]["flash-attn"] = _so_archs([Path(fa_spec.origin)])
+    vllm_root = _package_dir("vllm")
+    if vllm_root is not None:
+        # only the core ops library: vLLM also ships sm_90-only kernels (FA3, FlashMLA) that V100/A40 never load
+        facts["kernels"]["vllm"] = _so_archs(sorted(vllm_root.glob("_C.*so")))
     for group, package in (("deepspeed", "deepspeed"), ("ogrpo", "ogrpo")):
         root = _package_dir(package)
         if root is not None:

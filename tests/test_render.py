@@ -211,7 +211,8 @@ echo localhost
 """
 
 FAKE_OGRPO = """#!{python}
-# Stand-in for `ogrpo serve`: a /health endpoint; FAKE_SERVER=die exits at once, die_later after 1 s.
+# Stand-in for `ogrpo serve`: a /health endpoint; FAKE_SERVER=die exits at once, die_later 1 s after its
+# first health check.
 import http.server, os, sys, threading, time
 args = sys.argv[1:]
 host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
@@ -224,11 +225,13 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
+        if mode == "die_later" and self.path == "/health" and not timers:
+            timers.append(threading.Timer(1.0, lambda: os._exit(9)))  # dies after it was seen healthy
+            timers[0].start()
     def log_message(self, *a):
         pass
+timers = []
 srv = http.server.HTTPServer((host, port), H)
-if mode == "die_later":
-    threading.Timer(1.0, lambda: os._exit(9)).start()
 srv.serve_forever()
 """
 

@@ -175,3 +175,34 @@ def test_cpu_shm_backend_registers_with_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "path='/dev/shm/x'" in out.stdout
+
+
+def test_gpu_sync_timeout_wraps_trl_client():
+    import trl.generation.vllm_generation as vg
+    from trl.generation.vllm_client import VLLMClient
+
+    from ogrpo.serve.client import install_gpu_sync_timeout
+
+    before = vg.VLLMClient
+    try:
+        cls = install_gpu_sync_timeout(123.0)
+        assert vg.VLLMClient is cls and issubclass(cls, VLLMClient) and cls.sync_timeout_s == 123.0
+        assert cls.update_named_params is not VLLMClient.update_named_params
+    finally:
+        vg.VLLMClient = before
+
+
+def test_gpu_sync_timeout_ends_a_hung_sync():
+    # A weight sync that never returns (the NCCL hang of TRL #2923) must end the process, not the allocation.
+    code = """
+import time
+from trl.generation.vllm_client import VLLMClient
+VLLMClient.update_named_params = lambda self, *a, **k: time.sleep(60)
+from ogrpo.serve.client import install_gpu_sync_timeout
+cls = install_gpu_sync_timeout(1.0)
+cls.update_named_params(object.__new__(cls), [], iter(()))
+print("not reached")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "not reached" not in proc.stdout
+    assert "Timeout" in proc.stderr

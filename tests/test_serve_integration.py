@@ -106,3 +106,28 @@ def test_server_mode_grpo_cpu_two_trainers(tmp_path):
     for role in ("server", "trainer", "probe"):
         pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
         assert _group_members(pid) == [], f"{role} left processes behind"
+
+
+@pytest.mark.slow
+def test_submit_local_server_mode_tiny_recipe(tmp_path):
+    """The product path: plan -> render -> JobSpec -> local supervisor -> `ogrpo serve` + `ogrpo.train` (2
+    processes) on the built-in tiny recipe with the vLLM server on its own CPU "device"."""
+    import subprocess
+
+    recipe = yaml.safe_load((Path(__file__).parents[1] / "ogrpo" / "recipes" / "tiny.yaml").read_text())
+    recipe.update({"max_steps": 3, "save_steps": 100, "per_device_train_batch_size": 8, "num_generations": 4})
+    recipe["ogrpo"].update({"gpus": "3xcpu", "use_vllm": True})
+    cfg = tmp_path / "tiny-server.yaml"
+    cfg.write_text(yaml.safe_dump(recipe))
+    job_dir = tmp_path / "job"
+    ogrpo = str(Path(sys.executable).with_name("ogrpo"))
+    proc = subprocess.run([ogrpo, "submit", "--backend", "local", "--gpus", "3xcpu", "--config", str(cfg),
+                           "--output", str(job_dir)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    spec = json.loads((job_dir / "jobspec.json").read_text())
+    assert [s["role"] for s in spec["steps"]] == ["server", "trainer"]
+    rows = [r for r in jsonl(job_dir / "run" / "metrics.jsonl") if "sampling/sampling_logp_difference/mean" in r]
+    assert len(rows) == 3 and max(r["sampling/sampling_logp_difference/mean"] for r in rows) < 1e-4, rows
+    for role in ("server", "trainer"):
+        pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
+        assert _group_members(pid) == [], f"{role} left processes behind"

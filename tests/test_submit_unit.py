@@ -260,3 +260,20 @@ def test_render_and_submit_describe_the_same_job(tmp_path):
                                      ("#SBATCH --time=02:00:00", "#SBATCH --time=120")]:
         assert rendered_line in rendered.splitlines(), rendered_line
         assert sent_line in header, sent_line
+
+
+def test_local_backend_dry_run(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ogrpo", "submit", "--backend", "local", "--config", "tiny",
+                          "--dry-run", "-o", str(tmp_path / "job")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"would run locally in {tmp_path / 'job'}" in out.stdout and "trainer: accelerate launch" in out.stdout
+    assert not (tmp_path / "job").exists()
+
+
+def test_bad_backend_and_passthrough_are_one_line_errors(tmp_path):
+    for args, needle in [(["--backend", "k8s"], "--backend 'k8s': use slurm or local"),
+                         (["--backend", "slurm", "--dry-run", "--slurm", "=1"], "expected KEY=VALUE"),
+                         (["--backend", "slurm", "--dry-run", "--time", "soon"], "--time 'soon'")]:
+        out = subprocess.run([sys.executable, "-m", "ogrpo", "submit", "--config", "tiny", *args],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and needle in out.stderr, out.stderr

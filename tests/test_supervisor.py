@@ -190,3 +190,17 @@ def test_run_local_from_job_dir(tmp_path, capsys):
     assert load_jobspec(tmp_path).steps[1].env == {"OGRPO_JOB": "{job_dir}"}
     assert run_local(tmp_path) == 0
     assert "trainer finished" in capsys.readouterr().err
+
+
+def test_supervise_cli_exit_codes(tmp_path, run_cli):
+    ok = tmp_path / "ok"
+    (ok / "run").mkdir(parents=True)
+    (ok / "jobspec.json").write_text(json.dumps(fake_job(ok).to_dict()))
+    run_cli("supervise", ok, check_rc=0)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "jobspec.json").write_text(json.dumps(fake_job(bad, server_argv=["sleep", "600"]).to_dict()))
+    proc = run_cli("supervise", bad, "--health-timeout", "2")
+    assert proc.returncode == 1 and "not healthy" in proc.stderr and "server.log" in proc.stderr
+    missing = run_cli("supervise", tmp_path / "nowhere")
+    assert missing.returncode == 2 and "no job spec" in missing.stderr and "Traceback" not in missing.stderr

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builder stage: compile every arch-specific wheel of one GPU family's image into OUTDIR.
 #
-#   build-wheels.sh [--check] FAMILY LOCK OUTDIR
+#   build-wheels.sh [--check] [--part deps|project|all] FAMILY LOCK OUTDIR
+#
+# --part deps builds the third-party wheels (one Docker layer that only the lock invalidates: flash-attn takes
+# an hour), --part project the ogrpo wheel and build-info.json (invalidated by any source change); all = both.
 #
 # 1. checks that the build environment (TORCH_CUDA_ARCH_LIST, FLASH_ATTN_CUDA_ARCHS, set by the Dockerfile)
 #    is exactly the family's (docker/tags.py env FAMILY) — one arch per image, never V100 and A40 together,
@@ -18,12 +21,23 @@
 set -euo pipefail
 
 DRYRUN="${OGRPO_BUILD_DRYRUN:-0}"
-if [[ "${1:-}" == "--check" ]]; then
-  DRYRUN=1
+PART=all
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --check) DRYRUN=1 ;;
+    --part)
+      PART="${2:-}"
+      shift
+      ;;
+    *)
+      echo "build-wheels: unknown option $1" >&2
+      exit 2
+      ;;
+  esac
   shift
-fi
-if [[ $# -ne 3 ]]; then
-  echo "usage: build-wheels.sh [--check] FAMILY LOCK OUTDIR" >&2
+done
+if [[ $# -ne 3 || ! "$PART" =~ ^(deps|project|all)$ ]]; then
+  echo "usage: build-wheels.sh [--check] [--part deps|project|all] FAMILY LOCK OUTDIR" >&2
   exit 2
 fi
 FAMILY="$1"
@@ -78,12 +92,9 @@ FA_VERSION="$(pin_of flash-attn)"
 if [[ -n "$WANT_FA" && -z "$FA_VERSION" ]]; then die "the $FAMILY image needs flash-attn but $LOCK does not pin it"; fi
 if [[ -z "$WANT_FA" && -n "$FA_VERSION" ]]; then die "$LOCK pins flash-attn $FA_VERSION, which cannot run on $FAMILY"; fi
 
-RUNTIME_REQS="$OUTDIR/runtime-requirements.txt"
 run mkdir -p "$OUTDIR"
-if [[ "$DRYRUN" == "1" ]]; then
-  RUNTIME_REQS="$(mktemp)"
-  trap 'rm -f "$RUNTIME_REQS"' EXIT
-fi
+RUNTIME_REQS="$(mktemp)"
+trap 'rm -f "$RUNTIME_REQS"' EXIT
 grep -Ev '# \[builder\]' "$LOCK" >"$RUNTIME_REQS"
 echo "build-wheels: family=$FAMILY TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST FLASH_ATTN_CUDA_ARCHS=${FLASH_ATTN_CUDA_ARCHS:-none} builder=${BUILDER_PINS[*]}"
 
@@ -95,22 +106,27 @@ fi
 export MAX_JOBS="${MAX_JOBS:-4}"
 export NVCC_THREADS="${NVCC_THREADS:-2}"
 
-run "${PIP[@]}" install --no-deps --no-cache-dir -r "$RUNTIME_REQS"
-run "${PIP[@]}" install --no-deps --no-cache-dir -r "$SRC/requirements/build-tools.lock"
+if [[ "$PART" != "project" ]]; then
+  run "${PIP[@]}" install --no-deps --no-cache-dir --only-binary=:all: -r "$RUNTIME_REQS"
+  run "${PIP[@]}" install --no-deps --no-cache-dir --only-binary=:all: -r "$SRC/requirements/build-tools.lock"
 
-if [[ -n "$WANT_FA" ]]; then
-  # FORCE_BUILD: never take flash-attn's prebuilt wheel (built for 4 archs against another torch)
-  run env FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$WANT_FA" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --no-binary flash-attn \
-    -w "$OUTDIR" "flash-attn==$FA_VERSION"
+  if [[ -n "$WANT_FA" ]]; then
+    # FORCE_BUILD: never take flash-attn's prebuilt wheel (built for 4 archs against another torch)
+    run env FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="$WANT_FA" \
+      "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --no-binary flash-attn \
+      -w "$OUTDIR" "flash-attn==$FA_VERSION"
+  fi
+
+  # DeepSpeed ops prebuilt for the family: the CUDA optimizers ZeRO uses and the CPU Adam that
+  # offload_optimizer needs; async I/O (NVMe offload) and the inference/sparse kernels stay JIT-only.
+  # DS_ACCELERATOR=cuda: `docker build` has no GPU, and DeepSpeed's auto-detection would then build (and
+  # record in the wheel) the CPU accelerator instead.
+  DS_OPS=(DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LAMB=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_CPU_ADAGRAD=1 DS_BUILD_UTILS=1)
+  run env "${DS_OPS[@]}" TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
+    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --no-binary deepspeed \
+    -w "$OUTDIR" "deepspeed==$DS_VERSION"
 fi
-
-# DeepSpeed ops prebuilt for the family: the CUDA optimizers ZeRO uses and the CPU Adam that
-# offload_optimizer needs; async I/O (NVMe offload) and the inference/sparse kernels stay JIT-only.
-DS_OPS=(DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LAMB=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_CPU_ADAGRAD=1 DS_BUILD_UTILS=1)
-run env "${DS_OPS[@]}" TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
-  "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --no-binary deepspeed \
-  -w "$OUTDIR" "deepspeed==$DS_VERSION"
+[[ "$PART" == "deps" ]] && exit 0
 
 # Our own extensions: built when ogrpo/csrc/ holds sources, for exactly the family's arch.
 EXT_SOURCES=()

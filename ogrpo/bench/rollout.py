@@ -209,8 +209,11 @@ def _server_generate(w: Workload, port: int):
 def _offline_generate(w: Workload):
     from vllm import LLM, SamplingParams
 
+    # The same engine settings `ogrpo serve` passes (processed log-probs, what TRL needs), so the two vLLM
+    # paths differ only by the server around the engine.
     llm = LLM(model=w.model_dir, dtype=w.dtype, max_model_len=w.max_model_len, seed=0,
-              gpu_memory_utilization=w.gpu_memory_utilization, enforce_eager=w.enforce_eager)
+              gpu_memory_utilization=w.gpu_memory_utilization, enforce_eager=w.enforce_eager,
+              logprobs_mode="processed_logprobs")
     # logprobs=0: TRL asks for the sampled token's log-prob on every path, so the raw baseline does too.
     params = SamplingParams(n=w.generations, max_tokens=w.new_tokens, ignore_eos=True, temperature=1.0,
                             top_p=1.0, top_k=0, logprobs=0)

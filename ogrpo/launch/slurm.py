@@ -45,9 +45,6 @@ MAIN_ROLE = "trainer"
 IGNORE_USR2_ROLES = ("server", "trainer")
 # The run dir (TRL output_dir) inside the job dir, as build_jobspec writes it: logs/ and roles/ live there.
 RUN_SUBDIR = "run"
-# The trainer's exit code after a preemption checkpoint (ogrpo.train.preemption.EXIT_PREEMPTED, not imported:
-# that module needs transformers)
-EXIT_PREEMPTED = 75
 
 
 @dataclass
@@ -335,9 +332,10 @@ class SlurmSupervisor:
         _log(f"job {job_id} attempt {restarts} on {','.join(hosts)}")
         self._sup = Supervisor(self.spec, {k: str(v) for k, v in values.items()}, wrap_step=wrap_step,
                                log_dir=job_dir / RUN_SUBDIR / "logs", out=sys.stdout)
+        self._started = time.time()
         result = self._sup.run()
         rc = result.rc
-        if rc == EXIT_PREEMPTED and not self._preempting:
+        if rc != 0 and not self._preempting and self._preempted_marker() is not None:
             # the trainer saved on a signal that reached it directly (a site that signals the steps): requeue
             if self._requeue_allowed(rc):
                 subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
@@ -367,7 +365,7 @@ class SlurmSupervisor:
             trainer_rc = trainer.proc.returncode
         if self._sup is not None:
             self._sup._stop([r for r in running if not r.log_file.closed])
-        if trainer_rc == 0:
+        if trainer_rc == 0 and self._preempted_marker() is None:
             _log("the trainer finished before the signal: nothing to resume")
             return None
         if not self._requeue_allowed(trainer_rc):
@@ -376,12 +374,25 @@ class SlurmSupervisor:
 
         return DelayedSubmission(self)
 
+    def _preempted_marker(self) -> dict | None:
+        """The trainer's preempted.json (ogrpo.train.preemption) when written during this attempt. The exit
+        code alone does not tell: `accelerate launch` turns the worker's EXIT_PREEMPTED into 1."""
+        path = Path(self.spec.job_dir) / RUN_SUBDIR / "preempted.json"
+        try:
+            if path.stat().st_mtime < getattr(self, "_started", 0):
+                return None
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
     def _requeue_allowed(self, trainer_rc: int | None) -> bool:
         """Bound the requeues (SLURM_RESTART_COUNT counts them) and record the decision in the run dir."""
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         requeue = restarts < self.opts.max_requeues
+        marker = self._preempted_marker() or {}
         _write_json(Path(self.spec.job_dir) / "slurm" / f"requeue-{restarts}.json", {
             "restart_count": restarts, "max_requeues": self.opts.max_requeues, "trainer_rc": trainer_rc,
+            "checkpoint": marker.get("checkpoint"), "signal": marker.get("signal"),
             "requeued": requeue, "time": time.time(),
         })
         if requeue:

@@ -132,11 +132,7 @@ def _cpu_client_cls():
                     f"vLLM server at {self.base_url} has weight transfer {wt or None}; start it with "
                     "`ogrpo serve` on CPU (it selects the cpu_shm backend)"
                 )
-            if self.expect:
-                models = self._get(f"{self.base_url}/v1/models")
-                problems = check_server_matches(info, models, self.expect)
-                if problems:
-                    raise ServerMismatchError(f"vLLM server at {self.base_url}: " + "; ".join(problems))
+            _verify(self, self.expect)
             self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
 
         def update_named_params(self, metadata, named_params) -> None:
@@ -174,8 +170,22 @@ def install_cpu_client(expect: dict | None = None):
     return cls
 
 
-def install_gpu_sync_timeout(timeout_s: float = 600.0):
-    """Bound TRL's NCCL weight sync: past `timeout_s` dump all stacks and exit(1) instead of hanging."""
+def _verify(client, expect: dict | None) -> None:
+    if not expect:
+        return
+    info = client.get_server_info()
+    models = client._get(f"{client.base_url}/v1/models")
+    problems = check_server_matches(info, models, expect)
+    if problems:
+        raise ServerMismatchError(f"vLLM server at {client.base_url}: " + "; ".join(problems))
+
+
+def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = None):
+    """Bound TRL's NCCL weight sync: past `timeout_s` dump all stacks and exit(1) instead of hanging.
+
+    faulthandler's watchdog runs outside the GIL-holding thread, so it fires even while NCCL blocks in C++;
+    the supervisor then sees the trainer exit and tears the job down. `expect` as in `install_cpu_client`.
+    """
     import faulthandler
 
     import trl.generation.vllm_generation as vg
@@ -193,9 +203,14 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0):
         return wrapper
 
     class TimedVLLMClient(VLLMClient):
-        init_communicator = guarded(VLLMClient.init_communicator)
+        sync_timeout_s = timeout_s
+
+        @guarded
+        def init_communicator(self, device=0):
+            _verify(self, expect)
+            return VLLMClient.init_communicator(self, device)
+
         update_named_params = guarded(VLLMClient.update_named_params)
 
-    TimedVLLMClient.sync_timeout_s = timeout_s
     vg.VLLMClient = TimedVLLMClient
     return TimedVLLMClient

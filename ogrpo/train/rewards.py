@@ -108,7 +108,8 @@ def resolve_reward(spec: str) -> Callable:
         try:
             module = importlib.import_module(mod_name)
         except Exception as exc:  # ImportError, or the module's own import-time error
-            raise OgrpoError(f"reward {spec!r}: cannot import module {mod_name!r} ({type(exc).__name__}: {exc}); "
+            why = (str(exc).strip().splitlines() or [""])[0]
+            raise OgrpoError(f"reward {spec!r}: cannot import module {mod_name!r} ({type(exc).__name__}: {why}); "
                              "check the path and that the module is on PYTHONPATH") from None
         func = module
         for part in attr.split("."):

@@ -177,7 +177,8 @@ def install_vllm_hooks(p: Prepared) -> None:
         try:
             from ogrpo.serve.client import expected_from_run_config
 
-            expect = expected_from_run_config(p.run_config.trl, p.run_config.ogrpo.to_dict())
+            trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
+            expect = expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p))
         except Exception:  # the check is a guard, not a requirement
             expect = None
         install_cpu_client(expect)
@@ -186,7 +187,8 @@ def install_vllm_hooks(p: Prepared) -> None:
 
         vargs = (p.plan.get("vllm") or {}).get("args") or {}
         dtype = vargs.get("dtype") or _trainer_dtype(p)
-        colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True))
+        colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True),
+                             memory_share=float(vargs.get("gpu_memory_utilization") or colocate_cpu.CPU_MEMORY_SHARE))
 
 
 def _trainer_dtype(p: Prepared) -> str:

@@ -69,9 +69,10 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
         kwargs.setdefault("fp16", False)
 
     if vllm_url:
+        # An explicit server URL means server mode, whatever the plan chose for a machine without one.
         kwargs["vllm_server_base_url"] = vllm_url
-        kwargs.setdefault("use_vllm", True)
-        kwargs.setdefault("vllm_mode", "server")
+        kwargs["use_vllm"] = True
+        kwargs["vllm_mode"] = "server"
     kwargs["output_dir"] = str(output_dir)
     # No experiment tracker unless the config asks for one: a run must not hang on a wandb login prompt.
     kwargs.setdefault("report_to", [])

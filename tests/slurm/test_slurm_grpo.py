@@ -153,13 +153,15 @@ def test_forced_requeue_resumes_to_the_same_result(reference, tmp_path):
 def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
     """2-minute limit, warning 60 s before (Slurm checks every 30 s, so it comes 60-90 s in)."""
     job_dir = tmp_path / "job"
+    # a quiet 2-core machine needs one requeue; a loaded one more (each attempt spends ~20 s starting up)
     job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "2",
-                 "--signal-delay", "60", "--max-requeues", "2")
-    wait_gone(job, 600)
+                 "--signal-delay", "60", "--max-requeues", "6")
+    wait_gone(job, 1200)
     assert sacct_state(job) == "COMPLETED"
     requeue = read_json(job_dir / "slurm" / "requeue-0.json")
-    assert requeue["requeued"] and requeue["trainer_rc"] == 75  # saved on the signal, exited for requeue
+    # saved on the signal at the end of the running step, then exited for the requeue
+    assert requeue["requeued"] and requeue["signal"] == "SIGUSR2" and requeue["checkpoint"].startswith("checkpoint-")
     info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
-    assert info["requeues"] >= 1 and info["max_requeues"] == 2
+    assert info["requeues"] >= 1 and info["max_requeues"] == 6
     assert read_json(job_dir / "run" / "manifest.json").get("resumed_from")
     assert_same_run(job_dir / "run", reference, LONG_STEPS)

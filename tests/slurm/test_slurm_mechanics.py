@@ -96,6 +96,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     assert first["start"] == 0 and second["start"] > 0  # resumed from the checkpoint, not from scratch
     requeue = read_json(job_dir / "slurm" / "requeue-0.json")
     assert requeue["requeued"] and requeue["trainer_rc"] == 75 and requeue["max_requeues"] == 2
+    assert requeue["checkpoint"] is None  # the stand-in trainer writes no preempted.json
     assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
     info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
     assert info["requeues"] == 1 and info["attempts"] == 2

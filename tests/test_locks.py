@@ -1,0 +1,219 @@
+"""The lock files (requirements/*.lock) against the arch facts and the TRL/vLLM pairs in ogrpo/stacks.py.
+
+The fast tests read files only. `test_lock_is_consistent_against_the_index` asks PyPI for each pinned wheel's
+metadata (HTTP range requests, no CUDA wheels downloaded) and checks that every requirement of every pinned
+package is met by the lock on the image's interpreter — a `pip install --dry-run --no-deps` that also checks
+the dependencies pip's --no-deps skips.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from ogrpo import stacks
+from ogrpo.stacks import (
+    FAMILIES,
+    check_family_versions,
+    lock_versions,
+    normalize_name,
+    parse_lock,
+    read_lock,
+    supported_pair,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "docker"))
+import lockgen  # noqa: E402
+
+GPU_LOCKS = sorted(FAMILIES)
+
+
+def lock_lines(name: str) -> list[str]:
+    return [ln for ln in (REPO / "requirements" / f"{name}.lock").read_text().splitlines() if "==" in ln]
+
+
+@pytest.mark.parametrize("name", GPU_LOCKS + ["cpu", "build-tools"])
+def test_every_lock_is_exact_and_unique(name):
+    # parse_lock raises on ranges, URLs, options and duplicates; a lock of exact pins is what it accepts
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    assert pins
+    assert all(v[0].isdigit() for v in pins.values())
+
+
+@pytest.mark.parametrize("name", GPU_LOCKS)
+def test_gpu_lock_fits_its_family(name):
+    fam = FAMILIES[name]
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    assert check_family_versions(fam, lock_versions(pins)) == []
+    ok, reason = supported_pair(pins["trl"], pins["vllm"])
+    assert ok, reason
+
+
+@pytest.mark.parametrize("name", GPU_LOCKS)
+def test_every_gpu_pin_says_why(name):
+    for line in lock_lines(name):
+        pin, _, why = line.partition("#")
+        assert why.strip(), f"{name}.lock: {pin.strip()} has no reason"
+
+
+@pytest.mark.parametrize("name", GPU_LOCKS)
+def test_builder_marker_matches_the_family(name):
+    fam = FAMILIES[name]
+    marked = {normalize_name(ln.split("==")[0]) for ln in lock_lines(name) if "# [builder]" in ln}
+    assert marked == {normalize_name(b) for b in fam.builder_wheels}
+
+
+@pytest.mark.parametrize("name", GPU_LOCKS)
+def test_hand_pins_survive_in_the_lock(name):
+    # the .in file is where each top-level pin and its reason live; the lock must carry the same versions
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    for pkg, _extras, version, why in lockgen.read_in(REPO / "requirements" / f"{name}.in"):
+        assert pins[normalize_name(pkg)] == version
+        assert why in (REPO / "requirements" / f"{name}.lock").read_text()
+
+
+def test_cpu_lock_pair_is_supported_and_cpu_only():
+    pins = read_lock(REPO / "requirements" / "cpu.lock")
+    versions = lock_versions(pins)
+    ok, reason = supported_pair(versions["trl"], versions["vllm"])
+    assert ok, reason
+    assert pins["torch"].endswith("+cpu")
+    assert "flash-attn" not in pins
+
+
+def test_families_share_as_few_trl_vllm_lines_as_the_hardware_allows():
+    # V100 is held to vLLM 0.19.x (last sm_70 kernels); A40 can share the CPU/CI pair exactly
+    lines = set()
+    for name in GPU_LOCKS + ["cpu"]:
+        v = lock_versions(read_lock(REPO / "requirements" / f"{name}.lock"))
+        lines.add(("trl", stacks.parse_version(v["trl"])[:2]))
+        lines.add(("vllm", stacks.parse_version(v["vllm"])[:2]))
+    assert len({x for x in lines if x[0] == "trl"}) == 2
+    assert len({x for x in lines if x[0] == "vllm"}) == 2
+    a40 = lock_versions(read_lock(REPO / "requirements" / "a40.lock"))
+    cpu = lock_versions(read_lock(REPO / "requirements" / "cpu.lock"))
+    assert (a40["trl"], a40["vllm"], a40["transformers"]) == (cpu["trl"], cpu["vllm"], cpu["transformers"])
+
+
+def test_cpu_lock_is_the_environment_ci_runs_in():
+    # "the CPU stack used in CI is pinned the same way": every pin of cpu.lock is what is installed here
+    pins = read_lock(REPO / "requirements" / "cpu.lock")
+    installed = {normalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    wrong = {k: (v, installed.get(k)) for k, v in pins.items() if installed.get(k) != v}
+    assert wrong == {}, "installed versions differ from requirements/cpu.lock (pinned, installed): " + repr(wrong)
+
+
+def test_trl_ranges_match_installed_trl_metadata():
+    # the range in stacks.py for the installed TRL line is TRL's own trl[vllm] bound, widened at most
+    trl = importlib.metadata.version("trl")
+    lo, hi = stacks.TRL_VLLM_RANGES[stacks.parse_version(trl)[:2]]
+    spec = next(
+        Requirement(r).specifier
+        for r in importlib.metadata.requires("trl") or []
+        if Requirement(r).name == "vllm" and "extra" in r
+    )
+    lower = min(stacks.parse_version(s.version) for s in spec if s.operator == ">=")
+    upper = max(stacks.parse_version(s.version) for s in spec if s.operator == "<=")
+    assert lo == lower
+    assert hi >= upper
+
+
+# --- the checks themselves catch wrong stacks ------------------------------------------------------------
+
+
+def test_family_check_rejects_wrong_v100_stacks():
+    fam = FAMILIES["v100"]
+    good = {"torch": "2.10.0", "vllm": "0.19.1", "trl": "1.9.2", "deepspeed": "0.19.8"}
+    assert check_family_versions(fam, good) == []
+    assert any("sm_70" in p for p in check_family_versions(fam, {**good, "torch": "2.11.0"}))
+    assert any("0.19" in p for p in check_family_versions(fam, {**good, "vllm": "0.20.0", "trl": "1.9.2"}))
+    assert any("flash-attn" in p for p in check_family_versions(fam, {**good, "flash-attn": "2.8.3"}))
+    assert any("outside" in p for p in check_family_versions(fam, {**good, "trl": "1.16.0"}))
+
+
+def test_family_check_rejects_wrong_a40_stacks():
+    fam = FAMILIES["a40"]
+    good = {"torch": "2.13.0", "vllm": "0.32.0", "trl": "1.16.0", "deepspeed": "0.19.8", "flash-attn": "2.8.3.post2"}
+    assert check_family_versions(fam, good) == []
+    no_fa = dict(good)
+    del no_fa["flash-attn"]
+    assert any("flash-attn is missing" in p for p in check_family_versions(fam, no_fa))
+    assert any("2.8.3" in p for p in check_family_versions(fam, {**good, "flash-attn": "2.7.4"}))
+    assert any("not a supported line" in p for p in check_family_versions(fam, {**good, "trl": "1.12.0"}))
+
+
+def test_parse_lock_rejects_what_is_not_an_exact_pin():
+    assert parse_lock("Foo_Bar==1.0  # why\n# comment\n") == {"foo-bar": "1.0"}
+    for bad in ("torch>=2.0\n", "torch==2.0\nTorch==2.1\n", "torch @ https://x/y.whl\n", "-e .\n", "torch\n"):
+        with pytest.raises(ValueError):
+            parse_lock(bad)
+
+
+def test_version_and_arch_helpers():
+    assert stacks.parse_version("2.8.3.post2") == (2, 8, 3)
+    assert stacks.parse_version("0.32.0+cpu") == (0, 32, 0)
+    assert stacks.parse_version("1.0rc1") == (1, 0, 0)
+    assert stacks.arch_runs_on("sm_80", 86) and not stacks.arch_runs_on("sm_86", 80)
+    assert not stacks.arch_runs_on("sm_75", 86) and stacks.arch_runs_on("compute_75", 86)
+    assert stacks.arch_runs_on("7.0", 70) and not stacks.arch_runs_on("8.0", 70)
+
+
+def test_lockgen_unmet_evaluates_markers_for_the_image_python():
+    # vLLM 0.19's setuptools bound applies on python > 3.11 only: the image's 3.12 must see it
+    meta = [
+        {"name": "vllm", "requires_dist": ['setuptools<81; python_version > "3.11"', 'pandas; extra == "bench"']},
+        {"name": "setuptools", "requires_dist": []},
+    ]
+    assert lockgen.unmet(meta, {"vllm": "0.19.1", "setuptools": "80.1.0"}) == []
+    problems = lockgen.unmet(meta, {"vllm": "0.19.1", "setuptools": "84.2.1"})
+    assert len(problems) == 1 and problems[0].startswith("vllm: setuptools<81")
+
+
+# --- against the index ---------------------------------------------------------------------------------
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("name", GPU_LOCKS)
+def test_lock_is_consistent_against_the_index(name, tmp_path):
+    if not _pypi_reachable():
+        pytest.skip("PyPI is not reachable from this machine")
+    fam = FAMILIES[name]
+    pins = read_lock(REPO / "requirements" / f"{name}.lock")
+    builder = {normalize_name(b) for b in fam.builder_wheels}
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if n not in builder))
+    report = tmp_path / "report.json"
+    cmd = [*lockgen.pip_base(report, tmp_path / "t"), "--no-deps", "-r", str(reqs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=lockgen.pip_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    items = json.loads(report.read_text())["install"]
+    got = {normalize_name(it["metadata"]["name"]): it["metadata"]["version"] for it in items}
+    # every non-builder pin exists on the index as a wheel for CPython 3.12 / manylinux x86_64
+    assert got == {n: v for n, v in pins.items() if n not in builder}
+    # and every requirement of every pinned package, and of the builder packages, is met by the lock
+    metadata = [it["metadata"] for it in items]
+    metadata += [{"name": b, "requires_dist": lockgen.BUILDER_REQUIRES[b]} for b in builder]
+    assert lockgen.unmet(metadata, pins) == []
+
+
+def test_lockgen_pip_env_ignores_this_machines_pip_config():
+    env = lockgen.pip_env()
+    assert env["PIP_CONSTRAINT"] == "" and env["PIP_CONFIG_FILE"] == os.devnull

@@ -1,16 +1,17 @@
 """Slurm backend: one submitit job whose batch step runs a supervisor that starts one `srun --exact` step per role.
 
 submitit cannot express heterogeneous jobs (submitit #1741), so the job asks for the whole allocation and the
-submitted function runs once, in the batch step (`use_srun=False`), as a supervisor: it starts the server step,
-waits for its /health, starts the trainer step, and watches both. Each step is `srun --exact` with its own GPU
-count, so Slurm hands each step disjoint devices and sets CUDA_VISIBLE_DEVICES for it.
+submitted function runs once, in the batch step (`use_srun=False`), as a supervisor: the shared
+`ogrpo.launch.supervisor.Supervisor` (health wait, watchdog, teardown), with each step's command wrapped in
+`srun --exact` and its own GPU count, so Slurm hands each step disjoint devices and sets CUDA_VISIBLE_DEVICES.
 
 Signals: the job asks for `--signal=B:USR2@delay`, i.e. only the batch step is warned before the time limit.
 The batch shell `exec`s python, so submitit's handler receives it and calls `SlurmSupervisor.checkpoint()`,
-which forwards USR2 to the trainer step only (the server would die of it), waits for the trainer to save a
+which forwards USR2 to the trainer step only (vLLM would die of it), waits for the trainer to save a
 checkpoint and exit, stops the server, and returns itself for submitit to requeue — at most `max_requeues`
-times (SLURM_RESTART_COUNT counts them). The requeued job restarts every step; the trainer resumes with
-`--resume auto` from the last complete checkpoint.
+times (SLURM_RESTART_COUNT counts them). A forced requeue or a preemption (SIGTERM to every step) needs no
+help: the trainer saves at the end of its step if it can, and Slurm requeues. Either way the requeued job
+restarts every step and the trainer resumes with `--resume auto` from the last complete checkpoint.
 
 Module import is cheap (no submitit): the same file is the per-step wrapper that runs inside each srun step
 (`python -m ogrpo.launch.slurm step ...`), recording which devices the step saw before exec'ing its command.
@@ -37,7 +38,7 @@ from ogrpo.launch.containers import Container, wrap
 
 # Slurm checks time limits every 30 s, so a warning closer than that to the end may arrive too late.
 MIN_SIGNAL_DELAY_S = 30
-# Roles that must keep running while the job lives; the job ends when the trainer (the main step) ends.
+# The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
 # A step's processes all receive the USR2 that srun forwards. vLLM and the accelerate/torchrun launcher would
 # die of it, so every step starts with USR2 ignored; only the trainer workers install a handler

@@ -122,7 +122,7 @@ def test_cancel_grpo_leaves_no_process(slurm_cluster, tmp_path):
     job = submit(config(tmp_path, steps=500, save=100, vllm=True), job_dir, "--gpus", "3xA40", "--time", "10")
     wait_for(lambda: latest_step(job_dir / "run") >= 1, 300, "the first GRPO step")
     assert len(processes_of_job(job)) >= 4  # supervisor, srun clients, vLLM server, trainer workers
-    assert f"cancelled job {job}" in ogrpo("cancel", job, check=True).stdout
+    assert f"cancelled job {job}" in ogrpo("cancel", str(job_dir), check=True).stdout  # by run directory
     assert sacct_state(job) == "CANCELLED"
     wait_for(lambda: not processes_of_job(job), 30, f"processes of job {job} to disappear")
 

@@ -34,7 +34,7 @@ def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
     proc = _run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "max_steps=4",
                  "--set", "save_steps=2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Stage profile" in proc.stderr and f"run directory: {out}" in proc.stderr
+    assert "Stage profile" in proc.stdout and f"run directory: {out}" in proc.stdout
     # TRL's checkpoints (save_steps=2 of 4 steps), each loadable
     for step in (2, 4):
         ckpt = out / f"checkpoint-{step}"
@@ -139,3 +139,20 @@ def test_prompt_column_option_and_local_csv(tmp_path):
     p = prepare(str(cfg), output_dir=tmp_path / "out")
     assert p.dataset.column_names == ["prompt", "letter"] and len(p.dataset) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_local_prompt_files_load_through_datasets(tmp_path):
+    import datasets
+
+    from ogrpo.train.data import load_prompts
+
+    rows = [{"prompt": "Write the letter a:", "letter": "a"}, {"prompt": "Write the letter b:", "letter": "b"}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "p.parquet"))
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    for name in ("p.parquet", "p.jsonl", "saved"):
+        ds = load_prompts({"dataset_name": str(tmp_path / name)})
+        assert ds.to_list() == rows, name
+    chat = load_prompts({"dataset_name": str(tmp_path / "p.jsonl")}, system_prompt="Be brief.")
+    assert chat[0]["prompt"] == [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Write the letter a:"}]

@@ -318,7 +318,11 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
     torch_dtype = _DTYPES[dtype]
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = build_model(shape, torch_dtype, work / f"model-{shape.hidden}-{shape.layers}-{shape.vocab}-{dtype}")
+    tag = f"{shape.hidden}-{shape.layers}-{shape.vocab}-{dtype}"
+    model_dir = build_model(shape, torch_dtype, work / f"model-{tag}")
+    # Logs and the workload live per shape and dtype, so that one workdir can hold several runs.
+    work = work / f"run-{tag}"
+    work.mkdir(parents=True, exist_ok=True)
     w = Workload(model_dir=str(model_dir), dtype=torch_dtype,
                  prompts=make_prompts(prompts, prompt_tokens, shape.vocab), generations=generations,
                  new_tokens=new_tokens, repeats=repeats, gpu_memory_utilization=gpu_memory_utilization,

@@ -36,7 +36,8 @@ from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step, fill, slurm_ports
 from ogrpo.launch.containers import Container, wrap
 
-# Slurm checks time limits every 30 s, so a warning closer than that to the end may arrive too late.
+# Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
+# delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
 MIN_SIGNAL_DELAY_S = 30
 # The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
@@ -356,11 +357,17 @@ class SlurmSupervisor:
         trainer = next((r for r in running if r.step.role == MAIN_ROLE), None)
         trainer_rc = None
         if trainer is not None and trainer.alive:
-            os.killpg(trainer.proc.pid, signal.SIGUSR2)  # the srun client forwards it to every trainer task
-            try:
-                trainer_rc = trainer.proc.wait(timeout=max(5, self.opts.signal_delay_s - 10))
-                _log(f"trainer exited with {trainer_rc}")
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + max(5, self.opts.signal_delay_s - 10)
+            while trainer_rc is None and time.monotonic() < deadline:
+                # the srun client forwards it to every trainer task. Again every few seconds: a trainer still
+                # loading has no handler yet (USR2 is ignored until then) and would miss a single signal.
+                os.killpg(trainer.proc.pid, signal.SIGUSR2)
+                try:
+                    trainer_rc = trainer.proc.wait(timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                    _log(f"trainer exited with {trainer_rc}")
+                except subprocess.TimeoutExpired:
+                    pass
+            if trainer_rc is None:
                 _log("trainer did not exit in time; the last complete checkpoint will be used")
         elif trainer is not None:
             trainer_rc = trainer.proc.returncode

@@ -6,7 +6,8 @@ and a TrainerCallback closes each optimizer step. Stages, in seconds per optimiz
 
 - generation: rollouts (`_generate`: vLLM or HF generate, including the weight push to vLLM);
 - reward: the reward functions (`_calculate_rewards`);
-- logprobs: reference and old-policy log-probs computed while scoring the rollouts (no grad);
+- logprobs: reference and old-policy log-probs computed while scoring the rollouts (no grad); 0 when TRL needs
+  neither (beta 0 and no importance sampling);
 - train: loss + backward (training_step minus rollout/scoring time) + clip + optimizer step + zero_grad;
 - other: the rest of the step (padding, advantages, logging bookkeeping).
 
@@ -32,6 +33,7 @@ class StageProfiler:
         self.rows: list[dict] = []
         self._reset()
         self._scoring_depth = 0
+        self._scoring_s = 0.0  # time inside rollout scoring during the current training_step
         self._trainer = None
 
     def _reset(self) -> None:
@@ -119,8 +121,6 @@ class StageProfiler:
                 self.acc["train"] += (t1 - t0) - self._scoring_s
                 self.last_train_step_end = t1
         return inner
-
-    _scoring_s = 0.0
 
     # --- step boundaries ---------------------------------------------------------------------------------------
     def callback(self):

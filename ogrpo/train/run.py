@@ -215,7 +215,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
     from ogrpo.train.profiler import StageProfiler, render_table, summarize
 
-    console = console or Console(stderr=True)
+    console = console or Console()  # results on stdout; progress (tqdm) and logs on stderr
     p = prepare(config, output_dir, vllm_url, resume, overrides, gpus)
     run_dir = p.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
                                      "resumed_from": p.resume_from, "status": "running"})
     install_vllm_hooks(p)
     trainer = build_trainer(p)
-    profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None).attach(trainer)
+    StageProfiler(run_dir / rundir.PROFILE if is_main else None).attach(trainer)
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)
@@ -248,7 +248,6 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
                                profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots])
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
-    del profiler
     return run_dir
 
 

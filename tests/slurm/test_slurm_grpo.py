@@ -151,11 +151,11 @@ def test_forced_requeue_resumes_to_the_same_result(reference, tmp_path):
 
 
 def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
-    """2-minute limit, warning 60 s before (Slurm checks every 30 s, so it comes 60-90 s in)."""
+    """2-minute limit, warning 30 s before the end; Slurm sends it up to 30 s early, so 60-90 s in."""
     job_dir = tmp_path / "job"
     # a quiet 2-core machine needs one requeue; a loaded one more (each attempt spends ~20 s starting up)
     job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "2",
-                 "--signal-delay", "60", "--max-requeues", "6")
+                 "--signal-delay", "30", "--max-requeues", "6")
     wait_gone(job, 1200)
     assert sacct_state(job) == "COMPLETED"
     requeue = read_json(job_dir / "slurm" / "requeue-0.json")

@@ -53,7 +53,7 @@ TARGET_ENV = {
     "platform_python_implementation": "CPython",
 }
 # Runtime requirements of the sdist-only packages the builder compiles (deepspeed 0.19.8
-# requirements/requirements.txt; flash-attn 2.8.3.post2 setup.py install_requires).
+# requirements/requirements.txt; flash-attn 2.8.3 setup.py install_requires).
 BUILDER_REQUIRES = {
     "deepspeed": ["einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil", "py-cpuinfo",
                   "pydantic>=2.0.0", "torch>=2.0.0", "tqdm"],

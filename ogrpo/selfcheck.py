@@ -4,10 +4,11 @@
     python -m ogrpo.selfcheck --family v100 --facts facts.json      # judge recorded facts (tests, debugging)
 
 It fails (exit 1, one line per problem) when:
-- torch was not compiled for the family's GPU (`torch.cuda.get_arch_list()`);
+- torch was not compiled for the family's GPU (`torch.cuda.get_arch_list()`), or is a build for another CUDA
+  major than the image's toolkit (the builder compiled flash-attn and DeepSpeed with that toolkit's nvcc);
 - `import flash_attn` fails, or flash-attn is present where it cannot run (V100);
 - vLLM's own kernels (vllm/_C) have no code for the GPU (compat.md: the last vLLM wheels with sm_70 are
-  believed to be 0.19.x — this is where that is confirmed);
+  0.19.x; the 0.19.1 wheel's vllm/_C carries sm_70 and sm_80 cubins, and every build re-checks it here);
 - the compiled kernels of DeepSpeed's prebuilt ops, flash-attn or our own extensions (`ogrpo/csrc`, listed in
   the builder's build-info.json) carry no code for the family's GPU — read from each library's fatbin, so the
   check needs no GPU and no CUDA toolkit (`docker build` has neither);
@@ -29,7 +30,15 @@ import struct
 import sys
 from pathlib import Path
 
-from ogrpo.stacks import Family, arch_runs_on, check_family_versions, family, normalize_name, read_lock
+from ogrpo.stacks import (
+    Family,
+    arch_runs_on,
+    check_family_versions,
+    family,
+    normalize_name,
+    parse_version,
+    read_lock,
+)
 
 FATBIN_MAGIC = 0xBA55ED50
 _KIND = {1: "compute", 2: "sm", 0x10: "sm"}  # PTX / ELF cubin / ELF cubin (alternate)
@@ -90,6 +99,12 @@ def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> li
         problems.append(
             f"torch is not compiled for {fam.gpu}: torch.cuda.get_arch_list() = {arch_list or '[]'} "
             f"has no sm_{target // 10}x binary that runs on sm_{target}"
+        )
+    torch_cuda = facts.get("torch_cuda")
+    if torch_cuda and parse_version(torch_cuda)[0] != fam.cuda_major:
+        problems.append(
+            f"torch is a CUDA {torch_cuda} build but the {fam.name} image is CUDA {fam.cuda}: what its builder "
+            f"compiled ({', '.join(fam.builder_wheels)}) needs a CUDA {fam.cuda_major} torch"
         )
 
     versions = {normalize_name(k): v for k, v in (facts.get("versions") or {}).items()}
@@ -173,7 +188,8 @@ def gather(build_info: dict | None = None) -> dict:
         # get_arch_list() is [] without a driver (docker build has none); the compiled-in list is still there
         arch_list = torch._C._cuda_getArchFlags().split()
     versions = {normalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
-    facts: dict = {"arch_list": arch_list, "versions": versions, "kernels": {}, "build_info": build_info or {}}
+    facts: dict = {"arch_list": arch_list, "torch_cuda": torch.version.cuda, "versions": versions, "kernels": {},
+                   "build_info": build_info or {}}
 
     try:
         import flash_attn  # noqa: F401

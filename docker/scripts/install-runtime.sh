@@ -49,7 +49,7 @@ run() {
 info_family="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["family"])' "$WHEELDIR/build-info.json")"
 [[ "$info_family" == "$FAMILY" ]] || die "the builder's wheels are for family '$info_family', not '$FAMILY'"
 
-# wheel file names use '_' for '-' and may carry a local version (+cu130...)
+# wheel file names use '_' for '-' and may carry a local version (+cu128...)
 wheel_for() { # name version -> path of its wheel in WHEELDIR, or nothing
   local stem="${1//-/_}-$2"
   compgen -G "$WHEELDIR/${stem}-*.whl" | head -n1 || true

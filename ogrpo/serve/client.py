@@ -15,12 +15,9 @@ every thread's stack and exits, and the supervisor tears the job down.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import tempfile
 from typing import Any, Iterator
-
-log = logging.getLogger("ogrpo.serve.client")
 
 SHM_DIR = "/dev/shm"
 _counter = itertools.count()

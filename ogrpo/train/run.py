@@ -231,16 +231,11 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)
-    preempt_cb = None
-    try:
-        from ogrpo.train import preemption
+    from ogrpo.train import preemption  # USR2/TERM → checkpoint at the end of the step, exit for requeue
 
-        preempt_cb = preemption.install(trainer, run_dir)
-    except ImportError:
-        preemption = None
+    preempt_cb = preemption.install(trainer, run_dir)
     trainer.train(resume_from_checkpoint=p.resume_from)
-    if preempt_cb is not None:
-        preemption.exit_if_preempted(preempt_cb)
+    preemption.exit_if_preempted(preempt_cb)
     if trainer.accelerator.is_main_process:
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)

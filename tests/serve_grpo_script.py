@@ -35,7 +35,7 @@ def main() -> None:
 
     config = GRPOConfig(
         output_dir=str(out), use_vllm=True, vllm_mode="server", vllm_server_base_url=url,
-        vllm_server_timeout=120, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
+        vllm_server_timeout=600, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
         max_steps=steps, learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
         save_strategy="no", seed=0, model_init_kwargs={"dtype": "float32"}, temperature=1.0,
         dataloader_num_workers=0,

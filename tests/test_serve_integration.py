@@ -73,7 +73,7 @@ def test_server_mode_grpo_cpu_two_trainers(tmp_path):
                                                                "enforce_eager": True, "max_num_seqs": 16}}}}}
     (job_dir / "run.yaml").write_text(yaml.safe_dump(run))
     addr = _non_loopback_address() or "none"
-    job = JobSpec(name="serve-it", job_dir=str(job_dir), health_timeout_s=300, steps=[
+    job = JobSpec(name="serve-it", job_dir=str(job_dir), health_timeout_s=600, steps=[
         Step(role="server", nodes=[0], gpus=[], ntasks=1,
              argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
                    "--port", "{server_port}"]),

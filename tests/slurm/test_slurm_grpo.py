@@ -158,7 +158,8 @@ def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
     wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 400, "the time-limit requeue")
     # One time-limit round trip is the point; the rest of the run may take longer than 2 minutes on a loaded
     # 2-core machine (every attempt spends 20-40 s starting up), so the requeued job gets a longer limit.
-    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], check=True)
+    wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"],
+                                    capture_output=True).returncode == 0, 60, "scontrol update TimeLimit")
     wait_gone(job, 900)
     assert sacct_state(job) == "COMPLETED"
     requeue = read_json(job_dir / "slurm" / "requeue-0.json")

@@ -206,3 +206,20 @@ print("not reached")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "not reached" not in proc.stdout
     assert "Timeout" in proc.stderr
+
+
+def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
+    # The tiny recipe sets no max_prompt_length; the plan measured 244 prompt + 12 completion tokens. The
+    # server must accept the plan's 256 rather than assume a 512-token prompt (and so must the trainer's check).
+    from ogrpo.serve.client import expected_from_run_config
+
+    plan = json.loads(json.dumps(CPU_PLAN))
+    plan["vllm"]["args"]["max_model_len"] = 256
+    plan["batch"] = {"prompt_length": 244, "completion_length": 12}
+    path = _run_yaml(tmp_path, plan, max_completion_length=12)
+    data = yaml.safe_load(path.read_text())
+    del data["ogrpo"]["max_prompt_length"]
+    path.write_text(yaml.safe_dump(data))
+    assert _opt(serve(str(path), dry_run=True), "--max-model-len") == "256"
+    trl, opts, _ = load_serving_config(path)
+    assert expected_from_run_config(trl, opts)["min_max_model_len"] == 256

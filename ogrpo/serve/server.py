@@ -79,13 +79,20 @@ def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, dict | N
     return data, opts, opts.get("plan")
 
 
-def required_max_model_len(trl: dict, ogrpo: dict | None = None) -> int | None:
-    """Context the trainer needs: prompt + completion tokens (or TRL's explicit vllm_max_model_length)."""
+def required_max_model_len(trl: dict, ogrpo: dict | None = None, plan: dict | None = None) -> int | None:
+    """Context the trainer needs: prompt + completion tokens (or TRL's explicit vllm_max_model_length).
+
+    The prompt budget is the run's `max_prompt_length` when set, else the one the plan measured/assumed
+    (`plan.batch.prompt_length`), else 512.
+    """
     if trl.get("vllm_max_model_length"):
         return int(trl["vllm_max_model_length"])
     ogrpo = ogrpo or {}
-    prompt = ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or DEFAULT_MAX_PROMPT
-    completion = trl.get("max_completion_length") or DEFAULT_MAX_COMPLETION
+    plan = plan if plan is not None else ogrpo.get("plan")
+    batch = (plan or {}).get("batch") or {}
+    prompt = (ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or batch.get("prompt_length")
+              or DEFAULT_MAX_PROMPT)
+    completion = trl.get("max_completion_length") or batch.get("completion_length") or DEFAULT_MAX_COMPLETION
     return int(prompt) + int(completion)
 
 
@@ -146,7 +153,7 @@ def resolve_settings(trl: dict, ogrpo: dict, plan: dict | None) -> ServeSettings
     # log-prob match; always pass the trainer's dtype explicitly.
     dtype = args.pop("dtype", None) or _trainer_dtype(trl, plan) or _checkpoint_dtype(model) or (
         "float32" if device == "cpu" else "auto")
-    need = required_max_model_len(trl, ogrpo)
+    need = required_max_model_len(trl, ogrpo, plan)
     max_len = args.pop("max_model_len", None) or need
     if need and max_len and int(max_len) < need:
         raise OgrpoError(f"plan's vllm max_model_len {max_len} < {need} (prompt + completion); re-run `ogrpo render`")

@@ -45,7 +45,7 @@ ogrpo:
   use_vllm: {vllm}
   max_prompt_length: 64   # stated, so the plan's and the server's context lengths agree
 """
-# Long enough that a 2-minute limit interrupts it (~1.2 s/step here, after ~20 s of start-up)
+# Long enough for a forced requeue mid-run (0.5-3 s/step here, depending on the machine's load)
 LONG_STEPS = 64
 COMPARED = ("loss", "reward", "kl", "grad_norm", "entropy")
 
@@ -151,13 +151,23 @@ def test_forced_requeue_resumes_to_the_same_result(reference, tmp_path):
 
 
 def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
-    """2-minute limit, warning 30 s before the end; Slurm sends it up to 30 s early, so 60-90 s in."""
+    """A real 2-minute limit, warning 30 s before the end (Slurm sends it up to 30 s early: 60-90 s in).
+
+    The tiny run takes 30 s on a quiet machine and minutes on a loaded one, so the test holds the trainer
+    step (SIGSTOP after 3 steps, SIGCONT once the warning has come) to make the first attempt outlast the
+    limit at any speed; pausing changes no computation."""
     job_dir = tmp_path / "job"
+    run = job_dir / "run"
     job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "2",
                  "--signal-delay", "30", "--max-requeues", "3")
-    wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 400, "the time-limit requeue")
-    # One time-limit round trip is the point; the rest of the run may take longer than 2 minutes on a loaded
-    # 2-core machine (every attempt spends 20-40 s starting up), so the requeued job gets a longer limit.
+    wait_for(lambda: latest_step(run) >= 3, 300, "step 3")
+    step = f"{job}.{read_json(run / 'roles' / 'trainer.step.json')['slurm_step_id']}"
+    subprocess.run(["scancel", "--signal=STOP", step], check=True)
+    log = job_dir / "submitit" / f"{job}_0_log.out"
+    wait_for(lambda: "USR2: asking the trainer" in log.read_text(), 200, "the time-limit warning")
+    subprocess.run(["scancel", "--signal=CONT", step], check=True)
+    wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 120, "the time-limit requeue")
+    # one time-limit round trip is the point; the resumed attempt may need more than 2 minutes when loaded
     wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"],
                                     capture_output=True).returncode == 0, 60, "scontrol update TimeLimit")
     wait_gone(job, 900)
@@ -166,6 +176,6 @@ def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
     # saved on the signal at the end of the running step, then exited for the requeue
     assert requeue["requeued"] and requeue["signal"] == "SIGUSR2" and requeue["checkpoint"].startswith("checkpoint-")
     info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
-    assert info["requeues"] >= 1 and info["max_requeues"] == 3
-    assert read_json(job_dir / "run" / "manifest.json").get("resumed_from")
-    assert_same_run(job_dir / "run", reference, LONG_STEPS)
+    assert info["requeues"] == 1 and info["max_requeues"] == 3
+    assert read_json(run / "manifest.json").get("resumed_from")
+    assert_same_run(run, reference, LONG_STEPS)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import stat
 
 import pytest
 
 from ogrpo.errors import OgrpoError
+from ogrpo.jobspec import Step
 from ogrpo.launch import containers as c
 from ogrpo.launch import slurm as sl
-from ogrpo.jobspec import Step
 
 CMD = ["python3", "-m", "ogrpo.train", "--config", "/jobs/a/run.yaml"]
 

@@ -62,6 +62,26 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group, from /proc (empty where /proc is missing)."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
 @dataclass
 class Running:
     step: Step
@@ -177,6 +197,10 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             r.log_file.close()
+        # SIGKILLed orphans take a moment to die; the job returns only once every process of every step is gone.
+        deadline = time.monotonic() + 10
+        while any(group_members(r.proc.pid) for r in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def stop_all(self) -> None:
         """Stop every step still running (for backends' signal paths, e.g. Slurm's USR2 checkpoint)."""
@@ -231,9 +255,8 @@ class Supervisor:
                 return JobResult(1, msg, logs)
             if all(not r.alive for r in trn):
                 codes = {r.name: r.proc.returncode for r in trn}
-                self._stop(srv)
-                for r in trn:
-                    r.log_file.close()
+                # the trainer's own group too: a rank that outlived accelerate's launcher must not outlive the job
+                self._stop(srv + trn)
                 bad = {n: c for n, c in codes.items() if c != 0}
                 if bad:
                     first = next(r for r in trn if r.name in bad)

@@ -325,12 +325,17 @@ def write_job(files: dict[str, str], out_dir) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise OgrpoError(f"-o {out}: exists and is not a directory; choose another output directory")
     parent = out.parent if str(out.parent) else Path(".")
-    if not parent.exists():
-        raise OgrpoError(f"-o {out}: parent directory {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK):
-        raise OgrpoError(f"-o {out}: cannot write in {parent}; choose a writable directory")
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise OgrpoError(f"-o {out}: cannot write in {existing}; choose a writable directory")
+    # Missing parents are created (like `mkdir -p`) and removed again if the write fails.
+    created = [d for d in [parent, *parent.parents] if not d.exists()]
+    parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     written: list[Path] = []
+    ok = False
     try:
         for name, text in files.items():
             (tmp / name).write_text(text)
@@ -341,8 +346,13 @@ def write_job(files: dict[str, str], out_dir) -> list[Path]:
         for name in files:
             os.replace(tmp / name, out / name)
             written.append(out / name)
+        ok = True
     finally:
         for leftover in tmp.iterdir():
             leftover.unlink()
         tmp.rmdir()
+        if not ok:
+            for d in created:  # innermost first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
     return written

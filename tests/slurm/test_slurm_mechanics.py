@@ -5,7 +5,6 @@ forced requeue run the real trainer in test_slurm_grpo.py."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -57,21 +57,23 @@ def local_values(server_port: int, rendezvous_port: int, job_dir: str) -> dict[s
 
 def run_local_result(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | None = None,
                      kill_grace_s: float = 10.0, out: TextIO | None = None,
-                     wrap_step: Callable[[Step, list[str]], list[str]] | None = None) -> JobResult:
+                     wrap_step: Callable[[Step, list[str]], list[str]] | None = None,
+                     follow: str | None = None) -> JobResult:
     spec = job if isinstance(job, JobSpec) else load_jobspec(job)
     Path(spec.job_dir).mkdir(parents=True, exist_ok=True)
     server_port, rdzv_port = free_ports(2, LOOPBACK)
     try:
         sup = Supervisor(spec, local_values(server_port, rdzv_port, spec.job_dir), wrap_step=wrap_step,
                          step_env=local_step_env, health_timeout_s=health_timeout_s, kill_grace_s=kill_grace_s,
-                         out=out)
+                         out=out, follow=follow)
         return sup.run()
     finally:
         release_ports([server_port, rdzv_port])
 
 
 def run_local(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | None = None,
-              out: TextIO | None = None) -> int:
-    """Run the job here; returns its exit code (0 when the trainer finished cleanly)."""
-    result = run_local_result(job, health_timeout_s=health_timeout_s, out=out or sys.stderr)
+              out: TextIO | None = None, follow: str | None = "trainer") -> int:
+    """Run the job here; returns its exit code (0 when the trainer finished cleanly). The trainer's output is
+    echoed live to stdout (progress, final stage profile) unless `follow` is None."""
+    result = run_local_result(job, health_timeout_s=health_timeout_s, out=out or sys.stderr, follow=follow)
     return result.rc

@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import BinaryIO, Callable, TextIO
 
 from ogrpo.jobspec import JobSpec, Step
 
@@ -116,6 +116,8 @@ class Supervisor:
         kill_grace_s: float = 10.0,
         poll_s: float = 0.5,
         out: TextIO | None = None,
+        follow: str | None = None,
+        echo: BinaryIO | None = None,
     ):
         self.job = jobspec
         self.values = {k: str(v) for k, v in values.items()}
@@ -129,6 +131,11 @@ class Supervisor:
         self.out = out or sys.stderr
         self.running: list[Running] = []
         self._stop_signal: int | None = None
+        # `follow`: a role whose log is also echoed live (the local backend shows the trainer's progress bar and
+        # final profile table on the user's terminal; the log file stays the record).
+        self.follow = follow
+        self.echo = echo
+        self._echo_pos: dict[str, int] = {}
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -202,6 +209,27 @@ class Supervisor:
         while any(group_members(r.proc.pid) for r in procs) and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def _pump(self) -> None:
+        if self.follow is None:
+            return
+        sink = self.echo or getattr(sys.stdout, "buffer", None)
+        if sink is None:
+            return
+        for r in self.running:
+            if r.step.role != self.follow:
+                continue
+            pos = self._echo_pos.get(r.name, 0)
+            try:
+                with open(r.log_path, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+            except OSError:
+                continue
+            if chunk:
+                self._echo_pos[r.name] = pos + len(chunk)
+                sink.write(chunk)
+                sink.flush()
+
     def stop_all(self) -> None:
         """Stop every step still running (for backends' signal paths, e.g. Slurm's USR2 checkpoint)."""
         self._stop([r for r in self.running if not r.log_file.closed])
@@ -238,6 +266,7 @@ class Supervisor:
         healthy = url is None
         t0 = time.monotonic()
         while True:
+            self._pump()
             if self._stop_signal is not None:
                 name = signal.Signals(self._stop_signal).name
                 self.say(f"received {name}: stopping all steps")
@@ -254,6 +283,7 @@ class Supervisor:
                 self.say(msg)
                 return JobResult(1, msg, logs)
             if all(not r.alive for r in trn):
+                self._pump()
                 codes = {r.name: r.proc.returncode for r in trn}
                 # the trainer's own group too: a rank that outlived accelerate's launcher must not outlive the job
                 self._stop(srv + trn)

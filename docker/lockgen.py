@@ -131,18 +131,7 @@ def requirement_edges(report: dict, roots: dict[str, set[str]]) -> dict[str, set
 
     items = {normalize_name(it["metadata"]["name"]): it["metadata"] for it in report["install"]}
     reqs = {name: [Requirement(line) for line in meta.get("requires_dist") or []] for name, meta in items.items()}
-    # extras a package is wanted with ('fastapi[standard]'), so its extra-only requirements count too;
-    # a fixed point because an extra can pull in another package's extra
-    extras: dict[str, set[str]] = {name: {""} for name in items}
-    changed = True
-    while changed:
-        changed = False
-        for parent, parent_reqs in reqs.items():
-            for req in parent_reqs:
-                name = normalize_name(req.name)
-                if name in items and _applies(req, extras[parent]) and not set(req.extras) <= extras[name]:
-                    extras[name] |= set(req.extras)
-                    changed = True
+    extras = _wanted_extras(reqs, items)
     via: dict[str, set[str]] = {}
     for parent, parent_reqs in reqs.items():
         for req in parent_reqs:
@@ -153,6 +142,22 @@ def requirement_edges(report: dict, roots: dict[str, set[str]]) -> dict[str, set
         if name in items:
             via.setdefault(name, set()).update(builders)
     return via
+
+
+def _wanted_extras(reqs: dict, names) -> dict[str, set[str]]:
+    """Extras each package is wanted with ('fastapi[standard]'), so that its extra-only requirements count
+    too; a fixed point because an extra can pull in another package's extra. "" stands for no extra."""
+    extras: dict[str, set[str]] = {name: {""} for name in names}
+    changed = True
+    while changed:
+        changed = False
+        for parent, parent_reqs in reqs.items():
+            for req in parent_reqs:
+                name = normalize_name(req.name)
+                if name in extras and _applies(req, extras.get(parent, {""})) and not set(req.extras) <= extras[name]:
+                    extras[name] |= set(req.extras)
+                    changed = True
+    return extras
 
 
 def _applies(req, extras: set[str]) -> bool:
@@ -166,16 +171,7 @@ def unmet(metadata: list[dict], pins: dict[str, str], skip: set[str] = frozenset
     from packaging.requirements import Requirement
 
     reqs = {normalize_name(m["name"]): [Requirement(x) for x in m.get("requires_dist") or []] for m in metadata}
-    extras: dict[str, set[str]] = {name: {""} for name in pins}
-    changed = True
-    while changed:
-        changed = False
-        for parent, parent_reqs in reqs.items():
-            for req in parent_reqs:
-                name = normalize_name(req.name)
-                if name in extras and _applies(req, extras[parent]) and not set(req.extras) <= extras[name]:
-                    extras[name] |= set(req.extras)
-                    changed = True
+    extras = _wanted_extras(reqs, pins)
     problems = []
     for parent, parent_reqs in sorted(reqs.items()):
         if parent in skip:

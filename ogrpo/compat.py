@@ -7,10 +7,108 @@ testing versions itself, so a new TRL release means editing this file only.
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import lru_cache
+from pathlib import Path
 
-# TRL's logged gap between the trainer's and vLLM's log-probs of the sampled tokens (TRL >= 0.20 name).
+# TRL's logged gap between the trainer's and vLLM's log-probs of the sampled tokens (TRL >= 0.20 name; the same
+# key in 1.9.2 and 1.16.0).
 SAMPLING_GAP_METRIC = "sampling/sampling_logp_difference/mean"
+
+# ---- which TRL line a plan runs on, and which vLLM server that line's VLLMClient talks to ------------------
+# The CPU/CI stack (requirements/cpu.lock) and the GPU images (requirements/v100.lock, a40.lock) pin these; a
+# test reads the locks so the two cannot drift apart.
+CPU_TRL_VERSION = "1.16.0"
+IMAGE_TRL_VERSION = "1.9.2"
+
+# TRL 1.9's VLLMClient speaks to TRL's own server (`trl vllm-serve`: /health/, /init_communicator/,
+# /update_named_param/ …); TRL 1.16's speaks to vLLM's OpenAI api_server in dev mode (/health, /server_info,
+# /init_weight_transfer_engine, /update_weights). Supported lines (ogrpo.stacks) are 1.6–1.9 and 1.16; 1.16 is
+# the oldest verified line of the second kind.
+VLLM_API = "vllm-api"
+TRL_VLLM_SERVE = "trl-vllm-serve"
+FLAVORS = (VLLM_API, TRL_VLLM_SERVE)
+_FIRST_VLLM_API_LINE = (1, 16)
+_HEALTH_PATHS = {VLLM_API: "/health", TRL_VLLM_SERVE: "/health/"}
+
+_DATA = Path(__file__).parent / "data"
+# TRL line -> vendored field table: 1.16 is the installed CPU/CI line (tests/test_config.py regenerates it from
+# the installed trl), 1.9 is read from the wheel's source (ogrpo/data/vendor_trl_fields.py).
+_FIELD_FILES = {(1, 16): "trl_fields.json", (1, 9): "trl_fields_1.9.json"}
+
+
+def _line(version: str) -> tuple[int, int]:
+    from ogrpo.stacks import parse_version
+
+    return parse_version(version)[:2]
+
+
+def server_flavor(trl_version: str) -> str:
+    """`VLLM_API` or `TRL_VLLM_SERVE`: the server the given TRL's trainer can talk to in server mode."""
+    return VLLM_API if _line(trl_version) >= _FIRST_VLLM_API_LINE else TRL_VLLM_SERVE
+
+
+def health_path(flavor: str) -> str:
+    """The GET path that answers 200 once the server of this flavor is ready."""
+    if flavor not in _HEALTH_PATHS:
+        raise ValueError(f"unknown server flavor {flavor!r}; one of {', '.join(FLAVORS)}")
+    return _HEALTH_PATHS[flavor]
+
+
+def plan_trl_version(plan: dict) -> str:
+    """The TRL a plan's job runs under: a CPU plan the CPU/CI stack, a GPU plan the GPU images (both families)."""
+    is_cpu = bool(((plan or {}).get("cluster") or {}).get("gpu", {}).get("is_cpu"))
+    return CPU_TRL_VERSION if is_cpu else IMAGE_TRL_VERSION
+
+
+def plan_server_flavor(plan: dict) -> str:
+    """The server flavor a rendered job starts (the render/JobSpec side; no TRL import)."""
+    return server_flavor(plan_trl_version(plan))
+
+
+def installed_trl_version() -> str | None:
+    """The installed TRL's version from its metadata (no import: TRL pulls torch); None without TRL."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_server_flavor() -> str:
+    """The server flavor for the TRL installed here (the `ogrpo serve` side, inside the image)."""
+    version = installed_trl_version()
+    return server_flavor(version) if version else VLLM_API
+
+
+@lru_cache(maxsize=None)
+def field_table(trl_version: str) -> dict:
+    """The vendored field table of a TRL line: {"GRPOConfig": {name: default}, ...} (1.9 also has
+    "vllm_serve.ScriptArguments")."""
+    name = _FIELD_FILES.get(_line(trl_version))
+    if name is None:
+        known = ", ".join(f"{a}.{b}" for a, b in sorted(_FIELD_FILES))
+        raise ValueError(f"no vendored field table for TRL {trl_version} (have {known})")
+    return json.loads((_DATA / name).read_text())
+
+
+def grpo_config_field_names(trl_version: str) -> frozenset[str]:
+    """GRPOConfig's init fields of a TRL line, from the vendored tables (no TRL import)."""
+    return frozenset(field_table(trl_version)["GRPOConfig"])
+
+
+def trl_vllm_serve_args() -> frozenset[str]:
+    """The arguments `trl vllm-serve` (TRL 1.9.2's scripts/vllm_serve.py ScriptArguments) accepts."""
+    return frozenset(field_table(IMAGE_TRL_VERSION)["vllm_serve.ScriptArguments"])
+
+
+def vllm_client_sync_methods(trl_version: str) -> tuple[str, ...]:
+    """VLLMClient methods that move weights to the server: TRL 1.9 sends one tensor per call
+    (`update_named_param`), 1.16 also batches them (`update_named_params`, which 1.9 lacks)."""
+    if server_flavor(trl_version) == TRL_VLLM_SERVE:
+        return ("update_named_param",)
+    return ("update_named_param", "update_named_params")
 
 
 @lru_cache(maxsize=1)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ogrpo import compat
+
 # Under Slurm every job gets its own ports, derived from the job id so that two jobs on one node never
 # collide and a requeued job (same id) finds the same ports. 3 ports per job: server, rendezvous, spare.
 SLURM_PORT_BASE = 20000
@@ -105,8 +107,10 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
                       ntasks=n_nodes, argv=argv, env={**p.get("env", {}), **t.get("env", {})}))
     opts = getattr(run_config, "ogrpo", None)
     name = getattr(opts, "job_name", None) or _default_name(p)
-    return JobSpec(name=name, job_dir=str(job_dir), steps=steps, health_timeout_s=600 if is_cpu else 900,
-                   env=dict(p.get("env", {})))
+    # The server the job's TRL line talks to decides the health path (`/health` vs TRL's `/health/`).
+    health = compat.health_path(compat.plan_server_flavor(p))
+    return JobSpec(name=name, job_dir=str(job_dir), steps=steps, health_path=health,
+                   health_timeout_s=600 if is_cpu else 900, env=dict(p.get("env", {})))
 
 
 def _default_name(p: dict) -> str:

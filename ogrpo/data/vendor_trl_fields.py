@@ -1,0 +1,108 @@
+"""Write `trl_fields_<line>.json`: the dataclass fields of a TRL release that is not installed here.
+
+The GPU images run TRL 1.9.2 + transformers 5.5.4 while this machine runs the CPU/CI stack, so the GPU line's
+GRPOConfig and `trl vllm-serve` arguments are read from the wheels' source with `ast` (nothing is imported):
+
+    pip download --no-deps trl==1.9.2 transformers==5.5.4 -d /tmp/w   # then unzip both wheels
+    python ogrpo/data/vendor_trl_fields.py --trl-src /tmp/w/trl --transformers-src /tmp/w/transformers \
+        --trl-version 1.9.2 --transformers-version 5.5.4 -o ogrpo/data/trl_fields_1.9.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from pathlib import Path
+
+# (group name in the JSON, file under the trl source, class) — bases are followed through these files.
+GROUPS = (
+    ("GRPOConfig", "trainer/grpo_config.py", "GRPOConfig"),
+    ("vllm_serve.ScriptArguments", "scripts/vllm_serve.py", "ScriptArguments"),
+)
+# Base classes defined outside the file of their subclass.
+BASES = {
+    "_BaseConfig": ("trl", "trainer/base_config.py"),
+    "TrainingArguments": ("transformers", "training_args.py"),
+}
+
+
+def _classes(path: Path) -> dict[str, ast.ClassDef]:
+    tree = ast.parse(path.read_text())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _default(value: ast.expr | None):
+    """The field's default when it is a literal (None otherwise, also for factories)."""
+    if value is None:
+        return None
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+        for kw in value.keywords:
+            if kw.arg == "default":
+                value = kw.value
+                break
+        else:
+            return None
+    try:
+        return ast.literal_eval(value)
+    except ValueError:
+        return None
+
+
+def _init_field(stmt: ast.AnnAssign) -> bool:
+    if "ClassVar" in ast.unparse(stmt.annotation):
+        return False
+    if isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", None) == "field":
+        for kw in stmt.value.keywords:
+            if kw.arg == "init" and isinstance(kw.value, ast.Constant) and kw.value.value is False:
+                return False
+    return True
+
+
+def class_fields(roots: dict[str, Path], path: Path, name: str) -> dict[str, dict]:
+    """{field: {"type": annotation, "default": literal default or None}} of a dataclass, base classes first (as
+    `dataclasses.fields` orders them); "required" marks a field without a default."""
+    cls = _classes(path)[name]
+    out: dict[str, object] = {}
+    for base in cls.bases:
+        base_name = ast.unparse(base).split(".")[-1]
+        if base_name in BASES:
+            root, rel = BASES[base_name]
+            out.update(class_fields(roots, roots[root] / rel, base_name))
+        elif base_name in _classes(path):
+            out.update(class_fields(roots, path, base_name))
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and _init_field(stmt):
+            info = {"type": ast.unparse(stmt.annotation), "default": _default(stmt.value)}
+            if stmt.value is None or (isinstance(stmt.value, ast.Call) and not stmt.value.keywords
+                                      and getattr(stmt.value.func, "id", None) == "field"):
+                info["required"] = True
+            elif isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", None) == "field" and not any(
+                    kw.arg in ("default", "default_factory") for kw in stmt.value.keywords):
+                info["required"] = True
+            out[stmt.target.id] = info
+    return out
+
+
+def build(trl_src: Path, transformers_src: Path, trl_version: str, transformers_version: str) -> dict:
+    roots = {"trl": trl_src, "transformers": transformers_src}
+    data: dict = {"trl_version": trl_version, "transformers_version": transformers_version}
+    for group, rel, name in GROUPS:
+        data[group] = dict(sorted(class_fields(roots, trl_src / rel, name).items()))
+    return data
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trl-src", type=Path, required=True, help="the unpacked wheel's trl/ directory")
+    ap.add_argument("--transformers-src", type=Path, required=True, help="the unpacked wheel's transformers/")
+    ap.add_argument("--trl-version", required=True)
+    ap.add_argument("--transformers-version", required=True)
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    a = ap.parse_args()
+    data = build(a.trl_src, a.transformers_src, a.trl_version, a.transformers_version)
+    a.output.write_text(json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

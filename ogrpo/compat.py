@@ -136,11 +136,18 @@ def vllm_generation_module():
 
 
 def vllm_generation_class():
-    """The class that owns `sync_weights` for colocated/server generation (TRL >= 1.0: VLLMGeneration)."""
+    """The class that owns `sync_weights` for colocated/server generation (TRL >= 1.0: VLLMGeneration).
+
+    Only O-GRPO's CPU colocate sync hooks it, and that sync walks `_iter_named_params`, which TRL 1.9 (the GPU
+    images) lacks: there it fails here, naming the stack to use, instead of mid-training."""
+    from ogrpo.errors import OgrpoError
+
     mod = vllm_generation_module()
     cls = getattr(mod, "VLLMGeneration", None)
-    if cls is None:
-        raise RuntimeError("this TRL has no VLLMGeneration class; O-GRPO's CPU colocate sync needs TRL >= 1.0")
+    if cls is None or not hasattr(cls, "_iter_named_params"):
+        raise OgrpoError(f"TRL {trl_version()} lacks VLLMGeneration._iter_named_params, which O-GRPO's CPU vLLM "
+                         f"hooks need; run on CPU with the CPU/CI stack (TRL {CPU_TRL_VERSION}, "
+                         "requirements/cpu.lock)")
     return cls
 
 

@@ -203,3 +203,55 @@ def test_health_path_in_jobspec_and_sbatch(basic_recipe, tiny_recipe, gpus, path
     assert spec.health_path == path
     sbatch = render_job(plan, rc, spec)["job.sbatch"]
     assert f'curl -fsS -o /dev/null "http://$SERVER_HOST:$SERVER_PORT{path}"' in sbatch
+
+
+def test_vllm_client_sync_methods_exist_in_the_installed_trl():
+    """client.py's GPU sync deadline must wrap methods the installed VLLMClient has; TRL 1.9 has only the
+    per-tensor `update_named_param` (read from its wheel: trl/generation/vllm_client.py)."""
+    import trl
+    from trl.generation.vllm_client import VLLMClient
+
+    assert all(hasattr(VLLMClient, m) for m in compat.vllm_client_sync_methods(trl.__version__))
+    assert compat.vllm_client_sync_methods(compat.IMAGE_TRL_VERSION) == ("update_named_param",)
+
+
+def test_cpu_colocate_hooks_fail_clearly_without_iter_named_params(monkeypatch):
+    from trl.generation import vllm_generation
+
+    assert compat.vllm_generation_class() is vllm_generation.VLLMGeneration  # TRL 1.16: hooks apply
+
+    class OldGeneration:  # TRL 1.9's VLLMGeneration has sync_weights but no _iter_named_params
+        def sync_weights(self):
+            pass
+
+    monkeypatch.setattr(vllm_generation, "VLLMGeneration", OldGeneration)
+    with pytest.raises(OgrpoError, match="CPU/CI stack"):
+        compat.vllm_generation_class()
+
+
+def test_ogrpo_serve_starts_trl_vllm_serve_under_trl_19(tmp_path, monkeypatch):
+    """`ogrpo serve` (dry run) inside a GPU image: same run.yaml, TRL's server with the plan's settings."""
+    import json
+
+    import yaml
+
+    from ogrpo.serve.server import serve
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
+    plan = {"precision": "fp16", "cluster": {"gpu": {"is_cpu": False}},
+            "vllm": {"tensor_parallel_size": 2, "data_parallel_size": 1,
+                     "args": {"dtype": "half", "max_model_len": 2048, "gpu_memory_utilization": 0.9,
+                              "enable_prefix_caching": True, "max_num_seqs": 64, "enforce_eager": True,
+                              "logprobs_mode": "processed_logprobs"}}}
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({"model_name_or_path": str(model), "max_completion_length": 256,
+                                   "ogrpo": {"plan": plan}}))
+    monkeypatch.setattr(compat, "installed_trl_version", lambda: "1.9.2")
+    argv = serve(str(run), "10.0.0.7", 20003, dry_run=True)
+    assert argv[1:3] == ["-m", "trl.scripts.vllm_serve"] and _opt(argv, "--model") == str(model)
+    assert _opt(argv, "--dtype") == "float16" and _opt(argv, "--tensor_parallel_size") == "2"
+    assert _opt(argv, "--host") == "10.0.0.7" and _opt(argv, "--port") == "20003"
+    assert _opt(argv, "--gpu_memory_utilization") == "0.9" and _opt(argv, "--enforce_eager") == "True"
+    assert "--max_num_seqs" not in argv and "--weight-transfer-config" not in argv

@@ -166,9 +166,10 @@ def test_write_job_is_atomic(tmp_path, basic_recipe):
     with pytest.raises(OgrpoError, match="not a directory"):
         write_job(files, blocker)
     assert blocker.read_text() == "x"
-    with pytest.raises(OgrpoError, match="does not exist"):
-        write_job(files, tmp_path / "missing" / "job")
-    assert not (tmp_path / "missing").exists()
+    # missing parents are created, like `mkdir -p`
+    written = write_job(files, tmp_path / "missing" / "job")
+    assert sorted(p.name for p in written) == sorted(files)
+    assert not [p for p in (tmp_path / "missing").iterdir() if p.name.startswith(".job.")]
 
 
 def _examples():

@@ -23,10 +23,11 @@ from ogrpo.launch.supervisor import fill
 FAKE_SERVER = r"""
 import http.server, sys, time
 host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+health = sys.argv[4] if len(sys.argv) > 4 else "/health"  # trl vllm-serve answers only "/health/"
 time.sleep(delay)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404); self.end_headers(); self.wfile.write(b"ok")
+        self.send_response(200 if self.path == health else 404); self.end_headers(); self.wfile.write(b"ok")
     def log_message(self, *a): print("GET", self.path, flush=True)
 print("fake server on", host, port, flush=True)
 http.server.HTTPServer((host, port), H).serve_forever()
@@ -36,10 +37,11 @@ http.server.HTTPServer((host, port), H).serve_forever()
 FAKE_TRAINER = r"""
 import sys, time, urllib.request
 url, seconds = sys.argv[1], float(sys.argv[2])
+health = sys.argv[3] if len(sys.argv) > 3 else "/health"
 deadline = time.time() + 60
 while True:
     try:
-        urllib.request.urlopen(url + "/health", timeout=1); break
+        urllib.request.urlopen(url + health, timeout=1); break
     except Exception:
         if time.time() > deadline: sys.exit(3)
         time.sleep(0.2)
@@ -93,6 +95,22 @@ def test_trainer_end_tears_server_down(tmp_path):
     assert "healthy" in out.getvalue()
     # loopback only, and placeholders filled in argv and env
     assert server["argv"][3] == "127.0.0.1" and server["argv"][4].isdigit()
+
+
+def test_health_wait_uses_the_jobspec_path_of_trl_vllm_serve(tmp_path):
+    """TRL 1.9's server answers only `/health/`: the supervisor polls the path the JobSpec names."""
+    from ogrpo import compat
+
+    path = compat.health_path(compat.TRL_VLLM_SERVE)
+    job = fake_job(tmp_path, server_argv=[sys.executable, "-c", FAKE_SERVER, "{server_host}", "{server_port}", "0",
+                                          path],
+                   trainer_argv=[sys.executable, "-c", FAKE_TRAINER, "http://{server_host}:{server_port}", "0.5",
+                                 path])
+    job.health_path = path
+    out = io.StringIO()
+    res = run_local_result(job, out=out)
+    assert res.rc == 0, out.getvalue()
+    assert f":{_role(tmp_path, 'server')['argv'][4]}{path} after" in out.getvalue()  # "server healthy at …"
 
 
 def test_server_killed_mid_run_stops_job(tmp_path):

@@ -100,7 +100,10 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     if n_nodes > 1:
         argv += ["--num_machines", str(n_nodes), "--machine_rank", "{node_rank}"]
     argv += ["--main_process_ip", "{rendezvous_host}", "--main_process_port", "{rendezvous_port}",
-             "-m", "ogrpo.train", "--config", "{job_dir}/run.yaml", "--output-dir", "{job_dir}/run"]
+             "-m", "ogrpo.train", "--config", "{job_dir}/run.yaml", "--output-dir", "{job_dir}/run",
+             # a requeued job (preemption, time limit) reruns this same command and must continue from the last
+             # complete checkpoint; a fresh run directory simply starts at step 0
+             "--resume", "auto"]
     if mode == "server":
         argv += ["--vllm-url", "http://{server_host}:{server_port}"]
     steps.append(Step(role="trainer", nodes=list(t["nodes"]), gpus=[] if is_cpu else list(t["gpus"]),

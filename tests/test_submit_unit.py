@@ -246,9 +246,7 @@ def test_render_and_submit_describe_the_same_job(tmp_path):
     hosts = ["node-a"]
     values = sl.placeholder_values(spec, hosts, job_id=77)
     sent = submitted_steps(sup.commands(hosts, 77, 24, None))
-    # submit adds `--resume auto` to the trainer (sl.with_resume) so that a requeued job continues
-    expected = {role: {**st, "argv": sl.with_resume(fill(st["argv"], values))}
-                for role, st in rendered_steps(rendered).items()}
+    expected = {role: {**st, "argv": fill(st["argv"], values)} for role, st in rendered_steps(rendered).items()}
     assert sent == expected
     assert set(sent) == {"server", "trainer"} and sent["server"]["gpus"] + sent["trainer"]["gpus"] == 3
     # the allocation: same nodes, GPUs per node, partition, account and time limit

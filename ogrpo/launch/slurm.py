@@ -238,14 +238,6 @@ def srun_argv(
     return [*srun, *extra_srun, *cmd]
 
 
-def with_resume(argv: list[str]) -> list[str]:
-    """A requeued job reruns the same trainer command, which must continue from the last complete checkpoint
-    (the trainer refuses a run dir with checkpoints otherwise): add `--resume auto` unless the command says."""
-    if "ogrpo.train" in argv and not any(a == "--resume" or a.startswith("--resume=") for a in argv):
-        return [*argv, "--resume", "auto"]
-    return list(argv)
-
-
 def placeholder_values(spec: JobSpec, hosts: list[str], job_id: int) -> dict[str, object]:
     server_port, rdzv_port = slurm_ports(job_id)
     server = spec.step("server")
@@ -307,7 +299,7 @@ class SlurmSupervisor:
 
         def wrap_step(step: Step, argv: list[str]) -> list[str]:
             return srun_argv(step, job_dir=self.spec.job_dir, hosts=hosts, values=values, cpus=res[step.role][0],
-                             mem_mb=res[step.role][1], container=self.opts.container, argv=with_resume(argv))
+                             mem_mb=res[step.role][1], container=self.opts.container, argv=argv)
 
         return values, wrap_step
 
@@ -372,7 +364,7 @@ class SlurmSupervisor:
         elif trainer is not None:
             trainer_rc = trainer.proc.returncode
         if self._sup is not None:
-            self._sup._stop([r for r in running if not r.log_file.closed])
+            self._sup.stop([r for r in running if not r.log_file.closed])
         if trainer_rc == 0 and self._preempted_marker() is None:
             _log("the trainer finished before the signal: nothing to resume")
             return None

@@ -186,7 +186,7 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _stop(self, procs: list[Running]) -> None:
+    def stop(self, procs: list[Running]) -> None:
         """SIGTERM each group, then SIGKILL whatever is left after kill_grace_s (also stray grandchildren)."""
         for r in procs:
             self._signal_group(r, signal.SIGTERM)
@@ -232,7 +232,7 @@ class Supervisor:
 
     def stop_all(self) -> None:
         """Stop every step still running (for backends' signal paths, e.g. Slurm's USR2 checkpoint)."""
-        self._stop([r for r in self.running if not r.log_file.closed])
+        self.stop([r for r in self.running if not r.log_file.closed])
 
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
@@ -250,7 +250,7 @@ class Supervisor:
         try:
             return self._run(servers, workers)
         finally:
-            self._stop([r for r in self.running if not r.log_file.closed])
+            self.stop([r for r in self.running if not r.log_file.closed])
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
@@ -270,12 +270,12 @@ class Supervisor:
             if self._stop_signal is not None:
                 name = signal.Signals(self._stop_signal).name
                 self.say(f"received {name}: stopping all steps")
-                self._stop(self.running)
+                self.stop(self.running)
                 return JobResult(128 + self._stop_signal, f"stopped by {name}", logs)
             dead_server = next((r for r in srv if not r.alive), None)
             if dead_server is not None:
                 rc = dead_server.proc.returncode
-                self._stop([r for r in self.running if r is not dead_server])
+                self.stop([r for r in self.running if r is not dead_server])
                 dead_server.log_file.close()
                 msg = (f"server exited with code {rc} {'before becoming healthy' if not healthy else 'mid-run'}; "
                        f"trainer stopped. Server log: {dead_server.log_path}\n--- last lines of "
@@ -286,7 +286,7 @@ class Supervisor:
                 self._pump()
                 codes = {r.name: r.proc.returncode for r in trn}
                 # the trainer's own group too: a rank that outlived accelerate's launcher must not outlive the job
-                self._stop(srv + trn)
+                self.stop(srv + trn)
                 bad = {n: c for n, c in codes.items() if c != 0}
                 if bad:
                     first = next(r for r in trn if r.name in bad)
@@ -301,7 +301,7 @@ class Supervisor:
                     healthy = True
                     self.say(f"server healthy at {url} after {time.monotonic() - t0:.1f} s")
                 elif time.monotonic() - t0 > self.health_timeout_s:
-                    self._stop(self.running)
+                    self.stop(self.running)
                     log = srv[0].log_path if srv else "?"
                     msg = (f"server not healthy at {url} after {self.health_timeout_s:.0f} s; all steps stopped. "
                            f"Server log: {log}\n--- last lines of {log} ---\n{log_tail(Path(log))}")

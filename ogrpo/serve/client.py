@@ -185,8 +185,14 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
     """
     import faulthandler
 
-    import trl.generation.vllm_generation as vg
+    import trl
     from trl.generation.vllm_client import VLLMClient
+
+    from ogrpo import compat
+
+    vg = compat.vllm_generation_module()
+    # TRL 1.9's client talks to `trl vllm-serve`: no server-info route to verify against, one tensor per call.
+    verify = compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE
 
     def guarded(method):
         def wrapper(self, *args, **kwargs):
@@ -204,10 +210,13 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
 
         @guarded
         def init_communicator(self, device=0):
-            _verify(self, expect)
+            if verify:
+                _verify(self, expect)
             return VLLMClient.init_communicator(self, device)
 
-        update_named_params = guarded(VLLMClient.update_named_params)
+    for name in compat.vllm_client_sync_methods(trl.__version__):
+        if hasattr(VLLMClient, name):
+            setattr(TimedVLLMClient, name, guarded(getattr(VLLMClient, name)))
 
     vg.VLLMClient = TimedVLLMClient
     return TimedVLLMClient

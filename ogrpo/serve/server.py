@@ -86,14 +86,17 @@ def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, dict | N
 def required_max_model_len(trl: dict, ogrpo: dict | None = None, plan: dict | None = None) -> int | None:
     """Context the trainer needs: prompt + completion tokens (or TRL's explicit vllm_max_model_length).
 
-    The prompt budget is the run's `max_prompt_length` when set, else the one the plan measured/assumed
-    (`plan.batch.prompt_length`), else 512.
+    A plan already settled the lengths (prompt budget capped to the model's positions): its
+    `batch.max_model_len` wins, so that server and trainer agree. Without a plan: the run's
+    `max_prompt_length`, else 512, plus the completion length.
     """
     if trl.get("vllm_max_model_length"):
         return int(trl["vllm_max_model_length"])
     ogrpo = ogrpo or {}
     plan = plan if plan is not None else ogrpo.get("plan")
     batch = (plan or {}).get("batch") or {}
+    if batch.get("max_model_len"):
+        return int(batch["max_model_len"])
     prompt = (ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or batch.get("prompt_length")
               or DEFAULT_MAX_PROMPT)
     completion = trl.get("max_completion_length") or batch.get("completion_length") or DEFAULT_MAX_COMPLETION

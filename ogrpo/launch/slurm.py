@@ -329,8 +329,10 @@ class SlurmSupervisor:
         self._started = time.time()
         result = self._sup.run()
         rc = result.rc
-        if rc != 0 and not self._preempting and self._preempted_marker() is not None:
-            # the trainer saved on a signal that reached it directly (a site that signals the steps): requeue
+        if (rc != 0 and not self._preempting and self._preempted_marker() is not None
+                and not _cancelled(job_id)):
+            # the trainer saved on a signal that reached it directly (a site that signals the steps): requeue.
+            # Not after `scancel`: it signals the steps the same way, and Slurm would requeue a cancelled job.
             if self._requeue_allowed(rc):
                 subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
                 time.sleep(120)  # Slurm kills this batch step as part of the requeue
@@ -400,6 +402,16 @@ class SlurmSupervisor:
         else:
             _log(f"not requeued: {restarts} requeues used of {self.opts.max_requeues}")
         return requeue
+
+
+def _cancelled(job_id: int) -> bool:
+    """Whether the job was cancelled (scancel sets the state before it signals the steps)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "JobState=CANCELLED" in out
 
 
 # -------------------------------------------------------------------------------------- preflight, submit

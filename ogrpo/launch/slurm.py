@@ -329,10 +329,12 @@ class SlurmSupervisor:
         self._started = time.time()
         result = self._sup.run()
         rc = result.rc
-        if (rc != 0 and not self._preempting and self._preempted_marker() is not None
-                and not _cancelled(job_id)):
-            # the trainer saved on a signal that reached it directly (a site that signals the steps): requeue.
-            # Not after `scancel`: it signals the steps the same way, and Slurm would requeue a cancelled job.
+        if (rc != 0 and not self._preempting and self._sup.signalled is None
+                and self._preempted_marker() is not None):
+            # The trainer saved on a signal that reached the steps but not this batch step (a site that signals
+            # the steps only): requeue. When this step was signalled too, Slurm decides: `scontrol requeue` and
+            # preemption requeue by themselves, and `scancel` (state COMPLETING while the signals arrive, so it
+            # cannot be told apart here) must not be undone by a requeue.
             if self._requeue_allowed(rc):
                 subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
                 time.sleep(120)  # Slurm kills this batch step as part of the requeue
@@ -402,16 +404,6 @@ class SlurmSupervisor:
         else:
             _log(f"not requeued: {restarts} requeues used of {self.opts.max_requeues}")
         return requeue
-
-
-def _cancelled(job_id: int) -> bool:
-    """Whether the job was cancelled (scancel sets the state before it signals the steps)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "JobState=CANCELLED" in out
 
 
 # -------------------------------------------------------------------------------------- preflight, submit

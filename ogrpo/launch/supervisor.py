@@ -230,6 +230,11 @@ class Supervisor:
                 sink.write(chunk)
                 sink.flush()
 
+    @property
+    def signalled(self) -> int | None:
+        """The signal (SIGTERM/SIGINT) that told this supervisor to stop, if any."""
+        return self._stop_signal
+
     def stop_all(self) -> None:
         """Stop every step still running (for backends' signal paths, e.g. Slurm's USR2 checkpoint)."""
         self.stop([r for r in self.running if not r.log_file.closed])

@@ -57,10 +57,8 @@ def submit(
     import os
     import shutil
 
-    from ogrpo.config import load_run_config
-    from ogrpo.errors import NoFitError, OgrpoError
+    from ogrpo.errors import OgrpoError
     from ogrpo.jobspec import build_jobspec
-    from ogrpo.plan import plan_from_config
     from ogrpo.render import render_job, write_job
 
     if backend is None:
@@ -75,16 +73,13 @@ def submit(
 
     extra = sl.parse_passthrough(slurm)
     minutes = sl.parse_time(time_limit) if time_limit else None
-    overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params, "model": model,
-                           "partition": partition, "account": account, "qos": qos, "time": time_limit,
-                           "container": container}}
-    rc = load_run_config(config, overrides)
-    plan = plan_from_config(rc)
-    for w in list(rc.warnings) + list(getattr(plan, "warnings", [])):
-        typer.echo(f"warning: {w}", err=True)
-    if not plan.fits and not force:
-        raise NoFitError("the plan does not fit: " + "; ".join(plan.reasons)
-                         + (f"; try: {', '.join(plan.fixes)}" if plan.fixes else "") + " (or --force)")
+    from ogrpo.commands.planning import load_and_plan, require_fit, warn
+
+    rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
+                             extra={"partition": partition, "account": account, "qos": qos, "time": time_limit,
+                                    "container": container})
+    warn(rc, plan)
+    require_fit(plan, force, "submit anyway")
     p = plan.to_dict()
     opts_cfg = rc.ogrpo
     job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")

@@ -13,7 +13,8 @@ GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 
 
-def _load(config: str, gpus, model, params, profile, vllm_gpus):
+def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None):
+    """Run config + command-line options → (RunConfig, Plan); shared by plan, render and submit."""
     from ogrpo.config import load_run_config
     from ogrpo.errors import OgrpoError
     from ogrpo.hardware import parse_gpus
@@ -35,15 +36,23 @@ def _load(config: str, gpus, model, params, profile, vllm_gpus):
         parse_params(params)
 
     overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
-                           "model": model}}
+                           "model": model, **(extra or {})}}
     rc = load_run_config(config, overrides)
     plan = plan_from_config(rc)
     return rc, plan
 
 
-def _warn(rc, plan) -> None:
+def warn(rc, plan) -> None:
     for w in list(rc.warnings) + list(plan.warnings):
         typer.echo(f"warning: {w}", err=True)
+
+
+def require_fit(plan, force: bool, what: str) -> None:
+    from ogrpo.errors import NoFitError
+
+    if not plan.fits and not force:
+        raise NoFitError("the plan does not fit: " + "; ".join(plan.reasons)
+                         + (f"; try: {', '.join(plan.fixes)}" if plan.fixes else "") + f" (or --force to {what})")
 
 
 def plan(
@@ -56,13 +65,13 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
-    rc, p = _load(config, gpus, model, params, profile, vllm_gpus)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus)
     if as_json:
         import json
 
         typer.echo(json.dumps(p.to_dict(), indent=2))
     else:
-        _warn(rc, p)
+        warn(rc, p)
         from ogrpo.render.table import print_plan
 
         print_plan(p)
@@ -85,17 +94,15 @@ def render(
     """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
     import os
 
-    from ogrpo.errors import NoFitError, OgrpoError
+    from ogrpo.errors import OgrpoError
     from ogrpo.jobspec import build_jobspec
     from ogrpo.render import render_job, write_job
 
     if not output and not dry_run:
         raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
-    rc, p = _load(config, gpus, model, params, profile, vllm_gpus)
-    _warn(rc, p)
-    if not p.fits and not force:
-        raise NoFitError("the plan does not fit: " + "; ".join(p.reasons)
-                         + (f"; try: {', '.join(p.fixes)}" if p.fixes else "") + " (or --force to render anyway)")
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus)
+    warn(rc, p)
+    require_fit(p, force, "render anyway")
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
     if not os.path.isabs(job_dir):
         raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")

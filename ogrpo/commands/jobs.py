@@ -75,16 +75,19 @@ def submit(
     minutes = sl.parse_time(time_limit) if time_limit else None
     from ogrpo.commands.planning import load_and_plan, require_fit, warn
 
-    rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
+    def plan_for(devices):
+        return load_and_plan(config, devices, model, params, profile, vllm_gpus,
                              extra={"partition": partition, "account": account, "qos": qos, "time": time_limit,
                                     "container": container})
+
+    rc, plan = plan_for(gpus)
     warn(rc, plan)
     require_fit(plan, force, "submit anyway")
     p = plan.to_dict()
     opts_cfg = rc.ogrpo
     job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
     if os.environ.get("OGRPO_FAKE_GPUS") == "1" and backend == "slurm" and not p["cluster"]["gpu"].get("is_cpu"):
-        plan, rc, spec = _fake_gpu_job(plan, rc, config, job_dir, overrides)
+        plan, rc, spec = _fake_gpu_job(plan, rc, job_dir, plan_for)
     else:
         spec = build_jobspec(plan, rc, job_dir)
     files = render_job(plan, rc, spec)
@@ -131,23 +134,19 @@ def submit(
     typer.echo(f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})")
 
 
-def _fake_gpu_job(gpu_plan, rc, config: str, job_dir: str, overrides: dict):
+def _fake_gpu_job(gpu_plan, rc, job_dir: str, plan_for):
     """OGRPO_FAKE_GPUS=1 (the project's test cluster, whose A40s are character devices): keep the GPU plan's
     allocation and per-step GPU counts, so Slurm hands each step its own devices as on a real cluster, but run
     the steps with the CPU plan of the same layout (NxCPU: same server/trainer split), which the trainer and
     the server can execute here."""
-    from ogrpo.config import load_run_config
     from ogrpo.errors import OgrpoError
     from ogrpo.jobspec import build_jobspec
-    from ogrpo.plan import plan_from_config
 
     gp = gpu_plan.to_dict()
     if int(gp["cluster"]["nodes"]) != 1:
         raise OgrpoError("OGRPO_FAKE_GPUS=1 runs one-node plans only (CPU plans are single-machine)")
     n = int(gp["cluster"]["gpus_per_node"])
-    cpu_over = {"ogrpo": {**overrides["ogrpo"], "gpus": f"{n}xcpu" if n > 1 else "cpu"}}
-    cpu_rc = load_run_config(config, cpu_over)
-    cpu_plan = plan_from_config(cpu_rc)
+    cpu_rc, cpu_plan = plan_for(f"{n}xcpu" if n > 1 else "cpu")
     spec = build_jobspec(cpu_plan, cpu_rc, job_dir)
     gpu_steps = {s.role: s for s in build_jobspec(gpu_plan, rc, job_dir).steps}
     if set(gpu_steps) != {s.role for s in spec.steps}:

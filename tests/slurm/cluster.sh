@@ -27,6 +27,25 @@ wait_for() {  # wait_for TRIES CMD...: poll every 0.2 s
   return 1
 }
 
+sweep_orphans() {
+  local pid left=()
+  for pid in $(for d in munged mariadbd slurmdbd slurmctld slurmd; do pgrep -x "$d"; done); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$ROOT" ||
+       tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF"; then
+      left+=("$pid")
+    fi
+  done
+  [ "${#left[@]}" -eq 0 ] && return 0
+  kill -TERM "${left[@]}" 2>/dev/null || true
+  for _ in $(seq 40); do
+    local alive=0
+    for pid in "${left[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.25
+  done
+  kill -KILL "${left[@]}" 2>/dev/null || true
+}
+
 up() {
   ensure_packages
   if [ -s "$ROOT/run/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/run/slurmctld.pid")" 2>/dev/null; then
@@ -35,6 +54,7 @@ up() {
     fi
     echo "cluster.sh: daemons running under $ROOT but the node is not idle (run 'down' first)" >&2; exit 1
   fi
+  sweep_orphans
   rm -rf "$ROOT"; mkdir -p "$ROOT"/{etc,run,log,state/ctld,state/d,munge/key,dev,mysql}
   chmod 755 "$ROOT/munge"; chmod 700 "$ROOT/munge/key"
   for i in 0 1 2; do mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done   # never opened, only stat'ed by slurmd
@@ -158,6 +178,9 @@ down() {
     fi
     rm -f "$f"
   done
+  # An interrupted `up` can leave daemons whose pid files a later `up` overwrote: every daemon of this cluster
+  # names $ROOT on its command line (or, for slurm*, in SLURM_CONF), so sweep what is left.
+  sweep_orphans
   echo "slurm down ($ROOT)"
 }
 

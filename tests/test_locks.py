@@ -117,8 +117,17 @@ def test_a40_lock_is_the_v100_lock_plus_flash_attn():
 def test_cpu_lock_is_the_environment_ci_runs_in():
     # "the CPU stack used in CI is pinned the same way": every pin of cpu.lock is what is installed here
     pins = read_lock(REPO / "requirements" / "cpu.lock")
-    installed = {normalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
-    wrong = {k: (v, installed.get(k)) for k, v in pins.items() if installed.get(k) != v}
+    import setuptools  # noqa: F401  as some earlier test in a full run does, so that the check below sees the same sys.path
+
+    # version() takes the first distribution on sys.path: importing setuptools appends its _vendor folder,
+    # whose own packaging/typing_extensions dist-infos would otherwise shadow the installed ones.
+    def installed(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    wrong = {k: (v, installed(k)) for k, v in pins.items() if installed(k) != v}
     assert wrong == {}, "installed versions differ from requirements/cpu.lock (pinned, installed): " + repr(wrong)
 
 

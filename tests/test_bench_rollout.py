@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ogrpo.bench.harness import CSV_FIELDS
-from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
+from ogrpo.bench.rollout import RolloutShape, bench_ratios, run_rollout_bench
 from ogrpo.errors import OgrpoError
 
 TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, vocab=512)
@@ -47,17 +47,29 @@ def test_hf_path_writes_tagged_rows(tmp_path):
     assert "HF generate" in out.getvalue()
 
 
+def test_ratios_put_the_bar_against_the_faster_raw_mode():
+    tps = {"hf": 100.0, "vllm": 200.0, "vllm_inproc": 400.0, "server": 380.0}
+    r = dict(bench_ratios(tps))
+    assert r["server_vs_raw_best"] == pytest.approx(0.95)
+    assert r["server_vs_vllm"] == pytest.approx(1.9) and r["server_vs_vllm_inproc"] == pytest.approx(0.95)
+    assert r["vllm_vs_hf"] == pytest.approx(2.0) and r["server_vs_hf"] == pytest.approx(3.8)
+    # one raw mode measured: it is the baseline; none: no bar
+    assert dict(bench_ratios({"vllm": 200.0, "server": 100.0}))["server_vs_raw_best"] == pytest.approx(0.5)
+    assert "server_vs_raw_best" not in dict(bench_ratios({"hf": 1.0, "server": 2.0}))
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_three_paths_and_ratios(tmp_path):
+def test_all_paths_and_ratios(tmp_path):
     out = io.StringIO()
     run_rollout_bench(TINY, prompts=2, generations=2, new_tokens=8, prompt_tokens=4, repeats=1,
                       csv_path=tmp_path / "r.csv", workdir=str(tmp_path), enforce_eager=True, out=out)
     rows = _read(tmp_path / "r.csv")
-    assert [(r["path"], r["metric"]) for r in rows] == [
-        ("hf", "tokens_per_s"), ("vllm", "tokens_per_s"), ("server", "tokens_per_s"),
-        ("server_vs_vllm", "ratio"), ("server_vs_hf", "ratio"), ("vllm_vs_hf", "ratio")]
-    tps = {r["path"]: float(r["value"]) for r in rows[:3]}
-    ratio = {r["path"]: float(r["value"]) for r in rows[3:]}
-    assert ratio["server_vs_vllm"] == pytest.approx(tps["server"] / tps["vllm"], rel=1e-4)
-    assert "server_vs_vllm" in out.getvalue()
+    paths = ["hf", "vllm", "vllm_inproc", "server"]
+    assert [(r["path"], r["metric"]) for r in rows[:4]] == [(p, "tokens_per_s") for p in paths]
+    tps = {r["path"]: float(r["value"]) for r in rows[:4]}
+    ratio = {r["path"]: float(r["value"]) for r in rows[4:]}
+    assert all(r["metric"] == "ratio" for r in rows[4:])
+    assert ratio["server_vs_raw_best"] == pytest.approx(tps["server"] / max(tps["vllm"], tps["vllm_inproc"]),
+                                                        rel=1e-4)
+    assert "server_vs_raw_best" in out.getvalue() and "bar: >= 0.95" in out.getvalue()

@@ -161,9 +161,10 @@ def test_trl19_server_argv_for_gpu_plans(basic_recipe, gpus, dtype, tp):
     assert _opt(argv, "--enforce_eager") == str(p["vllm"]["args"]["enforce_eager"])
     # vLLM-api-only flags: TRL's server hard-codes processed log-probs and syncs weights its own way
     for flag in ("--logprobs-mode", "--logprobs_mode", "--weight-transfer-config", "--max_num_seqs",
-                 "--max-num-seqs", "--worker-extension-cls"):
+                 "--max-num-seqs", "--worker-extension-cls", "--disable-log-stats", "--disable_log_stats"):
         assert flag not in argv
-    assert trl_serve_unsupported(s) == ["max_num_seqs"]
+    # disable_log_stats is no flag there and no warning either: TRL's server runs without stats already
+    assert p["vllm"]["args"]["disable_log_stats"] is True and trl_serve_unsupported(s) == ["max_num_seqs"]
     (args,) = _trl19_parser().parse_args_into_dataclasses(args=argv[3:])
     assert args.model == s.model and args.port == 20001 and args.dtype == dtype
     assert args.tensor_parallel_size == p["vllm"]["tensor_parallel_size"] and args.enable_prefix_caching is True

@@ -156,6 +156,9 @@ def test_cpu_embedded_default(tiny_recipe, gpus, mode, server, trainer_procs):
     if mode == "server":
         assert p["trainer"]["env"]["OMP_NUM_THREADS"] == "1"
         assert p["vllm"]["args"]["dtype"] == "float32"
+        # one engine process computing on all the server's cores, no per-step stats (ogrpo bench rollout)
+        assert p["vllm"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert p["vllm"]["args"]["disable_log_stats"] is True
     else:
         assert p["trainer_args"]["vllm_mode"] == "colocate"
 

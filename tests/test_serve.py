@@ -133,6 +133,15 @@ def test_version_shim_reports_cpu_version(tmp_path):
     assert out == f"{cpu}+cpu"
 
 
+def test_cpu_server_env_runs_the_model_in_the_engine_process():
+    cpu = server_env(ServeSettings(model="m", device="cpu", dtype="float32", max_model_len=48), {})
+    gpu = server_env(ServeSettings(model="m", device="cuda", dtype="bfloat16", max_model_len=48), {})
+    assert cpu["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu
+    # a user's explicit choice wins
+    assert server_env(ServeSettings(model="m", device="cpu", dtype="float32", max_model_len=48),
+                      {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
 def test_check_server_matches():
     info = {"model_config": {"model": "/m", "revision": None, "dtype": "torch.float32", "max_model_len": 48}}
     models = {"data": [{"id": "/m", "root": "/m", "max_model_len": 48}]}

@@ -55,14 +55,15 @@ def bench_rollout(
     tokens: int = typer.Option(128, help="New tokens per completion (EOS ignored)."),
     prompt_tokens: int = typer.Option(32, help="Tokens per prompt."),
     repeats: int = typer.Option(3, help="Timed repeats per path; the median is reported."),
-    paths: str = typer.Option("hf,vllm,server", help="Comma list of paths: hf, vllm, server, vllm_inproc."),
+    paths: str = typer.Option("hf,vllm,vllm_inproc,server",
+                              help="Comma list of paths: hf, vllm, vllm_inproc, server."),
     csv: str = typer.Option("bench/results/rollout.csv", help="CSV file rows are appended to."),
     workdir: Optional[str] = typer.Option(None, help="Where the random model is written (default: a temp dir)."),
     gpu_memory_utilization: float = typer.Option(0.1, help="vLLM memory share, the same for both vLLM paths."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Both vLLM paths without compilation."),
     paired: bool = typer.Option(True, "--paired/--separate",
-                                help="Time offline vLLM and the server in turns in one run (robust to load from "
-                                     "other jobs), or each in its own run."),
+                                help="Time raw offline vLLM (in-process when run) and the server in turns in one "
+                                     "run (robust to load from other jobs), or each in its own run."),
 ) -> None:
     """Rollout tokens/s: TRL's default (HF generate) vs raw vLLM offline vs O-GRPO's server path."""
     from ogrpo.bench.rollout import RolloutShape, run_rollout_bench

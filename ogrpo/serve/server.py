@@ -257,12 +257,17 @@ def _trl_value(value: Any) -> str:
     return str(value)
 
 
+# Plan options `trl vllm-serve` needs no flag for: its engine (vLLM's offline LLM) already runs without stats.
+_TRL_SERVE_BUILT_IN = {"disable_log_stats"}
+
+
 def trl_serve_unsupported(s: ServeSettings) -> list[str]:
     """Plan options `trl vllm-serve` has no argument for (they are left out of its command line)."""
     from ogrpo import compat
 
     accepted = compat.trl_vllm_serve_args()
-    return sorted(k for k, v in s.extra.items() if v is not None and k not in accepted)
+    return sorted(k for k, v in s.extra.items()
+                  if v is not None and k not in accepted and k not in _TRL_SERVE_BUILT_IN)
 
 
 def build_trl_serve_argv(s: ServeSettings, host: str, port: int, python: str | None = None) -> list[str]:
@@ -322,6 +327,11 @@ def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str
     env = dict(os.environ if base is None else base)
     # /init_weight_transfer_engine, /update_weights, /server_info are dev-mode routes.
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if s.device == "cpu":
+        from ogrpo.serve import CPU_SERVER_ENV
+
+        for key, value in CPU_SERVER_ENV.items():
+            env.setdefault(key, value)
     shim = version_shim_dir() if s.device == "cpu" else None
     if shim:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)

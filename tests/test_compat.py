@@ -186,7 +186,7 @@ def test_vllm_api_argv_is_the_default_on_the_cpu_line(tmp_path):
                       extra={"max_num_seqs": 64, "enforce_eager": False})
     argv = build_server_argv(s, "10.0.0.5", 20000, python="python3")
     assert argv == build_server_argv(s, "10.0.0.5", 20000, python="python3", flavor=compat.VLLM_API)
-    assert argv == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path), "--host",
+    assert argv == ["python3", "-m", "ogrpo.serve.vllm_api", "--model", str(tmp_path), "--host",
                     "10.0.0.5", "--port", "20000", "--dtype", "bfloat16", "--logprobs-mode", "processed_logprobs",
                     "--max-model-len", "4096", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.85",
                     "--enable-prefix-caching", "--max-num-seqs", "64", "--no-enforce-eager",

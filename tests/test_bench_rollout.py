@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ogrpo.bench.harness import CSV_FIELDS
-from ogrpo.bench.rollout import RolloutShape, bench_ratios, run_rollout_bench
+from ogrpo.bench.rollout import RolloutShape, Workload, bench_ratios, kv_cache_budget, run_rollout_bench
 from ogrpo.errors import OgrpoError
 
 TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, vocab=512)
@@ -28,6 +28,19 @@ def test_bad_input_is_one_error(tmp_path):
     with pytest.raises(OgrpoError, match="divide"):
         run_rollout_bench(RolloutShape(100, 1, 3, 1, 64, 64), csv_path=tmp_path / "r.csv", workdir=str(tmp_path))
     assert not (tmp_path / "r.csv").exists()
+
+
+def test_kv_budget_holds_the_whole_rollout_on_both_paths():
+    shape = RolloutShape(768, 12, 12, 4, 2048, 4096)
+    per_token = 2 * 12 * 4 * 64 * 4  # K and V, every layer, every KV head, fp32
+    budget = kv_cache_budget(shape, 4, seqs=64, max_model_len=160)
+    assert budget >= 64 * 160 * per_token and budget % per_token == 0
+    assert kv_cache_budget(shape, 2, seqs=64, max_model_len=160) == budget // 2
+    w = Workload(model_dir="m", dtype="float32", prompts=[[1]], generations=1, new_tokens=1, repeats=1,
+                 gpu_memory_utilization=None, enforce_eager=True, workdir=".", kv_cache_bytes=budget)
+    assert w.memory_args() == {"kv_cache_memory_bytes": budget}
+    w.kv_cache_bytes, w.gpu_memory_utilization = None, 0.3
+    assert w.memory_args() == {"gpu_memory_utilization": 0.3}
 
 
 def _read(path):
@@ -73,3 +86,6 @@ def test_all_paths_and_ratios(tmp_path):
     assert ratio["server_vs_raw_best"] == pytest.approx(tps["server"] / max(tps["vllm"], tps["vllm_inproc"]),
                                                         rel=1e-4)
     assert "server_vs_raw_best" in out.getvalue() and "bar: >= 0.95" in out.getvalue()
+    # both vLLM paths got the explicit KV budget, not a memory share
+    assert json.loads(rows[0]["params"])["kv_cache_bytes"] == kv_cache_budget(TINY, 4, 4, 12)
+    assert "Explicitly set" in (tmp_path / "run-128-2-512-fp32" / "server.log").read_text()

@@ -40,6 +40,7 @@ PATH_NAMES = {"hf": "HF generate (TRL default)", "vllm": "vLLM offline (raw, def
 BAR = 0.95
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -73,9 +74,16 @@ class Workload:
     generations: int
     new_tokens: int
     repeats: int
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float | None
     enforce_eager: bool
     workdir: str
+    kv_cache_bytes: int | None = None
+
+    def memory_args(self) -> dict:
+        """The same KV budget for both vLLM paths: explicit bytes, else a share of the host memory."""
+        if self.kv_cache_bytes:
+            return {"kv_cache_memory_bytes": self.kv_cache_bytes}
+        return {"gpu_memory_utilization": self.gpu_memory_utilization}
 
     @property
     def max_model_len(self) -> int:
@@ -84,6 +92,18 @@ class Workload:
     @property
     def total_tokens(self) -> int:
         return len(self.prompts) * self.generations * self.new_tokens
+
+
+def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_len: int) -> int:
+    """KV bytes that hold every sequence of one rollout at once, each rounded up to whole 128-token blocks,
+    plus a spare block per sequence.
+
+    An explicit budget rather than a memory share: vLLM's CPU worker takes the share of the NUMA node's memory
+    and subtracts the process's whole RSS (compiler included), so a share that works on one machine fails on a
+    smaller node or a cold compile cache."""
+    per_token = 2 * shape.layers * shape.kv_heads * (shape.hidden // shape.heads) * dtype_bytes
+    blocks = -(-max_model_len // 128) + 1
+    return seqs * blocks * 128 * per_token
 
 
 def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -> Path:
@@ -170,7 +190,7 @@ def _start_server(w: Workload):
     from ogrpo.serve import SERVER_ARGS
 
     # What a plan gives every server (stats off: also the offline LLM's default, so settings stay the same).
-    args = {"gpu_memory_utilization": w.gpu_memory_utilization, **SERVER_ARGS}
+    args = {**w.memory_args(), **SERVER_ARGS}
     if w.enforce_eager:
         args["enforce_eager"] = True
     run_yaml.write_text(yaml.safe_dump({
@@ -219,9 +239,8 @@ def _offline_generate(w: Workload):
 
     # The same engine settings `ogrpo serve` passes (processed log-probs, what TRL needs), so the two vLLM
     # paths differ only by the server around the engine.
-    llm = LLM(model=w.model_dir, dtype=w.dtype, max_model_len=w.max_model_len, seed=0,
-              gpu_memory_utilization=w.gpu_memory_utilization, enforce_eager=w.enforce_eager,
-              logprobs_mode="processed_logprobs")
+    llm = LLM(model=w.model_dir, dtype=w.dtype, max_model_len=w.max_model_len, seed=0, **w.memory_args(),
+              enforce_eager=w.enforce_eager, logprobs_mode="processed_logprobs")
     # logprobs=0: TRL asks for the sampled token's log-prob on every path, so the raw baseline does too.
     params = SamplingParams(n=w.generations, max_tokens=w.new_tokens, ignore_eos=True, temperature=1.0,
                             top_p=1.0, top_k=0, logprobs=0)
@@ -321,7 +340,7 @@ def bench_ratios(tokps: dict[str, float]) -> list[tuple[str, float]]:
 def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int = 8, generations: int = 8,
                       new_tokens: int = 128, prompt_tokens: int = 32, repeats: int = 3,
                       paths: list[str] | None = None, csv_path: str | os.PathLike = "bench/results/rollout.csv",
-                      workdir: str | None = None, gpu_memory_utilization: float = 0.1,
+                      workdir: str | None = None, gpu_memory_utilization: float | None = None,
                       enforce_eager: bool = False, paired: bool = True, out=None) -> list[dict]:
     """Run the chosen paths, print a table with tokens/s and ratios, append CSV rows; returns the rows."""
     from ogrpo.errors import OgrpoError
@@ -344,10 +363,12 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
     # Logs and the workload live per shape and dtype, so that one workdir can hold several runs.
     work = work / f"run-{tag}"
     work.mkdir(parents=True, exist_ok=True)
+    kv_bytes = None if gpu_memory_utilization else kv_cache_budget(
+        shape, _DTYPE_BYTES[torch_dtype], prompts * generations, prompt_tokens + new_tokens)
     w = Workload(model_dir=str(model_dir), dtype=torch_dtype,
                  prompts=make_prompts(prompts, prompt_tokens, shape.vocab), generations=generations,
                  new_tokens=new_tokens, repeats=repeats, gpu_memory_utilization=gpu_memory_utilization,
-                 enforce_eager=enforce_eager, workdir=str(work))
+                 enforce_eager=enforce_eager, workdir=str(work), kv_cache_bytes=kv_bytes)
     spec_file = work / "workload.json"
     spec_file.write_text(json.dumps(asdict(w)))
     tokps: dict[str, float] = {}
@@ -376,7 +397,8 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
     case = f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}"
     params = json.dumps({**asdict(shape), "dtype": dtype, "prompts": prompts, "generations": generations,
                          "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
-                         "gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
+                         "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_bytes": kv_bytes,
+                         "enforce_eager": enforce_eager,
                          "paired": paired},
                         sort_keys=True)
     tags = environment_tags()

@@ -59,7 +59,9 @@ def bench_rollout(
                               help="Comma list of paths: hf, vllm, vllm_inproc, server."),
     csv: str = typer.Option("bench/results/rollout.csv", help="CSV file rows are appended to."),
     workdir: Optional[str] = typer.Option(None, help="Where the random model is written (default: a temp dir)."),
-    gpu_memory_utilization: float = typer.Option(0.1, help="vLLM memory share, the same for both vLLM paths."),
+    gpu_memory_utilization: Optional[float] = typer.Option(
+        None, help="vLLM memory share, the same for both vLLM paths (default: an explicit KV budget that holds "
+                   "the whole rollout)."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Both vLLM paths without compilation."),
     paired: bool = typer.Option(True, "--paired/--separate",
                                 help="Time raw offline vLLM (in-process when run) and the server in turns in one "

@@ -1,6 +1,8 @@
-"""The readable form of a Plan for `ogrpo plan` (rich tables on stdout)."""
+"""The readable form of a Plan for `ogrpo plan` (box-drawn tables on stdout)."""
 
 from __future__ import annotations
+
+import sys
 
 
 def _terms(terms: dict) -> str:
@@ -23,59 +25,53 @@ def _where(role: dict, is_cpu: bool) -> str:
     return f"{node}, GPU {','.join(map(str, role['gpus']))}"
 
 
-def print_plan(plan) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def print_plan(plan, out=None) -> None:
+    from ogrpo.render.boxes import box_table, styled, wrap
+
+    out = out or sys.stdout
+
+    def say(text: str = "") -> None:
+        out.write(text + "\n")
 
     p = plan.to_dict() if hasattr(plan, "to_dict") else plan
-    con = Console(highlight=False)
     cl, m = p["cluster"], p["model"]
     is_cpu = bool(cl["gpu"]["is_cpu"])
     unit = "process" if is_cpu else "GPU"
-    con.print(f"[bold]{cl['spec']}[/bold] · {m['name']} ({_count(m['params'])} params, {m['source']}) · "
-              f"profile {p['profile']} · mode {p['mode']} · {p['precision']} · {p['attn_implementation']}")
-    t = Table(show_header=True, header_style="bold")
-    t.add_column("role")
-    t.add_column("where")
-    t.add_column("layout")
-    t.add_column(f"GiB/{unit}", justify="right")
-    t.add_column("budget", justify="right")
-    t.add_column("memory terms (GiB)")
+    say(wrap(f"{cl['spec']} · {m['name']} ({_count(m['params'])} params, {m['source']}) · profile {p['profile']} · "
+             f"mode {p['mode']} · {p['precision']} · {p['attn_implementation']}"))
+    rows = []
     v, tr = p["vllm"], p["trainer"]
     mt = v.get("memory_terms") or {}
     if p["mode"] == "server":
-        t.add_row("vLLM server", _where({**v, "num_processes": 1}, is_cpu),
-                  f"TP {v['tensor_parallel_size']}, DP {v['data_parallel_size']}; "
-                  f"{mt.get('max_concurrent_seqs', 0)} x {v['args'].get('max_model_len')} tokens in KV",
-                  f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt))
+        rows.append(["vLLM server", _where({**v, "num_processes": 1}, is_cpu),
+                     f"TP {v['tensor_parallel_size']}, DP {v['data_parallel_size']}; "
+                     f"{mt.get('max_concurrent_seqs', 0)} x {v['args'].get('max_model_len')} tokens in KV",
+                     f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt)])
     elif p["mode"] == "colocate" and mt:
-        t.add_row("vLLM (colocated)", "in each trainer process",
-                  f"{v['args'].get('gpu_memory_utilization')} of the device; {mt.get('max_concurrent_seqs', 0)} x "
-                  f"{v['args'].get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
-                  f"{mt['budget_gib']:.1f}", _terms(mt))
+        rows.append(["vLLM (colocated)", "in each trainer process",
+                     f"{v['args'].get('gpu_memory_utilization')} of the device; {mt.get('max_concurrent_seqs', 0)} x "
+                     f"{v['args'].get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
+                     f"{mt['budget_gib']:.1f}", _terms(mt)])
     tt = tr["memory_terms"]
-    t.add_row("trainer", _where(tr, is_cpu), f"{tr['num_processes']} x {tr['strategy']}", f"{tt['total_gib']:.1f}",
-              f"{tt['budget_gib']:.1f}", _terms(tt))
-    con.print(t)
+    rows.append(["trainer", _where(tr, is_cpu), f"{tr['num_processes']} x {tr['strategy']}",
+                 f"{tt['total_gib']:.1f}", f"{tt['budget_gib']:.1f}", _terms(tt)])
+    say(box_table(["role", "where", "layout", f"GiB/{unit}", "budget", "memory terms (GiB)"], rows, right=(3, 4),
+                  stream=out))
     b = p["batch"]
-    con.print(f"batch: {b['per_device_train_batch_size']} per device x {b['num_processes']} processes x "
-              f"{b['steps_per_generation']} steps = generation batch {b['generation_batch_size']} "
-              f"({b['prompts_per_generation']} prompts x {b['num_generations']} generations); "
-              f"prompt {b['prompt_length']} + completion {b['completion_length']} tokens")
-    s = Table(show_header=True, header_style="bold", title="settings")
-    s.add_column("setting")
-    s.add_column("value")
-    s.add_column("why")
-    for item in p["settings"]:
-        s.add_row(item["name"], str(item["value"]), item["reason"])
-    con.print(s)
+    say(wrap(f"batch: {b['per_device_train_batch_size']} per device x {b['num_processes']} processes x "
+             f"{b['steps_per_generation']} steps = generation batch {b['generation_batch_size']} "
+             f"({b['prompts_per_generation']} prompts x {b['num_generations']} generations); "
+             f"prompt {b['prompt_length']} + completion {b['completion_length']} tokens"))
+    say(box_table(["setting", "value", "why"],
+                  [[item["name"], str(item["value"]), item["reason"]] for item in p["settings"]],
+                  title="settings", stream=out))
     for w in p.get("warnings", []):
-        con.print(f"[yellow]note:[/yellow] {w}")
+        say(wrap(styled("note:", "yellow", stream=out) + f" {w}"))
     if p["fits"]:
-        con.print("[bold green]fits[/bold green]")
+        say(styled("fits", "bold", "green", stream=out))
     else:
-        con.print("[bold red]does not fit[/bold red]")
+        say(styled("does not fit", "bold", "red", stream=out))
         for r in p["reasons"]:
-            con.print(f"  - {r}")
+            say(f"  - {r}")
         if p["fixes"]:
-            con.print("try: " + "; ".join(p["fixes"]))
+            say("try: " + "; ".join(p["fixes"]))

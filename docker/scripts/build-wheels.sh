@@ -48,19 +48,8 @@ SRC="${OGRPO_SRC:-$(cd "$HERE/../.." && pwd)}"
 PYTHON="${PYTHON:-python3}"
 PIP=("$PYTHON" -m pip)
 
-die() {
-  echo "build-wheels: $*" >&2
-  exit 1
-}
-run() {
-  if [[ "$DRYRUN" == "1" ]]; then
-    printf '+'
-    printf ' %q' "$@"
-    printf '\n'
-  else
-    "$@"
-  fi
-}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ -f "$LOCK" ]] || die "lock file $LOCK not found"
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found"

@@ -30,19 +30,8 @@ INFODIR="$4"
 PYTHON="${PYTHON:-python3}"
 PIP=("$PYTHON" -m pip)
 
-die() {
-  echo "install-runtime: $*" >&2
-  exit 1
-}
-run() {
-  if [[ "$DRYRUN" == "1" ]]; then
-    printf '+'
-    printf ' %q' "$@"
-    printf '\n'
-  else
-    "$@"
-  fi
-}
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ -f "$LOCK" ]] || die "lock file $LOCK not found"
 [[ -f "$WHEELDIR/build-info.json" ]] || die "$WHEELDIR/build-info.json not found: copy the builder's wheels dir"

@@ -15,7 +15,8 @@ Trainer (per process/GPU), P parameters, N trainer processes:
 
 vLLM server (per GPU, tensor parallel size t): weights (half precision, /t), the profiled activation peak,
 CUDA graphs, and the KV cache that fills the rest of `gpu_memory_utilization` x memory; the plan checks it
-holds at least one max-length sequence and reports how many run at once.
+holds at least one max-length sequence and reports how many run at once. On CPU the KV cache is an explicit
+budget for the plan's max_num_seqs sequences (`kv_budget_bytes`), checked against the host-memory share.
 """
 
 from __future__ import annotations
@@ -111,9 +112,25 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     return Estimate("trainer", terms, budget_gib, notes)
 
 
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size (GPU blocks are 16 tokens; 128 rounds up for both)
+
+
+def kv_budget_bytes(per_token_bytes: float, seqs: int, max_model_len: int) -> int:
+    """KV bytes that hold `seqs` sequences of `max_model_len` tokens at once, each rounded up to whole blocks
+    plus a spare block.
+
+    What CPU plans and `ogrpo bench rollout` give vLLM (`kv_cache_memory_bytes`) instead of a memory share:
+    vLLM's CPU worker takes the share of the NUMA node's memory and subtracts the process's whole RSS
+    (compiler included), so a share that works on one machine fails on a smaller node or a cold compile cache."""
+    blocks = -(-max_model_len // KV_BLOCK_TOKENS) + 1
+    return int(seqs * blocks * KV_BLOCK_TOKENS * per_token_bytes)
+
+
 def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes: int, memory_gib: float,
                     gpu_memory_utilization: float, max_model_len: int, max_num_seqs: int,
-                    enforce_eager: bool, is_cpu: bool = False) -> Estimate:
+                    enforce_eager: bool, is_cpu: bool = False, kv_cache_bytes: int | None = None) -> Estimate:
+    """`kv_cache_bytes`: an explicit KV budget (vLLM's kv_cache_memory_bytes) instead of the rest of the
+    share; the estimate then fits when weights + overhead + that KV stay within the share."""
     t = max(1, tensor_parallel_size)
     budget = memory_gib * gpu_memory_utilization
     weights = model.params * dtype_bytes / t / GiB
@@ -125,7 +142,7 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     runtime = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
     fixed = weights + acts + graphs + runtime
     kv_per_token = kv_bytes_per_token_per_gpu(model, t, dtype_bytes)
-    kv_gib = max(0.0, budget - fixed)
+    kv_gib = kv_cache_bytes / GiB if kv_cache_bytes is not None else max(0.0, budget - fixed)
     kv_tokens = int(kv_gib * GiB // kv_per_token) if kv_per_token else 0
     concurrent = kv_tokens // max(1, max_model_len)
     needed_one = max_model_len * kv_per_token / GiB
@@ -133,6 +150,8 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
              "kv_cache": max(kv_gib, needed_one)}
     notes = {"kv_cache_tokens": kv_tokens, "max_concurrent_seqs": int(concurrent),
              "kv_bytes_per_token": int(kv_per_token), "gpu_memory_utilization": gpu_memory_utilization}
+    if kv_cache_bytes is not None:
+        notes["kv_cache_memory_bytes"] = int(kv_cache_bytes)
     return Estimate("server", terms, budget, notes)
 
 

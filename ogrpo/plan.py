@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ogrpo.errors import ConfigError, OgrpoError
 from ogrpo.hardware import Cluster, parse_gpus
-from ogrpo.memory import Estimate, server_estimate, trainer_estimate
+from ogrpo.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate, trainer_estimate
 from ogrpo.models import ModelFacts
 
 PROFILES = ("conservative", "balanced", "aggressive")
@@ -27,7 +27,9 @@ _PROFILE = {
     "balanced": {"headroom": 0.10, "server_util": 0.90, "colocate_util": 0.30, "max_seqs": 256, "eager": False},
     "aggressive": {"headroom": 0.05, "server_util": 0.92, "colocate_util": 0.40, "max_seqs": 512, "eager": False},
 }
-CPU_VLLM_UTIL = 0.2  # share of host RAM vLLM's CPU backend may take (measured working value, shared/vllm-cpu)
+# Share of host RAM a CPU vLLM may take (measured working value, shared/vllm-cpu): the ceiling its estimate is
+# checked against; vLLM itself gets an explicit KV budget on CPU.
+CPU_VLLM_UTIL = 0.2
 DEFAULT_PROMPT_LENGTH = 512
 
 
@@ -190,13 +192,17 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     def _server(t: int, util: float | None = None) -> Estimate:
         if util is None:
             util = CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]
+        # CPU: an explicit KV budget for the whole generation batch (see memory.kv_budget_bytes); the share
+        # stays the ceiling the estimate is checked against.
+        kv_bytes = kv_budget_bytes(kv_bytes_per_token_per_gpu(model, 1, dtype_bytes), max_num_seqs,
+                                   max_model_len) if gpu.is_cpu else None
         return server_estimate(model, tensor_parallel_size=t, dtype_bytes=dtype_bytes, memory_gib=gpu.memory_gib,
                                gpu_memory_utilization=util, max_model_len=max_model_len,
                                max_num_seqs=max_num_seqs, enforce_eager=prof["eager"] or gpu.is_cpu,
-                               is_cpu=gpu.is_cpu)
+                               is_cpu=gpu.is_cpu, kv_cache_bytes=kv_bytes)
 
     def _server_ok(e: Estimate) -> bool:
-        return e.notes["max_concurrent_seqs"] >= 1
+        return e.notes["max_concurrent_seqs"] >= 1 and e.fits
 
     if mode == "server":
         if gpu.is_cpu:
@@ -319,10 +325,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         max_num_seqs = max(1, min(gbs, seq_cap))
         server_est = _server(tp)
         if not _server_ok(server_est):
-            where = "of host RAM" if gpu.is_cpu else "per GPU"
-            reasons.append(
-                f"vLLM server: weights {server_est.terms['weights']:.1f} GiB + overhead leave no room for one "
-                f"{max_model_len}-token sequence in {server_est.budget_gib:.1f} GiB {where}")
+            reasons.append("vLLM server: " + _no_room(server_est, max_model_len, max_num_seqs, gpu.is_cpu))
             bigger = [t for t in valid_tp_sizes(model, gpn) if t > tp] if not gpu.is_cpu else []
             if bigger:
                 fixes.append(f"--vllm-gpus {bigger[0]}")
@@ -336,8 +339,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
             colocate_util = round(colocate_util + 0.05, 2)
             server_est = _server(1, colocate_util)
         if not _server_ok(server_est):
-            reasons.append(f"colocated vLLM: weights {server_est.terms['weights']:.1f} GiB + overhead leave no room "
-                           f"for one {max_model_len}-token sequence in {server_est.budget_gib:.1f} GiB")
+            reasons.append("colocated vLLM: " + _no_room(server_est, max_model_len, max_num_seqs, gpu.is_cpu))
             if not gpu.is_cpu:
                 fixes.append(f"a separate vLLM server: 2x{gpu.name} or more")
             fixes.append(f"max_completion_length {max(16, completion_len // 2)}")
@@ -472,10 +474,14 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
               ("bf16 models fall back badly on sm_70: pass --dtype half" if vdtype == "half" else
                "same dtype as training"))
         util = (CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]) if mode == "server" else colocate_util
+        memory_arg = {"gpu_memory_utilization": util} if not gpu.is_cpu else {"kv_cache_memory_bytes": s.add(
+            "vllm.kv_cache_memory_bytes", server_est.notes["kv_cache_memory_bytes"],
+            f"CPU: KV for {max_num_seqs} x {max_model_len} tokens; a share of host memory depends on the NUMA "
+            "node's size and the process's resident set (a cold compile cache failed at 0.1)")}
         vllm["args"] = {
             "dtype": vdtype,
             "max_model_len": max_model_len,
-            "gpu_memory_utilization": util,
+            **memory_arg,
             "enable_prefix_caching": s.add("vllm.enable_prefix_caching", True,
                                            "the num_generations completions of a prompt share its KV blocks"),
             "max_num_seqs": max_num_seqs,
@@ -529,6 +535,14 @@ def _strategy_reason(strategy: str, n: int, is_cpu: bool) -> str:
             "zero2": f"gradients and optimizer states sharded over {n} GPUs to fit",
             "zero3": f"weights, gradients and optimizer sharded over {n} GPUs to fit",
             "zero3_offload": "even sharded, the optimizer does not fit: moved to host RAM"}[strategy]
+
+
+def _no_room(e: Estimate, max_model_len: int, seqs: int, is_cpu: bool) -> str:
+    if is_cpu:
+        return (f"weights {e.terms['weights']:.1f} GiB + KV for {seqs} x {max_model_len} tokens "
+                f"{e.terms['kv_cache']:.1f} GiB + overhead exceed {e.budget_gib:.1f} GiB of host RAM")
+    return (f"weights {e.terms['weights']:.1f} GiB + overhead leave no room for one {max_model_len}-token sequence "
+            f"in {e.budget_gib:.1f} GiB per GPU")
 
 
 def _top_terms(e: Estimate) -> str:

@@ -161,6 +161,28 @@ def test_cpu_embedded_default(tiny_recipe, gpus, mode, server, trainer_procs):
         assert p["vllm"]["args"]["disable_log_stats"] is True
     else:
         assert p["trainer_args"]["vllm_mode"] == "colocate"
+    # an explicit KV budget, not a share of host memory: every sequence of the generation batch, in whole
+    # 128-token blocks plus a spare, at fp32 K and V per layer and KV head
+    args, b = p["vllm"]["args"], p["batch"]
+    assert "gpu_memory_utilization" not in args
+    per_token = 2 * p["model"]["num_layers"] * p["model"]["num_kv_heads"] * p["model"]["head_dim"] * 4
+    blocks = -(-b["max_model_len"] // 128) + 1
+    assert args["kv_cache_memory_bytes"] == args["max_num_seqs"] * blocks * 128 * per_token
+    assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= args["max_num_seqs"]
+
+
+def test_cpu_kv_budget_beyond_the_host_share_does_not_fit(tiny_recipe):
+    batch = {"per_device_train_batch_size": 64, "num_generations": 8}  # 64 sequences in the KV budget
+    big = _plan(tiny_recipe, "2xcpu-64G", **batch).to_dict()["vllm"]["memory_terms"]
+    kv = big["terms"]["kv_cache"]
+    fixed = big["total_gib"] - kv
+    assert kv > 0.004  # larger than the rounding of the terms below
+    # a host whose 0.2 share holds the weights and overhead but only half the KV budget
+    host = (fixed + kv / 2) / 0.2
+    p = _plan(tiny_recipe, f"2xcpu-{host:.4f}G", **batch)
+    assert not p.fits
+    assert any(r.startswith("vLLM server: ") and "+ KV for" in r and "host RAM" in r for r in p.reasons), p.reasons
+    assert _plan(tiny_recipe, f"2xcpu-{(fixed + kv * 1.5) / 0.2:.4f}G", **batch).fits
 
 
 def test_cpu_without_vllm(tiny_recipe):

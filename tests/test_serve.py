@@ -38,7 +38,7 @@ def _opt(argv: list[str], flag: str) -> str | None:
 
 CPU_PLAN = {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
             "vllm": {"num_gpus": 0, "tensor_parallel_size": 1, "data_parallel_size": 1,
-                     "args": {"dtype": "float32", "max_model_len": 192, "gpu_memory_utilization": 0.2,
+                     "args": {"dtype": "float32", "max_model_len": 192, "kv_cache_memory_bytes": 25165824,
                               "enable_prefix_caching": True, "max_num_seqs": 16, "enforce_eager": True,
                               "tensor_parallel_size": 1, "logprobs_mode": "processed_logprobs"}}}
 GPU_PLAN = {"precision": "bf16", "cluster": {"gpu": {"is_cpu": False}},
@@ -52,7 +52,8 @@ def test_cpu_plan_argv(tmp_path):
     assert argv[1:3] == ["-m", "ogrpo.serve.vllm_api"]
     assert _opt(argv, "--host") == "127.0.0.1" and _opt(argv, "--port") == "8123"
     assert _opt(argv, "--dtype") == "float32" and _opt(argv, "--max-model-len") == "192"
-    assert _opt(argv, "--gpu-memory-utilization") == "0.2"
+    # CPU plans give vLLM an explicit KV budget, not a share of the host's memory
+    assert _opt(argv, "--kv-cache-memory-bytes") == "25165824" and "--gpu-memory-utilization" not in argv
     assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv and _opt(argv, "--max-num-seqs") == "16"
     assert json.loads(_opt(argv, "--weight-transfer-config")) == {"backend": CPU_BACKEND}
     assert _opt(argv, "--worker-extension-cls") == CPU_EXTENSION_CLS

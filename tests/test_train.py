@@ -83,11 +83,20 @@ def test_resume_auto_continues_from_the_last_checkpoint(tmp_path):
     # the same directory again without --resume is refused (it would mix two runs' checkpoints)
     again = _run([*base, "--set", "max_steps=4"], tmp_path)
     assert again.returncode == 2 and "--resume auto" in again.stderr
+    # a hard kill after step 3 was logged but before its checkpoint: the resumed run logs step 3 again
+    for name in ("metrics.jsonl", "profile.jsonl"):
+        with (out / name).open("a") as f:
+            f.write(json.dumps({"step": 3, "loss": 99.0, "step_s": 99.0}) + "\n")
     resumed = _run([*base, "--set", "max_steps=4", "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed_from"].endswith("checkpoint-2") and manifest["global_step"] == 4
     assert (out / "checkpoint-4" / "trainer_state.json").is_file()
+    for name, key in (("metrics", "loss"), ("profile", "step_s")):
+        steps = [r["step"] for r in _jsonl(out / f"{name}.jsonl") if key in r]
+        assert steps == [1, 2, 3, 4], (name, steps)  # each step once, in order
+        assert 99.0 not in [r[key] for r in _jsonl(out / f"{name}.jsonl") if key in r]
+        assert _jsonl(out / f"{name}.superseded.jsonl") == [{"step": 3, "loss": 99.0, "step_s": 99.0}]
 
 
 def _bad_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:

@@ -28,7 +28,7 @@ def test_train_entry_in_server_mode_keeps_logprob_gap_small(tmp_path):
                                   "ogrpo": {"use_vllm": True, "max_prompt_length": 32}})
     # what `ogrpo render --gpus cpu` writes: the run config plus its plan (the server reads plan.vllm.args)
     plan = plan_from_config(rc, gpus="cpu", model=str(tiny.ensure_tiny_model())).to_dict()
-    plan["vllm"]["args"]["gpu_memory_utilization"] = 0.1  # a share of host RAM on CPU; the machine is shared
+    assert plan["vllm"]["args"]["kv_cache_memory_bytes"] > 0  # the server gets the plan's KV budget, no share
     run = rc.to_dict()
     run["ogrpo"]["plan"] = plan
     (job_dir / "run.yaml").write_text(yaml.safe_dump(run))

@@ -95,15 +95,12 @@ class Workload:
 
 
 def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_len: int) -> int:
-    """KV bytes that hold every sequence of one rollout at once, each rounded up to whole 128-token blocks,
-    plus a spare block per sequence.
+    """KV bytes that hold every sequence of one rollout at once (see ogrpo.memory.kv_budget_bytes for why an
+    explicit budget rather than a memory share)."""
+    from ogrpo.memory import kv_budget_bytes
 
-    An explicit budget rather than a memory share: vLLM's CPU worker takes the share of the NUMA node's memory
-    and subtracts the process's whole RSS (compiler included), so a share that works on one machine fails on a
-    smaller node or a cold compile cache."""
     per_token = 2 * shape.layers * shape.kv_heads * (shape.hidden // shape.heads) * dtype_bytes
-    blocks = -(-max_model_len // 128) + 1
-    return seqs * blocks * 128 * per_token
+    return kv_budget_bytes(per_token, seqs, max_model_len)
 
 
 def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -> Path:

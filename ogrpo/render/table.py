@@ -25,6 +25,12 @@ def _where(role: dict, is_cpu: bool) -> str:
     return f"{node}, GPU {','.join(map(str, role['gpus']))}"
 
 
+def _kv_share(args: dict) -> str:
+    if args.get("kv_cache_memory_bytes"):
+        return f"KV {args['kv_cache_memory_bytes'] / 2**20:,.0f} MiB"
+    return f"{args.get('gpu_memory_utilization')} of the device"
+
+
 def print_plan(plan, out=None) -> None:
     from ogrpo.render.boxes import box_table, styled, wrap
 
@@ -49,7 +55,7 @@ def print_plan(plan, out=None) -> None:
                      f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt)])
     elif p["mode"] == "colocate" and mt:
         rows.append(["vLLM (colocated)", "in each trainer process",
-                     f"{v['args'].get('gpu_memory_utilization')} of the device; {mt.get('max_concurrent_seqs', 0)} x "
+                     f"{_kv_share(v['args'])}; {mt.get('max_concurrent_seqs', 0)} x "
                      f"{v['args'].get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
                      f"{mt['budget_gib']:.1f}", _terms(mt)])
     tt = tr["memory_terms"]

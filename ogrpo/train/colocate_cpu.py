@@ -8,7 +8,7 @@ fp32 model, which makes the trainer/vLLM log-prob gap ~1e-2 instead of ~1e-7.
 
 The fix swaps two names TRL looks up at call time, without editing TRL: `VLLMGeneration.sync_weights` (only the
 colocate-on-CPU branch changes; everything else calls TRL's original) and the module-level `LLM` (fills the
-keyword arguments TRL does not pass: dtype, enforce_eager, and a host-memory share for the KV cache).
+keyword arguments TRL does not pass: dtype, enforce_eager, and the plan's KV budget, else a host-memory share).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def cpu_sync_weights(self) -> None:
 
 
 def install(dtype: str | None = "float32", enforce_eager: bool | None = True,
-            memory_share: float = CPU_MEMORY_SHARE) -> None:
-    """Idempotent. Call before the GRPOTrainer is built (it constructs the LLM in its __init__)."""
+            memory_share: float = CPU_MEMORY_SHARE, kv_cache_bytes: int | None = None) -> None:
+    """Idempotent. Call before the GRPOTrainer is built (it constructs the LLM in its __init__).
+    `kv_cache_bytes`: the plan's explicit KV budget, which vLLM takes over the memory share."""
     import torch
 
     from ogrpo import compat
@@ -53,6 +54,8 @@ def install(dtype: str | None = "float32", enforce_eager: bool | None = True,
         _LLM_DEFAULTS["dtype"] = dtype
     if enforce_eager is not None:
         _LLM_DEFAULTS["enforce_eager"] = enforce_eager
+    if kv_cache_bytes:
+        _LLM_DEFAULTS["kv_cache_memory_bytes"] = int(kv_cache_bytes)
 
     if not getattr(cls.sync_weights, "_ogrpo_cpu", False):
         original_sync = cls.sync_weights

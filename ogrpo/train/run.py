@@ -188,7 +188,8 @@ def install_vllm_hooks(p: Prepared) -> None:
         vargs = (p.plan.get("vllm") or {}).get("args") or {}
         dtype = vargs.get("dtype") or _trainer_dtype(p)
         colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True),
-                             memory_share=float(vargs.get("gpu_memory_utilization") or colocate_cpu.CPU_MEMORY_SHARE))
+                             memory_share=float(vargs.get("gpu_memory_utilization") or colocate_cpu.CPU_MEMORY_SHARE),
+                             kv_cache_bytes=vargs.get("kv_cache_memory_bytes"))
 
 
 def _trainer_dtype(p: Prepared) -> str:
@@ -221,6 +222,8 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     run_dir.mkdir(parents=True, exist_ok=True)
     is_main = int(os.environ.get("RANK", "0")) == 0
     if is_main:
+        if p.resume_from:
+            rundir.rewind_logs(run_dir, rundir.checkpoint_step(p.resume_from))
         rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan, seed=p.args.seed,
                               model_path=p.model_path,
                               extra={"grpo_config": _config_summary(p.args), "notes": p.notes,

@@ -117,6 +117,38 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def rewind_logs(run_dir: Path, step: int) -> int:
+    """Before resuming from the checkpoint of `step`: take the rows of later steps out of metrics.jsonl and
+    profile.jsonl, since the resumed run logs those steps again (a hard kill between checkpoints leaves
+    them behind). They move to `<name>.superseded.jsonl` rather than being deleted. Returns how many moved."""
+    moved = 0
+    for name in (METRICS, PROFILE):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        keep, later = [], []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                (later if json.loads(line).get("step", 0) > step else keep).append(line)
+        if not later:
+            continue
+        with path.with_suffix(".superseded.jsonl").open("a") as f:
+            f.write("\n".join(later) + "\n")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)  # a kill here leaves the old file whole, never a half-written one
+        moved += len(later)
+    return moved
+
+
+def checkpoint_step(checkpoint: str | Path) -> int:
+    """The global step a checkpoint was saved at (from trainer_state.json, else its checkpoint-N name)."""
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.is_file():
+        return int(json.loads(state.read_text()).get("global_step", 0))
+    return int(Path(checkpoint).name.rsplit("-", 1)[-1])
+
+
 def reward_series(metrics: list[dict]) -> tuple[list[int], list[float]]:
     pts = [(m["step"], m["reward"]) for m in metrics if m.get("reward") is not None]
     return [p[0] for p in pts], [p[1] for p in pts]

@@ -26,9 +26,10 @@ def _env():
 @pytest.mark.integration
 def test_colocated_training_keeps_logprob_gap_below_1e_4(tmp_path):
     out = tmp_path / "run"
+    # TRL quiets vLLM to ERROR unless VLLM_LOGGING_LEVEL is set; INFO shows how the KV cache was sized
     proc = subprocess.run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "ogrpo.use_vllm=true",
                            "--set", "max_steps=5", "--set", "save_strategy=no"], capture_output=True, text=True,
-                          cwd=str(tmp_path), env=_env(), timeout=540)
+                          cwd=str(tmp_path), env=dict(_env(), VLLM_LOGGING_LEVEL="INFO"), timeout=540)
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["grpo_config"]["use_vllm"] is True and manifest["grpo_config"]["vllm_mode"] == "colocate"
@@ -41,6 +42,8 @@ def test_colocated_training_keeps_logprob_gap_below_1e_4(tmp_path):
     assert len(set(losses)) > 1 and any(r.get("grad_norm", 0) > 0 for r in rows)
     prof = [json.loads(x) for x in (out / "profile.jsonl").read_text().splitlines()]
     assert all(p["generation_s"] > 0 for p in prof)
+    # the colocated engine took the plan's KV budget (kv_cache_memory_bytes), not a share of host memory
+    assert "Explicitly set" in proc.stdout + proc.stderr
 
 
 @pytest.mark.integration

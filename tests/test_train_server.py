@@ -33,7 +33,9 @@ def test_train_entry_in_server_mode_keeps_logprob_gap_small(tmp_path):
     run["ogrpo"]["plan"] = plan
     (job_dir / "run.yaml").write_text(yaml.safe_dump(run))
     job = JobSpec(name="train-server", job_dir=str(job_dir), health_timeout_s=300, steps=[
-        Step(role="server", nodes=[0], gpus=[], ntasks=1,
+        # Importing TRL (earlier tests in this process did) sets VLLM_LOGGING_LEVEL=ERROR in os.environ, which
+        # the server would inherit; INFO shows how vLLM sized its KV cache.
+        Step(role="server", nodes=[0], gpus=[], ntasks=1, env={"VLLM_LOGGING_LEVEL": "INFO"},
              argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
                    "--port", "{server_port}"]),
         Step(role="trainer", nodes=[0], gpus=[], ntasks=1, env={"OMP_NUM_THREADS": "1"},
@@ -53,5 +55,6 @@ def test_train_entry_in_server_mode_keeps_logprob_gap_small(tmp_path):
     assert len(gaps) == STEPS and max(gaps) < 1e-4, gaps
     server_log = (logs / "server.log").read_text()
     assert server_log.count('"POST /update_weights HTTP/1.1" 200') >= STEPS
+    assert "Explicitly set" in server_log  # vLLM took the plan's KV budget, not a share of the NUMA node
     profile = [json.loads(x) for x in (job_dir / "run" / "profile.jsonl").read_text().splitlines()]
     assert len(profile) == STEPS and all(p["generation_s"] > 0 and p["train_s"] > 0 for p in profile)

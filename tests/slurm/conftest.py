@@ -58,9 +58,18 @@ def wait_for(pred, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def sacct_state(job_id: str) -> str:
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State"], capture_output=True, text=True)
-    return out.stdout.strip().split()[0] if out.stdout.strip() else ""
+def sacct_state(job_id: str, timeout: float = 30) -> str:
+    """The job's final state in the accounting DB. slurmdbd records asynchronously: for a moment after a job
+    leaves squeue its row may still say RUNNING, or be missing."""
+    state, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State"], capture_output=True,
+                             text=True)
+        state = out.stdout.split()[0] if out.stdout.split() else ""
+        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED"):
+            break
+        time.sleep(0.5)
+    return state
 
 
 def ogrpo(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -14,10 +14,18 @@ CONFIG = ("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\ndataset_name: trl-lib
           "reward_funcs: [accuracy]\n")
 
 
-def job_count() -> int:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"], capture_output=True,
-                         text=True, check=True)
-    return len(out.stdout.split())
+def _ids(argv: list[str]) -> set[int]:
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    return {int(x.split("_")[0].split(".")[0]) for x in out}
+
+
+def newest_job_id() -> int:
+    """The highest job ID the controller (every job of the last MinJobAge seconds) or the accounting DB knows.
+    A count of sacct rows is not a test of "nothing was submitted": slurmdbd records jobs asynchronously, so an
+    earlier test's job can appear there seconds later; its ID is still below this one."""
+    ids = _ids(["squeue", "-h", "-t", "all", "-o", "%i"])
+    ids |= _ids(["sacct", "-n", "-X", "-P", "-a", "-S", "2000-01-01", "-o", "JobID"])
+    return max(ids, default=0)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -29,20 +37,21 @@ def job_count() -> int:
 def test_bad_requests_are_refused_before_submitting(slurm_cluster, tmp_path, args, message):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(CONFIG)
-    before = job_count()
+    before = newest_job_id()
     out = ogrpo("submit", "--config", str(cfg), "-o", str(tmp_path / "job"), *args)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and message in out.stderr  # one line, naming the fix
     assert not (tmp_path / "job").exists()
-    assert job_count() == before
+    assert newest_job_id() == before  # nothing submitted
 
 
 def test_dry_run_submits_nothing(slurm_cluster, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(CONFIG)
-    before = job_count()
+    before = newest_job_id()
     out = ogrpo("submit", "--config", str(cfg), "--gpus", "3xA40", "--dry-run", "-o", str(tmp_path / "job"),
                 "--slurm", "mail-type=END", check=True)
     assert "#SBATCH --gpus-per-node=3" in out.stdout and "#SBATCH --mail-type=END" in out.stdout
     assert "server: srun --exact" in out.stdout and "--gres=gpu:1" in out.stdout and "--gres=gpu:2" in out.stdout
-    assert not (tmp_path / "job").exists() and job_count() == before
+    assert not (tmp_path / "job").exists()
+    assert newest_job_id() == before  # nothing submitted

@@ -88,7 +88,9 @@ def slurm_state(job_id: str) -> dict:
     """{state, reason, elapsed, exit_code, nodes, steps: [{id, name, state}]} from squeue, else sacct."""
     _require("squeue")
     info: dict = {"job_id": job_id, "state": "UNKNOWN", "steps": []}
-    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%M|%N"])
+    # -t all: the controller keeps ended jobs for MinJobAge and its state is final at once, while slurmdbd
+    # records asynchronously (sacct can say RUNNING for a moment after the job has ended)
+    q = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%M|%N"])
     if q.returncode == 0 and q.stdout.strip():
         state, reason, elapsed, nodes = q.stdout.strip().splitlines()[0].split("|")
         info.update(state=state, reason=reason, elapsed=elapsed, nodes=nodes, source="squeue")

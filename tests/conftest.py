@@ -149,3 +149,20 @@ def run_cli():
         return proc
 
     return _run
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests are skipped (and reported as skipped) where no CUDA GPU is present."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+        for item in gpu_items:
+            item.add_marker(skip)

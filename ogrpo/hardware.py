@@ -118,6 +118,11 @@ def known_types() -> list[str]:
     return [g.name for g in _CATALOG] + ["cpu"]
 
 
+MAX_GPUS_PER_NODE = 16  # the largest GPU nodes sold (HGX boards) carry 8-16
+MAX_CPU_PROCESSES = 256  # NxCPU: N trainer processes on one machine
+MAX_NODES = 1024
+
+
 def parse_gpus(spec: str) -> Cluster:
     """Parse a `--gpus` value into a Cluster; OgrpoError (one line, naming the fix) when it is not valid."""
     if spec is None or not str(spec).strip():
@@ -137,6 +142,11 @@ def parse_gpus(spec: str) -> Cluster:
         nodes, count = 1, 1
     if nodes <= 0 or count <= 0:
         raise OgrpoError(f"--gpus {spec!r}: node and GPU counts must be at least 1; {_HINT}")
+    # Bounds a real allocation can have; without them a typo like 999999999999xA40 reaches list building
+    # (MemoryError) instead of a one-line answer.
+    per_node = MAX_CPU_PROCESSES if m.group("type") == "cpu" else MAX_GPUS_PER_NODE
+    if count > per_node or nodes > MAX_NODES:
+        raise OgrpoError(f"--gpus {spec!r}: at most {per_node} per node and {MAX_NODES} nodes; {_HINT}")
     tname = m.group("type")
     mem = m.group("mem")
     link = m.group("link")

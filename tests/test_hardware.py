@@ -61,6 +61,10 @@ def test_interconnect_suffix():
         ("x3xA40", "unknown GPU type"),
         ("4xV100-24G", "known variants: V100-16G, V100-32G"),
         ("2x2xcpu", "one machine"),
+        ("999999999999xA40", "at most 16 per node"),  # was a MemoryError traceback
+        ("17xA40", "at most 16 per node"),
+        ("2000x8xA100-80G", "1024 nodes"),
+        ("999999999999xcpu", "at most 256 per node"),
     ],
 )
 def test_bad_specs_name_the_fix(spec, words):

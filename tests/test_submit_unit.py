@@ -178,6 +178,17 @@ def test_no_sbatch_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "job").exists()
 
 
+def test_gpu_plan_without_slurm_is_refused_not_run_here(tmp_path):
+    # The headline command on a machine without Slurm used to run the A40 plan locally and fail 26 s later.
+    env = {**os.environ, "PATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "ogrpo", "submit", "--gpus", "3xA40", "--config", "tiny",
+                          "-o", str(tmp_path / "job")], capture_output=True, text=True, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "no Slurm here" in out.stderr and "--backend local --gpus cpu" in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "job").exists()
+
+
 # -- what `ogrpo render` writes and what `ogrpo submit` sends describe the same job ----------------------------
 
 BASH_VARS = {'"$JOB_DIR': '"{job_dir}', "$JOB_DIR": "{job_dir}", "$SERVER_HOST": "{server_host}",

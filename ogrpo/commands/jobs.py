@@ -21,6 +21,15 @@ def _default_job_dir(name: str) -> str:
     return os.path.abspath(os.path.join("ogrpo-jobs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
+def _is_cpu_spec(gpus: str | None, config: str) -> bool:
+    """Whether the cluster a submit targets is this machine's CPU (from --gpus, else the config's ogrpo.gpus)."""
+    if gpus is None:
+        from ogrpo.config import load_run_config
+
+        gpus = load_run_config(config).ogrpo.gpus
+    return gpus is None or str(gpus).strip().lower().split("-")[0].lstrip("0123456789x") == "cpu"
+
+
 def _summary(p: dict, spec) -> list[str]:
     lines = [f"plan: {p['cluster']['spec']}, model {p['model']['name']}, mode {p['mode']}, precision {p['precision']}"]
     for s in spec.steps:
@@ -62,6 +71,11 @@ def submit(
     from ogrpo.render import render_job, write_job
 
     if backend is None:
+        if shutil.which("sbatch") is None and not dry_run and not _is_cpu_spec(gpus, config):
+            # A GPU plan without Slurm would run here on hardware it was not planned for and fail late.
+            raise OgrpoError(f"no Slurm here (`sbatch` is not on PATH), so --gpus {gpus or '(from the config)'} "
+                             "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "
+                             "--backend local --gpus cpu (or the GPUs this machine has)")
         backend = "slurm" if shutil.which("sbatch") else "local"
     if backend not in ("slurm", "local"):
         raise OgrpoError(f"--backend {backend!r}: use slurm or local")

@@ -67,6 +67,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except ModuleNotFoundError as exc:
+        from ogrpo.install_hints import hint as install_hint
+
+        hint = install_hint(exc.name)
+        if hint is None:
+            raise
+        typer.echo(f"error: `ogrpo {name}` needs {exc.name.split('.')[0]}, which is not installed here: {hint}",
+                   err=True)
+        sys.exit(2)
     except Exception as exc:
         # Usage errors (unknown option, bad value): typer may ship its own copy of click, so match both.
         if _is_click_exception(exc):
@@ -77,14 +86,11 @@ def main() -> None:
 
 
 def _is_click_exception(exc: BaseException) -> bool:
+    # typer 0.29 vendors click and no longer installs it; older typer uses the real one: match whichever exists.
     bases = []
-    try:
-        from typer._click.exceptions import ClickException as Vendored
-
-        bases.append(Vendored)
-    except ImportError:
-        pass
-    import click
-
-    bases.append(click.exceptions.ClickException)
+    for mod, attr in (("typer._click.exceptions", "ClickException"), ("click.exceptions", "ClickException")):
+        try:
+            bases.append(getattr(__import__(mod, fromlist=[attr]), attr))
+        except ImportError:
+            pass
     return isinstance(exc, tuple(bases))

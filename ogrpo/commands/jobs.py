@@ -114,6 +114,10 @@ def submit(
             for s in spec.steps:
                 typer.echo(f"  {s.role}: {' '.join(s.argv)}")
             return
+        from ogrpo.install_hints import require
+
+        require(("torch", "trl", "accelerate", *(("vllm",) if p.get("mode") == "server" else ())),
+                "`ogrpo submit --backend local` (it runs the job on this machine)")
         _submit_local(files, spec, job_dir, summary)
         return
 

@@ -222,3 +222,29 @@ def test_supervise_cli_exit_codes(tmp_path, run_cli):
     assert proc.returncode == 1 and "not healthy" in proc.stderr and "server.log" in proc.stderr
     missing = run_cli("supervise", tmp_path / "nowhere")
     assert missing.returncode == 2 and "no job spec" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_the_supervisor_leaves_no_process_behind(tmp_path, sig):
+    import subprocess
+
+    job = tmp_path / "job"
+    (job / "run").mkdir(parents=True)
+    (job / "jobspec.json").write_text(json.dumps(fake_job(job, train_s=120).to_dict()))
+    sup = subprocess.Popen([sys.executable, "-m", "ogrpo", "supervise", str(job)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not all((job / "run" / "roles" / f"{r}.json").is_file() for r in ("server", "trainer")):
+            assert time.time() < deadline and sup.poll() is None, "roles did not start"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        pids = [_role(job, r)["pid"] for r in ("server", "trainer")]
+        assert all(_alive(p) for p in pids)
+        sup.send_signal(sig)
+        rc = sup.wait(timeout=60)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    assert rc != 0  # stopped, not finished
+    assert not any(_alive(p) for p in pids), f"left running after {signal.Signals(sig).name}"

@@ -311,8 +311,20 @@ def _spawn(path: str, spec_file: Path, log_path: Path) -> dict:
     cmd = [sys.executable, "-m", "ogrpo.bench.rollout", path, str(spec_file)]
     env = {**os.environ, **_PATH_ENV.get(path, {})}
     with open(log_path, "wb") as log:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, timeout=1800, env=env)
-    out = proc.stdout.decode("utf-8", "replace")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env)
+        try:
+            stdout, _ = proc.communicate(timeout=1800)
+        finally:
+            # Interrupted (or timed out): SIGTERM first, so the worker stops the server it started;
+            # subprocess.run would SIGKILL it and orphan that server.
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    out = stdout.decode("utf-8", "replace")
     for line in out.splitlines():
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
@@ -418,4 +430,7 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
 
 
 if __name__ == "__main__":  # worker entry: python -m ogrpo.bench.rollout PATH WORKLOAD.json
-    _worker(sys.argv[1], sys.argv[2])
+    from ogrpo.launch.teardown import exit_on_signals
+
+    with exit_on_signals():
+        _worker(sys.argv[1], sys.argv[2])

@@ -69,10 +69,38 @@ def bench_rollout(
 ) -> None:
     """Rollout tokens/s: TRL's default (HF generate) vs raw vLLM offline vs O-GRPO's server path."""
     from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
+    from ogrpo.launch.teardown import exit_on_signals
 
     shape = RolloutShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
                          intermediate=intermediate, vocab=vocab)
-    run_rollout_bench(shape, dtype=dtype, prompts=prompts, generations=generations, new_tokens=tokens,
-                      prompt_tokens=prompt_tokens, repeats=repeats, paths=[p.strip() for p in paths.split(",")],
-                      csv_path=csv, workdir=workdir, gpu_memory_utilization=gpu_memory_utilization,
-                      enforce_eager=enforce_eager, paired=paired)
+    with exit_on_signals():  # the server it starts is stopped on SIGTERM/SIGHUP too
+        run_rollout_bench(shape, dtype=dtype, prompts=prompts, generations=generations, new_tokens=tokens,
+                          prompt_tokens=prompt_tokens, repeats=repeats,
+                          paths=[p.strip() for p in paths.split(",")], csv_path=csv, workdir=workdir,
+                          gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, paired=paired)
+
+
+@bench_app.command("kernels")
+def bench_kernels(
+    tokens: str = typer.Option("1024,4096", help="Comma list of token counts for the log-prob cases."),
+    hidden: int = typer.Option(1536, help="Hidden size of the LM head (Qwen2.5-1.5B: 1536)."),
+    vocab: int = typer.Option(151936, help="Vocabulary size (Qwen2.5: 151,936)."),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16 for the log-prob inputs."),
+    batch: int = typer.Option(64, help="Rows of logits per sampling step."),
+    history: int = typer.Option(256, help="Previous tokens per row (repetition penalty)."),
+    repeats: int = typer.Option(3, help="Timed repeats per path; the median is reported."),
+    parts: str = typer.Option("logprobs,sample", help="Comma list: logprobs, sample."),
+    paths: str = typer.Option("trl_1_9_2,trl_1_16,ogrpo", help="Log-prob paths: trl_1_9_2, trl_1_16, ogrpo."),
+    csv: str = typer.Option("bench/results/kernels.csv", help="CSV file rows are appended to."),
+) -> None:
+    """Our kernels vs TRL 1.9.2 / TRL 1.16 log-probs (time, peak memory) and transformers' sampling chain."""
+    from ogrpo.bench.kernels import run_kernels_bench
+    from ogrpo.errors import OgrpoError
+
+    try:
+        token_counts = tuple(int(t) for t in tokens.split(",") if t.strip())
+    except ValueError:
+        raise OgrpoError(f"--tokens takes a comma list of integers, got {tokens!r}") from None
+    split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip())  # noqa: E731
+    run_kernels_bench(tokens=token_counts, hidden=hidden, vocab=vocab, dtype=dtype, batch=batch, history=history,
+                      repeats=repeats, parts=split(parts), paths=split(paths), csv_path=csv)

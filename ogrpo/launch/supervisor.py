@@ -250,7 +250,7 @@ class Supervisor:
             return JobResult(2, "job has no trainer step")
         old = {}
         if _main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # HUP: the login shell went away
                 old[sig] = signal.signal(sig, self._on_signal)
         try:
             return self._run(servers, workers)

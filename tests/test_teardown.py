@@ -1,0 +1,39 @@
+"""SIGTERM, SIGINT or SIGHUP to an O-GRPO command that started a server leaves no process behind.
+(The supervisor's own signal test is in test_supervisor.py.)"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.test_bench_rollout import TINY
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_bench_rollout_stops_its_server(tmp_path, sig):
+    argv = [sys.executable, "-m", "ogrpo", "bench", "rollout", "--paths", "server", "--repeats", "1",
+            "--hidden", str(TINY.hidden), "--layers", str(TINY.layers), "--heads", str(TINY.heads),
+            "--kv-heads", str(TINY.kv_heads), "--intermediate", str(TINY.intermediate), "--vocab", str(TINY.vocab),
+            "--workdir", str(tmp_path), "--csv", str(tmp_path / "r.csv")]
+    bench = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        server = None
+        while server is None:
+            assert bench.poll() is None and time.time() < deadline, "the bench never started its server"
+            kids = psutil.Process(bench.pid).children(recursive=True)
+            server = next((k for k in kids if k.cmdline()[1:4] == ["-m", "ogrpo", "serve"]), None)
+            time.sleep(0.2)
+        group = [server, *server.children(recursive=True)]
+        bench.send_signal(sig)
+        bench.wait(timeout=90)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    gone, alive = psutil.wait_procs(group, timeout=30)
+    assert not alive, f"{signal.Signals(sig).name} left {[p.pid for p in alive]} running"

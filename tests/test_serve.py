@@ -254,3 +254,46 @@ def test_ids_only_completions_skip_detokenizing(extra, detokenize):
     params = CompletionRequest(**body).to_sampling_params(4)
     assert params.detokenize is detokenize
     assert params.logprobs == 0 and params.n == 2 and params.max_tokens == 4
+
+
+def test_weights_travel_in_the_servers_dtype(tmp_path):
+    # fp32 master weights (DDP mixed precision) to a bf16 server: half the bytes; integer buffers untouched.
+    import torch
+    from safetensors.torch import load_file
+
+    from ogrpo.serve.client import write_weights_file
+
+    params = [("w", torch.randn(64, 64)), ("step", torch.arange(4))]
+    full, _ = write_weights_file(iter(params), str(tmp_path))
+    half, _ = write_weights_file(iter(params), str(tmp_path), dtype="bfloat16")
+    back = load_file(half)
+    assert back["w"].dtype == torch.bfloat16 and back["step"].dtype == torch.int64
+    assert torch.equal(back["w"], params[0][1].to(torch.bfloat16))
+    assert Path(half).stat().st_size < 0.6 * Path(full).stat().st_size
+
+
+def test_gpu_client_pushes_in_the_servers_dtype(monkeypatch):
+    import torch
+    import trl.generation.vllm_generation as vg
+    from trl.generation.vllm_client import VLLMClient
+
+    from ogrpo.serve.client import install_gpu_sync_timeout
+
+    seen = {}
+
+    def fake_push(self, metadata, named_params):  # stands in for TRL's NCCL broadcast
+        seen["metadata"] = metadata
+        seen["dtypes"] = [t.dtype for _, t in named_params]
+
+    monkeypatch.setattr(VLLMClient, "update_named_params", fake_push)
+    before = vg.VLLMClient
+    try:
+        cls = install_gpu_sync_timeout(60.0, push_dtype="bf16")
+        client = cls.__new__(cls)
+        client.server_dtype = "bfloat16"
+        client.update_named_params([("w", "float32", [2, 2]), ("n", "int64", [2])],
+                                   iter([("w", torch.ones(2, 2)), ("n", torch.arange(2))]))
+    finally:
+        vg.VLLMClient = before
+    assert seen["metadata"] == [("w", "bfloat16", [2, 2]), ("n", "int64", [2])]
+    assert seen["dtypes"] == [torch.bfloat16, torch.int64]

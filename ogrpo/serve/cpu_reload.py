@@ -9,26 +9,56 @@ outputs drift silently. Used by the colocated trainer and by the server's `cpu_s
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 
 def refresh_tied_lm_head(model: Any) -> None:
+    if _is_tied(model):
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
+def _is_tied(model: Any) -> bool:
     lm = getattr(model, "lm_head", None)
     emb = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm is not None and emb is not None and getattr(lm, "weight", None) is emb.weight:
-        lm.quant_method.process_weights_after_loading(lm)
+    return lm is not None and emb is not None and getattr(lm, "weight", None) is emb.weight
+
+
+class _ExpectedNotLoaded(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that never receive weights by design, logged on
+    every push during the layerwise reload:
+    - RotaryEmbedding: its cos/sin cache is computed from the config, never part of a checkpoint or a push;
+    - ParallelLMHead, when tied to the embedding: it shares the embedding's tensor, so there is no lm_head
+      entry to load; the embedding was loaded and refresh_tied_lm_head repacks the head from it right after
+      (the log-prob gap tests check the result). For an untied head the line stays: then it is real."""
+
+    def __init__(self, tied_head: bool):
+        super().__init__()
+        self.expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied_head else set())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer, sep, rest = record.getMessage().partition(": ")
+        return not (sep and rest == "Failed to load weights" and layer in self.expected)
 
 
 def begin_reload(model: Any) -> None:
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+    # Read before the reload: it swaps the layers' tensors, and the head/embedding identity only holds again
+    # after it has finished.
+    model._ogrpo_tied_head = _is_tied(model)
     initialize_layerwise_reload(model)
 
 
 def finish_reload(model: Any, model_config: Any) -> None:
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, layerwise
 
-    finalize_layerwise_reload(model, model_config)
+    notice = _ExpectedNotLoaded(bool(getattr(model, "_ogrpo_tied_head", False)))
+    layerwise.logger.addFilter(notice)
+    try:
+        finalize_layerwise_reload(model, model_config)
+    finally:
+        layerwise.logger.removeFilter(notice)
     refresh_tied_lm_head(model)
 
 

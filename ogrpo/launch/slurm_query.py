@@ -91,9 +91,15 @@ def slurm_state(job_id: str) -> dict:
     # -t all: the controller keeps ended jobs for MinJobAge and its state is final at once, while slurmdbd
     # records asynchronously (sacct can say RUNNING for a moment after the job has ended)
     q = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%M|%N"])
+    if q.returncode != 0 and _unreachable(q.stderr):
+        raise OgrpoError(f"cannot reach the Slurm controller ({_first_line(q.stderr)}); check `scontrol ping` "
+                         "and that this is a login node of the cluster")
     if q.returncode == 0 and q.stdout.strip():
         state, reason, elapsed, nodes = q.stdout.strip().splitlines()[0].split("|")
         info.update(state=state, reason=reason, elapsed=elapsed, nodes=nodes, source="squeue")
+        restarts = _restarts(job_id)
+        if restarts is not None:
+            info["restarts"] = restarts
     if shutil.which("sacct"):
         a = _run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State,ExitCode,Elapsed,NodeList"])
         if a.returncode == 0:
@@ -108,7 +114,33 @@ def slurm_state(job_id: str) -> dict:
                 elif jid.startswith(job_id + "."):
                     info["steps"].append({"id": jid, "name": name, "state": state.split()[0],
                                           "exit_code": exit_code})
+    if info.get("source") is None:
+        raise OgrpoError(f"job {job_id} is not known to Slurm (neither the controller nor the accounting "
+                         "database has it); check the id with `squeue --me` or `sacct`")
     return info
+
+
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE"})
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[0]
+
+
+def _unreachable(stderr: str) -> bool:
+    return any(w in stderr for w in ("Unable to contact slurm controller", "Connection refused",
+                                     "Socket timed out", "Zero Bytes were transmitted"))
+
+
+def _restarts(job_id: str) -> int | None:
+    """How often Slurm restarted (requeued) the job: scontrol's Restarts, which counts requeues of every kind
+    (time limit, preemption, `scontrol requeue`), unlike the run directory's own records."""
+    out = _run(["scontrol", "show", "job", "-o", job_id])
+    for word in out.stdout.split() if out.returncode == 0 else ():
+        if word.startswith("Restarts="):
+            return int(word.split("=", 1)[1])
+    return None
 
 
 def run_dir_state(job_dir: Path | None) -> dict:
@@ -154,14 +186,17 @@ def run_dir_state(job_dir: Path | None) -> dict:
 
 def status(ref: str) -> dict:
     job = resolve(ref)
-    return {**slurm_state(job.job_id), **run_dir_state(job.job_dir)}
+    info = {**slurm_state(job.job_id), **run_dir_state(job.job_dir)}
+    if info.get("restarts") is not None:
+        info["requeues"] = max(info["restarts"], info.get("requeues", 0))  # Slurm's count, as Slurm reports it
+    return info
 
 
 def log_files(job: JobRef, role: str | None) -> list[Path]:
     if job.job_dir is None:
         raise OgrpoError(f"no run directory found for job {job.job_id}: pass the run directory instead of the id")
     logs = job.job_dir / RUN_SUBDIR / "logs"
-    supervisor = job.job_dir / "submitit" / f"{job.job_id}_0_log.out"
+    supervisor = job.job_dir / "logs" / f"slurm-{job.job_id}.out"  # job.sbatch's #SBATCH --output
     if role == "supervisor":
         return [supervisor]
     if role:
@@ -210,6 +245,10 @@ def cancel(ref: str, wait_s: float = 60) -> JobRef:
     """scancel the job and wait until Slurm reports it gone (its steps and processes killed)."""
     _require("scancel")
     job = resolve(ref)
+    # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
+    state = slurm_state(job.job_id)["state"]
+    if state in ENDED:
+        raise OgrpoError(f"job {job.job_id} already ended ({state}); nothing to cancel")
     out = _run(["scancel", job.job_id])
     if out.returncode != 0:
         raise OgrpoError(f"scancel {job.job_id} failed: {out.stderr.strip() or out.returncode}")

@@ -33,9 +33,10 @@ def toy_spec(job_dir: Path, total: int) -> JobSpec:
 
 
 def submit_toy(job_dir: Path, total: int, **opts) -> str:
+    """Through the same path as `ogrpo submit`: preflight, job.sbatch (ogrpo.render.sbatch_script), sbatch."""
     spec = toy_spec(job_dir, total)
     options = sl.SlurmOptions(gpus_per_node=3, time_min=opts.pop("time_min", 10), **opts)
-    return sl.submit(spec, options, sl.preflight(spec, options)).job_id
+    return sl.submit(spec, sl.preflight(spec, options)).job_id
 
 
 def toy_state(job_dir: Path) -> dict:
@@ -102,6 +103,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
     info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
     assert info["requeues"] == 1 and info["attempts"] == 2
+    assert info["restarts"] == 1  # Slurm's own count (scontrol's Restarts), which status reports as requeues
     assert "requeues: 1 of 2" in ogrpo("status", job, check=True).stdout
 
 
@@ -116,3 +118,18 @@ def test_requeue_bound(slurm_cluster, tmp_path):
     assert not (job_dir / "slurm" / "attempt-1.json").exists()
     assert toy_state(job_dir)["step"] < 600  # stopped, saved, and not run again
     assert not processes_of_job(job)
+
+
+def test_unknown_job_and_unreachable_controller_exit_nonzero(slurm_cluster, tmp_path):
+    for cmd in (("status", "999999"), ("cancel", "999999")):
+        out = ogrpo(*cmd)
+        assert out.returncode != 0, (cmd, out.stdout)
+        assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "not known to Slurm" in ogrpo("status", "999999").stderr
+    # the same cluster, but a controller port nothing listens on
+    conf = tmp_path / "slurm.conf"
+    text = Path(slurm_cluster).read_text()
+    conf.write_text("\n".join("SlurmctldPort=1" if ln.startswith("SlurmctldPort=") else ln
+                              for ln in text.splitlines()) + "\n")
+    out = ogrpo("status", "1", env={"SLURM_CONF": str(conf)})
+    assert out.returncode != 0 and "cannot reach the Slurm controller" in out.stderr, out.stderr

@@ -1,0 +1,51 @@
+"""`ogrpo reproduce`: run a past run again from its manifest, saying how today's stack differs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def reproduce(
+    run: str = typer.Argument(..., help="Job/run directory of the run to repeat, or its Slurm job id."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Run directory of the new run."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="slurm | local (default: the original's)."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse when versions, code or the plan differ."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be submitted; submit nothing."),
+) -> None:
+    """Resubmit a run from its manifest: the same resolved config, cluster and seed; warns on drift."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from ogrpo.config import dump_yaml, load_run_config
+    from ogrpo.errors import OgrpoError
+    from ogrpo.plan import plan_from_config
+    from ogrpo.reproduce import drift, load_record, plan_differences
+    from ogrpo.train.rundir import git_sha
+
+    rec = load_record(run)
+    problems = drift(rec, git_sha=git_sha())
+    fd, config_path = tempfile.mkstemp(prefix="ogrpo-reproduce-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"# reproduces {rec.source}\n" + dump_yaml(rec.config))
+    try:
+        now = plan_from_config(load_run_config(config_path), gpus=rec.gpus).to_dict()
+        problems += plan_differences(rec.plan, now) if rec.plan else []
+        for line in problems:
+            typer.echo(f"warning: differs from the recorded run: {line}", err=True)
+        if problems and strict:
+            raise OgrpoError(f"--strict: this run would differ from {rec.source}: " + "; ".join(problems))
+        argv = [sys.executable, "-m", "ogrpo", "submit", "--config", config_path, "--gpus", rec.gpus,
+                "--backend", backend or rec.backend]
+        if output:
+            argv += ["--output", output]
+        if dry_run:
+            argv.append("--dry-run")
+        typer.echo(f"reproducing {rec.source} (seed {rec.seed}, {rec.gpus}, {backend or rec.backend})", err=True)
+        rc = subprocess.call(argv)  # the same submit path as the original, so the same job runs
+    finally:
+        os.unlink(config_path)
+    raise typer.Exit(rc)

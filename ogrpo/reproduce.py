@@ -1,0 +1,118 @@
+"""What `ogrpo reproduce` reads back from a finished (or failed) run: the resolved config it ran, the plan it
+was made from, and the versions, code and hardware it ran on; and how today's machine differs from that.
+
+A run leaves two manifests: the job directory's (written by render/submit: the plan, the job spec, the
+changes made to the recipe) and the run directory's (written by the trainer: the resolved config, plan,
+seed, versions, git sha, hardware). Reading never imports torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ogrpo.errors import OgrpoError
+
+VERSIONED = ("torch", "transformers", "trl", "vllm", "accelerate", "datasets", "deepspeed", "peft")
+
+
+@dataclass
+class Record:
+    config: dict  # the resolved run config (TRL keys + `ogrpo:`), without the carried plan
+    plan: dict  # the plan the run was made from
+    gpus: str
+    backend: str  # "slurm" | "local"
+    versions: dict = field(default_factory=dict)
+    git_sha: str | None = None
+    hardware: dict = field(default_factory=dict)
+    seed: int | None = None
+    source: Path | None = None
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise OgrpoError(f"{path}: not valid JSON ({exc}); the run's manifest is damaged") from None
+
+
+def _job_dir(ref: str) -> Path:
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if ref.split("_")[0].isdigit():  # a Slurm job id: its run directory, from our index or the controller
+        from ogrpo.launch.slurm_query import resolve
+
+        job = resolve(ref)
+        if job.job_dir is None:
+            raise OgrpoError(f"job {ref}: its run directory is not known here; pass the directory instead")
+        return job.job_dir
+    raise OgrpoError(f"{ref}: neither a run directory nor a Slurm job id")
+
+
+def load_record(ref: str) -> Record:
+    """A job directory (submit/render's, with run/ inside), a run directory (the trainer's), or a job id."""
+    where = _job_dir(ref)
+    job_manifest = _read(where / "manifest.json") or {}
+    run_manifest = _read(where / "run" / "manifest.json")
+    if run_manifest is None and "config" in job_manifest:  # `where` is itself the trainer's run directory
+        run_manifest, job_manifest = job_manifest, (_read(where.parent / "manifest.json") or {})
+    if not run_manifest or "config" not in run_manifest:
+        raise OgrpoError(f"{where}: no run manifest with a resolved config (run/manifest.json); only runs that "
+                         "started training can be reproduced")
+    config = copy.deepcopy(run_manifest["config"])
+    carried = (config.get("ogrpo") or {}).pop("plan", None)
+    plan = job_manifest.get("plan") or run_manifest.get("plan") or carried or {}
+    gpus = (plan.get("cluster") or {}).get("spec") or (config.get("ogrpo") or {}).get("gpus")
+    if not gpus:
+        raise OgrpoError(f"{where}: the manifest names no cluster (plan.cluster.spec); pass --gpus")
+    backend = "slurm" if (where / "slurm" / "job_id").is_file() else "local"
+    return Record(config=config, plan=plan, gpus=gpus, backend=backend, versions=run_manifest.get("versions") or {},
+                  git_sha=run_manifest.get("git_sha"), hardware=run_manifest.get("hardware") or {},
+                  seed=run_manifest.get("seed"), source=where)
+
+
+def installed_versions() -> dict:
+    from importlib import metadata
+
+    from ogrpo import __version__
+
+    out = {"ogrpo": __version__}
+    for dist in VERSIONED:
+        for name in (dist, f"{dist}-cpu"):
+            try:
+                out[dist] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def drift(record: Record, installed: dict | None = None, git_sha: str | None = None) -> list[str]:
+    """How this machine's stack differs from the recorded one, one line each (empty: the same)."""
+    installed = installed if installed is not None else installed_versions()
+    lines = []
+    for name, was in sorted(record.versions.items()):
+        if name == "python" or was is None:
+            continue
+        now = installed.get(name)
+        if now != was:
+            lines.append(f"{name} {was} -> {now or 'not installed'}")
+    if record.git_sha and git_sha and record.git_sha != git_sha:
+        lines.append(f"O-GRPO code {record.git_sha} -> {git_sha}")
+    return lines
+
+
+def plan_differences(recorded: dict, now: dict) -> list[str]:
+    """The plan fields that decide how a run executes, where today's planner chooses differently."""
+    keys = ("precision", "attn_implementation", "mode", "trainer_args", "env")
+    out = [f"plan.{k}: {recorded.get(k)!r} -> {now.get(k)!r}" for k in keys if recorded.get(k) != now.get(k)]
+    for role, fields in (("trainer", ("num_processes", "strategy")),
+                         ("vllm", ("tensor_parallel_size", "data_parallel_size", "args"))):
+        a, b = recorded.get(role) or {}, now.get(role) or {}
+        out += [f"plan.{role}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in fields if a.get(k) != b.get(k)]
+    return out

@@ -1,0 +1,87 @@
+"""`ogrpo reproduce`: the same run again from its manifest, and what differs when the stack moved."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ogrpo.errors import OgrpoError
+from ogrpo.reproduce import Record, drift, load_record, plan_differences
+
+OGRPO = [sys.executable, "-m", "ogrpo"]
+RECIPE = """\
+model_name_or_path: ogrpo:tiny
+dataset_name: ogrpo:tiny
+reward_funcs: [tiny_letter]
+seed: 7
+learning_rate: 1.0e-3
+num_generations: 4
+per_device_train_batch_size: 8
+max_completion_length: 8
+max_steps: 3
+logging_steps: 1
+save_strategy: "no"
+report_to: none
+ogrpo:
+  gpus: cpu
+  use_vllm: false
+"""
+
+
+def test_drift_names_each_moved_version_and_the_code():
+    rec = Record(config={}, plan={}, gpus="cpu", backend="local", git_sha="abc",
+                 versions={"python": "3.11.7", "torch": "2.13.0+cpu", "trl": "1.16.0", "vllm": None})
+    assert drift(rec, installed={"torch": "2.13.0+cpu", "trl": "1.16.0"}, git_sha="abc") == []
+    lines = drift(rec, installed={"torch": "2.14.0+cpu"}, git_sha="def")
+    assert lines == ["torch 2.13.0+cpu -> 2.14.0+cpu", "trl 1.16.0 -> not installed", "O-GRPO code abc -> def"]
+
+
+def test_plan_differences_cover_what_decides_the_run():
+    a = {"precision": "bf16", "trainer": {"strategy": "ddp", "num_processes": 2}, "vllm": {"args": {"dtype": "x"}}}
+    assert plan_differences(a, json.loads(json.dumps(a))) == []
+    b = {**a, "precision": "fp16", "trainer": {"strategy": "zero2", "num_processes": 2}}
+    assert plan_differences(a, b) == ["plan.precision: 'bf16' -> 'fp16'", "plan.trainer.strategy: 'ddp' -> 'zero2'"]
+
+
+def test_a_directory_without_a_run_manifest_is_one_line(tmp_path):
+    with pytest.raises(OgrpoError, match="no run manifest"):
+        load_record(str(tmp_path))
+    with pytest.raises(OgrpoError, match="neither a run directory nor a Slurm job id"):
+        load_record(str(tmp_path / "missing"))
+
+
+def _metrics(job: Path) -> list[dict]:
+    keep = ("step", "loss", "reward", "grad_norm")
+    rows = [json.loads(x) for x in (job / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in keep if k in r} for r in rows if "loss" in r]
+
+
+@pytest.mark.slow
+def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path):
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text(RECIPE)
+    first = tmp_path / "first"
+    out = subprocess.run([*OGRPO, "submit", "--backend", "local", "--gpus", "cpu", "--config", str(recipe),
+                          "-o", str(first)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recipe.unlink()  # the rerun must come from the manifest alone
+    again = tmp_path / "again"
+    out = subprocess.run([*OGRPO, "reproduce", str(first), "-o", str(again)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "differs from the recorded run" not in out.stderr
+    a, b = _metrics(first), _metrics(again)
+    assert len(a) == 3 and a == b  # CPU, same seed, same plan: the same numbers, not merely close ones
+    # a manifest from another stack: a warning by default, a refusal with --strict, naming what moved
+    manifest = first / "run" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["versions"]["trl"] = "1.9.2"
+    manifest.write_text(json.dumps(data))
+    out = subprocess.run([*OGRPO, "reproduce", str(first), "--strict", "-o", str(tmp_path / "third")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert out.returncode == 2 and "trl 1.9.2 -> 1.16.0" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "third").exists()

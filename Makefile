@@ -10,12 +10,14 @@ OGRPO := $(VENV)/bin/ogrpo
 setup: $(VENV)/.installed
 
 # The exact CPU lock, with uv where it can be had (seconds instead of minutes); see requirements/install.sh.
-$(VENV)/.installed: requirements/cpu.lock requirements/install.sh pyproject.toml
+$(VENV)/.installed: requirements/cpu.lock requirements/install.sh pyproject.toml $(wildcard ogrpo/kernels/*/csrc/*)
 	bash requirements/install.sh $(VENV) requirements/cpu.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@# An editable install gets no bytecode, and login nodes often set PYTHONDONTWRITEBYTECODE: compiling
 	@# once keeps `ogrpo --help`/`plan`/`render` from recompiling the package on every call (~50 ms).
 	$(PY) -m compileall -q ogrpo
+	@# O-GRPO's CPU kernels (ogrpo/kernels), built once here rather than on a run's first step.
+	$(PY) -m ogrpo.kernels build
 	touch $@
 
 demo: setup

@@ -2,7 +2,9 @@
 
 Validation never imports trl: the field names and kinds of TRL 1.16's GRPOConfig (which includes
 TrainingArguments), GRPOScriptArguments, DatasetMixtureConfig and ModelConfig are vendored in
-`ogrpo/data/trl_fields.json`; tests/test_config.py regenerates them from the installed trl and compares.
+`ogrpo/data/trl_fields.json`; tests/test_config.py regenerates them from the installed trl and compares. The
+images' TRL 1.9 GRPOConfig fields (`trl_fields_1.9.json`) and the keys of ogrpo/fields.py (open-r1's arguments,
+older stacks' keys) are accepted too; fields.py says what the run does with each key.
 All problems are collected and raised once as ConfigError.
 """
 
@@ -23,31 +25,11 @@ RECIPES_DIR = Path(__file__).with_name("recipes")
 FIELDS_FILE = DATA_DIR / "trl_fields.json"
 TRL_GROUPS = ("GRPOConfig", "GRPOScriptArguments", "DatasetMixtureConfig", "ModelConfig")
 
-# Keys only open-r1's own scripts read (GRPOScriptArguments/ModelConfig extensions there): warned, not fatal.
-OPEN_R1_KEYS = frozenset({
-    "system_prompt", "hub_model_revision", "callbacks", "benchmarks", "dataset_prompt_column", "chat_template",
-    "code_provider", "e2b_router_url", "morph_router_url", "enforce_same_language", "code_language",
-    "code_eval_test_batch_size", "code_eval_scoring_mode", "parallel_code_exec_per_proc", "max_completion_len",
-    "soft_punish_cache", "repetition_n_grams", "repetition_max_penalty", "cosine_min_value_wrong",
-    "cosine_max_value_wrong", "cosine_min_value_correct", "cosine_max_value_correct", "cosine_max_len",
-    "ioi_provider", "dataset_mixture", "wandb_entity", "wandb_project", "wandb_run_group", "wandb_log_unique_prompts",
-    "overwrite_hub_revision", "push_to_hub_revision", "dataset_test_split_size", "num_completions_to_print",
-})
-
-# Keys older TRL/transformers had and 1.16 dropped or renamed: warned (the value is kept and, where a new name
-# exists, used for planning), because recipes written for older stacks should still plan.
-RENAMED_KEYS = {
-    "torch_dtype": "dtype",
-    "max_prompt_length": None,  # TRL 1.16 no longer truncates prompts; O-GRPO uses it as the planning length
-    "overwrite_output_dir": None,
-    "warmup_ratio": "warmup_steps",
-    "vllm_device": None,
-    "vllm_enable_prefix_caching": None,
-    "evaluation_strategy": "eval_strategy",
-    "logging_dir": None,
-}
-
+# Keys outside TRL 1.16's dataclasses (open-r1's arguments, older TRL/transformers/accelerate keys, GRPOConfig
+# fields only the images' TRL 1.9 has) are accepted with the kinds and rules of ogrpo/fields.py, which says what
+# happens to each one.
 PROFILES = ("conservative", "balanced", "aggressive")
+STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategies ogrpo/plan.py knows
 
 
 @dataclass
@@ -64,6 +46,8 @@ class OgrpoOptions:
     reward_weights: list[float] | None = None
     max_prompt_length: int | None = None  # prompt tokens the plan budgets for (TRL 1.16 does not truncate)
     use_vllm: bool | None = None  # False: generate with HF inside the trainer (no server)
+    strategy: str | None = None  # ddp | zero2 | zero3 | zero3_offload (None: the cheapest that fits)
+    kernels: bool | None = None  # O-GRPO's own kernels (ogrpo/kernels); None: the plan decides per profile
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None
     account: str | None = None
@@ -84,7 +68,7 @@ class OgrpoOptions:
 _OGRPO_KINDS = {
     "gpus": ("str",), "profile": ("str",), "vllm_gpus": ("int",), "params": ("str", "int", "float"),
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
-    "max_prompt_length": ("int",), "use_vllm": ("bool",), "partition": ("str",), "account": ("str",),
+    "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "partition": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),
 }
@@ -98,11 +82,24 @@ def trl_fields() -> dict:
 
 @lru_cache(maxsize=1)
 def _field_index() -> dict[str, dict]:
+    """Every accepted key -> {"kinds", "default", "group"}: TRL 1.16's fields, then TRL 1.9's GRPOConfig fields,
+    then the keys ogrpo/fields.py classifies (open-r1, older stacks)."""
+    from ogrpo import fields as rules
+
     index: dict[str, dict] = {}
     data = trl_fields()
     for group in TRL_GROUPS:
         for name, info in data[group].items():
             index.setdefault(name, {**info, "group": group})
+    image = json.loads((DATA_DIR / "trl_fields_1.9.json").read_text())["GRPOConfig"]
+    for name, info in image.items():
+        index.setdefault(name, {"kinds": _kinds_from_type(info["type"]), "default": info["default"],
+                                "group": "GRPOConfig"})
+    for name, r in rules.RULES.items():
+        if name not in index and r.kinds:
+            index[name] = {"kinds": list(r.kinds), "default": r.default, "group": "other"}
+    for name, kinds in rules.KIND_OVERRIDES.items():
+        index[name] = {**index[name], "kinds": sorted(set(index[name]["kinds"]) | set(kinds))}
     return index
 
 
@@ -138,14 +135,12 @@ class RunConfig:
         """TRL keys split by the dataclass that takes them (plus "other": open-r1/renamed keys)."""
         out: dict[str, dict] = {g: {} for g in TRL_GROUPS}
         out["other"] = {}
-        index = _field_index()
         for k, v in self.trl.items():
             groups = [g for g in TRL_GROUPS if k in trl_fields()[g]]
             if not groups:
                 out["other"][k] = v
             for g in groups:
                 out[g][k] = v
-        del index
         return out
 
     def to_dict(self) -> dict:
@@ -286,28 +281,31 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         problems.append(f"ogrpo: must be a mapping of O-GRPO options (got {_kind_of(section)})")
         section = {}
 
+    from ogrpo import fields as rules
+
     index = _field_index()
     for key, value in data.items():
         if not isinstance(key, str):
             problems.append(f"key {key!r} is not a string")
             continue
         info = index.get(key)
-        if info is not None:
-            if not _accepts(info["kinds"], value):
-                want = " or ".join(k for k in info["kinds"] if k != "none")
-                problems.append(f"{key}: expected {want}, got {_kind_of(value)} {value!r}")
+        if info is None:
+            close = difflib.get_close_matches(key, list(index), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}?" if close else "remove it or move O-GRPO options under `ogrpo:`"
+            problems.append(f"unknown key {key!r}: {hint}")
             continue
-        if key in OPEN_R1_KEYS:
-            warnings.append(f"{key}: read by open-r1's scripts, not by TRL; ignored by the trainer unless "
-                            "O-GRPO maps it (prompt column/system prompt: use ogrpo.prompt_column/system_prompt)")
+        if not _accepts(info["kinds"], value):
+            want = " or ".join(k for k in info["kinds"] if k != "none")
+            problems.append(f"{key}: expected {want}, got {_kind_of(value)} {value!r}")
             continue
-        if key in RENAMED_KEYS:
-            new = RENAMED_KEYS[key]
-            warnings.append(f"{key}: not a TRL 1.16 field" + (f"; use {new}" if new else "; kept for planning only"))
-            continue
-        close = difflib.get_close_matches(key, list(index) + list(OPEN_R1_KEYS), n=1, cutoff=0.75)
-        hint = f"did you mean {close[0]}?" if close else "remove it or move O-GRPO options under `ogrpo:`"
-        problems.append(f"unknown key {key!r}: {hint}")
+        r = rules.rule(key)
+        if info["group"] == "other" and r is not None:
+            origin = "open-r1's scripts" if key in rules.open_r1_keys() else "older TRL/transformers/accelerate"
+            if r.kind in (rules.MAPPED, rules.PLANNED):
+                warnings.append(f"{key}: a key of {origin}, not of TRL 1.16; mapped to {r.target}")
+            elif value is not None and value != r.default:
+                warnings.append(f"{key}: a key of {origin}; not applied ({r.reason}); listed in the plan's changes")
+    _map_open_r1(data, section)
 
     opt_names = {f.name for f in fields(OgrpoOptions)}
     opts: dict = {}
@@ -336,6 +334,18 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
     return RunConfig(trl=data, ogrpo=OgrpoOptions(**opts), source=where, warnings=warnings)
 
 
+def _map_open_r1(data: dict, section: dict) -> None:
+    """open-r1 keys with an O-GRPO home (ogrpo/fields.py `mapped`): copied there unless set there already, so
+    the trainer reads them where it reads its own options. The original keys stay (the config round-trips)."""
+    if isinstance(data.get("dataset_prompt_column"), str) and section.get("prompt_column") is None:
+        section["prompt_column"] = data["dataset_prompt_column"]
+    if isinstance(data.get("system_prompt"), str) and section.get("system_prompt") is None:
+        section["system_prompt"] = data["system_prompt"]
+    configs = data.get("dataset_configs")
+    if data.get("dataset_config") is None and configs:
+        data["dataset_config"] = configs[0] if isinstance(configs, list) else configs
+
+
 def _positive(data: dict, key: str, problems: list[str], minimum: int = 1) -> None:
     v = data.get(key)
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -360,6 +370,11 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
     if prof is not None and prof not in PROFILES:
         close = difflib.get_close_matches(str(prof), PROFILES, n=1)
         problems.append(f"ogrpo.profile: {prof!r} is not one of {', '.join(PROFILES)}"
+                        + (f" (did you mean {close[0]}?)" if close else ""))
+    strategy = opts.get("strategy")
+    if strategy is not None and strategy not in STRATEGIES:
+        close = difflib.get_close_matches(str(strategy), STRATEGIES, n=1)
+        problems.append(f"ogrpo.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
                         + (f" (did you mean {close[0]}?)" if close else ""))
     vg = opts.get("vllm_gpus")
     if vg is not None:

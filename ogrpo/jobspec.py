@@ -9,19 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ogrpo import compat
-
-# Under Slurm every job gets its own ports, derived from the job id so that two jobs on one node never
-# collide and a requeued job (same id) finds the same ports. 3 ports per job: server, rendezvous, spare.
-SLURM_PORT_BASE = 20000
-SLURM_PORT_STRIDE = 3
-SLURM_PORT_SLOTS = 10000
-
-
-def slurm_ports(job_id: int) -> tuple[int, int]:
-    """(server_port, rendezvous_port) for a Slurm job id; the sbatch computes the same in bash."""
-    server = SLURM_PORT_BASE + (job_id % SLURM_PORT_SLOTS) * SLURM_PORT_STRIDE
-    return server, server + 1
-
+from ogrpo.host_memory import step_host_gib
 
 @dataclass
 class Step:
@@ -29,8 +17,9 @@ class Step:
     nodes: list[int]  # node indices within the allocation
     gpus: list[int]  # device indices within each node (empty on CPU)
     ntasks: int  # tasks (processes launched by srun) for this step; accelerate spawns the rest
-    argv: list[str]  # the command, with {server_port}, {rendezvous_port}, {server_host}, {job_dir} placeholders
+    argv: list[str]  # the command, with the PLACEHOLDERS below ({server_port}, {job_dir} ...)
     env: dict[str, str] = field(default_factory=dict)
+    host_mem_gib: float = 0.0  # host RAM per node (ogrpo.host_memory): what the Slurm job asks for (--mem)
 
 
 @dataclass
@@ -53,11 +42,14 @@ class JobSpec:
 # Python supervisor with real values):
 #   {job_dir}          the job directory (run.yaml, accelerate.yaml, deepspeed.json, run/, logs/)
 #   {server_host}      the address the vLLM server binds and the trainer connects to (never 0.0.0.0)
-#   {server_port}      the server's port (Slurm: slurm_ports(job_id)[0]; locally a free port)
+#   {server_port}      the server's port (Slurm: ogrpo.launch.ports.pick_slurm_ports; locally a free port)
 #   {rendezvous_host}  the trainer's main process address (accelerate --main_process_ip)
-#   {rendezvous_port}  the trainer's rendezvous port (Slurm: slurm_ports(job_id)[1])
+#   {rendezvous_port}  the trainer's rendezvous port (chosen like the server's)
+#   {group_port}       TRL's weight-sync group port (GRPOConfig.vllm_group_port; TRL's fixed default 51216 would
+#                      collide between two jobs on one node), chosen like the server's
 #   {node_rank}        this trainer node's rank (0..nodes-1); only in multi-node trainer steps
-PLACEHOLDERS = ("job_dir", "server_host", "server_port", "rendezvous_host", "rendezvous_port", "node_rank")
+PLACEHOLDERS = ("job_dir", "server_host", "server_port", "rendezvous_host", "rendezvous_port", "group_port",
+                "node_rank")
 
 
 def fill(argv: list[str], values: dict[str, object]) -> list[str]:
@@ -78,6 +70,7 @@ def _plan_dict(plan) -> dict:
 def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     """The steps of one job for a Plan (or its dict): a server step when the plan has one, then the trainer."""
     p = _plan_dict(plan)
+    host_gib = step_host_gib(p)
     is_cpu = bool(p.get("cluster", {}).get("gpu", {}).get("is_cpu"))
     mode = p["mode"]
     steps: list[Step] = []
@@ -87,7 +80,7 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
             role="server", nodes=list(v["nodes"]), gpus=[] if is_cpu else list(v["gpus"]), ntasks=1,
             argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}", "--port",
                   "{server_port}"],
-            env={**p.get("env", {}), **v.get("env", {})},
+            env={**p.get("env", {}), **v.get("env", {})}, host_mem_gib=host_gib["server"],
         ))
     t = p["trainer"]
     n_nodes = len(t["nodes"])
@@ -105,9 +98,10 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
              # complete checkpoint; a fresh run directory simply starts at step 0
              "--resume", "auto"]
     if mode == "server":
-        argv += ["--vllm-url", "http://{server_host}:{server_port}"]
+        argv += ["--vllm-url", "http://{server_host}:{server_port}", "--set", "vllm_group_port={group_port}"]
     steps.append(Step(role="trainer", nodes=list(t["nodes"]), gpus=[] if is_cpu else list(t["gpus"]),
-                      ntasks=n_nodes, argv=argv, env={**p.get("env", {}), **t.get("env", {})}))
+                      ntasks=n_nodes, argv=argv, env={**p.get("env", {}), **t.get("env", {})},
+                      host_mem_gib=host_gib["trainer"]))
     opts = getattr(run_config, "ogrpo", None)
     name = getattr(opts, "job_name", None) or _default_name(p)
     # The server the job's TRL line talks to decides the health path (`/health` vs TRL's `/health/`).

@@ -9,7 +9,8 @@ Trainer (per process/GPU), P parameters, N trainer processes:
   attention output, o-proj input, residual: ≈10·H; gate, up, act(gate)·up: 3·I). With gradient
   checkpointing only each layer's input (H per token per layer) stays, plus one layer recomputed.
 - logits: TRL computes logits for completion tokens only (B·C·V): half-precision logits, an fp32
-  log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away.
+  log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away, and O-GRPO's
+  linear_logprobs kernel keeps one chunk (<= 2 x 256 MiB) whatever B·C.
 - reference model (beta > 0): a half-precision copy of the weights (sharded under ZeRO-3).
 - runtime: CUDA context + allocator slack, ~1 GiB per process.
 
@@ -22,8 +23,12 @@ budget for the plan's max_num_seqs sequences (`kv_budget_bytes`), checked agains
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ogrpo.models import ModelFacts
+
+if TYPE_CHECKING:
+    from ogrpo.train.peft_config import LoraSpec
 
 GiB = float(2**30)
 RUNTIME_GIB = 1.0  # CUDA context (~0.5 GiB) + caching-allocator fragmentation
@@ -64,18 +69,20 @@ def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, 
 
 def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, precision: str, micro_batch: int,
                      prompt_len: int, completion_len: int, gradient_checkpointing: bool, beta: float,
-                     liger: bool = False, lora: bool = False, budget_gib: float = 0.0,
-                     is_cpu: bool = False) -> Estimate:
+                     liger: bool = False, lora: LoraSpec | bool | None = None, budget_gib: float = 0.0,
+                     is_cpu: bool = False, fused_logprobs: bool = False) -> Estimate:
+    """`lora`: the run's LoRA (`peft_config.lora_spec`); True means TRL's defaults on a half-precision base."""
     n = max(1, num_processes)
     P = model.params
     w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
     act_b = 4 if precision == "fp32" else 2
     if lora:
-        # Frozen base in half precision; adapters (~0.5% of P) carry the gradient and optimizer cost.
-        w_b, trainable = (4.0 if precision == "fp32" else 2.0), 0.005 * P
-        weights = P * w_b
-        grads = trainable * 4.0
-        optim = trainable * 8.0
+        if lora is True:
+            from ogrpo.train.peft_config import lora_spec
+
+            lora = lora_spec({"use_peft": True}, precision)
+        w_b = DTYPE_BYTES[lora.base_dtype]
+        weights, grads, optim = lora_state_bytes(model, lora)
     else:
         shard_w = n if strategy.startswith("zero3") else 1
         shard_g = n if strategy in ("zero2", "zero3", "zero3_offload") else 1
@@ -83,14 +90,22 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         weights = P * w_b / shard_w
         grads = P * g_b / shard_g
         optim = 0.0 if strategy == "zero3_offload" else P * o_b / shard_o
-    H, L, I, V = model.hidden_size, model.num_layers, model.intermediate_size, model.vocab_size
+    # A MoE token's MLP activations are its top-k experts' (+ shared): the active width, not the dense one.
+    H, L, I, V = model.hidden_size, model.num_layers, model.active_intermediate_size, model.vocab_size
     tokens = micro_batch * (prompt_len + completion_len)
     per_layer = 10 * H + 3 * I
     if gradient_checkpointing:
         acts = tokens * (L * H + per_layer) * act_b
     else:
         acts = tokens * L * per_layer * act_b
-    logits = 0.0 if liger else micro_batch * completion_len * V * (2 * act_b + 4)
+    if liger:
+        logits = 0.0
+    elif fused_logprobs:  # ogrpo.kernels.linear_logprobs: one chunk of fp32 logits at a time, never B·C·V
+        from ogrpo.kernels.linear_logprobs.sizing import peak_logits_bytes
+
+        logits = float(peak_logits_bytes(micro_batch * completion_len, V))
+    else:
+        logits = micro_batch * completion_len * V * (2 * act_b + 4)
     ref = 0.0
     if beta and beta > 0 and not lora:
         ref = P * (4.0 if precision == "fp32" else 2.0) / (n if strategy.startswith("zero3") else 1)
@@ -110,6 +125,64 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     notes = {"offloaded_optimizer_gib_per_process": round(P * o_b / n / GiB, 2)} if strategy == "zero3_offload" \
         else {}
     return Estimate("trainer", terms, budget_gib, notes)
+
+
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+
+# LoRA (DDP; a frozen base is never sharded by the plan). The base weights cost P x the dtype the trainer loads
+# them in and carry no gradient or optimizer state. Adapters: A (r x in) and B (out x r) per targeted linear
+# layer, r·(in + out) parameters (+ out for DoRA's magnitude vector), kept in fp32 by peft
+# (autocast_adapter_dtype), so 4 (weights) + 4 (grads) + 8 (Adam m, v) bytes each. `modules_to_save` keeps a
+# trainable copy of each named module in the base dtype b: b + b + 2b bytes per parameter.
+
+
+def lora_linear_shapes(model: ModelFacts) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer of one decoder layer, by the module names peft matches."""
+    H, I = model.hidden_size, model.intermediate_size
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H), "qkv_proj": (H, q + 2 * kv),
+            "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H), "gate_up_proj": (H, 2 * I)}
+
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
+# "all-linear": every nn.Linear of the decoder layers. Phi-3 fuses q/k/v and gate/up (qkv_proj, gate_up_proj).
+_ALL_LINEAR = {"phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+_ALL_LINEAR_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_params(model: ModelFacts, lora) -> tuple[int, int]:
+    """(adapter parameters, modules_to_save parameters) of a LoRA on this model."""
+    targets = lora.targets(model.model_type)
+    adapters = 0
+    if targets == "all-linear" and model.is_moe:
+        # peft 0.21 turns all-linear on a fused-expert MoE (transformers 5) into attention projections plus
+        # parameter LoRA on each MoE layer's router and experts; as measured on Qwen3-MoE: router r·(H + E),
+        # gate_up (E, 2I, H) gets rank 2·r·E, down (E, H, I) rank r·E; dense MLP layers get none.
+        targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+        H, E, Ie, r = model.hidden_size, model.num_experts, model.moe_intermediate_size, lora.r
+        adapters += model.num_moe_layers * (r * (H + E) + 2 * r * E * (H + 2 * Ie) + r * E * (Ie + H))
+    elif targets == "all-linear":
+        targets = _ALL_LINEAR.get(model.model_type, _ALL_LINEAR_DEFAULT)
+    shapes = lora_linear_shapes(model)
+    # MoE layers keep their experts in fused 3-D parameters, not nn.Linear: a named MLP module exists only in
+    # the dense layers.
+    dense_layers = model.num_layers - model.num_moe_layers
+    for name in set(targets):
+        if name not in shapes:
+            continue  # a module this layout does not have; peft matches nothing for it
+        fan_in, fan_out = shapes[name]
+        layers = model.num_layers if name in _ATTENTION else dense_layers
+        adapters += layers * (lora.r * (fan_in + fan_out) + (fan_out if lora.use_dora else 0))
+    embed = model.vocab_size * model.hidden_size
+    saved = sum(embed for m in lora.modules_to_save if m in ("lm_head", "embed_tokens"))
+    return adapters, saved
+
+
+def lora_state_bytes(model: ModelFacts, lora) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of a LoRA run, base included."""
+    b = DTYPE_BYTES[lora.base_dtype]
+    adapters, saved = lora_params(model, lora)
+    return model.params * b + adapters * 4.0 + saved * b, adapters * 4.0 + saved * b, adapters * 8.0 + saved * 2 * b
 
 
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size (GPU blocks are 16 tokens; 128 rounds up for both)
@@ -134,7 +207,7 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     t = max(1, tensor_parallel_size)
     budget = memory_gib * gpu_memory_utilization
     weights = model.params * dtype_bytes / t / GiB
-    H, I = model.hidden_size, model.intermediate_size
+    H, I = model.hidden_size, model.active_intermediate_size  # MoE: top-k experts per token
     # Profile run: a full batch of max_num_batched_tokens through one layer's widest tensors, plus fp32
     # sampler logits for every running sequence.
     acts = (VLLM_BATCHED_TOKENS * (4 * H + 2 * I) * dtype_bytes / t + max_num_seqs * model.vocab_size * 4) / GiB

@@ -1,11 +1,17 @@
-"""Model facts (parameter count and shapes) without a hub: a local `config.json`, a built-in table, or `--params`.
+"""Model facts (parameter count and shapes) without a hub: a local `config.json`, the shipped table
+(`ogrpo/data/model_facts.json`, real config.json fields), the HF cache, or `--params`.
 
 The planner needs only shapes: parameters (weights, gradients, optimizer states), layers x hidden
 (activations), vocab (logits), kv heads x head_dim (vLLM KV cache), attention heads (tensor-parallel sizes).
+A MoE model weighs all its experts (`params`) but computes with its top-k (`active_params`): Qwen3-30B-A3B
+is 30.5B parameters of weights and 3.3B of compute per token, and must be planned as the former.
+Counts are computed from config fields by one function (`decoder_params`), checked against transformers'
+own models per family and against published sizes (tests/test_models.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, replace
@@ -20,24 +26,46 @@ FP32_ONLY_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "p
 @dataclass(frozen=True)
 class ModelFacts:
     name: str
-    params: int  # total parameters
+    params: int  # total parameters: what weights, gradients and optimizer states weigh
     hidden_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    intermediate_size: int
+    intermediate_size: int  # dense MLP width (config.json's intermediate_size)
     tie_word_embeddings: bool
     max_position_embeddings: int
     torch_dtype: str  # checkpoint dtype: "bfloat16" | "float16" | "float32"
     model_type: str = "unknown"
-    source: str = "builtin"  # "config.json" | "builtin" | "params"
+    source: str = "builtin"  # "config.json" | "builtin" | "hf-cache" | "params"
     exact_shapes: bool = True  # False when shapes were extrapolated from --params alone
+    active_params: int = 0  # parameters one token runs through (MoE: top-k experts); 0 means = params
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # one routed expert's MLP width
+    shared_intermediate_size: int = 0  # always-on shared expert(s) MLP width (Qwen2-MoE, DeepSeek)
+    num_moe_layers: int = 0
+    reference: str = ""  # where the built-in facts come from
+
+    def __post_init__(self):
+        if not self.active_params:
+            object.__setattr__(self, "active_params", self.params)
 
     @property
     def fp32_only(self) -> bool:
         return self.model_type in FP32_ONLY_MODEL_TYPES
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """MLP width one token runs through in a MoE layer (top-k experts + shared), else the dense width."""
+        if not self.is_moe:
+            return self.intermediate_size
+        return self.num_experts_per_tok * self.moe_intermediate_size + self.shared_intermediate_size
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V for every layer: what one cached token costs vLLM."""
@@ -51,70 +79,120 @@ class ModelFacts:
 
 def count_params(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int,
                  intermediate: int, tied: bool, qkv_bias: bool = False, qk_norm: bool = False) -> int:
-    """Parameters of a Llama/Qwen-style decoder (GQA attention, SwiGLU MLP, RMSNorm)."""
-    q, kv = heads * head_dim, kv_heads * head_dim
-    attn = hidden * q + 2 * hidden * kv + q * hidden
-    if qkv_bias:
-        attn += q + 2 * kv
-    if qk_norm:
-        attn += 2 * head_dim
-    mlp = 3 * hidden * intermediate
-    per_layer = attn + mlp + 2 * hidden  # two RMSNorm weights
-    embed = vocab * hidden
-    return embed + layers * per_layer + hidden + (0 if tied else vocab * hidden)
+    """Parameters of a dense Llama/Qwen-style decoder (GQA attention, SwiGLU MLP, RMSNorm)."""
+    cfg = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab,
+           "intermediate_size": intermediate, "tie_word_embeddings": tied, "attention_bias": qkv_bias}
+    return decoder_params(cfg, "qwen3" if qk_norm else "llama")[0]
 
 
-def _facts(name, model_type, hidden, layers, heads, kv, vocab, inter, tied, max_pos, dtype="bfloat16",
-           head_dim=None, qkv_bias=False, qk_norm=False) -> ModelFacts:
-    hd = head_dim or hidden // heads
-    params = count_params(hidden, layers, heads, kv, hd, vocab, inter, tied, qkv_bias, qk_norm)
-    return ModelFacts(name, params, hidden, layers, heads, kv, hd, vocab, inter, tied, max_pos, dtype, model_type)
+# Per-family layout facts that config.json does not spell out.
+_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # Qwen2 always has q/k/v biases; its config has no attention_bias key
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")  # RMSNorm over head_dim on q and k
+_FOUR_NORM_TYPES = ("gemma2", "gemma3", "gemma3_text")  # pre- and post-norms around attention and MLP
 
 
-def _qwen2(name, hidden, layers, heads, kv, vocab, inter, tied, max_pos):
-    return _facts(name, "qwen2", hidden, layers, heads, kv, vocab, inter, tied, max_pos, qkv_bias=True)
+def _int(cfg: dict, key: str, default: int = 0) -> int:
+    value = cfg.get(key)
+    return int(value) if value not in (None, "") else default
 
 
-def _qwen3(name, hidden, layers, heads, kv, inter, tied):
-    return _facts(name, "qwen3", hidden, layers, heads, kv, 151936, inter, tied, 40960, head_dim=128, qk_norm=True)
+def _attention_params(cfg: dict, mtype: str) -> int:
+    H, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    if cfg.get("kv_lora_rank"):
+        # DeepSeek V2/V3 multi-head latent attention: low-rank q (optional) and a shared compressed kv.
+        nope, rope, v = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim"), _int(cfg, "v_head_dim")
+        kv_rank, q_rank = _int(cfg, "kv_lora_rank"), _int(cfg, "q_lora_rank")
+        q = (H * q_rank + q_rank + q_rank * heads * (nope + rope)) if q_rank else H * heads * (nope + rope)
+        kv = H * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
+        return q + kv + heads * v * H
+    hd = _int(cfg, "head_dim") or H // heads
+    kvh = _int(cfg, "num_key_value_heads") or heads
+    q, kv = heads * hd, kvh * hd
+    n = H * q + 2 * H * kv + q * H
+    if cfg.get("attention_bias", mtype in _QKV_BIAS_TYPES):
+        n += q + 2 * kv
+    if mtype in _QK_NORM_TYPES:
+        n += 2 * hd
+    return n
 
 
-def _llama(name, hidden, layers, heads, kv, inter, tied):
-    return _facts(name, "llama", hidden, layers, heads, kv, 128256, inter, tied, 131072)
+def _moe_layer(cfg: dict, mtype: str, i: int) -> bool:
+    if cfg.get("n_routed_experts"):  # DeepSeek: the first k layers stay dense
+        freq = _int(cfg, "moe_layer_freq", 1) or 1
+        return i >= _int(cfg, "first_k_dense_replace") and i % freq == 0
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):  # Qwen2/3-MoE; Mixtral has neither key: all
+        step = _int(cfg, "decoder_sparse_step", 1) or 1
+        return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+    return False
 
 
-# Shapes copied from each model's config.json on the Hub (hidden, layers, heads, kv heads, vocab, intermediate,
-# tie_word_embeddings, max_position_embeddings, torch_dtype). Base and Instruct share weights' shapes; only
-# max_position_embeddings differs for some Qwen2.5 sizes.
-_TABLE: tuple[ModelFacts, ...] = (
-    _qwen2("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 151936, 4864, True, 32768),
-    _qwen2("Qwen/Qwen2.5-0.5B-Instruct", 896, 24, 14, 2, 151936, 4864, True, 32768),
-    _qwen2("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 151936, 8960, True, 131072),
-    _qwen2("Qwen/Qwen2.5-1.5B-Instruct", 1536, 28, 12, 2, 151936, 8960, True, 32768),
-    _qwen2("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 151936, 11008, True, 32768),
-    _qwen2("Qwen/Qwen2.5-3B-Instruct", 2048, 36, 16, 2, 151936, 11008, True, 32768),
-    _qwen2("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 152064, 18944, False, 131072),
-    _qwen2("Qwen/Qwen2.5-7B-Instruct", 3584, 28, 28, 4, 152064, 18944, False, 32768),
-    _qwen2("Qwen/Qwen2.5-Math-1.5B", 1536, 28, 12, 2, 151936, 8960, True, 4096),
-    _qwen2("Qwen/Qwen2.5-Math-7B", 3584, 28, 28, 4, 152064, 18944, False, 4096),
-    _qwen3("Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, True),
-    _qwen3("Qwen/Qwen3-1.7B", 2048, 28, 16, 8, 6144, True),
-    _qwen3("Qwen/Qwen3-4B", 2560, 36, 32, 8, 9728, True),
-    _qwen3("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, False),
-    _llama("meta-llama/Llama-3.2-1B", 2048, 16, 32, 8, 8192, True),
-    _llama("meta-llama/Llama-3.2-1B-Instruct", 2048, 16, 32, 8, 8192, True),
-    _llama("meta-llama/Llama-3.2-3B", 3072, 28, 24, 8, 8192, True),
-    _llama("meta-llama/Llama-3.2-3B-Instruct", 3072, 28, 24, 8, 8192, True),
-    _llama("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, False),
-    _llama("meta-llama/Llama-3.1-8B-Instruct", 4096, 32, 32, 8, 14336, False),
-    _llama("meta-llama/Meta-Llama-3.1-8B-Instruct", 4096, 32, 32, 8, 14336, False),
-)
+def moe_shape(cfg: dict) -> tuple[int, int, int, int]:
+    """(routed experts, experts per token, one expert's width, shared width) of a config; zeros when dense."""
+    E = _int(cfg, "n_routed_experts") or _int(cfg, "num_local_experts") or _int(cfg, "num_experts")
+    if not E:
+        return 0, 0, 0, 0
+    k = _int(cfg, "num_experts_per_tok", 2)
+    # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts too; Mixtral alone has no
+    # moe_intermediate_size: its experts are intermediate_size wide.
+    width = _int(cfg, "moe_intermediate_size") or _int(cfg, "intermediate_size")
+    shared = _int(cfg, "shared_expert_intermediate_size") or _int(cfg, "n_shared_experts") * width
+    return E, k, width, shared
 
-BUILTIN: dict[str, ModelFacts] = {m.name.lower(): m for m in _TABLE}
+
+def decoder_params(cfg: dict, mtype: str) -> tuple[int, int, int]:
+    """(total, active, MoE layers) parameters of a decoder-only text model from its config fields.
+
+    Total counts every expert (what the weights weigh); active counts the top-k routed experts, the shared
+    experts and the router, i.e. what one token computes with. Dense models: total == active."""
+    H, L, V = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers"), _int(cfg, "vocab_size")
+    I = _int(cfg, "intermediate_size") or 4 * H
+    norms = (4 if mtype in _FOUR_NORM_TYPES else 2) * H
+    attn = _attention_params(cfg, mtype)
+    E, k, width, shared = moe_shape(cfg)
+    total = active = 0
+    moe_layers = 0
+    for i in range(L):
+        base = attn + norms
+        if E and _moe_layer(cfg, mtype, i):
+            moe_layers += 1
+            router = H * E  # (DeepSeek-V3's e_score_correction_bias is a buffer, not a parameter)
+            shared_p = 3 * H * shared + (H if cfg.get("shared_expert_intermediate_size") else 0)  # + Qwen2 gate
+            total += base + router + shared_p + E * 3 * H * width
+            active += base + router + shared_p + k * 3 * H * width
+        else:
+            total += base + 3 * H * I
+            active += base + 3 * H * I
+    embed = V * H * (1 if cfg.get("tie_word_embeddings", False) else 2) + H  # + final norm
+    return total + embed, active + embed, moe_layers
+
+
+def _vision_params(vc: dict, text_hidden: int) -> int:
+    """A SigLIP/ViT tower (biased linear layers, LayerNorm, learned positions) and a linear projector."""
+    h, I, L = _int(vc, "hidden_size"), _int(vc, "intermediate_size"), _int(vc, "num_hidden_layers")
+    if not (h and I and L):
+        return 0
+    patch, image, ch = _int(vc, "patch_size", 14), _int(vc, "image_size", 224), _int(vc, "num_channels", 3)
+    layer = 4 * (h * h + h) + (h * I + I) + (I * h + h) + 2 * 2 * h
+    embed = ch * patch * patch * h + h + (image // patch) ** 2 * h
+    # SigLIP's attention-pooling head; Gemma 3 turns it off (vision_use_head: false).
+    head = (h + 4 * (h * h + h) + 2 * h + (h * I + I) + (I * h + h)) if vc.get("vision_use_head", True) else 0
+    return L * layer + embed + 2 * h + head + (h * text_hidden + h)  # post-LN, projector (+ its input norm)
+
+
+FACTS_FILE = Path(__file__).with_name("data") / "model_facts.json"
+
+
+@functools.cache
+def builtin_table() -> dict[str, ModelFacts]:
+    """Hub id (lower case) -> facts of the shipped table, read on first use (`ogrpo --help` never pays)."""
+    doc = json.loads(FACTS_FILE.read_text())
+    return {name.lower(): from_config_dict(entry["config"], name, "builtin", entry.get("source", ""))
+            for name, entry in doc["models"].items()}
 
 
 def builtin_names() -> list[str]:
-    return [m.name for m in _TABLE]
+    return [m.name for m in builtin_table().values()]
 
 
 def parse_params(value) -> int:
@@ -134,7 +212,7 @@ def parse_params(value) -> int:
     return int(n)
 
 
-def from_config_dict(cfg: dict, name: str, source: str = "config.json") -> ModelFacts:
+def from_config_dict(cfg: dict, name: str, source: str = "config.json", reference: str = "") -> ModelFacts:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     try:
         hidden = int(text["hidden_size"])
@@ -151,20 +229,41 @@ def from_config_dict(cfg: dict, name: str, source: str = "config.json") -> Model
     dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
                 or "float32")
     mtype = str(cfg.get("model_type") or text.get("model_type") or "unknown")
-    qkv_bias = bool(text.get("attention_bias", mtype == "qwen2"))
-    params = count_params(hidden, layers, heads, kv, hd, vocab, inter, tied, qkv_bias, mtype.startswith("qwen3"))
-    return ModelFacts(name, params, hidden, layers, heads, kv, hd, vocab, inter, tied, max_pos, dtype, mtype,
-                      source)
+    text_type = str(text.get("model_type") or mtype)
+    total, active, moe_layers = decoder_params({**text, "tie_word_embeddings": tied}, text_type)
+    if isinstance(cfg.get("vision_config"), dict):
+        vision = _vision_params(cfg["vision_config"], hidden)
+        total, active = total + vision, active + vision
+    E, k, width, shared = moe_shape(text)
+    return ModelFacts(name, total, hidden, layers, heads, kv, hd, vocab, inter, tied, max_pos, dtype, mtype, source,
+                      active_params=active, num_experts=E, num_experts_per_tok=k, moe_intermediate_size=width,
+                      shared_intermediate_size=shared, num_moe_layers=moe_layers, reference=reference)
+
+
+def _round_to(x: float, step: int) -> int:
+    return max(step, int(round(x / step)) * step)
 
 
 def from_params(name: str, params: int) -> ModelFacts:
-    """Shapes extrapolated from a parameter count (Llama-style aspect ratios), flagged as inexact."""
-    # Choose hidden so that 12·L·H² ≈ P with L ≈ H/128 (Llama/Qwen proportions), then round to 128.
-    hidden = max(256, int(round(((params * 128 / 12) ** (1 / 3)) / 128)) * 128)
-    layers = max(2, int(round(params / (12 * hidden * hidden))))
-    heads = max(1, hidden // 128)
-    return ModelFacts(name, params, hidden, layers, heads, max(1, heads // 4), 128, 128000, int(hidden * 8 / 3),
-                      False, 32768, "bfloat16", "unknown", "params", exact_shapes=False)
+    """Shapes extrapolated from a parameter count (Llama-3 proportions), flagged as inexact.
+
+    Heads and KV heads are multiples of 8 so that every tensor-parallel size of 2, 4 or 8 splits them (vLLM
+    refuses a TP size that does not divide the heads); the layer count is then chosen so that the decoder's
+    own count lands closest to P."""
+    head_dim = 128 if params >= 1e9 else 64
+    # Llama-3/Qwen-2.5 sizes keep roughly L ≈ H/128 and 12·L·H² ≈ P: H ≈ (128·P/12)^(1/3).
+    hidden = _round_to((params * 128 / 12) ** (1 / 3), 8 * head_dim)
+    heads = hidden // head_dim
+    kv = 8
+    inter = _round_to(hidden * 8 / 3, 256)
+    # Embeddings of a 128k vocabulary dwarf a small model; small models use a 32k one, as SmolLM/Mistral do.
+    vocab = 128256 if params >= 3e9 else 32000
+    per_layer = count_params(hidden, 1, heads, kv, head_dim, vocab, inter, False) - count_params(
+        hidden, 0, heads, kv, head_dim, vocab, inter, False)
+    embed = count_params(hidden, 0, heads, kv, head_dim, vocab, inter, False)
+    layers = max(2, int(round((params - embed) / per_layer)))
+    return ModelFacts(name, params, hidden, layers, heads, kv, head_dim, vocab, inter, False, 32768, "bfloat16",
+                      "unknown", "params", exact_shapes=False)
 
 
 def resolve_model(name_or_path: str | Path | None, params=None) -> ModelFacts:
@@ -178,7 +277,9 @@ def resolve_model(name_or_path: str | Path | None, params=None) -> ModelFacts:
             except OgrpoError:
                 base = None
         if base is not None:
-            return replace(base, params=count, source="params")
+            # The user's count replaces the total; a dense model's active count is the same number.
+            active = base.active_params if base.is_moe else count
+            return replace(base, params=count, active_params=active, source="params")
         return from_params(str(name_or_path or "model"), count)
     if not name_or_path:
         raise OgrpoError("no model: set model_name_or_path in the run config or pass --model (and --params)")
@@ -196,13 +297,14 @@ def _resolve_known(name: str) -> ModelFacts:
         except (OSError, ValueError) as exc:
             raise OgrpoError(f"{cfg_file}: unreadable config.json ({exc}); pass --params instead") from None
         return from_config_dict(cfg, str(path), "config.json")
-    hit = BUILTIN.get(name.lower())
+    hit = builtin_table().get(name.lower())
     if hit is not None:
         return hit
     from ogrpo import tiny  # cheap: the spec is data, building needs torch
 
-    if tiny.is_tiny(name):
-        return from_config_dict(tiny.model_config(), tiny.TINY_NAME, "builtin")
+    builtin = tiny.builtin_model(name)
+    if builtin:
+        return from_config_dict(tiny.model_config(builtin), builtin, "builtin")
     # A hub name that is not built in: look in the local HF cache before giving up (no network).
     cached = _hf_cache_config(name)
     if cached is not None:

@@ -10,16 +10,18 @@ the batch arithmetic TRL enforces is checked, and every hardware-aware setting c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ogrpo.config import STRATEGIES  # one list: config validates ogrpo.strategy against it
 from ogrpo.errors import ConfigError, OgrpoError
 from ogrpo.hardware import Cluster, parse_gpus
 from ogrpo.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate, trainer_estimate
 from ogrpo.models import ModelFacts
+from ogrpo.train.peft_config import BASE_DTYPE_REASON as LORA_BASE_REASON, lora_spec
 
 PROFILES = ("conservative", "balanced", "aggressive")
-STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")
 
 # Per profile: share of device memory kept free, vLLM's share (server / colocated), max concurrent sequences.
 _PROFILE = {
@@ -51,6 +53,12 @@ class Plan:
     settings: list[dict]
     batch: dict
     warnings: list[str] = field(default_factory=list)
+    # Every way the run differs from the recipe as written: [{key, from, to, reason}] (ogrpo/fields.py).
+    changes: list[dict] = field(default_factory=list)
+    # The fixes as data: [{text, config, cli}]; each was re-planned with it applied and fits.
+    fix_actions: list[dict] = field(default_factory=list)
+    # O-GRPO's own kernels the trainer installs: {"linear_logprobs": bool, "fused_sample": bool}.
+    kernels: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -70,7 +78,44 @@ class Plan:
             "env": dict(self.env),
             "settings": list(self.settings),
             "warnings": list(self.warnings),
+            "changes": [dict(c) for c in self.changes],
+            "fix_actions": [dict(f) for f in self.fix_actions],
+            "kernels": dict(self.kernels),
         }
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A suggested fix: its text and the overrides that apply it (run-config keys, `ogrpo` options included
+    under "ogrpo"; command-line options `gpus` / `vllm_gpus`)."""
+
+    text: str
+    config: dict = field(default_factory=dict)
+    cli: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "config": dict(self.config), "cli": dict(self.cli)}
+
+
+class _Changes:
+    """Collects how the run differs from the recipe as written."""
+
+    def __init__(self, trl: dict):
+        self.trl = trl
+        self.items: list[dict] = []
+
+    def add(self, key: str, old, new, reason: str) -> None:
+        from ogrpo.fields import change
+
+        if not any(c["key"] == key for c in self.items):
+            self.items.append(change(key, old, new, reason))
+
+    def adapt(self, key: str, value, reason: str):
+        """The plan's value for a key: listed when the recipe set the key to something else."""
+        user = self.trl.get(key)
+        if user is not None and user != value:
+            self.add(key, user, value, reason)
+        return value
 
 
 class _Settings:
@@ -109,7 +154,10 @@ def _user_set(run_config, key: str) -> bool:
     return key in run_config.trl and run_config.trl[key] is not None
 
 
-def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "balanced") -> Plan:
+def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "balanced",
+              check_fixes: bool = True) -> Plan:
+    """`check_fixes`: re-plan every suggested fix with it applied and keep those that fit (off inside that
+    re-planning)."""
     profile = profile or run_config.ogrpo.profile or "balanced"
     if profile not in PROFILES:
         raise OgrpoError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
@@ -117,41 +165,53 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     gpu = cluster.gpu
     s = _Settings()
     reasons: list[str] = []
-    fixes: list[str] = []
-    warnings: list[str] = []
+    fixes: list[Fix] = []
+    warnings: list[str] = list(run_config.warnings)
     trl = run_config.trl
+    from ogrpo.fields import CPU_LINE, IMAGE_LINE, config_changes
+
+    ch = _Changes(trl)
+    # The job runs the CPU/CI stack's TRL on CPU and the images' TRL on GPUs (ogrpo/compat.py).
+    for c in config_changes(trl, CPU_LINE if gpu.is_cpu else IMAGE_LINE):
+        ch.add(c["key"], c["from"], c["to"], c["reason"])
 
     # ---- precision, attention, hardware flags -----------------------------------------------------------
     if gpu.is_cpu:
         precision = s.add("precision", "fp32", "CPU: fp32 keeps vLLM and HF log-probs equal (bf16 differs by ~0.01)")
+        for key in ("bf16", "fp16"):
+            ch.adapt(key, False, "CPU: fp32 keeps vLLM and HF log-probs equal (no half-precision autocast)")
     elif gpu.bf16:
         if trl.get("fp16") is True:
             precision = s.add("precision", "fp16", "fp16 requested in the run config")
         else:
             precision = s.add("precision", "bf16", f"{gpu.name} (sm_{gpu.sm}) has bf16: no loss scaling needed")
     else:
-        if trl.get("bf16") is True:
-            raise ConfigError([f"bf16: true cannot run on {gpu.name} (sm_{gpu.sm} has no bf16); remove it, the "
-                               "plan sets fp16 there"], run_config.source)
         precision = s.add("precision", "fp16", f"{gpu.name} (sm_{gpu.sm}) has no bf16: fp16 with loss scaling")
+        if trl.get("bf16") is True:
+            ch.add("bf16", True, False, f"{gpu.name} (sm_{gpu.sm}) has no bf16: fp16 with dynamic loss scaling "
+                                        "(fp16: true)")
     if model.fp32_only and not gpu.is_cpu and not gpu.bf16:
         raise ConfigError([f"{model.name} ({model.model_type}) runs only in fp32 in vLLM, and {gpu.name} cannot serve "
                            "it with --dtype half; use an sm_80+ GPU (A40, A100) or another model"], run_config.source)
 
-    want_attn = trl.get("attn_implementation")
-    if gpu.is_cpu:
+    user_mik = trl.get("model_init_kwargs") if isinstance(trl.get("model_init_kwargs"), dict) else {}
+    attn_key = "attn_implementation" if trl.get("attn_implementation") else (
+        "model_init_kwargs.attn_implementation" if user_mik.get("attn_implementation") else None)
+    want_attn = trl.get("attn_implementation") or user_mik.get("attn_implementation")
+    # eager and SDPA run everywhere; anything else (flash-attn 2, hub kernels) needs an sm_80+ GPU here.
+    if want_attn and (want_attn in ("eager", "sdpa") or gpu.fa2):
+        attn = s.add("attn_implementation", want_attn, "set in the run config")
+    elif gpu.is_cpu:
         attn = s.add("attn_implementation", "sdpa", "CPU: PyTorch SDPA (flash-attn needs CUDA)")
     elif gpu.fa2:
-        if want_attn and want_attn != "flash_attention_2":
-            attn = s.add("attn_implementation", want_attn, "set in the run config")
-        else:
-            attn = s.add("attn_implementation", "flash_attention_2", f"sm_{gpu.sm} runs flash-attn 2 (Ampere+)")
+        attn = s.add("attn_implementation", "flash_attention_2", f"sm_{gpu.sm} runs flash-attn 2 (Ampere+)")
     else:
-        if want_attn == "flash_attention_2":
-            raise ConfigError([f"attn_implementation: flash_attention_2 does not run on {gpu.name} (sm_{gpu.sm}); "
-                               "remove it, the plan uses sdpa"], run_config.source)
         attn = s.add("attn_implementation", "sdpa",
                      f"flash-attn 2 needs sm_80+; SDPA's memory-efficient kernel covers sm_{gpu.sm}")
+    if attn_key and attn != want_attn:
+        ch.add(attn_key, want_attn, attn, f"CPU: {want_attn} needs CUDA; PyTorch SDPA" if gpu.is_cpu else
+               f"{want_attn} has no kernels for {gpu.name} (sm_{gpu.sm}, needs sm_80+); SDPA's memory-efficient "
+               "kernel instead")
 
     # ---- placement --------------------------------------------------------------------------------------
     prompt_len, completion_len = _lengths(run_config, model)
@@ -159,16 +219,25 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     if max_model_len > model.max_position_embeddings:
         reasons.append(f"prompt {prompt_len} + completion {completion_len} tokens exceed the model's "
                        f"{model.max_position_embeddings} positions")
-        fixes.append(f"max_completion_length {max(1, model.max_position_embeddings - prompt_len)}")
+        fixes.append(_set("max_completion_length", max(1, model.max_position_embeddings - prompt_len)))
     use_vllm = run_config.ogrpo.use_vllm
     if use_vllm is None:
         use_vllm = trl.get("use_vllm", True) is not False
+    if use_vllm and trl.get("use_vllm") is None:
+        ch.add("use_vllm", False, True, "TRL's default generates with transformers; O-GRPO generates with vLLM "
+                                        "(several times faster) unless use_vllm: false")
+    elif trl.get("use_vllm") is not None and bool(trl["use_vllm"]) != use_vllm:
+        ch.add("use_vllm", trl["use_vllm"], use_vllm, "ogrpo.use_vllm")
     vllm_gpus = run_config.ogrpo.vllm_gpus
+    # A recipe's server tensor/data parallel sizes are honored where the hardware allows (TRL reads them only
+    # when colocated; `trl vllm-serve` takes them as flags).
+    want_tp = trl.get("vllm_tensor_parallel_size")
+    want_dp = trl.get("vllm_data_parallel_size")
     dtype_bytes = 4 if gpu.is_cpu else 2
     total = cluster.total_gpus
     gpn = cluster.gpus_per_node
 
-    mode, server_nodes, server_gpus, tp = "none", [], [], 1
+    mode, server_nodes, server_gpus, tp, dp = "none", [], [], 1, 1
     trainer_nodes, trainer_gpus = [0], list(range(gpn))
     if not use_vllm:
         mode = "none"
@@ -181,6 +250,14 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         mode = "colocate"
     else:
         mode = "server"
+    if mode in ("server", "colocate"):
+        want_mode = trl.get("vllm_mode")
+        if want_mode is None and mode == "server":
+            ch.add("vllm_mode", "colocate", "server", f"TRL's default colocates vLLM in each trainer process; on "
+                                                      f"{total} devices O-GRPO gives the server its own")
+        elif want_mode is not None and want_mode != mode:
+            ch.add("vllm_mode", want_mode, mode, "--vllm-gpus" if vllm_gpus is not None else
+                   "one device: the server cannot have its own, so vLLM is colocated")
 
     server_est: Estimate | None = None
     trainer_env: dict[str, str] = {}
@@ -189,9 +266,16 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         run_config.get("steps_per_generation") or run_config.get("gradient_accumulation_steps"))
     max_num_seqs = max(1, min(gen_batch_guess, 64 if gpu.is_cpu else prof["max_seqs"]))
 
+    want_util = trl.get("vllm_gpu_memory_utilization")
+    want_util = float(want_util) if want_util is not None else None
+    server_util = CPU_VLLM_UTIL if gpu.is_cpu else (want_util or prof["server_util"])
+    if gpu.is_cpu and want_util is not None and mode != "none":
+        ch.add("vllm_gpu_memory_utilization", want_util, None, "CPU: vLLM gets an explicit KV budget "
+               "(kv_cache_memory_bytes) for the generation batch, not a share of host memory")
+
     def _server(t: int, util: float | None = None) -> Estimate:
         if util is None:
-            util = CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]
+            util = server_util
         # CPU: an explicit KV budget for the whole generation batch (see memory.kv_budget_bytes); the share
         # stays the ceiling the estimate is checked against.
         kv_bytes = kv_budget_bytes(kv_bytes_per_token_per_gpu(model, 1, dtype_bytes), max_num_seqs,
@@ -243,6 +327,10 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                 tp = vllm_gpus
                 server_est = _server(tp)
                 s.add("vllm.tensor_parallel_size", tp, "--vllm-gpus")
+            elif want_tp and want_tp in choices and want_tp <= (gpn if cluster.nodes > 1 else total - 1):
+                tp = int(want_tp)
+                server_est = _server(tp)
+                s.add("vllm.tensor_parallel_size", tp, "vllm_tensor_parallel_size in the run config")
             else:
                 cap = gpn if cluster.nodes > 1 else max(1, total - 1)
                 cands = [t for t in choices if t <= cap] or [1]
@@ -259,17 +347,19 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                     s.add("vllm.tensor_parallel_size", tp,
                           f"smallest size dividing {model.num_heads} heads that holds the weights and a KV cache")
                 server_est = _server(tp)
+            if want_dp and want_dp > 1 and tp * want_dp <= (gpn if cluster.nodes > 1 else total - 1):
+                dp = s.add("vllm.data_parallel_size", int(want_dp), "vllm_data_parallel_size in the run config")
             if cluster.nodes > 1:
-                server_nodes, server_gpus = [0], list(range(tp))
+                server_nodes, server_gpus = [0], list(range(tp * dp))
                 trainer_nodes, trainer_gpus = list(range(1, cluster.nodes)), list(range(gpn))
-                s.add("placement", f"server on node 0 (GPUs 0-{tp - 1}), trainer on nodes 1-{cluster.nodes - 1}",
+                s.add("placement", f"server on node 0 (GPUs 0-{tp * dp - 1}), trainer on nodes 1-{cluster.nodes - 1}",
                       "multi-node: the server gets a whole node so the trainer's collectives stay off it")
-                if tp < gpn:
-                    warnings.append(f"node 0 keeps {gpn - tp} GPU(s) idle: the server uses tensor parallel {tp} "
-                                    f"(data parallel 1 for a dense model)")
+                if tp * dp < gpn:
+                    warnings.append(f"node 0 keeps {gpn - tp * dp} GPU(s) idle: the server uses tensor parallel {tp}"
+                                    f" x data parallel {dp}")
             else:
-                server_nodes, server_gpus = [0], list(range(tp))
-                trainer_nodes, trainer_gpus = [0], list(range(tp, gpn))
+                server_nodes, server_gpus = [0], list(range(tp * dp))
+                trainer_nodes, trainer_gpus = [0], list(range(tp * dp, gpn))
                 s.add("placement", f"server GPU(s) {server_gpus}, trainer GPU(s) {trainer_gpus}",
                       "one node: the server takes the fewest GPUs that hold the model, the trainer the rest")
     elif mode == "colocate":
@@ -285,6 +375,17 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         s.add("placement", "no vLLM: the trainer generates with transformers", "use_vllm is false")
 
     num_processes = len(trainer_nodes) * len(trainer_gpus)
+    if mode != "none":
+        ch.adapt("vllm_tensor_parallel_size", tp, "colocated vLLM runs tensor parallel 1 in each trainer process"
+                 if mode == "colocate" else f"--vllm-gpus {vllm_gpus}" if vllm_gpus is not None else
+                 f"tensor parallel {want_tp} does not divide the model's {model.num_heads} heads or leaves no trainer "
+                 f"device on {cluster.spec}")
+    if want_dp is not None and want_dp != dp:
+        ch.add("vllm_data_parallel_size", want_dp, dp, "no separate vLLM server in this placement" if mode != "server"
+               else f"{tp} x {want_dp} server GPUs leave no trainer device on {cluster.spec}")
+    ch.adapt("num_processes", num_processes, f"the plan's trainer processes on {cluster.spec}: "
+             f"{'one device goes to the vLLM server, ' if mode == 'server' else ''}the trainer gets "
+             f"{num_processes}")
 
     # ---- batch arithmetic (GRPOConfig.__post_init__ rules) -----------------------------------------------
     B = int(run_config.get("per_device_train_batch_size"))
@@ -295,26 +396,13 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     if gbs_user is not None and spg_user is not None:
         raise ConfigError(["generation_batch_size and steps_per_generation are both set; keep one"],
                           run_config.source)
-    global_batch = B * num_processes
-    if gbs_user is not None:
-        gbs = int(gbs_user)
-        if gbs % global_batch:
-            reasons.append(f"generation_batch_size {gbs} is not divisible by the global batch {B} x "
-                           f"{num_processes} processes = {global_batch}")
-            fixes.append(f"generation_batch_size {max(1, round(gbs / global_batch)) * global_batch}")
-        spg = max(1, gbs // global_batch)
-    else:
-        spg = int(spg_user or ga)
-        gbs = global_batch * spg
-    if gbs % G:
-        reasons.append(f"generation batch {gbs} (per_device_train_batch_size {B} x {num_processes} processes x "
-                       f"{spg} steps) is not divisible by num_generations {G}")
-        step = G // math.gcd(num_processes * spg, G)
-        up = math.ceil(B / step) * step
-        fixes.append(f"per_device_train_batch_size {up}")
-        divs = [g for g in range(2, G + 1) if gbs % g == 0]
-        if divs:
-            fixes.append(f"num_generations {divs[-1]}")
+    eval_active = bool(run_config.get("do_eval")) and _eval_strategy(trl) != "no" and not _eval_dropped(trl)
+    rule = batch_rules(B, ga, G, num_processes, gbs_user, spg_user,
+                       eval_batch=int(run_config.get("per_device_eval_batch_size") or 8) if eval_active else None,
+                       eval_generations=int(trl.get("num_generations_eval") or G))
+    reasons += rule["reasons"]
+    fixes += rule["fixes"]
+    spg, gbs = rule["steps_per_generation"], rule["generation_batch_size"]
     batch = {"per_device_train_batch_size": B, "gradient_accumulation_steps": ga, "num_generations": G,
              "steps_per_generation": spg, "generation_batch_size": gbs, "prompts_per_generation": gbs // G if G else 0,
              "num_processes": num_processes, "prompt_length": prompt_len, "completion_length": completion_len,
@@ -324,31 +412,40 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     if mode == "server":
         max_num_seqs = max(1, min(gbs, seq_cap))
         server_est = _server(tp)
+        if (not _server_ok(server_est) and want_util and not gpu.is_cpu and want_util < prof["server_util"]
+                and _server_ok(_server(tp, prof["server_util"]))):
+            ch.add("vllm_gpu_memory_utilization", want_util, prof["server_util"],
+                   f"a {want_util} share of {gpu.memory_gib:g} GiB leaves the server no KV room for one "
+                   f"{max_model_len}-token sequence at tensor parallel {tp}")
+            server_util = prof["server_util"]
+            server_est = _server(tp)
         if not _server_ok(server_est):
             reasons.append("vLLM server: " + _no_room(server_est, max_model_len, max_num_seqs, gpu.is_cpu))
             bigger = [t for t in valid_tp_sizes(model, gpn) if t > tp] if not gpu.is_cpu else []
             if bigger:
-                fixes.append(f"--vllm-gpus {bigger[0]}")
-            fixes.append(f"max_completion_length {max(16, completion_len // 2)}")
+                fixes.append(Fix(f"--vllm-gpus {bigger[0]}", cli={"vllm_gpus": bigger[0]}))
+            fixes.append(_set("max_completion_length", max(16, completion_len // 2)))
     elif mode == "colocate":
         # Each trainer process runs its own vLLM (tensor parallel 1) on its device for its share of the batch.
         max_num_seqs = max(1, min(gbs // max(1, num_processes), seq_cap))
-        colocate_util = CPU_VLLM_UTIL if gpu.is_cpu else prof["colocate_util"]
+        colocate_util = CPU_VLLM_UTIL if gpu.is_cpu else float(want_util or prof["colocate_util"])
         server_est = _server(1, colocate_util)
         while not gpu.is_cpu and not _server_ok(server_est) and colocate_util < 0.7 - 1e-9:
             colocate_util = round(colocate_util + 0.05, 2)
             server_est = _server(1, colocate_util)
+        if want_util and not gpu.is_cpu and colocate_util != want_util:
+            ch.add("vllm_gpu_memory_utilization", want_util, colocate_util,
+                   f"a {want_util} share of {gpu.memory_gib:g} GiB leaves the colocated vLLM no room for one "
+                   f"{max_model_len}-token sequence beside the weights")
         if not _server_ok(server_est):
             reasons.append("colocated vLLM: " + _no_room(server_est, max_model_len, max_num_seqs, gpu.is_cpu))
-            if not gpu.is_cpu:
-                fixes.append(f"a separate vLLM server: 2x{gpu.name} or more")
-            fixes.append(f"max_completion_length {max(16, completion_len // 2)}")
+            fixes.append(_set("max_completion_length", max(16, completion_len // 2)))
 
     # ---- trainer memory and strategy --------------------------------------------------------------------
     headroom = prof["headroom"]
     beta = float(run_config.get("beta") or 0.0)
     liger = bool(trl.get("use_liger_kernel", False))
-    lora = bool(trl.get("use_peft", False))
+    lora = lora_spec(trl, precision)  # None without use_peft
     if gpu.is_cpu:
         # All processes share host RAM: the per-process budget is an equal share of what the server leaves.
         server_gib = server_est.total_gib if (server_est and mode == "server") else 0.0
@@ -360,13 +457,25 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
 
     gc_user = trl.get("gradient_checkpointing") if _user_set(run_config, "gradient_checkpointing") else None
 
-    def est(strategy: str, gc: bool, micro: int = B, n: int = num_processes, use_lora: bool = lora,
+    kernels = plan_kernels(profile, mode, liger, getattr(run_config.ogrpo, "kernels", None))
+    for name, (on, why) in kernels.items():
+        s.add(f"kernels.{name}", on, why)
+
+    def est(strategy: str, gc: bool, micro: int = B, n: int = num_processes, use_lora=lora,
             use_liger: bool = liger) -> Estimate:
         return trainer_estimate(model, num_processes=n, strategy=strategy, precision=precision, micro_batch=micro,
                                 prompt_len=prompt_len, completion_len=completion_len, gradient_checkpointing=gc,
-                                beta=beta, liger=use_liger, lora=use_lora, budget_gib=budget, is_cpu=gpu.is_cpu)
+                                beta=beta, liger=use_liger, lora=use_lora, budget_gib=budget, is_cpu=gpu.is_cpu,
+                                fused_logprobs=kernels["linear_logprobs"][0])
 
-    strategies = ("ddp",) if (gpu.is_cpu or lora) else STRATEGIES
+    want_strategy = getattr(run_config.ogrpo, "strategy", None)
+    if want_strategy is not None and lora and want_strategy != "ddp":
+        raise ConfigError([f"ogrpo.strategy {want_strategy} with use_peft: LoRA plans train with DDP (the frozen "
+                           "base is not worth sharding); drop one of them"], run_config.source)
+    # An explicit strategy is honoured as is, on CPU too (DeepSpeed runs over gloo there): the plan still
+    # checks that it fits, and does not fall back to another one.
+    strategies = ((want_strategy,) if want_strategy is not None else
+                  ("ddp",) if (gpu.is_cpu or lora) else STRATEGIES)
     if gc_user is not None:
         gc_order = [bool(gc_user)]
     elif profile == "aggressive":
@@ -388,12 +497,13 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         e = est(strategy, gc)
         reasons.append(f"trainer: {e.total_gib:.1f} GiB per {'process' if gpu.is_cpu else 'GPU'} needed "
                        f"({_top_terms(e)}) > {e.budget_gib:.1f} GiB available even with {_STRATEGY_NAMES[strategy]}")
-        fixes.extend(_trainer_fixes(est, strategy, gc, B, ga, G, num_processes, spg, liger, lora, cluster,
-                                    len(server_gpus) * len(server_nodes) if mode == "server" else 0, gc_user))
+        fixes.extend(_trainer_fixes(est, strategy, B, ga, liger, lora, gc_user, gpu.is_cpu,
+                                    prof["colocate_util"] if (mode == "colocate" and want_util
+                                                              and want_util > prof["colocate_util"]) else None))
     else:
         strategy, gc = chosen
     trainer_est = est(strategy, gc)
-    s.add("trainer.strategy", strategy, _strategy_reason(strategy, num_processes, gpu.is_cpu))
+    s.add("trainer.strategy", strategy, _strategy_reason(strategy, num_processes, gpu.is_cpu, want_strategy))
     if gc_user is not None:
         s.add("gradient_checkpointing", gc, "set in the run config")
     else:
@@ -415,18 +525,35 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         targs.update(bf16=False, fp16=True)
         s.add("bf16", False, "GRPOConfig enables bf16 unless told otherwise; V100-class GPUs would fail")
         mik_dtype = "float32"
-    mik_dtype = s.add("model_init_kwargs.dtype", mik_dtype,
+    if lora:
+        mik_dtype = lora.base_dtype
+    mik_dtype = s.add("model_init_kwargs.dtype", mik_dtype, LORA_BASE_REASON if lora else
                       "fp32 master weights: bf16/fp16 weights would round away updates at lr ~1e-6"
                       if mik_dtype == "float32" else "DeepSpeed keeps fp32 master weights itself; load half to "
                       "save host RAM")
+    for key in ("bf16", "fp16"):
+        ch.adapt(key, targs[key], f"{gpu.name} (sm_{gpu.sm}) trains in {precision}")
+    for key, user in (("dtype", trl.get("dtype")), ("torch_dtype", trl.get("torch_dtype")),
+                      ("model_init_kwargs.dtype", user_mik.get("dtype") or user_mik.get("torch_dtype"))):
+        if user is not None and str(user).removeprefix("torch.") != mik_dtype:
+            ch.add(key, user, mik_dtype, (f"{gpu.name} (sm_{gpu.sm}) has no bf16: " if str(user).endswith("bfloat16")
+                                          and not gpu.bf16 and not gpu.is_cpu else "") +
+                   (LORA_BASE_REASON if lora else
+                    "fp32 master weights under half-precision autocast: half weights would round away updates "
+                    "at lr ~1e-6" if mik_dtype == "float32" else "DeepSpeed keeps fp32 master weights itself"))
     mik.update(attn_implementation=attn, dtype=mik_dtype)
     targs["model_init_kwargs"] = mik
     if not gpu.is_cpu:
-        targs["tf32"] = s.add("tf32", bool(gpu.tf32), "TF32 matmuls on Ampere+" if gpu.tf32 else
+        tf32 = bool(gpu.tf32) if (trl.get("tf32") is None or not gpu.tf32) else bool(trl["tf32"])
+        targs["tf32"] = s.add("tf32", tf32, ("set in the run config" if trl.get("tf32") is not None else
+                                             "TF32 matmuls on Ampere+") if gpu.tf32 else
                               f"sm_{gpu.sm} has no TF32 (transformers raises if it is set)")
+        ch.adapt("tf32", tf32, f"{gpu.name} (sm_{gpu.sm}) has no TF32 (transformers raises if it is set)")
+    elif trl.get("tf32"):
+        targs["tf32"] = ch.adapt("tf32", False, "CPU: no TF32")
     targs["gradient_checkpointing"] = gc
     if gc:
-        targs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        targs["gradient_checkpointing_kwargs"] = trl.get("gradient_checkpointing_kwargs") or {"use_reentrant": False}
     optim = "adamw_torch" if gpu.is_cpu else "adamw_torch_fused"
     if not _user_set(run_config, "optim"):
         targs["optim"] = s.add("optim", optim, "fused AdamW: one kernel per step on GPU" if not gpu.is_cpu else
@@ -439,19 +566,43 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
             ("CPU: compile time dominates short runs" if gpu.is_cpu else
              f"Triton's tl.dot has no tensor cores on sm_{gpu.sm}" if not gpu.triton_tensor_cores else
              "compile time and recompiles on varying lengths outweigh the gain outside the aggressive profile"))
-    targs["dataloader_num_workers"] = 0 if gpu.is_cpu else 2
+    if not _user_set(run_config, "dataloader_num_workers"):
+        targs["dataloader_num_workers"] = 0 if gpu.is_cpu else 2
+    if gpu.is_cpu:
+        ch.adapt("use_cpu", True, "CPU plan: TrainingArguments must not look for CUDA")
+    elif trl.get("use_cpu"):
+        targs["use_cpu"] = ch.adapt("use_cpu", False, f"a {gpu.name} plan trains on its GPUs")
     targs["use_vllm"] = mode != "none"
     if mode == "server":
         targs["vllm_mode"] = "server"
+        for key in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port"):
+            if trl.get(key) is not None:
+                ch.add(key, trl[key], None, "the job starts its own vLLM server and gives the trainer its URL")
     elif mode == "colocate":
         targs["vllm_mode"] = "colocate"
         targs["vllm_gpu_memory_utilization"] = s.add(
             "vllm_gpu_memory_utilization", colocate_util,
             "colocated vLLM's share of the device; the trainer plans with the rest")
         targs["vllm_tensor_parallel_size"] = 1
-        targs["vllm_max_model_length"] = max_model_len
+        targs["vllm_max_model_length"] = ch.adapt("vllm_max_model_length", max_model_len,
+                                                  "the prompt + completion budget the memory plan holds")
     if mode != "none" and not _user_set(run_config, "vllm_server_timeout"):
         targs["vllm_server_timeout"] = 900.0
+    if trl.get("deepspeed") is not None:
+        # accelerate.yaml names the job's deepspeed.json; a second file in TrainingArguments would conflict.
+        targs["deepspeed"] = None
+        ch.add("deepspeed", trl["deepspeed"], "deepspeed.json" if strategy != "ddp" else None,
+               f"the plan picks {_STRATEGY_NAMES[strategy]} for {cluster.spec}"
+               + (" and renders its own DeepSpeed config" if strategy != "ddp" else ", which needs no DeepSpeed config")
+               + "; the recipe's file is not read")
+    if _eval_dropped(trl):
+        targs["eval_strategy"] = "no"
+        key = "eval_strategy" if trl.get("eval_strategy") not in (None, "no") else "evaluation_strategy"
+        ch.add(key, trl[key], "no", "O-GRPO's trainer loads no eval split (transformers refuses an eval strategy "
+                                    "without one)")
+    if trl.get("output_dir") is not None:
+        ch.add("output_dir", trl["output_dir"], "<job dir>/run", "the job's run directory (--output-dir) holds "
+                                                                 "checkpoints, logs and the manifest")
 
     env: dict[str, str] = {"TOKENIZERS_PARALLELISM": "false"}
     if not gpu.is_cpu:
@@ -460,12 +611,16 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
             env["NCCL_P2P_DISABLE"] = s.add("NCCL_P2P_DISABLE", "1",
                                             f"{gpu.name} boxes are PCIe: the trainer→vLLM NCCL broadcast can hang "
                                             "with P2P (TRL #5865, #2923)")
+    for key, var in (("wandb_entity", "WANDB_ENTITY"), ("wandb_project", "WANDB_PROJECT"),
+                     ("wandb_run_group", "WANDB_RUN_GROUP")):
+        if trl.get(key):
+            env[var] = str(trl[key])  # what open-r1's init_wandb_training does with these keys
     if isinstance(run_config.ogrpo.env, dict):
         env.update({str(k): str(v) for k, v in run_config.ogrpo.env.items()})
 
     vllm: dict = {"nodes": server_nodes, "gpus": server_gpus, "num_gpus": len(server_nodes) * len(server_gpus),
                   "tensor_parallel_size": tp if mode != "none" else 0,
-                  "data_parallel_size": 1 if mode == "server" else 0,
+                  "data_parallel_size": dp if mode == "server" else 0,
                   "memory_gib_per_gpu": round(server_est.total_gib, 2) if server_est else 0.0,
                   "memory_terms": server_est.to_dict() if server_est else {}, "env": server_env, "args": {}}
     if mode in ("server", "colocate"):
@@ -473,7 +628,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         s.add("vllm.dtype", vdtype, "CPU: fp32 so vLLM log-probs match the trainer's" if gpu.is_cpu else
               ("bf16 models fall back badly on sm_70: pass --dtype half" if vdtype == "half" else
                "same dtype as training"))
-        util = (CPU_VLLM_UTIL if gpu.is_cpu else prof["server_util"]) if mode == "server" else colocate_util
+        util = server_util if mode == "server" else colocate_util
         memory_arg = {"gpu_memory_utilization": util} if not gpu.is_cpu else {"kv_cache_memory_bytes": s.add(
             "vllm.kv_cache_memory_bytes", server_est.notes["kv_cache_memory_bytes"],
             f"CPU: KV for {max_num_seqs} x {max_model_len} tokens; a share of host memory depends on the NUMA "
@@ -483,11 +638,12 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
             "max_model_len": max_model_len,
             **memory_arg,
             "enable_prefix_caching": s.add("vllm.enable_prefix_caching", True,
-                                           "the num_generations completions of a prompt share its KV blocks"),
+                                           "the num_generations completions of a prompt share its KV blocks")
+            if trl.get("vllm_enable_prefix_caching") is None else bool(trl["vllm_enable_prefix_caching"]),
             "max_num_seqs": max_num_seqs,
             "enforce_eager": bool(prof["eager"] or gpu.is_cpu),
             "tensor_parallel_size": tp,
-            "data_parallel_size": 1,
+            "data_parallel_size": dp,
             "logprobs_mode": "processed_logprobs",
         }
         s.add("vllm.logprobs_mode", "processed_logprobs",
@@ -515,22 +671,50 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         vllm["num_gpus"] = 0
 
     fits = not reasons
-    if not fits and not fixes:
-        fixes.append("a bigger GPU type or more GPUs")
-    return Plan(cluster=cluster, model=model, profile=profile, fits=fits, reasons=reasons, fixes=_dedupe(fixes),
-                precision=precision, attn_implementation=attn, mode=mode, vllm=vllm, trainer=trainer,
-                trainer_args=targs, env=env, settings=s.items, batch=batch,
+    held: list[Fix] = []
+    if not fits and check_fixes:
+        held = _fixes_that_hold(fixes, cluster, model, run_config, profile)
+    return Plan(cluster=cluster, model=model, profile=profile, fits=fits, reasons=reasons,
+                fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=mode, vllm=vllm,
+                trainer=trainer, trainer_args=targs, env=env, settings=s.items, batch=batch,
                 warnings=warnings + ([] if model.exact_shapes else
-                                     [f"{model.name}: shapes extrapolated from --params; activations are rough"]))
+                                     [f"{model.name}: shapes extrapolated from --params; activations are rough"]),
+                changes=ch.items, fix_actions=[f.to_dict() for f in held],
+                kernels={name: on for name, (on, _) in kernels.items()})
 
 
 _STRATEGY_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                    "zero3_offload": "ZeRO-3 with optimizer offload"}
 
 
-def _strategy_reason(strategy: str, n: int, is_cpu: bool) -> str:
+def plan_kernels(profile: str, mode: str, liger: bool, wanted: bool | None) -> dict[str, tuple[bool, str]]:
+    """O-GRPO's own kernels (ogrpo/kernels) for this run: name -> (on, reason). `wanted`: `ogrpo.kernels`."""
+    if wanted is False:
+        return {k: (False, "ogrpo.kernels: false in the run config") for k in ("linear_logprobs", "fused_sample")}
+    safe = profile != "conservative" or wanted is True
+    if liger:
+        logprobs = (False, "use_liger_kernel: Liger's chunked loss already avoids the full logits")
+    elif safe:
+        logprobs = (True, "log-probs and entropies one token chunk at a time: the B·C·V logits are never held "
+                          "(memory term: one chunk)")
+    else:
+        logprobs = (False, "the conservative profile keeps TRL's own log-prob path")
+    if mode != "none":
+        sample = (False, "vLLM samples the rollouts")
+    elif safe:
+        sample = (True, "HF generate rollouts: penalty, temperature, top-k/p and the draw in one pass per row")
+    else:
+        sample = (False, "the conservative profile keeps transformers' sampling")
+    return {"linear_logprobs": logprobs, "fused_sample": sample}
+
+
+def _strategy_reason(strategy: str, n: int, is_cpu: bool, wanted: str | None = None) -> str:
+    if wanted is not None:
+        return (f"set in the run config (ogrpo.strategy {wanted})"
+                + (f": {_STRATEGY_NAMES[wanted]} over gloo on {n} CPU processes" if is_cpu and wanted != "ddp"
+                   else ""))
     if is_cpu:
-        return "CPU: DDP over gloo (DeepSpeed needs CUDA)"
+        return "CPU: DDP over gloo; ogrpo.strategy picks DeepSpeed ZeRO (it runs over gloo too, but slower)"
     return {"ddp": "weights, gradients and optimizer fit on each GPU unsharded (fastest)",
             "zero2": f"gradients and optimizer states sharded over {n} GPUs to fit",
             "zero3": f"weights, gradients and optimizer sharded over {n} GPUs to fit",
@@ -550,49 +734,174 @@ def _top_terms(e: Estimate) -> str:
     return ", ".join(f"{k} {v:.1f}" for v, k in top)
 
 
-def _trainer_fixes(est, strategy, gc, B, ga, G, n, spg, liger, lora, cluster: Cluster, server_gpus: int,
-                   gc_user) -> list[str]:
-    fixes: list[str] = []
-    if gc_user is False and est(strategy, True).fits:
-        fixes.append("gradient_checkpointing true")
-        return fixes
-    # Smaller micro-batches with more accumulation keep the effective batch.
+def _set(key: str, value, text: str | None = None) -> Fix:
+    """A fix that sets one run-config key (None: removes it)."""
+    return Fix(text or f"{key} {value}", config={key: value})
+
+
+def _trainer_fixes(est, strategy, B, ga, liger, lora, gc_user, is_cpu, colocate_util) -> list[Fix]:
+    """Candidate fixes for a trainer that does not fit; _fixes_that_hold keeps those that re-plan to a fit."""
+    fixes: list[Fix] = []
+    if gc_user is False:
+        fixes.append(_set("gradient_checkpointing", True, "gradient_checkpointing true"))
+    # Smaller micro-batches with more accumulation keep the effective batch and the generation batch.
     b = B
     while b > 1:
         b //= 2
-        if est(strategy, True, micro=b).fits:
-            fixes.append(f"per_device_train_batch_size {b} with gradient_accumulation_steps {ga * (B // b)}")
+        if B % b == 0 and est(strategy, True, micro=b).fits:
+            fixes.append(Fix(f"per_device_train_batch_size {b} with gradient_accumulation_steps {ga * (B // b)}",
+                             config={"per_device_train_batch_size": b, "gradient_accumulation_steps": ga * (B // b)}))
             break
-    if not liger and est(strategy, True, micro=1, use_liger=True).fits:
-        fixes.append("use_liger_kernel true (chunked loss: no full B·T·V logits)")
-    if not lora and not cluster.is_cpu and est("ddp", True, micro=1, use_lora=True).fits:
-        fixes.append("LoRA (use_peft: true)")
-    if not cluster.is_cpu:
-        found = False
-        for micro in dict.fromkeys((B, 1)):
-            for extra in range(1, 65):
-                if est("zero3_offload", True, micro=micro, n=n + extra).fits:
-                    total = server_gpus + n + extra
-                    if cluster.nodes == 1 and total <= 8:
-                        fix = f"{total}x{cluster.gpu.name}"
-                    else:
-                        # Multi-node: the server keeps its own node.
-                        nodes = (1 + math.ceil((n + extra) / cluster.gpus_per_node) if cluster.nodes > 1
-                                 else math.ceil(total / cluster.gpus_per_node))
-                        fix = f"{nodes}x{cluster.gpus_per_node}x{cluster.gpu.name}"
-                    fixes.append(fix + (f" with per_device_train_batch_size {micro}" if micro != B else ""))
-                    found = True
-                    break
-            if found:
-                break
-    if strategy != "zero3_offload" and not cluster.is_cpu and not lora:
-        fixes.insert(0, "ZeRO-3 with optimizer offload")
+    if not liger:
+        fixes.append(_set("use_liger_kernel", True, "use_liger_kernel true (chunked loss: no full B·T·V logits)"))
+    if not lora and not is_cpu:
+        fixes.append(_set("use_peft", True, "LoRA (use_peft: true)"))
+    if colocate_util is not None:
+        fixes.append(_set("vllm_gpu_memory_utilization", colocate_util))
     return fixes
 
 
-def _dedupe(items: list[str]) -> list[str]:
+def _apply_fix(run_config, fix: Fix):
+    trl = dict(run_config.trl)
+    opts = run_config.ogrpo
+    for key, value in fix.config.items():
+        if key == "ogrpo":
+            opts = dataclasses.replace(opts, **value)
+        elif value is None:
+            trl.pop(key, None)
+        else:
+            trl[key] = value
+    if "vllm_gpus" in fix.cli:
+        opts = dataclasses.replace(opts, vllm_gpus=fix.cli["vllm_gpus"])
+    return dataclasses.replace(run_config, trl=trl, ogrpo=opts, warnings=[])
+
+
+def _holds(fix: Fix, cluster: Cluster, model: ModelFacts, run_config, profile: str) -> bool:
+    """Re-plan with the fix applied: it holds when that plan fits (memory and TRL's batch rules)."""
+    try:
+        target = parse_gpus(fix.cli["gpus"]) if "gpus" in fix.cli else cluster
+        return make_plan(target, model, _apply_fix(run_config, fix), profile, check_fixes=False).fits
+    except OgrpoError:
+        return False
+
+
+def _hardware_candidates(cluster: Cluster) -> list[str]:
+    """Specs of the same GPU type with more GPUs, smallest first: one node up to 8, then whole nodes."""
+    gpn = cluster.gpus_per_node if cluster.nodes > 1 else 8
+    specs: list[tuple[int, str]] = [(c, f"{c}x{cluster.gpu.name}") for c in range(cluster.total_gpus + 1, 9)
+                                    if cluster.nodes == 1]
+    specs += [(n * gpn, f"{n}x{gpn}x{cluster.gpu.name}") for n in range(2, 9) if n * gpn > cluster.total_gpus]
+    return [spec for _, spec in sorted(specs)]
+
+
+def _bigger_types(cluster: Cluster) -> list[str]:
+    """Same layout on each catalog GPU type with more memory, smallest memory first."""
+    from ogrpo.hardware import known_types
+
+    if cluster.is_cpu:
+        # A host with more RAM: the same processes, 2x / 4x / 8x the memory.
+        count = f"{cluster.total_gpus}x" if cluster.total_gpus > 1 else ""
+        return [f"{count}cpu-{cluster.gpu.memory_gib * k:g}G" for k in (2, 4, 8)]
+    out = []
+    for name in known_types():
+        if name == "cpu":
+            continue
+        g = parse_gpus(name).gpu
+        if g.memory_gib > cluster.gpu.memory_gib:
+            layout = f"{cluster.nodes}x{cluster.gpus_per_node}" if cluster.nodes > 1 else f"{cluster.gpus_per_node}"
+            out.append((g.memory_gib, f"{layout}x{g.name}"))
+    return [spec for _, spec in sorted(out)]
+
+
+def _with(fix: Fix, other: Fix) -> Fix:
+    return Fix(f"{fix.text} with {other.text}", config={**fix.config, **other.config}, cli={**fix.cli, **other.cli})
+
+
+def _fixes_that_hold(candidates: list[Fix], cluster: Cluster, model: ModelFacts, run_config, profile: str,
+                     ) -> list[Fix]:
+    """The candidates that re-plan to a fit; one that does not hold alone is tried with micro-batch 1 (same
+    effective batch through accumulation), since full B·T·V logits often dominate. Then hardware: the fewest
+    GPUs of this type, and the smallest bigger GPU type (CPU: host) with this layout."""
+    B = int(run_config.get("per_device_train_batch_size"))
+    ga = int(run_config.get("gradient_accumulation_steps"))
+    micro = (Fix(f"per_device_train_batch_size 1 and gradient_accumulation_steps {ga * B}",
+                 config={"per_device_train_batch_size": 1, "gradient_accumulation_steps": ga * B})
+             if B > 1 and run_config.trl.get("generation_batch_size") is None else None)
+
+    def first_holding(options: list[Fix]) -> Fix | None:
+        for f in options:
+            if _holds(f, cluster, model, run_config, profile):
+                return f
+        return None
+
+    held: list[Fix] = []
+    for fix in _dedupe_fixes(candidates):
+        options = [fix] + ([_with(fix, micro)] if micro and "per_device_train_batch_size" not in fix.config else [])
+        found = first_holding(options)
+        if found:
+            held.append(found)
+    # CPU: a host with more RAM (more processes share the same RAM, so they do not help).
+    for specs in ((_bigger_types(cluster),) if cluster.is_cpu else
+                  (_hardware_candidates(cluster), _bigger_types(cluster))):
+        hw = [Fix(spec, cli={"gpus": spec}) for spec in specs]
+        found = first_holding(hw) or (first_holding([_with(f, micro) for f in hw]) if micro else None)
+        if found:
+            held.append(found)
+    return _dedupe_fixes(held)
+
+
+def _dedupe_fixes(items: list[Fix]) -> list[Fix]:
     seen: set[str] = set()
-    return [x for x in items if not (x in seen or seen.add(x))]
+    return [f for f in items if not (f.text in seen or seen.add(f.text))]
+
+
+def _eval_strategy(trl: dict) -> str:
+    return str(trl.get("eval_strategy") or trl.get("evaluation_strategy") or "no")
+
+
+def _eval_dropped(trl: dict) -> bool:
+    """O-GRPO's trainer loads no eval split, so an eval strategy other than "no" is changed to "no"."""
+    return _eval_strategy(trl) != "no"
+
+
+def batch_rules(B: int, ga: int, G: int, n: int, gbs_user=None, spg_user=None, eval_batch: int | None = None,
+                eval_generations: int | None = None) -> dict:
+    """TRL's GRPOConfig.__post_init__ batch rules (1.9 and 1.16 alike) for n trainer processes:
+    {reasons, fixes, steps_per_generation, generation_batch_size}. `eval_batch`: per_device_eval_batch_size
+    when evaluation runs (None: it does not)."""
+    reasons: list[str] = []
+    fixes: list[Fix] = []
+    global_batch = B * n
+    if gbs_user is not None:
+        gbs = int(gbs_user)
+        if gbs % global_batch:
+            reasons.append(f"generation_batch_size {gbs} is not divisible by the global batch {B} x {n} processes = "
+                           f"{global_batch}")
+        spg = max(1, gbs // global_batch)
+    else:
+        spg = int(spg_user or ga)
+        gbs = global_batch * spg
+    if gbs % global_batch or gbs % G:
+        if gbs % G:
+            reasons.append(f"generation batch {gbs} (per_device_train_batch_size {B} x {n} processes x {spg} steps) "
+                           f"is not divisible by num_generations {G}")
+        # The nearest generation batch that both rules accept: a multiple of lcm(global batch, G).
+        unit = global_batch * G // math.gcd(global_batch, G)
+        if gbs_user is not None:
+            fixes.append(_set("generation_batch_size", max(1, round(gbs / unit)) * unit))
+        else:
+            step = G // math.gcd(n * spg, G)
+            fixes.append(_set("per_device_train_batch_size", math.ceil(B / step) * step))
+        divs = [g for g in range(2, G + 1) if gbs % g == 0 and gbs % global_batch == 0]
+        if divs:
+            fixes.append(_set("num_generations", divs[-1]))
+    if eval_batch is not None:
+        Ge = eval_generations or G
+        if (eval_batch * n) % Ge:
+            reasons.append(f"eval batch {eval_batch} x {n} processes is not divisible by num_generations {Ge}")
+            step = Ge // math.gcd(n, Ge)
+            fixes.append(_set("per_device_eval_batch_size", math.ceil(eval_batch / step) * step))
+    return {"reasons": reasons, "fixes": fixes, "steps_per_generation": spg, "generation_batch_size": gbs}
 
 
 def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,

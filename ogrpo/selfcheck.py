@@ -9,9 +9,13 @@ It fails (exit 1, one line per problem) when:
 - `import flash_attn` fails, or flash-attn is present where it cannot run (V100);
 - vLLM's own kernels (vllm/_C) have no code for the GPU (compat.md: the last vLLM wheels with sm_70 are
   0.19.x; the 0.19.1 wheel's vllm/_C carries sm_70 and sm_80 cubins, and every build re-checks it here);
-- the compiled kernels of DeepSpeed's prebuilt ops, flash-attn or our own extensions (`ogrpo/csrc`, listed in
-  the builder's build-info.json) carry no code for the family's GPU — read from each library's fatbin, so the
-  check needs no GPU and no CUDA toolkit (`docker build` has neither);
+- the compiled kernels of DeepSpeed's prebuilt ops, flash-attn or our own extensions (`ogrpo/kernels/*/csrc`,
+  built by the builder into $OGRPO_KERNELS_PREBUILT and listed in its build-info.json) carry no code for the
+  family's GPU — read from each library's fatbin, so the check needs no GPU and no CUDA toolkit (`docker
+  build` has neither);
+- one of our ops does not load its prebuilt extension, or, run against its PyTorch reference on a small
+  random input, disagrees with it: on the CPU always (its module ships too), on the GPU when one is present
+  (`docker build` has none: the check runs again where the image starts on a GPU, e.g. the .sif's %test);
 - the A40's DeepSpeed ops were built for an arch with major <= 7 (DeepSpeed then drops BF16 from every op);
 - the torch/vLLM/flash-attn versions do not fit the family, or the TRL/vLLM pair is not one `ogrpo doctor`
   supports (ogrpo.stacks, the same data doctor reads);
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import os
 import struct
 import sys
 from pathlib import Path
@@ -41,6 +46,7 @@ from ogrpo.stacks import (
 )
 
 FATBIN_MAGIC = 0xBA55ED50
+DEFAULT_PREBUILT = "/opt/ogrpo/kernels"  # the image's OGRPO_KERNELS_PREBUILT (install-runtime.sh INFODIR/kernels)
 _KIND = {1: "compute", 2: "sm", 0x10: "sm"}  # PTX / ELF cubin / ELF cubin (alternate)
 
 
@@ -120,7 +126,7 @@ def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> li
         groups["flash-attn"] = "flash-attn"
     build_info = facts.get("build_info") or {}
     if build_info.get("extensions"):
-        groups["ogrpo"] = "O-GRPO extensions (ogrpo/csrc)"
+        groups["ogrpo"] = "O-GRPO kernels (ogrpo/kernels)"
     for group, label in groups.items():
         files = kernels.get(group) or {}
         cuda_files = {path: archs for path, archs in files.items() if archs}
@@ -142,6 +148,10 @@ def evaluate(fam: Family, facts: dict, lock: dict[str, str] | None = None) -> li
     found_ext = set((kernels.get("ogrpo") or {}).keys())
     for missing in sorted(expected_ext - found_ext):
         problems.append(f"O-GRPO extension {missing} listed in build-info.json is not installed")
+    for op, devices in sorted((facts.get("ops") or {}).items()):
+        for device, result in sorted(devices.items()):
+            if result.get("status") == "failed":
+                problems.append(f"O-GRPO kernel {op} ({device}): {result.get('detail')}")
     if build_info and build_info.get("family") not in (None, fam.name):
         problems.append(f"build-info.json is for family {build_info.get('family')!r}, not {fam.name!r}")
 
@@ -207,16 +217,94 @@ def gather(build_info: dict | None = None) -> dict:
     if vllm_root is not None:
         # only the core ops library: vLLM also ships sm_90-only kernels (FA3, FlashMLA) that V100/A40 never load
         facts["kernels"]["vllm"] = _so_archs(sorted(vllm_root.glob("_C.*so")))
-    for group, package in (("deepspeed", "deepspeed"), ("ogrpo", "ogrpo")):
-        root = _package_dir(package)
-        if root is not None:
-            facts["kernels"][group] = _so_archs(sorted(root.rglob("*.so")))
-    if facts["kernels"].get("ogrpo"):
-        site = _package_dir("ogrpo").parent  # type: ignore[union-attr]
-        facts["kernels"]["ogrpo"] = {
-            str(Path(p).relative_to(site)): a for p, a in facts["kernels"]["ogrpo"].items()
-        }
+    ds_root = _package_dir("deepspeed")
+    if ds_root is not None:
+        facts["kernels"]["deepspeed"] = _so_archs(sorted(ds_root.rglob("*.so")))
+    prebuilt = Path(os.environ.get("OGRPO_KERNELS_PREBUILT") or DEFAULT_PREBUILT)
+    if prebuilt.is_dir():
+        # named as build-info.json names them: relative to the prebuilt root
+        facts["kernels"]["ogrpo"] = {str(p.relative_to(prebuilt)): a
+                                     for p, a in _so_archs(sorted(prebuilt.rglob("*.so"))).items()}
+    if (build_info or {}).get("extensions"):
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        facts["ops"] = {op: {d: check_op(op, d) for d in devices} for op in build_info.get("kernels") or []}
+        for results in facts["ops"].values():
+            results.setdefault("cuda", {"status": "skipped", "detail": "no GPU in this environment"})
     return facts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# our ops against their references
+
+
+def _check_linear_logprobs(device) -> str | None:
+    import torch
+
+    from ogrpo.kernels.linear_logprobs import linear_logprobs, linear_logprobs_reference
+
+    gen = torch.Generator().manual_seed(0)
+    n, hid, vocab = 37, 40, 1001  # nothing a multiple of 8 or of a chunk
+    h = torch.randn(n, hid, generator=gen).to(device).requires_grad_()
+    w = (torch.randn(vocab, hid, generator=gen) / hid ** 0.5).to(device).requires_grad_()
+    t = torch.randint(0, vocab, (n,), generator=gen).to(device)
+    g = torch.randn(n, generator=gen).to(device)
+    outs = []
+    for fn, kw in ((linear_logprobs, {"impl": "compiled"}), (linear_logprobs_reference, {})):
+        logp, ent = fn(h, w, t, 0.7, **kw)
+        gh, gw = torch.autograd.grad((logp * g).sum() + ent.sum(), (h, w))
+        outs.append((logp, ent, gh, gw))
+    for name, a, b in zip(("logprobs", "entropy", "grad hidden", "grad weight"), *outs):
+        # --use_fast_math on CUDA: exp/log within a few ulp, summed over 1001 terms
+        if not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3):
+            return f"{name} differs from the reference by {(a.float() - b.float()).abs().max().item():.3g}"
+    return None
+
+
+def _check_fused_sample(device) -> str | None:
+    import torch
+
+    from ogrpo.kernels.fused_sample import fused_sample, fused_sample_reference
+    from ogrpo.kernels.fused_sample.reference import processed_scores
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 1001, generator=gen) * 3).to(device)
+    prev = torch.randint(0, 1001, (5, 9), generator=gen).to(device)
+    greedy = fused_sample(logits, 0.0, 0, 1.0, 1.3, prev, None, impl="compiled")
+    want = fused_sample_reference(logits, 0.0, 0, 1.0, 1.3, prev, None)
+    if not torch.equal(greedy.cpu(), want.cpu()):
+        return f"greedy tokens {greedy.tolist()} differ from the reference's {want.tolist()}"
+    draw = torch.Generator(device=device).manual_seed(1)
+    tokens = fused_sample(logits, 0.8, 20, 0.9, 1.3, prev, draw, impl="compiled")
+    allowed = processed_scores(logits, 0.8, 20, 0.9, 1.3, prev).isfinite()
+    if tokens.shape != (5,) or not bool(allowed.gather(1, tokens.view(-1, 1)).all()):
+        return f"sampled tokens {tokens.tolist()} outside the top-k/top-p support"
+    return None
+
+
+OP_CHECKS = {"linear_logprobs": _check_linear_logprobs, "fused_sample": _check_fused_sample}
+
+
+def check_op(op: str, device: str) -> dict[str, str]:
+    """{"status": "ok" | "failed" | "skipped", "detail"}: OP's prebuilt extension loads on DEVICE and its
+    compiled path agrees with the PyTorch reference on a small odd-shaped input."""
+    import torch
+
+    from ogrpo.kernels._build import load_extension
+
+    try:
+        ext = load_extension(op, cuda=device == "cuda")
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
+        return {"status": "failed", "detail": f"extension does not load: {type(exc).__name__}: {exc}"[:400]}
+    check = OP_CHECKS.get(op)
+    if check is None:
+        return {"status": "skipped", "detail": f"loaded {Path(ext.__file__).name}; no reference check for {op}"}
+    try:
+        mismatch = check(torch.device(device))
+    except Exception as exc:  # noqa: BLE001
+        mismatch = f"raised {type(exc).__name__}: {exc}"[:400]
+    if mismatch:
+        return {"status": "failed", "detail": mismatch}
+    return {"status": "ok", "detail": f"{Path(ext.__file__).name} matches the reference"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kernels = facts.get("kernels") or {}
     summary = ", ".join(f"{g}: {sum(1 for a in f.values() if a)} CUDA libs" for g, f in sorted(kernels.items()))
-    print(f"selfcheck {fam.name}: OK ({fam.gpu}; torch archs {' '.join(facts.get('arch_list') or [])}; {summary})")
+    ops = "; ".join(f"{op}: " + " ".join(f"{d} {r.get('status')}" for d, r in sorted(devs.items()))
+                    for op, devs in sorted((facts.get("ops") or {}).items()))
+    print(f"selfcheck {fam.name}: OK ({fam.gpu}; torch archs {' '.join(facts.get('arch_list') or [])}; {summary}"
+          + (f"; kernels {ops}" if ops else "") + ")")
     return 0
 
 

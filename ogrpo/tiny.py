@@ -10,11 +10,17 @@ its first characters that are that letter. The reward is dense (every character 
 advantage is non-zero from the first step even for a randomly initialised model, and the curve rises within a
 few dozen steps on two cores.
 
-Module import is cheap (no torch): `ogrpo.models` and the planner may read `TINY_MODEL` / `model_config()`.
+The task models (`ogrpo:tiny-math`, `ogrpo:tiny-code`) are the same architecture with the task's text in the
+tokenizer's corpus and a supervised warm start on the task's completions instead of the letters warm-up
+(ogrpo/tasks/warm.py); their cache directories (`tiny-math-<hash>` ...) are keyed by the task's builder
+parameters and the source of the task and warm-start modules. `ensure_model(name)` builds any of them.
+
+Module import is cheap (no torch): `ogrpo.models` and the planner may read `TINY_MODEL` / `model_config(name)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,15 +57,64 @@ WARMUP_BATCH = 32
 WARMUP_COPY = 0.4
 
 
-def model_config() -> dict:
-    """config.json fields of the tiny model (without building it)."""
-    return {**TINY_MODEL, "vocab_size": VOCAB_SIZE, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+# Task models: the tiny architecture with the task's text in its tokenizer's corpus and a supervised warm start on
+# the task's completions (ogrpo/tasks/warm.py), so the task's rewards see real answers. Their builder parameters
+# (`WARM`) live in the task module.
+TASK_MODELS = {"ogrpo:tiny-math": "ogrpo.tasks.tiny_math", "ogrpo:tiny-code": "ogrpo.tasks.tiny_code"}
 
 
-def spec_hash() -> str:
-    spec = {"model": model_config(), "vocab": VOCAB_SIZE, "seed": SEED, "corpus": _corpus(),
-            "special": SPECIAL_TOKENS, "build": BUILD_VERSION,
-            "warmup": [WARMUP_STEPS, WARMUP_BATCH, WARMUP_COPY, REWARD_CHARS, LETTERS]}
+def builtin_model(name: object) -> str | None:
+    """The canonical name of a built-in model (`ogrpo:tiny` or its alias `tiny`, `ogrpo:tiny-math`,
+    `ogrpo:tiny-code`), or None for any other model name."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    if key in (TINY_NAME, "tiny"):
+        return TINY_NAME
+    return key if key in TASK_MODELS else None
+
+
+def _task(name: str):
+    import importlib
+
+    return importlib.import_module(TASK_MODELS[name])
+
+
+def _canonical(name: str) -> str:
+    canonical = builtin_model(name)
+    if canonical is None:
+        raise ValueError(f"{name!r} is not a built-in model ({', '.join([TINY_NAME, *TASK_MODELS])})")
+    return canonical
+
+
+def model_config(name: str = TINY_NAME) -> dict:
+    """config.json fields of a built-in model (without building it)."""
+    name = _canonical(name)
+    vocab = VOCAB_SIZE if name == TINY_NAME else _task(name).WARM["vocab_size"]
+    return {**TINY_MODEL, "vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+
+
+def _source_hash(*modules) -> str:
+    """Hash of the modules' source: a task model's build depends on its rows, completions, training loop and
+    this builder (an edit to any of them rebuilds the task models; `ogrpo:tiny` keeps its spec-only key)."""
+    h = hashlib.sha256()
+    for path in [__file__, *(mod.__file__ for mod in modules)]:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+def spec_hash(name: str = TINY_NAME) -> str:
+    name = _canonical(name)
+    if name == TINY_NAME:
+        spec = {"model": model_config(), "vocab": VOCAB_SIZE, "seed": SEED, "corpus": _corpus(),
+                "special": SPECIAL_TOKENS, "build": BUILD_VERSION,
+                "warmup": [WARMUP_STEPS, WARMUP_BATCH, WARMUP_COPY, REWARD_CHARS, LETTERS]}
+    else:
+        from ogrpo.tasks import warm
+
+        task = _task(name)
+        spec = {"model": model_config(name), "seed": SEED, "corpus": _corpus(), "special": SPECIAL_TOKENS,
+                "build": BUILD_VERSION, "warm": task.WARM, "source": _source_hash(task, warm)}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -71,11 +126,17 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "ogrpo"
 
 
-def model_dir() -> Path:
-    return cache_root() / f"tiny-{spec_hash()}"
+def model_dir(name: str = TINY_NAME) -> Path:
+    return cache_root() / _dir_name(name)
+
+
+def _dir_name(name: str) -> str:
+    name = _canonical(name)
+    return f"{name.removeprefix('ogrpo:')}-{spec_hash(name)}"
 
 
 def is_tiny(name: object) -> bool:
+    """The letters model or dataset (`ogrpo:tiny`, `tiny`). Model names: see builtin_model."""
     return isinstance(name, str) and name.strip().lower() in (TINY_NAME, "tiny")
 
 
@@ -148,17 +209,32 @@ def _letter_from_prompt(prompt) -> str | None:
 # --- building -------------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(out_dir: Path):
-    """Train a byte-level BPE on the built-in corpus and save it as a fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(out_dir: Path, corpus: list[str] | None = None, vocab_size: int = VOCAB_SIZE,
+                    qwen2_split: bool = False):
+    """Train a byte-level BPE on the corpus (the letters corpus by default) and save it as a fast tokenizer.
+
+    `qwen2_split`: train with the normalizer and pre-tokenizer that transformers' Qwen2Tokenizer rebuilds on
+    load (AutoTokenizer picks it from config.json's model_type, in the trainer and in the server), so the ids
+    seen in training are the ids seen at run time. With GPT-2's byte-level split instead, ` 12` is one
+    pre-token at build time and ` `, `1`, `2` at run time: a model fine-tuned on the former reads the
+    latter as unseen input. The letters texts split alike both ways, which is why `ogrpo:tiny` keeps GPT-2's.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if qwen2_split:
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[1],
                                    bos_token=None, model_max_length=TINY_MODEL["max_position_embeddings"])
     fast.save_pretrained(str(out_dir))
@@ -206,11 +282,14 @@ def _warmup(model, tok) -> None:
     model.eval()
 
 
-def build_model(out_dir: Path, tok) -> None:
+def build_model(out_dir: Path, tok, name: str = TINY_NAME, train=None) -> None:
+    """Initialise the model with the fixed seed, train it (`train(model, tok)`, the letters warm-up by default)
+    and save it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = {k: v for k, v in model_config().items() if k not in ("model_type", "architectures", "torch_dtype")}
+    train = _warmup if train is None else train
+    cfg = {k: v for k, v in model_config(name).items() if k not in ("model_type", "architectures", "torch_dtype")}
     config = Qwen2Config(**cfg)
     state = torch.random.get_rng_state()
     threads = torch.get_num_threads()
@@ -219,7 +298,7 @@ def build_model(out_dir: Path, tok) -> None:
         torch.set_num_threads(1)
         torch.manual_seed(SEED)
         model = Qwen2ForCausalLM(config).to(torch.float32)
-        _warmup(model, tok)
+        train(model, tok)
     finally:
         torch.random.set_rng_state(state)
         torch.set_num_threads(threads)
@@ -228,27 +307,77 @@ def build_model(out_dir: Path, tok) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
-def ensure_tiny_model(root: Path | None = None) -> Path:
-    """Path of the built tiny model + tokenizer, building it (atomically) if it is not in the cache yet."""
-    target = (Path(root) if root is not None else cache_root()) / f"tiny-{spec_hash()}"
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+def _task_tokenizer(out_dir: Path, name: str):
+    """A task model's tokenizer: BPE over the letters corpus plus the task's prompts and completions."""
+    from ogrpo.tasks import warm
+
+    task = _task(name)
+    return build_tokenizer(out_dir, _corpus() + warm.corpus(task), task.WARM["vocab_size"], qwen2_split=True)
+
+
+def _task_training(name: str):
+    """`train(model, tok)` for build_model: the task's supervised warm start (ogrpo/tasks/warm.py)."""
+    from ogrpo.tasks import warm
+
+    task = _task(name)
+    examples = task.warm_examples()
+    return lambda model, tok: warm.fine_tune(model, tok, examples, **task.WARM)
+
+
+def ensure_model(name: str = TINY_NAME, root: Path | None = None) -> Path:
+    """Path of a built-in model + tokenizer (see builtin_model), built into the cache on first use.
+
+    The build happens in a temporary directory renamed into place, so a reader never sees a partial model. Two
+    processes that need it at once (server and trainer, DDP ranks) take a lock, so the second waits for the
+    first's build instead of repeating it; without working locks (some network file systems) both build and the
+    second rename loses, leaving the first's files.
+    """
+    name = _canonical(name)
+    target = (Path(root) if root is not None else cache_root()) / _dir_name(name)
+    if _complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=target.parent))
-    try:
-        tok = build_tokenizer(tmp)
-        if len(tok) != VOCAB_SIZE:
-            # The corpus must give the full vocabulary: the model's embedding is sized to VOCAB_SIZE.
-            raise RuntimeError(f"tiny tokenizer has {len(tok)} tokens, expected {VOCAB_SIZE}")
-        build_model(tmp, tok)
-        (tmp / "ogrpo_tiny.json").write_text(json.dumps({"spec_hash": spec_hash(), "seed": SEED}) + "\n")
+    with _lock(target.parent / f".{target.name}.lock"):
+        if _complete(target):
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-build-", dir=target.parent))
         try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process finished first (target now exists and is not empty): keep theirs.
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            tok = build_tokenizer(tmp) if name == TINY_NAME else _task_tokenizer(tmp, name)
+            want = model_config(name)["vocab_size"]
+            if len(tok) != want:
+                # The corpus must give the full vocabulary: the model's embedding is sized to vocab_size.
+                raise RuntimeError(f"{name} tokenizer has {len(tok)} tokens, expected {want}")
+            build_model(tmp, tok, name, train=None if name == TINY_NAME else _task_training(name))
+            info = {"spec_hash": spec_hash(name), "seed": SEED, **({} if name == TINY_NAME else {"name": name})}
+            (tmp / "ogrpo_tiny.json").write_text(json.dumps(info) + "\n")
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                # Another process finished first (target now exists and is not empty): keep theirs.
+                if not _complete(target):
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_tiny_model(root: Path | None = None) -> Path:
+    """Path of the built letters model + tokenizer (`ogrpo:tiny`)."""
+    return ensure_model(TINY_NAME, root)
+
+
+def _complete(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    import fcntl
+
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: fall back to the rename race described above
+            pass
+        yield

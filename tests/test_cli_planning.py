@@ -111,7 +111,8 @@ def test_render_writes_job(run_cli, basic_recipe, tmp_path):
 
 def test_render_dry_run_writes_nothing(run_cli, basic_recipe, tmp_path):
     out = tmp_path / "job"
-    proc = run_cli("render", "--gpus", "4xV100-32G", "--config", basic_recipe, "-o", out, "--dry-run", check_rc=0)
+    # 4xV100-16G: DDP's 26.5 GiB per GPU exceed 14.4, so the plan is ZeRO-2 and has a deepspeed.json to show.
+    proc = run_cli("render", "--gpus", "4xV100-16G", "--config", basic_recipe, "-o", out, "--dry-run", check_rc=0)
     assert not out.exists()
     for name in ("job.sbatch", "accelerate.yaml", "deepspeed.json", "run.yaml", "manifest.json"):
         assert f"==> {name} <==" in proc.stdout

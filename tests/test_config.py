@@ -51,15 +51,43 @@ def test_basic_recipe(basic_recipe):
 def test_open_r1_recipe_loads_with_warnings(open_r1_recipe):
     rc = load_run_config(open_r1_recipe)
     warned = " ".join(rc.warnings)
+    # Keys outside TRL 1.16's dataclasses are named with what happens to them (ogrpo/fields.py).
     for key in ("system_prompt", "dataset_prompt_column", "hub_model_revision", "callbacks", "benchmarks",
-                "torch_dtype", "max_prompt_length", "warmup_ratio", "overwrite_output_dir"):
+                "torch_dtype", "max_prompt_length", "overwrite_output_dir"):
         assert key in warned, key
+    assert "dataset_prompt_column: a key of open-r1's scripts, not of TRL 1.16; mapped to ogrpo.prompt_column" in warned
+    assert "callbacks: a key of open-r1's scripts; not applied" in warned
+    # warmup_ratio is a GRPOConfig field of the images' TRL 1.9 (and warmup_steps' ratio form on 1.16): no warning.
+    assert "warmup_ratio" not in warned
     # Loaded unchanged: every key is kept.
     assert rc.trl["system_prompt"].startswith("You are")
     assert rc.trl["num_generations"] == 16
     groups = rc.by_group()
     assert "system_prompt" in groups["other"] and "num_generations" in groups["GRPOConfig"]
     assert "model_revision" in groups["ModelConfig"] and "dataset_name" in groups["GRPOScriptArguments"]
+    # open-r1's prompt column and system prompt reach the options the trainer reads.
+    assert rc.ogrpo.prompt_column == "problem" and rc.ogrpo.system_prompt.startswith("You are")
+
+
+def test_trl_types_and_open_r1_keys_are_accepted(write_recipe):
+    # scale_rewards is typed `str` in both TRL lines, but TRL documents and maps True/False ("group"/"none").
+    rc = load_run_config(write_recipe("scale_rewards: false\ndataset_name: x\ndataset_configs: [all]\n"
+                                      "num_processes: 7\nvllm_data_parallel_size: 2\nlogging_dir: logs\n"
+                                      "dataloader_in_order: true\ncosine_max_len: 2000\n"))
+    assert rc.trl["scale_rewards"] is False
+    assert rc.trl["dataset_config"] == "all"  # open-r1's list form -> TRL's single config
+    with pytest.raises(ConfigError) as e:
+        load_run_config(write_recipe("scale_rewards: 3\nnum_processes: many\ndataset_configss: [a]\n", "bad.yaml"))
+    text = str(e.value)
+    assert "scale_rewards: expected bool or str" in text and "num_processes: expected int" in text
+    assert "did you mean dataset_configs?" in text
+
+
+def test_explicit_ogrpo_options_win_over_open_r1_keys(write_recipe):
+    rc = load_run_config(write_recipe("dataset_prompt_column: problem\nsystem_prompt: S\ndataset_config: main\n"
+                                      "dataset_configs: [all]\nogrpo:\n  prompt_column: question\n"))
+    assert rc.ogrpo.prompt_column == "question" and rc.ogrpo.system_prompt == "S"
+    assert rc.trl["dataset_config"] == "main"
 
 
 def test_errors_are_collected_once(write_recipe):

@@ -239,9 +239,17 @@ def test_build_wheels_check_mode_resolves_each_family(fam):
         assert f"flash-attn=={pins['flash-attn']}" in out and "FLASH_ATTENTION_FORCE_BUILD=TRUE" in out
     else:
         assert "flash-attn" not in out.replace("FLASH_ATTN_CUDA_ARCHS=none", "")
-    assert "no project extensions" in out and "OGRPO_BUILD_EXTENSIONS=0" in out
+    # the extension stage: our kernels, built by the builder a job uses, for the family's arch only
+    kernels = sorted({p.parent.parent.name for p in (REPO / "ogrpo" / "kernels").glob("*/csrc/*")
+                      if p.suffix in (".cpp", ".cu")})
+    assert kernels, "no kernel sources under ogrpo/kernels/*/csrc/"
+    assert f"build-wheels: extensions {' '.join(kernels)}: building for sm_{fam.sm} into " in out
+    build_line = next(ln for ln in out.splitlines() if ln.startswith("+") and "ogrpo.kernels build" in ln)
+    assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in build_line
+    assert "-m ogrpo.kernels build --cuda --out /tmp/ogrpo-test-wheels/kernels" in build_line
     info = json.loads(out[out.index("{"):])
-    assert info["family"] == fam.name and info["extensions"] == [] and info["kernel_sm"] == fam.sm
+    assert info["family"] == fam.name and info["kernel_sm"] == fam.sm
+    assert info["kernels"] == kernels and info["extensions"] == []  # a dry run compiles nothing to list
 
 
 def test_build_wheels_parts_split_the_work():
@@ -249,8 +257,8 @@ def test_build_wheels_parts_split_the_work():
     deps = [ln for ln in build_wheels("a40", "--part", "deps").stdout.splitlines() if ln.startswith("+")]
     project = [ln for ln in build_wheels("a40", "--part", "project").stdout.splitlines() if ln.startswith("+")]
     assert any("flash-attn==" in ln for ln in deps) and any("deepspeed==" in ln for ln in deps)
-    assert not any("OGRPO_BUILD_EXTENSIONS" in ln for ln in deps)
-    assert any("OGRPO_BUILD_EXTENSIONS=0" in ln for ln in project)
+    assert not any("ogrpo.kernels build" in ln or "pip wheel" in ln and "/src" in ln for ln in deps)
+    assert any("-m ogrpo.kernels build --cuda" in ln for ln in project)
     assert not any("flash-attn==" in ln or "deepspeed==" in ln or "pip install" in ln for ln in project)
 
 
@@ -284,22 +292,42 @@ def test_build_wheels_refuses_a_lock_that_does_not_fit(tmp_path):
     assert proc.returncode == 1 and "not found" in proc.stderr
 
 
-def test_build_wheels_builds_project_extensions_when_csrc_has_sources(tmp_path):
+def test_build_wheels_extension_stage_follows_the_kernel_sources(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(REPO / "docker", src / "docker")
     (src / "ogrpo").mkdir()
     for name in ("__init__.py", "stacks.py"):
         shutil.copy(REPO / "ogrpo" / name, src / "ogrpo" / name)
     shutil.copytree(REPO / "requirements", src / "requirements")
-    (src / "ogrpo" / "csrc").mkdir()
+    csrc = src / "ogrpo" / "kernels" / "toy" / "csrc"
+    csrc.mkdir(parents=True)
+    (csrc / "toy_kernels.cuh").write_text("// device code only\n")
     empty = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src)))
-    assert "no project extensions" in empty.stdout  # an empty csrc/ is "none present"
-    (src / "ogrpo" / "csrc" / "rollout_kernels.cu").write_text("// kernel\n")
+    assert "no project extensions" in empty.stdout  # a header alone is nothing to build
+    assert "ogrpo.kernels build" not in empty.stdout and json.loads(empty.stdout[empty.stdout.index("{"):])["kernels"] == []
+    (csrc / "toy_cuda.cu").write_text("// launcher\n")
     proc = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src)))
     assert proc.returncode == 0, proc.stderr
-    assert "1 extension sources in ogrpo/csrc/: building for sm_86" in proc.stdout
-    line = next(ln for ln in proc.stdout.splitlines() if "OGRPO_BUILD_EXTENSIONS=1" in ln)
-    assert "TORCH_CUDA_ARCH_LIST=8.6" in line
+    assert "build-wheels: extensions toy: building for sm_86 into /tmp/ogrpo-test-wheels/kernels" in proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if "ogrpo.kernels build" in ln)
+    assert "TORCH_CUDA_ARCH_LIST=8.6" in line and f"PYTHONPATH={src}" in line
+    # OGRPO_BUILD_EXTENSIONS=0: a quick image whose ops run their PyTorch reference
+    off = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src), OGRPO_BUILD_EXTENSIONS="0"))
+    assert off.returncode == 0 and "OGRPO_BUILD_EXTENSIONS=0: extensions not built (toy run" in off.stdout
+    assert "ogrpo.kernels build" not in off.stdout
+    assert json.loads(off.stdout[off.stdout.index("{"):])["kernels"] == []
+    bad = build_wheels("a40", env=family_env("a40", OGRPO_SRC=str(src), OGRPO_BUILD_EXTENSIONS="yes"))
+    assert bad.returncode == 1 and "OGRPO_BUILD_EXTENSIONS must be 0 or 1" in bad.stderr
+
+
+def test_runtime_finds_the_builders_kernels(fam):
+    builder, runtime = parse_dockerfile(dockerfile(fam))
+    env = env_of(runtime)
+    # install-runtime.sh copies WHEELDIR/kernels to INFODIR/kernels = /opt/ogrpo/kernels
+    assert env["OGRPO_KERNELS_PREBUILT"] == "/opt/ogrpo/kernels"
+    assert "/tmp/wheels /opt/ogrpo" in " ".join(runs(runtime))
+    # the build key includes the arch list: the runtime must look under the builder's
+    assert env["TORCH_CUDA_ARCH_LIST"] == env_of(builder)["TORCH_CUDA_ARCH_LIST"] == fam.torch_cuda_arch_list
 
 
 def install_runtime(name: str, wheeldir: Path, lock: Path | None = None):
@@ -333,6 +361,23 @@ def test_install_runtime_check_mode(fam, tmp_path):
     for pkg in fam.builder_wheels:
         assert pkg.replace("-", "_") + "-" in wheel_line
     assert "ogrpo-0.1.0-py3-none-any.whl" in wheel_line
+
+
+def test_install_runtime_installs_the_prebuilt_kernels(tmp_path):
+    wheels = fake_wheels(tmp_path, "v100")
+    ext = "linear_logprobs-torch2.10.0+cu128-cuda12.8-0123456789ab/ogrpo_linear_logprobs_cuda.so"
+    info = json.loads((wheels / "build-info.json").read_text())
+    (wheels / "build-info.json").write_text(json.dumps(dict(info, extensions=[ext], kernels=["linear_logprobs"])))
+    missing = install_runtime("v100", wheels)
+    assert missing.returncode == 1 and f"lists extension {ext} but" in missing.stderr
+    (wheels / "kernels" / ext).parent.mkdir(parents=True)
+    (wheels / "kernels" / ext).write_bytes(b"")
+    proc = install_runtime("v100", wheels)
+    assert proc.returncode == 0, proc.stderr
+    assert "+ 1 kernel extensions" in proc.stdout
+    assert f"+ cp -r {wheels}/kernels /opt/ogrpo/kernels" in proc.stdout
+    # without extensions nothing is copied
+    assert "kernels" not in install_runtime("a40", fake_wheels(tmp_path, "a40")).stdout.split("builder wheels")[-1]
 
 
 def test_install_runtime_refuses_incomplete_or_foreign_wheels(tmp_path):
@@ -419,6 +464,10 @@ def test_images_workflow():
     steps = wf["jobs"]["plan"]["steps"]
     script = "\n".join(s.get("run", "") for s in steps)
     assert "docker/tags.py matrix" in script and "hadolint" in script and "build-wheels.sh --check" in script
+    # the CUDA kernels are compile-checked for both families' archs, and a kernel change rebuilds the images
+    assert "nvidia-cuda-nvrtc-cu12==12.9.86" in script
+    assert "ogrpo.kernels check-cuda --arch sm_70 sm_86" in script
+    assert "ogrpo/kernels/**" in on["push"]["paths"] and "ogrpo/kernels/**" in on["pull_request"]["paths"]
     build = wf["jobs"]["build"]
     assert build["strategy"]["matrix"]["include"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     push = next(s for s in build["steps"] if s.get("uses", "").startswith("docker/build-push-action"))
@@ -497,7 +546,7 @@ def test_selfcheck_passes_a_right_image(fam):
         ("v100", lambda f: f["versions"].update(trl="1.16.0"), "outside TRL 1.16.0's range"),
         ("a40", lambda f: f["versions"].update(vllm="0.34.0"), "outside TRL"),
         ("a40", lambda f: f["versions"].update(transformers="5.19.0"), "lock file pins 5.5.4"),
-        ("v100", lambda f: f["build_info"].update(extensions=["ogrpo/_kernels.so"]), "no compiled CUDA kernels"),
+        ("v100", lambda f: f["build_info"].update(extensions=[EXT_CUDA]), "no compiled CUDA kernels"),
         ("v100", lambda f: f["build_info"].update(family="a40"), "build-info.json is for family 'a40'"),
     ],
 )
@@ -519,13 +568,44 @@ def test_selfcheck_lock_comparison_is_exact_except_builder_local_versions():
     assert any("torch 2.10.0+cu126 is installed" in p for p in selfcheck.evaluate(fam, facts, lock))
 
 
+EXT_CUDA = "linear_logprobs-torch2.10.0+cu128-cuda12.8-0123456789ab/ogrpo_linear_logprobs_cuda.so"
+EXT_CPU = "linear_logprobs-torch2.10.0+cu128-cpu-ba9876543210/ogrpo_linear_logprobs_cpu.so"
+
+
 def test_selfcheck_accepts_built_extensions_for_the_arch():
     facts = good_facts("a40")
-    facts["build_info"]["extensions"] = ["ogrpo/_kernels.so"]
-    facts["kernels"]["ogrpo"] = {"ogrpo/_kernels.so": ["sm_86"]}
+    facts["build_info"].update(extensions=[EXT_CPU, EXT_CUDA], kernels=["linear_logprobs"])
+    facts["kernels"]["ogrpo"] = {EXT_CUDA: ["sm_86"], EXT_CPU: []}  # the CPU module has no device code
+    facts["ops"] = {"linear_logprobs": {"cpu": {"status": "ok", "detail": "matches"},
+                                        "cuda": {"status": "skipped", "detail": "no GPU in this environment"}}}
     assert selfcheck.evaluate(FAMILIES["a40"], facts) == []
-    facts["kernels"]["ogrpo"] = {"ogrpo/_kernels.so": ["sm_70"]}
-    assert any("ogrpo/_kernels.so has no code for sm_86" in p for p in selfcheck.evaluate(FAMILIES["a40"], facts))
+    facts["kernels"]["ogrpo"] = {EXT_CUDA: ["sm_70"], EXT_CPU: []}
+    assert any(f"{EXT_CUDA} has no code for sm_86" in p for p in selfcheck.evaluate(FAMILIES["a40"], facts))
+    facts["kernels"]["ogrpo"] = {EXT_CPU: []}
+    problems = selfcheck.evaluate(FAMILIES["a40"], facts)
+    assert any(f"extension {EXT_CUDA} listed in build-info.json is not installed" in p for p in problems)
+
+
+def test_selfcheck_fails_an_op_that_disagrees_with_its_reference():
+    facts = good_facts("v100")
+    facts["ops"] = {"fused_sample": {"cpu": {"status": "ok", "detail": ""},
+                                     "cuda": {"status": "failed", "detail": "greedy tokens [1] differ"}}}
+    assert selfcheck.evaluate(FAMILIES["v100"], facts) == ["O-GRPO kernel fused_sample (cuda): greedy tokens [1] differ"]
+
+
+@pytest.mark.parametrize("op", sorted(selfcheck.OP_CHECKS))
+def test_selfcheck_runs_each_op_against_its_reference_on_cpu(op, monkeypatch):
+    # the same code runs on the GPU in an image; here the CPU build exercises it (compiles on first use)
+    from ogrpo.kernels._build import available
+
+    if op not in available():
+        pytest.skip(f"{op} has no C++ sources yet")
+    assert selfcheck.check_op(op, "cpu")["status"] == "ok"
+    monkeypatch.setitem(selfcheck.OP_CHECKS, op, lambda device: "logprobs differs from the reference by 0.5")
+    assert selfcheck.check_op(op, "cpu") == {"status": "failed",
+                                            "detail": "logprobs differs from the reference by 0.5"}
+    monkeypatch.setattr("ogrpo.kernels._build.load_extension", lambda *a, **k: (_ for _ in ()).throw(OSError("no g++")))
+    assert selfcheck.check_op(op, "cpu")["detail"] == "extension does not load: OSError: no g++"
 
 
 def test_selfcheck_cli_exit_codes(tmp_path):
@@ -553,3 +633,14 @@ def test_selfcheck_gather_reads_this_environment(tmp_path):
     problems = selfcheck.evaluate(FAMILIES["a40"], facts)
     assert any("torch is not compiled for" in p for p in problems)
     assert any("import flash_attn failed" in p for p in problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(selfcheck.OP_CHECKS))
+def test_selfcheck_runs_each_op_against_its_reference_on_the_gpu(op):
+    from ogrpo.kernels._build import available
+
+    if op not in available(cuda=True):
+        pytest.skip(f"{op} has no CUDA sources yet")
+    result = selfcheck.check_op(op, "cuda")
+    assert result["status"] == "ok", result

@@ -55,12 +55,32 @@ def test_v100_settings(basic_recipe):
     assert p["trainer"]["num_processes"] == 3
 
 
-def test_v100_refuses_bf16_fa2_and_fp32_only_models(write_recipe, tiny_model_dir):
-    with pytest.raises(ConfigError, match="bf16: true cannot run on V100"):
-        _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nbf16: true\n"), "4xV100")
-    with pytest.raises(ConfigError, match="flash_attention_2 does not run"):
-        _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\nattn_implementation: flash_attention_2\n"),
-              "4xV100")
+def _changes(plan) -> dict:
+    return {c["key"]: (c["from"], c["to"]) for c in plan.changes}
+
+
+def test_v100_adapts_a40_settings_and_lists_each_change(write_recipe):
+    # What open-r1's recipes set for A40/H100 runs: each becomes what sm_70 can run, listed with its reason.
+    text = ("model_name_or_path: Qwen/Qwen2.5-0.5B\nbf16: true\ntorch_dtype: bfloat16\n"
+            "attn_implementation: flash_attention_2\ntf32: true\n")
+    p = _plan(write_recipe(text), "4xV100")
+    assert p.precision == "fp16" and p.attn_implementation == "sdpa"
+    assert p.trainer_args["fp16"] is True and p.trainer_args["bf16"] is False and p.trainer_args["tf32"] is False
+    assert p.trainer_args["model_init_kwargs"] == {"attn_implementation": "sdpa", "dtype": "float32"}
+    ch = _changes(p)
+    assert ch["bf16"] == (True, False) and ch["attn_implementation"] == ("flash_attention_2", "sdpa")
+    assert ch["tf32"] == (True, False) and ch["torch_dtype"] == ("bfloat16", "float32")
+    assert all(c["reason"] for c in p.changes)
+    # The same recipe on A40 keeps bf16, FA2 and TF32: only the master-weight dtype differs from it.
+    a40 = _changes(_plan(write_recipe(text), "3xA40"))
+    assert "bf16" not in a40 and "attn_implementation" not in a40 and "tf32" not in a40
+    assert a40["torch_dtype"] == ("bfloat16", "float32")
+    # A user's tf32: false on an Ampere GPU is honored, not overridden.
+    assert _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\ntf32: false\n"), "3xA40").trainer_args[
+        "tf32"] is False
+
+
+def test_fp32_only_models_are_refused_on_v100(write_recipe, tiny_model_dir):
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
     cfg["model_type"] = "gemma2"
     (tiny_model_dir / "config.json").write_text(json.dumps(cfg))
@@ -68,6 +88,46 @@ def test_v100_refuses_bf16_fa2_and_fp32_only_models(write_recipe, tiny_model_dir
     with pytest.raises(ConfigError, match="only in fp32"):
         _plan(write_recipe(short), "2xV100")
     assert _plan(write_recipe(short), "2xA40").fits
+
+
+def test_vllm_settings_from_the_recipe(write_recipe):
+    base = "model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\nper_device_train_batch_size: 8\nnum_generations: 8\n"
+    # TRL's defaults (use_vllm false, vllm_mode colocate) differ from O-GRPO's server: listed, not silent.
+    ch = _changes(_plan(write_recipe(base), "3xA40"))
+    assert ch["use_vllm"] == (False, True) and ch["vllm_mode"] == ("colocate", "server")
+    # Set explicitly, they keep their meaning: colocated, with the recipe's share of the device.
+    p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.35\n",
+                           "c.yaml"), "3xA40")
+    assert p.mode == "colocate" and p.trainer_args["vllm_gpu_memory_utilization"] == 0.35
+    assert p.vllm["args"]["gpu_memory_utilization"] == 0.35 and _changes(p) == {}
+    # Server share, tensor and data parallel sizes from the recipe (8 GPUs: 2 x 2 for the server, 4 trainers).
+    p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_gpu_memory_utilization: 0.7\n"
+                           "vllm_tensor_parallel_size: 2\nvllm_data_parallel_size: 2\nnum_processes: 4\n", "s.yaml"),
+              "8xA40")
+    assert p.vllm["args"]["gpu_memory_utilization"] == 0.7
+    assert (p.vllm["tensor_parallel_size"], p.vllm["data_parallel_size"], p.vllm["gpus"]) == (2, 2, [0, 1, 2, 3])
+    assert p.vllm["args"]["data_parallel_size"] == 2 and p.trainer["num_processes"] == 4
+    assert _changes(p) == {}
+    # One that cannot be kept is listed with its reason: TP 5 does not divide 12 heads.
+    ch = _changes(_plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_tensor_parallel_size: 5\n",
+                                     "t.yaml"), "8xA40"))
+    assert ch["vllm_tensor_parallel_size"][0] == 5
+
+
+def test_deepspeed_eval_and_output_dir_are_reported(write_recipe):
+    text = ("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\ndeepspeed: ds/zero3.json\n"
+            "eval_strategy: steps\noutput_dir: data/x\n")
+    # B 8 x (512 + 512) tokens: DDP needs 16 x 1.544e9 B (23.0 GiB) + 1.3 activations + 0.5 logits chunk + 1
+    # = 25.8 GiB, over 4xV100-16G's 14.4: ZeRO-2 (12.4 GiB), with the plan's own DeepSpeed file.
+    p = _plan(write_recipe(text), "4xV100-16G")
+    assert p.trainer["strategy"] == "zero2"
+    ch = _changes(p)
+    assert ch["deepspeed"] == ("ds/zero3.json", "deepspeed.json")
+    assert p.trainer_args["deepspeed"] is None and p.trainer_args["eval_strategy"] == "no"
+    assert ch["eval_strategy"] == ("steps", "no") and ch["output_dir"][0] == "data/x"
+    # On 4xV100-32G DDP fits (25.8 of 28.8 GiB): the recipe's file is dropped and none replaces it.
+    ddp = _plan(write_recipe(text, "ddp.yaml"), "4xV100-32G")
+    assert ddp.trainer["strategy"] == "ddp" and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
 
 
 def test_one_gpu_colocates(basic_recipe):
@@ -106,19 +166,34 @@ def test_vllm_gpus_override(basic_recipe):
 
 
 def test_strategy_escalates_with_memory(basic_recipe):
-    # 3xA40 + 1.5B: DDP fits (35 GiB of 40.5). 4xV100-32G: DDP needs ~34 GiB > 27.2 -> ZeRO-2.
+    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.5 GiB chunk of logits). DDP: 16 B/param
+    # (23.0 GiB) + 1.95 activations + 0.5 + 1 = 26.5 GiB: fits an A40 (40.5) and a V100-32G (28.8).
     assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
-    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
+    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "ddp"
+    # 4xV100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 14 / 3) B/param = 9.6 GiB -> 13.0 GiB.
+    assert _plan(basic_recipe, "4xV100-16G").trainer["strategy"] == "zero2"
+    # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.
+    assert _plan(basic_recipe, "2xV100-16G").trainer["strategy"] == "zero3_offload"
+    # TRL's own log-prob path (kernels off) holds B x C x V x 8 B = 9.3 GiB of logits: DDP needs 35.2 GiB >
+    # 28.8 on a V100-32G, so the same run escalates to ZeRO-2 there.
+    off = {"ogrpo": {"kernels": False}}
+    assert _plan(basic_recipe, "4xV100-32G", **off).trainer["strategy"] == "zero2"
     assert _plan(basic_recipe, "8xA40", model="Qwen/Qwen2.5-7B-Instruct").trainer["strategy"] in ("zero2", "zero3")
 
 
 def test_no_fit_names_fixes(basic_recipe):
     p = _plan(basic_recipe, "1xV100-16G")
-    assert not p.fits and p.reasons
-    assert any("per_device_train_batch_size" in f for f in p.fixes)
-    assert any("use_liger_kernel" in f for f in p.fixes)
-    big = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
-    assert not big.fits and any("V100-16G" in f for f in big.fixes)
+    assert not p.fits and p.reasons and p.fixes
+    assert [f["text"] for f in p.fix_actions] == p.fixes
+    # 7.6e9 params with TRL's own log-prob path (kernels off, as the conservative profile runs): logits of
+    # 8 x 1024 completion tokens x 152k vocab (9.3 GiB) do not shrink with more GPUs, so the V100-16G answer
+    # needs micro-batch 1 as well.
+    big = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False})
+    assert not big.fits and any("V100-16G with per_device_train_batch_size 1" in f for f in big.fixes)
+    # With linear_logprobs the logits are one 0.5 GiB chunk: more V100-16Gs alone are the answer.
+    on = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
+    assert not on.fits
+    assert any(f["cli"].get("gpus", "").endswith("xV100-16G") and f["config"] == {} for f in on.fix_actions)
 
 
 def test_batch_arithmetic(write_recipe):
@@ -246,5 +321,28 @@ def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     assert p["trainer_args"]["vllm_gpu_memory_utilization"] == 0.4 == p["vllm"]["args"]["gpu_memory_utilization"]
     assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= 1
     assert not p["fits"] and p["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
+    # LoRA: the bf16 base (14.2 GiB) + 4.4 activations + one 0.5 GiB logits chunk + 1 fits 22.5 GiB alone.
     assert "LoRA (use_peft: true)" in p["fixes"]
+    # TRL's own log-prob path (kernels off): LoRA alone leaves 8 x 1024 x 152k logits (9.3 GiB) over the
+    # budget, so it is offered only with micro-batch 1.
+    off = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False}).to_dict()
+    assert off["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
+    assert "LoRA (use_peft: true)" not in off["fixes"]
+    assert any(f.startswith("LoRA (use_peft: true) with per_device_train_batch_size 1") for f in off["fixes"])
     assert _plan(basic_recipe, "1xA100-80G", model="Qwen/Qwen2.5-7B-Instruct").fits
+
+
+def test_batch_rules_train_and_eval():
+    from ogrpo.plan import batch_rules
+
+    # 8196 completions per generation with 3 processes x 8 and 16 generations: divisible by neither 24 nor 16.
+    # The fix is the nearest multiple of lcm(24, 16) = 48: 171 x 48 = 8208 (= 342 x 24 = 513 x 16).
+    r = batch_rules(8, 1, 16, 3, gbs_user=8196)
+    assert len(r["reasons"]) == 2
+    assert [f.config for f in r["fixes"]][0] == {"generation_batch_size": 8208}
+    # TRL's eval rule: per_device_eval_batch_size x processes divisible by num_generations(_eval).
+    assert batch_rules(16, 4, 16, 3, eval_batch=16)["reasons"] == []
+    r = batch_rules(16, 4, 16, 3, eval_batch=10)
+    assert r["reasons"] == ["eval batch 10 x 3 processes is not divisible by num_generations 16"]
+    assert r["fixes"][0].config == {"per_device_eval_batch_size": 16}  # 16 / gcd(3, 16) = 16
+    assert batch_rules(16, 4, 16, 3, eval_batch=10, eval_generations=2)["reasons"] == []

@@ -14,6 +14,13 @@ import pytest
 from tests.test_bench_rollout import TINY
 
 
+def _is_server(proc: psutil.Process) -> bool:
+    try:
+        return proc.cmdline()[1:4] == ["-m", "ogrpo", "serve"]
+    except psutil.Error:  # a short-lived child that ended while we looked
+        return False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_bench_rollout_stops_its_server(tmp_path, sig):
     argv = [sys.executable, "-m", "ogrpo", "bench", "rollout", "--paths", "server", "--repeats", "1",
@@ -26,10 +33,12 @@ def test_bench_rollout_stops_its_server(tmp_path, sig):
         server = None
         while server is None:
             assert bench.poll() is None and time.time() < deadline, "the bench never started its server"
-            kids = psutil.Process(bench.pid).children(recursive=True)
-            server = next((k for k in kids if k.cmdline()[1:4] == ["-m", "ogrpo", "serve"]), None)
+            server = next((k for k in psutil.Process(bench.pid).children(recursive=True) if _is_server(k)), None)
             time.sleep(0.2)
-        group = [server, *server.children(recursive=True)]
+        try:
+            group = [server, *server.children(recursive=True)]
+        except psutil.Error:
+            group = [server]
         bench.send_signal(sig)
         bench.wait(timeout=90)
     finally:

@@ -12,8 +12,9 @@
 # 2. installs the lock's binary packages (torch and friends) so the extensions compile against the exact torch
 #    the runtime stage will have (flash-attn "undefined symbol" errors come from building against another);
 # 3. builds flash-attn (A40 only, FLASH_ATTN_CUDA_ARCHS=80), DeepSpeed with its CUDA ops prebuilt for the
-#    family, and the ogrpo wheel with its C++/CUDA extensions when ogrpo/csrc/ has sources (none yet: then a
-#    pure wheel and build-info.json says so, which the self-check reads);
+#    family, the (pure) ogrpo wheel, and our kernels' extensions (ogrpo/kernels/*/csrc/) for the family's arch
+#    into OUTDIR/kernels (OGRPO_BUILD_EXTENSIONS=0 skips them); build-info.json lists the built modules, which
+#    the self-check reads;
 # 4. writes OUTDIR/build-info.json.
 #
 # Test mode (--check or OGRPO_BUILD_DRYRUN=1): validates the inputs and resolves everything above, printing
@@ -117,34 +118,55 @@ if [[ "$PART" != "project" ]]; then
 fi
 [[ "$PART" == "deps" ]] && exit 0
 
-# Our own extensions: built when ogrpo/csrc/ holds sources, for exactly the family's arch.
-EXT_SOURCES=()
-if [[ -d "$SRC/ogrpo/csrc" ]]; then
-  mapfile -t EXT_SOURCES < <(find "$SRC/ogrpo/csrc" -type f \( -name '*.cu' -o -name '*.cpp' -o -name '*.cc' \) | sort)
+# The ogrpo wheel is pure Python (the kernels' C++/CUDA sources ride along as package data).
+run "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$OUTDIR" "$SRC"
+
+# Our own extensions (ogrpo/kernels/<op>/csrc/): compiled here for exactly the family's arch by the same
+# builder a job uses (`python -m ogrpo.kernels build`), into OUTDIR/kernels, which the runtime stage installs
+# read-only as OGRPO_KERNELS_PREBUILT; the build key (torch, sources, flags, arch list) is the runtime's, so
+# the runtime loads these modules and never compiles (it has no nvcc). OGRPO_BUILD_EXTENSIONS=0 skips them
+# (a quick image): the ops then run their PyTorch reference, and the self-check accepts that because
+# build-info.json lists no extensions.
+KERNEL_DIR="$OUTDIR/kernels"
+KERNEL_NAMES=()
+if [[ -d "$SRC/ogrpo/kernels" ]]; then
+  mapfile -t KERNEL_NAMES < <(find "$SRC/ogrpo/kernels" -mindepth 3 -maxdepth 3 -path '*/csrc/*' -type f \
+    \( -name '*.cu' -o -name '*.cpp' \) | sed 's|.*/kernels/\([^/]*\)/csrc/.*|\1|' | sort -u)
 fi
-if [[ ${#EXT_SOURCES[@]} -eq 0 ]]; then
-  echo "build-wheels: no project extensions (ogrpo/csrc/ has no .cu/.cpp sources): pure ogrpo wheel"
-  run env OGRPO_BUILD_EXTENSIONS=0 "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$OUTDIR" "$SRC"
+BUILD_EXTENSIONS="${OGRPO_BUILD_EXTENSIONS:-1}"
+[[ "$BUILD_EXTENSIONS" =~ ^[01]$ ]] || die "OGRPO_BUILD_EXTENSIONS must be 0 or 1, got '$BUILD_EXTENSIONS'"
+if [[ ${#KERNEL_NAMES[@]} -eq 0 ]]; then
+  echo "build-wheels: no project extensions (ogrpo/kernels/*/csrc/ has no .cu/.cpp sources)"
+elif [[ "$BUILD_EXTENSIONS" == "0" ]]; then
+  echo "build-wheels: OGRPO_BUILD_EXTENSIONS=0: extensions not built (${KERNEL_NAMES[*]} run their PyTorch reference)"
+  KERNEL_NAMES=()
 else
-  echo "build-wheels: ${#EXT_SOURCES[@]} extension sources in ogrpo/csrc/: building for sm_$KERNEL_SM"
-  run env OGRPO_BUILD_EXTENSIONS=1 TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$OUTDIR" "$SRC"
+  echo "build-wheels: extensions ${KERNEL_NAMES[*]}: building for sm_$KERNEL_SM into $KERNEL_DIR"
+  run env PYTHONPATH="$SRC" TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" MAX_JOBS="$MAX_JOBS" \
+    "$PYTHON" -m ogrpo.kernels build --cuda --out "$KERNEL_DIR"
+  # the runtime needs only the modules, not the objects and ninja files beside them
+  run find "$KERNEL_DIR" -type f ! -name '*.so' -delete
 fi
 
 # --- 4. build-info.json ----------------------------------------------------------------------------------
 EXTENSIONS_JSON="[]"
-if [[ ${#EXT_SOURCES[@]} -gt 0 && "$DRYRUN" != "1" ]]; then
-  wheel_file="$(ls "$OUTDIR"/ogrpo-*.whl)"
-  EXTENSIONS_JSON="$("$PYTHON" -c 'import json, sys, zipfile
-names = [n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.startswith("ogrpo/") and n.endswith(".so")]
-print(json.dumps(sorted(names)))' "$wheel_file")"
-  [[ "$EXTENSIONS_JSON" != "[]" ]] || die "ogrpo/csrc has sources but the ogrpo wheel contains no compiled extension"
+if [[ ${#KERNEL_NAMES[@]} -gt 0 && "$DRYRUN" != "1" ]]; then
+  # the runtime finds the modules by a hash of the installed sources: the wheel must ship them
+  "$PYTHON" -c 'import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+missing = [k for k in sys.argv[2:] if not any(n.startswith(f"ogrpo/kernels/{k}/csrc/") for n in names)]
+sys.exit(f"the ogrpo wheel lacks the sources of {missing}: package-data must include kernels/*/csrc/*" if missing else 0)' \
+    "$(compgen -G "$OUTDIR/ogrpo-*.whl" | head -n1)" "${KERNEL_NAMES[@]}"
+  EXTENSIONS_JSON="$(cd "$KERNEL_DIR" && find . -name '*.so' | sed 's|^\./||' | sort |
+    "$PYTHON" -c 'import json, sys; print(json.dumps([ln.strip() for ln in sys.stdin if ln.strip()]))')"
+  [[ "$EXTENSIONS_JSON" != "[]" ]] || die "ogrpo/kernels has sources but $KERNEL_DIR holds no compiled extension"
 fi
 INFO="$("$PYTHON" -c 'import json, sys
 print(json.dumps({"family": sys.argv[1], "torch_cuda_arch_list": sys.argv[2], "flash_attn_cuda_archs": sys.argv[3] or None,
-                  "kernel_sm": int(sys.argv[4]), "builder_pins": sys.argv[5].split(), "extensions": json.loads(sys.argv[6])},
+                  "kernel_sm": int(sys.argv[4]), "builder_pins": sys.argv[5].split(), "extensions": json.loads(sys.argv[6]),
+                  "kernels": sys.argv[7].split()},
                  indent=1, sort_keys=True))' \
-  "$FAMILY" "$TORCH_CUDA_ARCH_LIST" "${WANT_FA}" "$KERNEL_SM" "${BUILDER_PINS[*]}" "$EXTENSIONS_JSON")"
+  "$FAMILY" "$TORCH_CUDA_ARCH_LIST" "${WANT_FA}" "$KERNEL_SM" "${BUILDER_PINS[*]}" "$EXTENSIONS_JSON" "${KERNEL_NAMES[*]}")"
 if [[ "$DRYRUN" == "1" ]]; then
   echo "build-wheels: would write $OUTDIR/build-info.json:"
   echo "$INFO"

@@ -9,7 +9,9 @@
 #   output, checked against build-info.json), never from the index, where flash-attn/DeepSpeed are sdists
 #   that would need a compiler;
 # - `pip check`: the lock is complete and self-consistent for this interpreter;
-# - copies the lock and build-info.json to INFODIR for the self-check and for `ogrpo doctor` in the image.
+# - copies the lock and build-info.json to INFODIR for the self-check and for `ogrpo doctor` in the image;
+# - copies our kernels' prebuilt extensions (WHEELDIR/kernels, every module build-info.json lists) to
+#   INFODIR/kernels, the image's read-only OGRPO_KERNELS_PREBUILT.
 #
 # Test mode (--check or OGRPO_BUILD_DRYRUN=1): all checks on the inputs, commands printed, nothing installed.
 set -euo pipefail
@@ -57,10 +59,16 @@ ogrpo_wheel="$(compgen -G "$WHEELDIR/ogrpo-*.whl" | head -n1 || true)"
 [[ -n "$ogrpo_wheel" ]] || die "$WHEELDIR has no ogrpo wheel"
 WHEELS+=("$ogrpo_wheel")
 
+mapfile -t EXTENSIONS < <("$PYTHON" -c 'import json, sys
+print("\n".join(json.load(open(sys.argv[1])).get("extensions") or []))' "$WHEELDIR/build-info.json" | sed '/^$/d')
+for ext in "${EXTENSIONS[@]}"; do
+  [[ -f "$WHEELDIR/kernels/$ext" ]] || die "build-info.json lists extension $ext but $WHEELDIR/kernels has no such file"
+done
+
 REQS="$(mktemp)"
 trap 'rm -f "$REQS"' EXIT
 grep -Ev '# \[builder\]' "$LOCK" >"$REQS"
-echo "install-runtime: family=$FAMILY $(grep -c '==' "$REQS") locked packages + ${#WHEELS[@]} builder wheels: ${WHEELS[*]##*/}"
+echo "install-runtime: family=$FAMILY $(grep -c '==' "$REQS") locked packages + ${#WHEELS[@]} builder wheels: ${WHEELS[*]##*/} + ${#EXTENSIONS[@]} kernel extensions"
 
 run "${PIP[@]}" install --no-deps --no-cache-dir --only-binary=:all: -r "$REQS"
 run "${PIP[@]}" install --no-deps --no-cache-dir "${WHEELS[@]}"
@@ -68,3 +76,7 @@ run "${PIP[@]}" check
 run mkdir -p "$INFODIR"
 run cp "$LOCK" "$INFODIR/requirements.lock"
 run cp "$WHEELDIR/build-info.json" "$INFODIR/build-info.json"
+if [[ ${#EXTENSIONS[@]} -gt 0 ]]; then
+  run cp -r "$WHEELDIR/kernels" "$INFODIR/kernels"
+  run chmod -R a+rX,go-w "$INFODIR/kernels"
+fi

@@ -59,10 +59,14 @@ def submit(
     model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="Trainer strategy: ddp | zero2 | zero3 | "
+                                           "zero3_offload (default: the cheapest that fits; DDP on CPU)."),
     force: bool = typer.Option(False, "--force", help="Submit even when the plan does not fit."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2) when the run would differ from the "
+                                "recipe in any way, instead of listing the changes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
 ) -> None:
-    """Plan, render and submit a job (Slurm through submitit, or run it here with --backend local)."""
+    """Plan, render and submit a job (Slurm: `sbatch job.sbatch`, or run it here with --backend local)."""
     import os
     import shutil
 
@@ -83,7 +87,6 @@ def submit(
         raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node "
                          "(or load the slurm module), or use --backend local")
     from ogrpo.launch import slurm as sl
-    from ogrpo.launch.containers import make_container
 
     extra = sl.parse_passthrough(slurm)
     minutes = sl.parse_time(time_limit) if time_limit else None
@@ -92,7 +95,7 @@ def submit(
     def plan_for(devices):
         return load_and_plan(config, devices, model, params, profile, vllm_gpus,
                              extra={"partition": partition, "account": account, "qos": qos, "time": time_limit,
-                                    "container": container})
+                                    "container": container, "strategy": strategy}, strict=strict)
 
     rc, plan = plan_for(gpus)
     warn(rc, plan)
@@ -104,10 +107,10 @@ def submit(
         plan, rc, spec = _fake_gpu_job(plan, rc, job_dir, plan_for)
     else:
         spec = build_jobspec(plan, rc, job_dir)
-    files = render_job(plan, rc, spec)
     summary = _summary(plan.to_dict(), spec)
 
     if backend == "local":
+        files = render_job(plan, rc, spec)
         if dry_run:
             typer.echo("\n".join(summary))
             typer.echo(f"would run locally in {job_dir}:")
@@ -121,30 +124,38 @@ def submit(
         _submit_local(files, spec, job_dir, summary)
         return
 
+    if container_runtime is not None:
+        from ogrpo.launch.containers import make_container
+
+        make_container(opts_cfg.container, container_runtime, [job_dir])  # refuses a bad runtime before submitting
+    # The allocation comes from the plan as given (its GPUs per node), even when OGRPO_FAKE_GPUS runs the CPU plan
     opts = sl.options_for(p, rc, nodes=nodes, time_min=minutes, extra=extra, signal_delay_s=signal_delay,
-                          max_requeues=max_requeues, job_name=spec.name,
-                          container=make_container(opts_cfg.container, container_runtime, [job_dir]))
+                          max_requeues=max_requeues, container_runtime=container_runtime, job_name=spec.name)
+    if shutil.which("sbatch"):
+        sl.preflight(spec, opts)  # checks the request against the cluster before anything is written or submitted
+    # the one job.sbatch: what --dry-run shows, what `render` writes for the same inputs, what sbatch gets
+    files = render_job(plan, rc, spec, slurm=opts)
     if dry_run:
-        if shutil.which("sbatch"):
-            params_ = sl.preflight(spec, opts)  # checks only; nothing is submitted
-        else:
-            params_ = sl.executor_parameters(spec, opts)
         typer.echo("\n".join(summary))
-        typer.echo(f"==> sbatch (submitit, {job_dir}/submitit) <==")
-        typer.echo(sl.sbatch_text(spec, opts, os.path.join(job_dir, "submitit")).rstrip())
-        typer.echo("==> steps (started by the supervisor in the batch step) <==")
+        typer.echo(f"==> {job_dir}/job.sbatch (submitted with: sbatch job.sbatch) <==")
+        typer.echo(files["job.sbatch"].rstrip())
+        typer.echo("==> steps (started by the supervisor in the batch step; ports and addresses are picked when "
+                   "the job starts) <==")
+        from ogrpo.launch.ports import slurm_ports
+
         hosts = [f"NODE{i}" for i in range(sl.job_nodes(spec))]
-        cmds = sl.SlurmSupervisor(spec, opts).commands(hosts, 0, params_.get("cpus_per_task") or 1, None)
+        sup = sl.SlurmSupervisor(spec, max_requeues=max_requeues, signal_delay_s=signal_delay)
+        cmds = sup.commands(hosts, slurm_ports(0), opts.cpus_per_task or 1, None)
         import shlex
 
         for role, argv in cmds.items():
             typer.echo(f"{role}: {shlex.join(argv)}")
         return
-    params_ = sl.preflight(spec, opts)  # raises before anything is written or submitted
     write_job(files, job_dir)
-    sub = sl.submit(spec, opts, params_)
+    sub = sl.submit(spec, opts)
     typer.echo(f"submitted job {sub.job_id}")
     typer.echo(f"run dir:    {sub.job_dir}")
+    typer.echo(f"job:        {os.path.join(sub.job_dir, 'job.sbatch')}")
     typer.echo(f"supervisor: {sub.supervisor_log}")
     for role, path in sub.logs.items():
         typer.echo(f"{role + ':':11} {path}")

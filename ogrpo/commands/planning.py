@@ -11,10 +11,14 @@ import typer
 
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
+STRICT_HELP = "Refuse (exit 2) when the run would differ from the recipe in any way, instead of listing the changes."
+STRATEGY_HELP = "Trainer strategy: ddp | zero2 | zero3 | zero3_offload (default: the cheapest that fits; DDP on CPU)."
 
 
-def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None):
-    """Run config + command-line options → (RunConfig, Plan); shared by plan, render and submit."""
+def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
+                  strict: bool = False):
+    """Run config + command-line options → (RunConfig, Plan); shared by plan, render and submit. `strict`:
+    every change from the recipe (plan.changes) is an error, all of them reported together."""
     from ogrpo.config import load_run_config
     from ogrpo.errors import OgrpoError
     from ogrpo.hardware import parse_gpus
@@ -30,6 +34,12 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
         raise OgrpoError(f"--profile {profile!r}: choose one of conservative, balanced, aggressive")
     if vllm_gpus is not None and vllm_gpus < 0:
         raise OgrpoError(f"--vllm-gpus {vllm_gpus}: must be 0 (colocate) or more")
+    strategy = (extra or {}).get("strategy")
+    if strategy is not None:
+        from ogrpo.config import STRATEGIES
+
+        if strategy not in STRATEGIES:
+            raise OgrpoError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if params is not None:
         from ogrpo.models import parse_params
 
@@ -38,13 +48,25 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
                            "model": model, **(extra or {})}}
     rc = load_run_config(config, overrides)
+    from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
+
+    rc.warnings.extend(check_inputs(rc))
     plan = plan_from_config(rc)
+    if strict and plan.changes:
+        from ogrpo.errors import ConfigError
+
+        raise ConfigError([f"{c['key']} would change from {c['from']!r} to {c['to']!r} ({c['reason']})"
+                           for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
     return rc, plan
 
 
 def warn(rc, plan) -> None:
-    for w in list(rc.warnings) + list(plan.warnings):
+    """Config and plan warnings, then every change from the recipe, on stderr (the plan carries the config's
+    warnings since it was made from it)."""
+    for w in dict.fromkeys(list(rc.warnings) + list(plan.warnings)):
         typer.echo(f"warning: {w}", err=True)
+    for c in plan.changes:
+        typer.echo(f"change: {c['key']}: {c['from']!r} -> {c['to']!r} ({c['reason']})", err=True)
 
 
 def require_fit(plan, force: bool, what: str) -> None:
@@ -62,14 +84,19 @@ def plan(
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
-    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
+                          strict=strict)
     if as_json:
         import json
 
-        typer.echo(json.dumps(p.to_dict(), indent=2))
+        d = p.to_dict()
+        d["warnings"] = list(dict.fromkeys(list(rc.warnings) + d["warnings"]))
+        typer.echo(json.dumps(d, indent=2))
     else:
         warn(rc, p)
         from ogrpo.render.table import print_plan
@@ -86,10 +113,12 @@ def render(
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the files instead of writing them."),
     force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit."),
     job_dir_opt: Optional[str] = typer.Option(
         None, "--job-dir", help="Path the job will have on the cluster (default: the absolute --output path)."),
+    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
     """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
     import os
@@ -100,7 +129,8 @@ def render(
 
     if not output and not dry_run:
         raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
-    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
+                          strict=strict)
     warn(rc, p)
     require_fit(p, force, "render anyway")
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")

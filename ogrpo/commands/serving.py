@@ -104,3 +104,32 @@ def bench_kernels(
     split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip())  # noqa: E731
     run_kernels_bench(tokens=token_counts, hidden=hidden, vocab=vocab, dtype=dtype, batch=batch, history=history,
                       repeats=repeats, parts=split(parts), paths=split(paths), csv_path=csv)
+
+
+@bench_app.command("step")
+def bench_step(
+    hidden: int = typer.Option(512, help="Hidden size."),
+    layers: int = typer.Option(8, help="Decoder layers."),
+    heads: int = typer.Option(8, help="Attention heads."),
+    kv_heads: int = typer.Option(2, help="Key/value heads."),
+    intermediate: int = typer.Option(2048, help="MLP width."),
+    vocab: int = typer.Option(4096, help="Vocabulary size."),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16."),
+    steps: int = typer.Option(4, help="GRPO steps per path (the first is a warm-up)."),
+    prompts: int = typer.Option(4, help="Prompts per step."),
+    generations: int = typer.Option(8, help="Completions per prompt."),
+    tokens: int = typer.Option(64, help="New tokens per completion."),
+    csv: str = typer.Option("bench/results/step.csv", help="CSV file rows are appended to."),
+    png: str = typer.Option("bench/results/step.png", help="Bar chart of the per-stage seconds."),
+    workdir: Optional[str] = typer.Option(None, help="Where the model and runs are written (default: temp)."),
+) -> None:
+    """The same GRPO steps as plain TRL (its defaults) and as O-GRPO's plan: per-stage seconds, memory, ratios."""
+    from ogrpo.bench.rollout import RolloutShape
+    from ogrpo.bench.step import run_step_bench
+    from ogrpo.launch.teardown import exit_on_signals
+
+    shape = RolloutShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
+                         vocab=vocab)
+    with exit_on_signals():
+        run_step_bench(shape, dtype=dtype, steps=steps, prompts=prompts, generations=generations, new_tokens=tokens,
+                       csv_path=csv, png_path=png, workdir=workdir)

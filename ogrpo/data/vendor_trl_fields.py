@@ -19,11 +19,16 @@ from pathlib import Path
 GROUPS = (
     ("GRPOConfig", "trainer/grpo_config.py", "GRPOConfig"),
     ("vllm_serve.ScriptArguments", "scripts/vllm_serve.py", "ScriptArguments"),
+    # The recipe keys `trl grpo` reads besides GRPOConfig (ogrpo/fields.py classifies each; test_field_walk.py).
+    ("ModelConfig", "trainer/model_config.py", "ModelConfig"),
+    ("GRPOScriptArguments", "scripts/grpo.py", "GRPOScriptArguments"),
+    ("DatasetMixtureConfig", "scripts/utils.py", "DatasetMixtureConfig"),
 )
 # Base classes defined outside the file of their subclass.
 BASES = {
     "_BaseConfig": ("trl", "trainer/base_config.py"),
     "TrainingArguments": ("transformers", "training_args.py"),
+    "ScriptArguments": ("trl", "scripts/utils.py"),
 }
 
 

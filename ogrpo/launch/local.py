@@ -50,9 +50,12 @@ def local_step_env(step: Step) -> dict[str, str]:
     return {}
 
 
-def local_values(server_port: int, rendezvous_port: int, job_dir: str) -> dict[str, str]:
-    return {"server_host": LOOPBACK, "server_port": str(server_port), "rendezvous_host": LOOPBACK,
-            "rendezvous_port": str(rendezvous_port), "job_dir": str(job_dir)}
+def local_values(server_port: int, rendezvous_port: int, job_dir: str, group_port: int | None = None) -> dict[str, str]:
+    values = {"server_host": LOOPBACK, "server_port": str(server_port), "rendezvous_host": LOOPBACK,
+              "rendezvous_port": str(rendezvous_port), "job_dir": str(job_dir)}
+    if group_port is not None:  # TRL's weight-sync group (vllm_group_port): its fixed default collides
+        values["group_port"] = str(group_port)
+    return values
 
 
 def run_local_result(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | None = None,
@@ -61,14 +64,14 @@ def run_local_result(job: JobSpec | str | os.PathLike, *, health_timeout_s: floa
                      follow: str | None = None) -> JobResult:
     spec = job if isinstance(job, JobSpec) else load_jobspec(job)
     Path(spec.job_dir).mkdir(parents=True, exist_ok=True)
-    server_port, rdzv_port = free_ports(2, LOOPBACK)
+    server_port, rdzv_port, group_port = free_ports(3, LOOPBACK)
     try:
-        sup = Supervisor(spec, local_values(server_port, rdzv_port, spec.job_dir), wrap_step=wrap_step,
+        sup = Supervisor(spec, local_values(server_port, rdzv_port, spec.job_dir, group_port), wrap_step=wrap_step,
                          step_env=local_step_env, health_timeout_s=health_timeout_s, kill_grace_s=kill_grace_s,
                          out=out, follow=follow)
         return sup.run()
     finally:
-        release_ports([server_port, rdzv_port])
+        release_ports([server_port, rdzv_port, group_port])
 
 
 def run_local(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | None = None,

@@ -1,19 +1,23 @@
-"""Slurm backend: one submitit job whose batch step runs a supervisor that starts one `srun --exact` step per role.
+"""Slurm backend: job.sbatch's batch step runs the supervisor, which starts one `srun --exact` step per role.
 
-submitit cannot express heterogeneous jobs (submitit #1741), so the job asks for the whole allocation and the
-submitted function runs once, in the batch step (`use_srun=False`), as a supervisor: the shared
-`ogrpo.launch.supervisor.Supervisor` (health wait, watchdog, teardown), with each step's command wrapped in
-`srun --exact` and its own GPU count, so Slurm hands each step disjoint devices and sets CUDA_VISIBLE_DEVICES.
+One batch script: `ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit` write the same job.sbatch
+(ogrpo.render.sbatch_script), and `ogrpo submit` hands that file to `sbatch`, so `sbatch job.sbatch` by hand runs
+exactly the same job. Its body `exec`s `python -m ogrpo.launch.slurm supervise JOB_DIR`: the shared
+`ogrpo.launch.supervisor.Supervisor` (server and trainer started together, health wait, watchdog, teardown), with
+each step's command wrapped in `srun --exact` and its own GPU count, so Slurm hands each step disjoint devices
+and sets CUDA_VISIBLE_DEVICES. submitit is not used: it submits only the sbatch text it generates around a
+pickled function and cannot submit an existing script, so a job submitted through it could never be the file
+`render` writes.
 
 Signals: the job asks for `--signal=B:USR2@delay`, i.e. only the batch step is warned before the time limit.
-The batch shell `exec`s python, so submitit's handler receives it and calls `SlurmSupervisor.checkpoint()`,
-which forwards USR2 to the trainer step only (vLLM would die of it), waits for the trainer to save a
-checkpoint and exit, stops the server, and returns itself for submitit to requeue — at most `max_requeues`
-times (SLURM_RESTART_COUNT counts them). A forced requeue or a preemption (SIGTERM to every step) needs no
-help: the trainer saves at the end of its step if it can, and Slurm requeues. Either way the requeued job
-restarts every step and the trainer resumes with `--resume auto` from the last complete checkpoint.
+The batch shell `exec`s python, so the supervisor's USR2 handler receives it: it forwards USR2 to the trainer
+step only (vLLM would die of it), waits for the trainer to save a checkpoint and exit, stops the server, and
+runs `scontrol requeue` — at most `max_requeues` times (SLURM_RESTART_COUNT counts them). A forced requeue or a
+preemption (SIGTERM to every step) needs no help: the trainer saves at the end of its step if it can, and Slurm
+requeues. Either way the requeued job restarts every step and the trainer resumes with `--resume auto` from the
+last complete checkpoint, on the ports recorded in run/ports.json.
 
-Module import is cheap (no submitit): the same file is the per-step wrapper that runs inside each srun step
+Module import is cheap: the same file is the per-step wrapper that runs inside each srun step
 (`python -m ogrpo.launch.slurm step ...`), recording which devices the step saw before exec'ing its command.
 """
 
@@ -22,163 +26,33 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ogrpo.errors import LaunchError, OgrpoError
-from ogrpo.jobspec import JobSpec, Step, fill, slurm_ports
+from ogrpo.jobspec import JobSpec, Step, fill
 from ogrpo.launch.containers import Container, wrap
+from ogrpo.launch.ports import pick_slurm_ports, release_ports
+from ogrpo.launch.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
+    MIN_SIGNAL_DELAY_S, SlurmOptions, job_mem_gib, job_nodes, options_for, parse_passthrough, parse_time,
+    request_flags,
+)
 
-# Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
-# delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
-MIN_SIGNAL_DELAY_S = 30
 # The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
 # A step's processes all receive the USR2 that srun forwards. vLLM and the accelerate/torchrun launcher would
 # die of it, so every step starts with USR2 ignored; only the trainer workers install a handler
 # (ogrpo.train.preemption), which replaces the inherited SIG_IGN.
 IGNORE_USR2_ROLES = ("server", "trainer")
-# The run dir (TRL output_dir) inside the job dir, as build_jobspec writes it: logs/ and roles/ live there.
+# The run dir (TRL output_dir) inside the job dir: logs/, roles/ and ports.json live there.
 RUN_SUBDIR = "run"
-
-
-@dataclass
-class SlurmOptions:
-    partition: str | None = None
-    time_min: int = 60
-    account: str | None = None
-    qos: str | None = None
-    nodes: int | None = None  # None: the plan's node count
-    gpus_per_node: int = 0
-    cpus_per_task: int | None = None  # CPUs of the whole allocation per node (one batch task per node)
-    extra: dict[str, object] = field(default_factory=dict)  # `--slurm KEY=VALUE`, written as `#SBATCH --KEY=VALUE`
-    signal_delay_s: int = 90
-    max_requeues: int = 3
-    container: Container | None = None
-    job_name: str = "ogrpo"
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-
-
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-def parse_time(text: str | int) -> int:
-    """Slurm time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) → whole minutes (rounded up)."""
-    text = str(text).strip()
-    m = _TIME_RE.match(text)
-    if not m:
-        raise OgrpoError(f"--time {text!r} is not a Slurm time: use minutes (90), HH:MM:SS (01:30:00) or D-HH:MM")
-    days, a, b, c = m.groups()
-    a, b, c = int(a), int(b or 0), int(c or 0)
-    if days is not None:  # D-HH[:MM[:SS]]
-        secs = int(days) * 86400 + a * 3600 + b * 60 + c
-    elif c or text.count(":") == 2:  # HH:MM:SS
-        secs = a * 3600 + b * 60 + c
-    else:  # MM[:SS]
-        secs = a * 60 + b
-    if secs <= 0:
-        raise OgrpoError(f"--time {text!r} must be positive")
-    return -(-secs // 60)
-
-
-def parse_passthrough(items: list[str] | None) -> dict[str, object]:
-    """`--slurm KEY=VALUE` (repeatable; `--slurm exclusive` for a bare flag) → sbatch options."""
-    out: dict[str, object] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        key = key.strip().lstrip("-")
-        if not key or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key):
-            raise OgrpoError(f"--slurm {item!r}: expected KEY=VALUE with an sbatch option name, e.g. --slurm mem=64G")
-        out[key.replace("_", "-")] = value if sep else True
-    return out
-
-
-# ------------------------------------------------------------------------------------ job-level parameters
-
-
-def options_for(plan: dict, run_config, *, nodes: int | None = None, time_min: int | None = None,
-                extra: dict | None = None, signal_delay_s: int = 90, max_requeues: int = 3,
-                container: Container | None = None, job_name: str = "ogrpo") -> SlurmOptions:
-    """SlurmOptions for a plan (dict) and run config: the same sources `ogrpo render` writes into job.sbatch
-    (cluster shape, ogrpo.partition/account/qos/time/mem_per_gpu), with command-line values already merged
-    into the run config's ogrpo section."""
-    o = run_config.ogrpo
-    cl = plan["cluster"]
-    is_cpu = bool(cl["gpu"].get("is_cpu"))
-    extra = dict(extra or {})
-    if o.mem_per_gpu and "mem-per-gpu" not in extra:
-        extra["mem-per-gpu"] = o.mem_per_gpu
-    gpn = 0 if is_cpu else int(cl["gpus_per_node"])
-    cpus = None
-    if o.cpus_per_gpu:  # the site said how many CPUs go with a GPU; else preflight sizes it from sinfo
-        cpus = int(o.cpus_per_gpu) * max(1, gpn)
-    if time_min is None and o.time:
-        time_min = parse_time(o.time)
-    return SlurmOptions(
-        partition=o.partition, time_min=time_min or 60, account=o.account, qos=o.qos,
-        nodes=nodes or int(cl["nodes"]), gpus_per_node=gpn, cpus_per_task=cpus, extra=extra,
-        signal_delay_s=signal_delay_s, max_requeues=max_requeues, container=container, job_name=job_name,
-    )
-
-
-def executor_parameters(spec: JobSpec, opts: SlurmOptions) -> dict:
-    """The keyword arguments for `submitit.SlurmExecutor.update_parameters` (pure)."""
-    nodes = opts.nodes or job_nodes(spec)
-    params: dict = {
-        "job_name": opts.job_name,
-        "time": opts.time_min,
-        "nodes": nodes,
-        "ntasks_per_node": 1,
-        "use_srun": False,
-        "stderr_to_stdout": True,
-        "signal_delay_s": max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s)),
-        "wckey": "ogrpo",
-    }
-    if opts.gpus_per_node:
-        params["gpus_per_node"] = opts.gpus_per_node
-    if opts.cpus_per_task:
-        params["cpus_per_task"] = opts.cpus_per_task
-    for key in ("partition", "account", "qos"):
-        if getattr(opts, key):
-            params[key] = getattr(opts, key)
-    extra: dict[str, object] = {
-        # B: warn the batch step only (see module docstring); submitit writes USR2@delay, this overrides it
-        "signal": f"B:USR2@{params['signal_delay_s']}",
-        "requeue": True,
-        "chdir": spec.job_dir,
-    }
-    for key, value in opts.extra.items():
-        name = key.replace("-", "_")
-        if name in params and name not in ("use_srun", "stderr_to_stdout", "signal_delay_s"):
-            # `--slurm time=..`/`nodes=..`/`cpus-per-task=..` replace ours rather than add a second #SBATCH line
-            params[name] = parse_time(value) if name == "time" else value
-        else:
-            extra[key] = value
-    if ("gres" in extra or "gpus" in extra) and "gpus_per_node" in params:
-        del params["gpus_per_node"]  # a site that names its GRES type (gpu:a40:3) says it that way
-    params["additional_parameters"] = extra
-    return params
-
-
-def job_nodes(spec: JobSpec) -> int:
-    return max((n for s in spec.steps for n in s.nodes), default=0) + 1
-
-
-def sbatch_text(spec: JobSpec, opts: SlurmOptions, folder: str | Path) -> str:
-    """The sbatch file submitit will write for this job (for --dry-run and the render/submit agreement test)."""
-    from submitit.slurm.slurm import _make_sbatch_string  # no public renderer (anchors.md)
-
-    command = f"exec {shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return _make_sbatch_string(command=command, folder=folder, **executor_parameters(spec, opts))
+PORTS_FILE = "ports.json"
 
 
 # ------------------------------------------------------------------------------------------ step commands
@@ -186,15 +60,18 @@ def sbatch_text(spec: JobSpec, opts: SlurmOptions, folder: str | Path) -> str:
 
 def step_resources(steps: list[Step], cpus_per_node: int, mem_mb_per_node: int | None) -> dict[str, tuple[int, int | None]]:
     """Split the allocation's CPUs (and memory, when the job asked for some) between steps that share a node,
-    in proportion to their GPUs, so that `--exact` steps can all start. role → (cpus per task, mem MB)."""
+    so that `--exact` steps can all start: CPUs in proportion to their GPUs, memory in proportion to each step's
+    host-memory need (ogrpo.host_memory; GPUs when a step has none). role → (cpus per task, mem MB)."""
     weight = {s.role: max(1, len(s.gpus)) for s in steps}
+    mem_weight = {s.role: float(s.host_mem_gib) for s in steps} if all(s.host_mem_gib for s in steps) else weight
     out: dict[str, tuple[int, int | None]] = {}
     for s in steps:
         sharing = [t for t in steps if set(t.nodes) & set(s.nodes)]
         total_w = sum(weight[t.role] for t in sharing)
+        total_m = sum(mem_weight[t.role] for t in sharing)
         tasks_per_node = max(1, -(-s.ntasks // max(1, len(s.nodes))))
         cpus = max(1, cpus_per_node * weight[s.role] // total_w // tasks_per_node)
-        mem = None if not mem_mb_per_node else max(256, mem_mb_per_node * weight[s.role] // total_w)
+        mem = None if not mem_mb_per_node else max(256, int(mem_mb_per_node * mem_weight[s.role] // total_m))
         out[s.role] = (cpus, mem)
     return out
 
@@ -238,15 +115,21 @@ def srun_argv(
     return [*srun, *extra_srun, *cmd]
 
 
-def placeholder_values(spec: JobSpec, hosts: list[str], job_id: int) -> dict[str, object]:
-    server_port, rdzv_port = slurm_ports(job_id)
+def placeholder_values(spec: JobSpec, hosts: list[str], ports: dict[str, int],
+                       addrs: dict[str, str] | None = None) -> dict[str, object]:
+    """Placeholder values for this allocation: hosts are Slurm's node names, `addrs` their NodeAddr (what the
+    server binds and the trainer connects to), `ports` the job's {server, rendezvous, group}."""
+    addrs = addrs or {}
     server = spec.step("server")
     trainer = spec.step(MAIN_ROLE) or spec.steps[-1]
+    server_node = hosts[server.nodes[0]] if server else hosts[0]
+    rdzv_node = hosts[trainer.nodes[0]]
     return {
-        "server_host": hosts[server.nodes[0]] if server else hosts[0],
-        "server_port": server_port,
-        "rendezvous_host": hosts[trainer.nodes[0]],
-        "rendezvous_port": rdzv_port,
+        "server_host": addrs.get(server_node, server_node),
+        "server_port": ports["server"],
+        "rendezvous_host": addrs.get(rdzv_node, rdzv_node),
+        "rendezvous_port": ports["rendezvous"],
+        "group_port": ports["group"],
         "job_dir": spec.job_dir,
     }
 
@@ -262,6 +145,14 @@ def _hostnames() -> list[str]:
     return out.stdout.split()
 
 
+def node_addr(host: str) -> str:
+    """The address Slurm knows for a node (NodeAddr; the node name where it sets none). A node's first
+    `hostname -I` address can be a container bridge or a management network the other nodes cannot reach."""
+    out = subprocess.run(["scontrol", "show", "node", host, "-o"], capture_output=True, text=True)
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
+    return m.group(1) if m else host
+
+
 def _log(msg: str) -> None:
     print(f"[ogrpo supervisor {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -273,62 +164,113 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _restarts() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+class _Requeued(Exception):
+    """The USR2 path requeued the job: this attempt ends here, quietly."""
+
+
+class _Ended(Exception):
+    """The USR2 path stopped the job without a requeue: the attempt ends with the trainer's code."""
+
+    def __init__(self, rc: int, message: str):
+        super().__init__(message)
+        self.rc = rc
+
+
 class SlurmSupervisor:
-    """The function submitit runs once in the batch step (submitit calls `checkpoint` on USR2).
+    """What the batch step runs (`python -m ogrpo.launch.slurm supervise JOB_DIR`): the shared Supervisor with
+    each step wrapped in `srun`, the job's ports, and the USR2 → checkpoint → requeue path."""
 
-    The step sequencing, health wait, watchdog and teardown are the shared `ogrpo.launch.supervisor.Supervisor`;
-    this backend only wraps each step in `srun` and adds the preemption path."""
-
-    def __init__(self, spec: JobSpec, opts: SlurmOptions):
+    def __init__(self, spec: JobSpec, *, max_requeues: int = 3, signal_delay_s: int = 90,
+                 container: Container | None = None):
         self.spec = spec
-        self.opts = opts
-        self._sup = None  # the running Supervisor (in the batch step only)
+        self.max_requeues = max_requeues
+        self.signal_delay_s = signal_delay_s
+        self.container = container
+        self._sup = None  # the running Supervisor
         self._preempting = False
-
-    def __getstate__(self):  # submitit pickles us at submit and at checkpoint; processes do not travel
-        return {"spec": self.spec, "opts": self.opts}
-
-    def __setstate__(self, state):
-        self.__init__(state["spec"], state["opts"])
+        self._started = 0.0
+        self._job_id = 0
 
     # -- planning inside the allocation
-    def wrapper(self, hosts: list[str], job_id: int, cpus_per_node: int, mem_mb: int | None):
+    def wrapper(self, hosts: list[str], ports: dict[str, int], cpus_per_node: int, mem_mb: int | None,
+                addrs: dict[str, str] | None = None):
         """(placeholder values, wrap_step hook) for this allocation."""
-        values = placeholder_values(self.spec, hosts, job_id)
+        values = placeholder_values(self.spec, hosts, ports, addrs)
         res = step_resources(self.spec.steps, cpus_per_node, mem_mb)
 
         def wrap_step(step: Step, argv: list[str]) -> list[str]:
             return srun_argv(step, job_dir=self.spec.job_dir, hosts=hosts, values=values, cpus=res[step.role][0],
-                             mem_mb=res[step.role][1], container=self.opts.container, argv=argv)
+                             mem_mb=res[step.role][1], container=self.container, argv=argv)
 
         return values, wrap_step
 
-    def commands(self, hosts: list[str], job_id: int, cpus_per_node: int, mem_mb: int | None) -> dict[str, list[str]]:
-        values, wrap_step = self.wrapper(hosts, job_id, cpus_per_node, mem_mb)
+    def commands(self, hosts: list[str], ports: dict[str, int], cpus_per_node: int, mem_mb: int | None,
+                 addrs: dict[str, str] | None = None) -> dict[str, list[str]]:
+        values, wrap_step = self.wrapper(hosts, ports, cpus_per_node, mem_mb, addrs)
         return {s.role: wrap_step(s, fill(s.argv, values)) for s in self.spec.steps}
 
-    def __call__(self) -> dict:
+    def job_ports(self, job_id: int) -> dict[str, int]:
+        """This attempt's ports: the ones run/ports.json recorded for this job when still free on this node,
+        else the job id's slot or the next free one (ogrpo.launch.ports). Checked on the batch step's node,
+        which runs the server and the trainer's first rank in every one-node plan."""
+        path = Path(self.spec.job_dir) / RUN_SUBDIR / PORTS_FILE
+        recorded = None
+        try:
+            data = json.loads(path.read_text())
+            if int(data.get("job_id", -1)) == job_id:
+                recorded = data
+        except (OSError, ValueError):
+            pass
+        try:
+            return pick_slurm_ports(job_id, recorded)
+        except OSError as exc:
+            raise LaunchError(f"{exc}: this node's ports are taken (ss -ltn)") from exc
+
+    def run(self) -> int:
         from ogrpo.launch.supervisor import Supervisor
 
-        job_id = int(os.environ["SLURM_JOB_ID"])
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        job_id = self._job_id = int(os.environ["SLURM_JOB_ID"])
+        restarts = _restarts()
         hosts = _hostnames()
+        addrs = {h: node_addr(h) for h in hosts}
         cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE") or 1)
         mem = int(os.environ["SLURM_MEM_PER_NODE"]) if os.environ.get("SLURM_MEM_PER_NODE") else None
         job_dir = Path(self.spec.job_dir)
         (job_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        values, wrap_step = self.wrapper(hosts, job_id, cpus, mem)
-        _write_json(job_dir / "slurm" / f"attempt-{restarts}.json", {
-            "job_id": job_id, "restart_count": restarts, "hosts": hosts, "started": time.time(),
-            "ports": {"server": values["server_port"], "rendezvous": values["rendezvous_port"]},
-            "commands": self.commands(hosts, job_id, cpus, mem),
-        })
-        _log(f"job {job_id} attempt {restarts} on {','.join(hosts)}")
-        self._sup = Supervisor(self.spec, {k: str(v) for k, v in values.items()}, wrap_step=wrap_step,
-                               log_dir=job_dir / RUN_SUBDIR / "logs", out=sys.stdout)
-        self._started = time.time()
-        result = self._sup.run()
-        rc = result.rc
+        # what `ogrpo status/logs/cancel RUN_DIR` read, also for a job submitted with plain `sbatch job.sbatch`
+        (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
+        ports = self.job_ports(job_id)
+        try:
+            values, wrap_step = self.wrapper(hosts, ports, cpus, mem, addrs)
+            _write_json(job_dir / RUN_SUBDIR / PORTS_FILE, {
+                "job_id": job_id, "attempt": restarts, **ports,
+                "server_host": values["server_host"], "rendezvous_host": values["rendezvous_host"]})
+            _write_json(job_dir / "slurm" / f"attempt-{restarts}.json", {
+                "job_id": job_id, "restart_count": restarts, "hosts": hosts, "addrs": addrs, "started": time.time(),
+                "ports": ports, "commands": self.commands(hosts, ports, cpus, mem, addrs),
+            })
+            _log(f"job {job_id} attempt {restarts} on {','.join(hosts)}; server {values['server_host']}:"
+                 f"{ports['server']}, rendezvous {values['rendezvous_host']}:{ports['rendezvous']}, weight-sync "
+                 f"group port {ports['group']}")
+            self._sup = Supervisor(self.spec, {k: str(v) for k, v in values.items()}, wrap_step=wrap_step,
+                                   log_dir=job_dir / RUN_SUBDIR / "logs", out=sys.stdout)
+            self._started = time.time()
+            old = signal.signal(signal.SIGUSR2, self._on_usr2)
+            try:
+                result = self._sup.run()
+                rc, message = result.rc, result.message
+            except _Requeued:
+                return 0
+            except _Ended as end:
+                rc, message = end.rc, str(end)
+            finally:
+                signal.signal(signal.SIGUSR2, old)
+        finally:
+            release_ports(list(ports.values()))
         if (rc != 0 and not self._preempting and self._sup.signalled is None
                 and self._preempted_marker() is not None):
             # The trainer saved on a signal that reached the steps but not this batch step (a site that signals
@@ -339,21 +281,37 @@ class SlurmSupervisor:
                 subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
                 time.sleep(120)  # Slurm kills this batch step as part of the requeue
         _write_json(job_dir / "slurm" / "result.json", {"job_id": job_id, "restart_count": restarts, "rc": rc,
-                                                      "message": result.message, "finished": time.time()})
+                                                      "message": message, "finished": time.time()})
         if rc != 0:
-            raise LaunchError(result.message.splitlines()[0] if result.message else f"job failed with {rc}")
-        return {"job_id": job_id, "restarts": restarts, "rc": rc}
+            _log(f"job failed: {message.splitlines()[0] if message else rc}")
+        return rc
 
-    def checkpoint(self):
-        """submitit calls this on USR2 (time limit near, or preemption warning); returning self requeues."""
+    def _on_usr2(self, signum, frame) -> None:
+        if self._preempting:  # a second warning while the first is being handled
+            return
+        trainer_rc = self.checkpoint()
+        if trainer_rc == 0 and self._preempted_marker() is None:
+            _log("the trainer finished before the signal: nothing to resume")
+            raise _Ended(0, "trainer finished")
+        if not self._requeue_allowed(trainer_rc):
+            raise _Ended(trainer_rc or 1, f"stopped on USR2 and not requeued ({_restarts()} requeues used of "
+                                          f"{self.max_requeues}); resume by submitting the job again")
+        out = subprocess.run(["scontrol", "requeue", str(self._job_id)], capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode != 0:
+            raise _Ended(1, f"scontrol requeue {self._job_id} failed: {out.stderr.strip()}")
+        raise _Requeued()
+
+    def checkpoint(self) -> int | None:
+        """USR2 (time limit near, or preemption warning): the trainer saves and exits, the server is stopped.
+        Returns the trainer's exit code (None when it did not exit in time)."""
         self._preempting = True
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        _log(f"USR2: asking the trainer to checkpoint (attempt {restarts}, at most {self.opts.max_requeues} requeues)")
+        _log(f"USR2: asking the trainer to checkpoint (attempt {_restarts()}, at most {self.max_requeues} requeues)")
         running = list(self._sup.running) if self._sup is not None else []
         trainer = next((r for r in running if r.step.role == MAIN_ROLE), None)
         trainer_rc = None
         if trainer is not None and trainer.alive:
-            deadline = time.monotonic() + max(5, self.opts.signal_delay_s - 10)
+            deadline = time.monotonic() + max(5, self.signal_delay_s - 10)
             while trainer_rc is None and time.monotonic() < deadline:
                 # the srun client forwards it to every trainer task. Again every few seconds: a trainer still
                 # loading has no handler yet (USR2 is ignored until then) and would miss a single signal.
@@ -369,21 +327,14 @@ class SlurmSupervisor:
             trainer_rc = trainer.proc.returncode
         if self._sup is not None:
             self._sup.stop([r for r in running if not r.log_file.closed])
-        if trainer_rc == 0 and self._preempted_marker() is None:
-            _log("the trainer finished before the signal: nothing to resume")
-            return None
-        if not self._requeue_allowed(trainer_rc):
-            return None
-        from submitit.helpers import DelayedSubmission
-
-        return DelayedSubmission(self)
+        return trainer_rc
 
     def _preempted_marker(self) -> dict | None:
         """The trainer's preempted.json (ogrpo.train.preemption) when written during this attempt. The exit
         code alone does not tell: `accelerate launch` turns the worker's EXIT_PREEMPTED into 1."""
         path = Path(self.spec.job_dir) / RUN_SUBDIR / "preempted.json"
         try:
-            if path.stat().st_mtime < getattr(self, "_started", 0):
+            if path.stat().st_mtime < self._started:
                 return None
             return json.loads(path.read_text())
         except (OSError, ValueError):
@@ -391,18 +342,18 @@ class SlurmSupervisor:
 
     def _requeue_allowed(self, trainer_rc: int | None) -> bool:
         """Bound the requeues (SLURM_RESTART_COUNT counts them) and record the decision in the run dir."""
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        requeue = restarts < self.opts.max_requeues
+        restarts = _restarts()
+        requeue = restarts < self.max_requeues
         marker = self._preempted_marker() or {}
         _write_json(Path(self.spec.job_dir) / "slurm" / f"requeue-{restarts}.json", {
-            "restart_count": restarts, "max_requeues": self.opts.max_requeues, "trainer_rc": trainer_rc,
+            "restart_count": restarts, "max_requeues": self.max_requeues, "trainer_rc": trainer_rc,
             "checkpoint": marker.get("checkpoint"), "signal": marker.get("signal"),
             "requeued": requeue, "time": time.time(),
         })
         if requeue:
-            _log(f"requeueing (requeue {restarts + 1} of {self.opts.max_requeues})")
+            _log(f"requeueing (requeue {restarts + 1} of {self.max_requeues})")
         else:
-            _log(f"not requeued: {restarts} requeues used of {self.opts.max_requeues}")
+            _log(f"not requeued: {restarts} requeues used of {self.max_requeues}")
         return requeue
 
 
@@ -460,28 +411,30 @@ def user_accounts() -> list[str] | None:
     return sorted({a.strip() for a in out.stdout.split() if a.strip()})
 
 
-def test_only_args(params: dict) -> list[str]:
-    """sbatch flags for `sbatch --test-only`, from the executor parameters (resources only)."""
-    flags = {
-        "partition": params.get("partition"), "account": params.get("account"), "qos": params.get("qos"),
-        "time": params.get("time"), "nodes": params.get("nodes"), "ntasks-per-node": params.get("ntasks_per_node"),
-        "gpus-per-node": params.get("gpus_per_node"), "cpus-per-task": params.get("cpus_per_task"),
-    }
-    skip = {"signal", "requeue", "chdir", "output", "error", "open-mode", "job-name"}
-    for k, v in params.get("additional_parameters", {}).items():
-        if k not in skip:
-            flags[k] = v
-    out = []
-    for k, v in flags.items():
-        if v is None or v is False:
-            continue
-        out.append(f"--{k}" if v is True else f"--{k}={v}")
-    return out
+def node_memory_mb(partition: str | None) -> list[int]:
+    """RealMemory (MB) of each node of the partition (`sinfo -N -o %m`); empty when sinfo cannot tell."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%m"] + (["-p", partition] if partition else []))
+    return [int(v) for v in out.stdout.split() if v.isdigit()] if out.returncode == 0 else []
 
 
-def preflight(spec: JobSpec, opts: SlurmOptions) -> dict:
-    """Check the request against the cluster before anything is submitted; fill in CPUs. Returns executor
-    parameters. Raises OgrpoError (exit 2) with the fix."""
+def check_host_memory(spec: JobSpec, opts: SlurmOptions) -> None:
+    """Refuse (exit 2) a job whose host-memory need is more than the partition's largest node has."""
+    if opts.mem_per_gpu or any(k in opts.extra for k in ("mem", "mem-per-cpu", "mem-per-gpu")):
+        return  # the site's own memory rule
+    need = opts.mem_gib if opts.mem_gib is not None else job_mem_gib(spec)
+    have = node_memory_mb(opts.partition)
+    if not need or not have or need * 1024 <= max(have):
+        return
+    where = f"partition {opts.partition}" if opts.partition else "this cluster"
+    parts = " + ".join(f"{s.role} {s.host_mem_gib:g} GiB" for s in spec.steps if s.host_mem_gib)
+    raise OgrpoError(f"the plan needs {need} GiB of host RAM per node ({parts}) but nodes of {where} have at most "
+                     f"{max(have) / 1024:.1f} GiB (sinfo -o %m: {max(have)} MB): use a partition with larger "
+                     "nodes or fewer processes per node, or state the site's rule with --slurm mem=...")
+
+
+def preflight(spec: JobSpec, opts: SlurmOptions) -> SlurmOptions:
+    """Check the request against the cluster before anything is written or submitted, and fit the CPU request
+    to the nodes when the site did not set one (ogrpo.cpus_per_gpu). Raises OgrpoError (exit 2) with the fix."""
     require_sbatch()
     parts = partitions()
     if opts.partition and opts.partition not in parts:
@@ -496,17 +449,17 @@ def preflight(spec: JobSpec, opts: SlurmOptions) -> dict:
         where = f"partition {opts.partition}" if opts.partition else "this cluster"
         raise OgrpoError(f"{opts.gpus_per_node} GPUs per node requested but nodes of {where} have at most {have}: "
                          f"ask for fewer GPUs per node (--gpus {have}x...) or spread over more nodes (--nodes)")
-    if opts.cpus_per_task is None:
-        node_cpus = min_cpus_per_node(opts.partition) or len(spec.steps)
-        # enough CPUs for every step to start next to the others (`--exact` steps do not share CPUs)
-        opts.cpus_per_task = min(node_cpus, max(len(spec.steps), 4 * max(1, opts.gpus_per_node)))
-    params = executor_parameters(spec, opts)
-    test = _run(["sbatch", "--test-only", *test_only_args(params), "--wrap", "true"])
+    node_cpus = min_cpus_per_node(opts.partition)
+    if node_cpus and not opts.cpus_from_config and (opts.cpus_per_task or 0) > node_cpus:
+        # our default per GPU is a wish, not a need: smaller nodes get all their CPUs
+        opts.cpus_per_task = max(node_cpus, len(spec.steps))
+    check_host_memory(spec, opts)
+    test = _run(["sbatch", "--test-only", *request_flags(spec, opts), "--wrap", "true"])
     if test.returncode != 0:
         msg = " ".join(line.strip() for line in test.stderr.strip().splitlines()[-2:]) or f"rc {test.returncode}"
         raise OgrpoError(f"Slurm would not accept this job ({msg}): check --partition/--account/--qos/--time and "
                          "that the GPU count fits the nodes (sinfo -o '%P %G %c %m')")
-    return params
+    return opts
 
 
 @dataclass
@@ -517,29 +470,52 @@ class Submitted:
     logs: dict[str, str]
 
 
-def submit(spec: JobSpec, opts: SlurmOptions, params: dict | None = None) -> Submitted:
-    """Submit the job (after `preflight`). The submitit folder lives in the job dir."""
-    import submitit
+def supervisor_log(job_dir: str | Path, job_id: str | int) -> Path:
+    """Where the batch step's output goes (`#SBATCH --output`, ogrpo.launch.sbatch.directives)."""
+    return Path(job_dir) / "logs" / f"slurm-{job_id}.out"
 
-    params = params or executor_parameters(spec, opts)
+
+def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None = None) -> Submitted:
+    """`sbatch JOB_DIR/job.sbatch` (after `preflight`): the file `render` wrote, or `script` written there first.
+    A job dir without manifest.json (a JobSpec built in code) gets jobspec.json, which the supervisor reads."""
     job_dir = Path(spec.job_dir)
-    for sub in ("slurm", "submitit", f"{RUN_SUBDIR}/logs", f"{RUN_SUBDIR}/roles"):
+    for sub in ("slurm", "logs", f"{RUN_SUBDIR}/logs", f"{RUN_SUBDIR}/roles"):
         (job_dir / sub).mkdir(parents=True, exist_ok=True)
-    # `exec`: python replaces the batch shell, so the B:USR2 warning reaches submitit's handler
-    executor = submitit.SlurmExecutor(folder=job_dir / "submitit", max_num_timeout=opts.max_requeues,
-                                      python="exec " + shlex.quote(sys.executable))
-    executor.update_parameters(**params)
-    job = executor.submit(SlurmSupervisor(spec, opts))
-    (job_dir / "slurm" / "job_id").write_text(f"{job.job_id}\n")
+    path = job_dir / "job.sbatch"
+    if script is None and not path.exists():
+        from ogrpo.render import sbatch_script
+
+        script = sbatch_script(spec, opts or SlurmOptions(job_name=spec.name))
+    if script is not None:
+        path.write_text(script)
+        path.chmod(0o755)
+    if not (job_dir / "manifest.json").exists():
+        _write_json(job_dir / "jobspec.json", spec.to_dict())
+    # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
+    # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
+    env = {**os.environ, "OGRPO_PYTHON": sys.executable}
+    out = subprocess.run(["sbatch", "--parsable", str(path)], cwd=job_dir, env=env, capture_output=True, text=True,
+                         timeout=120)
+    if out.returncode != 0:
+        raise OgrpoError(f"sbatch refused {path}: {_first_line(out.stderr) or out.returncode}")
+    job_id = out.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise LaunchError(f"sbatch printed no job id for {path}: {out.stdout.strip()!r}")
+    (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
     from ogrpo.launch.slurm_query import remember
 
-    remember(job.job_id, job_dir)
+    remember(job_id, job_dir)
     return Submitted(
-        job_id=str(job.job_id),
+        job_id=job_id,
         job_dir=str(job_dir),
-        supervisor_log=str(job.paths.stdout),
+        supervisor_log=str(supervisor_log(job_dir, job_id)),
         logs={s.role: str(job_dir / RUN_SUBDIR / "logs" / f"{s.role}.log") for s in spec.steps},
     )
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 # ------------------------------------------------------------------------------- the wrapper inside a step
@@ -582,8 +558,43 @@ def _step_main(argv: list[str]) -> None:
     os.execvp(cmd[0], cmd)
 
 
+def _supervise_main(argv: list[str]) -> int:
+    """`python -m ogrpo.launch.slurm supervise JOB_DIR [--max-requeues N] [--signal-delay S] [--container IMAGE
+    [--container-runtime R]]`: job.sbatch's body."""
+    import argparse
+
+    from ogrpo.launch.containers import make_container
+    from ogrpo.launch.local import load_jobspec
+
+    ap = argparse.ArgumentParser(prog="python -m ogrpo.launch.slurm supervise")
+    ap.add_argument("job_dir")
+    ap.add_argument("--max-requeues", type=int, default=3)
+    ap.add_argument("--signal-delay", type=int, default=90)
+    ap.add_argument("--container", default=None)
+    ap.add_argument("--container-runtime", default=None)
+    args = ap.parse_args(argv)
+    try:
+        if "SLURM_JOB_ID" not in os.environ:
+            raise OgrpoError("the Slurm supervisor runs inside a Slurm job: `sbatch job.sbatch` or `ogrpo submit` "
+                             "(to run the job here: ogrpo submit --backend local)")
+        # manifest.json first: it is written with job.sbatch by render/submit (a jobspec.json may be left from a
+        # local run of the same directory); jobspec.json for a JobSpec built in code (ogrpo.launch.slurm.submit)
+        manifest = Path(args.job_dir) / "manifest.json"
+        spec = load_jobspec(manifest if manifest.is_file() else args.job_dir)
+        container = make_container(args.container, args.container_runtime, [spec.job_dir])
+        sup = SlurmSupervisor(spec, max_requeues=args.max_requeues, signal_delay_s=args.signal_delay,
+                              container=container)
+        rc = sup.run()
+    except OgrpoError as exc:
+        print(f"ogrpo: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_code", 2)
+    return rc if 0 <= rc < 256 else 1
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "step":
         _step_main(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "supervise":
+        sys.exit(_supervise_main(sys.argv[2:]))
     else:
-        raise SystemExit("usage: python -m ogrpo.launch.slurm step --role R --job-dir D [--ignore-usr2] -- CMD")
+        raise SystemExit("usage: python -m ogrpo.launch.slurm step|supervise ...")

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
-from ogrpo.jobspec import JobSpec, Step
+from ogrpo.jobspec import PLACEHOLDERS, JobSpec, Step
 
-PLACEHOLDER = re.compile(r"\{(server_host|server_port|rendezvous_host|rendezvous_port|job_dir)\}")
+# The JobSpec placeholders ({node_rank} stays for the Slurm step wrapper, which knows it).
+PLACEHOLDER = re.compile(r"\{(" + "|".join(k for k in PLACEHOLDERS if k != "node_rank") + r")\}")
 LOG_TAIL_LINES = 30
 
 

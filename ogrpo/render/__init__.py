@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -15,17 +16,6 @@ from ogrpo import __version__
 from ogrpo.errors import OgrpoError
 
 TEMPLATES = Path(__file__).with_name("templates")
-
-# Placeholders of Step.argv as the sbatch's bash variables.
-_BASH_VARS = {
-    "{job_dir}": "$JOB_DIR",
-    "{server_host}": "$SERVER_HOST",
-    "{server_port}": "$SERVER_PORT",
-    "{rendezvous_host}": "$RENDEZVOUS_HOST",
-    "{rendezvous_port}": "$RENDEZVOUS_PORT",
-    "{node_rank}": "$SLURM_PROCID",
-}
-
 
 def _plan_dict(plan) -> dict:
     return plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
@@ -37,6 +27,7 @@ def deepspeed_config(plan) -> dict | None:
     strategy = p["trainer"]["strategy"]
     if strategy == "ddp":
         return None
+    is_cpu = bool(p["cluster"]["gpu"]["is_cpu"])
     stage = 2 if strategy == "zero2" else 3
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   "reduce_bucket_size": "auto"}
@@ -50,7 +41,12 @@ def deepspeed_config(plan) -> dict | None:
         "gradient_clipping": "auto",
         "zero_optimization": zero,
     }
-    if p["precision"] == "fp16":
+    if is_cpu:
+        # fp32 on CPU: "auto" takes GRPOConfig's bf16/fp16 (both False); an explicit `enabled: true` makes
+        # DeepSpeed cast the model to bf16 and the gloo run then differs from the plan's fp32.
+        cfg["bf16"] = {"enabled": "auto"}
+        cfg["fp16"] = {"enabled": "auto"}
+    elif p["precision"] == "fp16":
         # V100: dynamic loss scaling (loss_scale 0) starting at 2^16 (shared/compat.md).
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
@@ -58,7 +54,14 @@ def deepspeed_config(plan) -> dict | None:
     else:
         cfg["bf16"] = {"enabled": True}
         cfg["fp16"] = {"enabled": False}
-    if strategy == "zero3_offload":
+    if strategy == "zero3_offload" and is_cpu:
+        # Parameters already live in host RAM: the offload is ZeRO-Offload's code path (the optimizer steps on
+        # the fp32 partition outside the engine), with the trainer's torch AdamW instead of DeepSpeed's CPU
+        # Adam, whose C++ op would be JIT-compiled on first use (DS_BUILD_OPS=0 install). No pinned memory
+        # without CUDA.
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    elif strategy == "zero3_offload":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # ZeRO-Offload steps the optimizer on the CPU: it needs DeepSpeed's CPU Adam, not the client's.
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
@@ -114,179 +117,81 @@ def run_yaml(plan, run_config) -> str:
     return head + dump_yaml(d)
 
 
-def _arg(a: str) -> str:
-    text = a
-    for ph, var in _BASH_VARS.items():
-        text = text.replace(ph, var)
-    if "$" in text:
-        return '"' + text.replace('"', '\\"') + '"'
-    return shlex.quote(text)
+def _q(tok: str) -> str:
+    """Shell quoting that leaves {placeholders} readable."""
+    return tok if re.fullmatch(r"[\w@%+=:,./{}-]+", tok) else shlex.quote(tok)
 
 
-def _lines(srun: list[str], command: list[str]) -> str:
-    """srun options one per line, then `env` assignments, then the command with each `--flag value` pair on
-    its own line: readable, and a diff shows which setting changed."""
-    rows = list(srun)
-    cur: list[str] = []
-    for tok in command:
-        starts_option = tok.startswith("-") and not tok.lstrip("-").isdigit()
-        if cur and (starts_option or cur[0] == "env") and not (cur[0] == "env" and "=" in tok):
-            rows.append(" ".join(cur))
-            cur = []
-        if cur and cur[-1].startswith("-") and not starts_option and len(cur) >= 2 and cur[0].startswith("-"):
-            rows.append(" ".join(cur))
-            cur = []
-        cur.append(tok)
+def _wrap_comment(tokens: list[str], indent: str, width: int = 116) -> list[str]:
+    """Tokens as `#` comment lines of at most `width` characters, continuation lines indented."""
+    rows, cur = [], ""
+    for tok in tokens:
+        if cur and len(cur) + 1 + len(tok) > width - len(indent) - 2:
+            rows.append(cur)
+            cur = tok
+        else:
+            cur = f"{cur} {tok}" if cur else tok
     if cur:
-        rows.append(" ".join(cur))
-    return " \\\n  ".join(rows)
+        rows.append(cur)
+    return [f"#   {rows[0]}"] + [f"#   {indent}{r}" for r in rows[1:]]
 
 
-def _env_prefix(env: dict, exclude: dict) -> list[str]:
-    own = {k: v for k, v in env.items() if exclude.get(k) != v}
-    if not own:
-        return []
-    return ["env"] + [f"{k}={shlex.quote(str(v))}" for k, v in sorted(own.items())]
+def _steps_comment(jobspec) -> list[str]:
+    """The job's steps as the supervisor runs them, placeholders unfilled: what a reader needs to know."""
+    lines = ["# Steps ({placeholders} are filled when the job starts):"]
+    if jobspec.env:
+        lines += _wrap_comment(["every", "step:"] + [f"{k}={_q(str(v))}" for k, v in
+                                                       sorted(jobspec.env.items())], "  ")
+    for step in jobspec.steps:
+        devices = f"GPUs {step.gpus}" if step.gpus else "CPU"
+        mem = f", {step.host_mem_gib:g} GiB host RAM" if step.host_mem_gib else ""
+        head = [f"{step.role}:", f"(nodes {step.nodes}, {devices}, {step.ntasks} task(s){mem})"]
+        own = [f"{k}={_q(str(v))}" for k, v in sorted(step.env.items()) if jobspec.env.get(k) != v]
+        lines += _wrap_comment(head + own + [_q(a) for a in step.argv], "    ")
+    return lines
 
 
-def _srun(step, p: dict, cpus: int, log: str) -> list[str]:
-    is_cpu = bool(p["cluster"]["gpu"]["is_cpu"])
-    nodes = len(step.nodes)
-    opts = ["srun", "--exact", f"--nodes={nodes}", f"--ntasks={step.ntasks}"]
-    if nodes > 1:
-        opts.append("--ntasks-per-node=1")
-    if step.nodes == [0]:
-        opts.append('--nodelist="${NODES[0]}"')
-    else:
-        opts.append('--nodelist="$TRAINER_NODELIST"')
-    if not is_cpu:
-        opts.append(f"--gres=gpu:{len(step.gpus)}")
-    opts.append(f"--cpus-per-task={cpus}")
-    opts.append(f'--output="$JOB_DIR/logs/{log}.log"')
-    return opts
+def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = "") -> str:
+    """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job."""
+    from ogrpo.launch.sbatch import MIN_SIGNAL_DELAY_S, sbatch_lines
 
-
-def _cpus_per_device(p: dict, run_config) -> int:
-    cpg = getattr(getattr(run_config, "ogrpo", None), "cpus_per_gpu", None)
-    if cpg:
-        return int(cpg)
-    return 1 if p["cluster"]["gpu"]["is_cpu"] else 8
-
-
-def job_sbatch(plan, run_config, jobspec) -> str:
-    p = _plan_dict(plan)
-    opts = run_config.ogrpo
-    cl = p["cluster"]
-    is_cpu = bool(cl["gpu"]["is_cpu"])
-    gpn = int(cl["gpus_per_node"])
-    cpd = _cpus_per_device(p, run_config)
-    lines = [f"#SBATCH --job-name={jobspec.name}", f"#SBATCH --nodes={cl['nodes']}", "#SBATCH --ntasks-per-node=1"]
-    if is_cpu:
-        lines.append(f"#SBATCH --cpus-per-task={cpd * gpn}")
-    else:
-        lines.append(f"#SBATCH --gres=gpu:{gpn}")
-        lines.append(f"#SBATCH --cpus-per-task={cpd * gpn}")
-        if opts.mem_per_gpu:
-            lines.append(f"#SBATCH --mem-per-gpu={opts.mem_per_gpu}")
-    for key, flag in (("partition", "partition"), ("account", "account"), ("qos", "qos"), ("time", "time")):
-        val = getattr(opts, key)
-        if val:
-            lines.append(f"#SBATCH --{flag}={val}")
-    lines.append(f"#SBATCH --output={jobspec.job_dir}/logs/slurm-%j.out")
-    lines.append("#SBATCH --open-mode=append")
-
-    env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(jobspec.env.items())] or [":"]
-
-    server = jobspec.step("server")
-    trainer = jobspec.step("trainer")
-    if trainer.nodes and trainer.nodes[0] != 0:
-        rdzv = "${NODES[" + str(trainer.nodes[0]) + "]}"
-    else:
-        rdzv = "$SERVER_HOST"
-
-    server_block = ""
-    if server is not None:
-        scpus = cpd * max(1, len(server.gpus))
-        srun_opts = _srun(server, p, scpus, "server")
-        inner = _env_prefix(server.env, jobspec.env) + [_arg(a) for a in server.argv]
-        tmo = jobspec.health_timeout_s
-        server_block = "\n".join([
-            "",
-            f"# vLLM server: {p['vllm']['num_gpus'] or 1} {'process' if is_cpu else 'GPU(s)'}, tensor parallel "
-            f"{p['vllm']['tensor_parallel_size']}, in the background.",
-            _lines(srun_opts, inner) + " &",
-            "SERVER_PID=$!",
-            "",
-            "# Wait for the server's health endpoint; fail fast if its step dies first.",
-            f"deadline=$((SECONDS + {tmo}))",
-            f'until curl -fsS -o /dev/null "http://$SERVER_HOST:$SERVER_PORT{jobspec.health_path}" 2>/dev/null; do',
-            '  if ! kill -0 "$SERVER_PID" 2>/dev/null; then',
-            '    echo "ogrpo: the server step exited before it was healthy; see $JOB_DIR/logs/server.log" >&2',
-            "    exit 1",
-            "  fi",
-            "  if (( SECONDS >= deadline )); then",
-            f'    echo "ogrpo: the server was not healthy after {tmo} s; see $JOB_DIR/logs/server.log" >&2',
-            "    exit 1",
-            "  fi",
-            '  sleep "${OGRPO_HEALTH_POLL_S:-5}"',
-            "done",
-            'echo "ogrpo: server healthy at $SERVER_HOST:$SERVER_PORT"',
-        ])
-
-    tcpus = cpd * (max(1, len(trainer.gpus)) if not is_cpu else max(1, int(p["trainer"]["num_processes"])))
-    tl = [""]
-    if trainer.nodes != [0]:
-        first, count = trainer.nodes[0], len(trainer.nodes)
-        tl.append(f'TRAINER_NODELIST="$(IFS=,; echo "${{NODES[*]:{first}:{count}}}")"')
-    tl.append(f"# Trainer: {p['trainer']['num_processes']} process(es), {p['trainer']['strategy']}.")
-    srun = _srun(trainer, p, tcpus, "trainer")
-    inner = _env_prefix(trainer.env, jobspec.env) + [_arg(a) for a in trainer.argv]
-    if len(trainer.nodes) > 1:
-        # One launcher per node; each needs its own rank, known only inside the task.
-        tl.append("# shellcheck disable=SC2016  # expanded by the per-node shell, not here")
-        tl.append(_lines(srun, ["bash", "-c"]) + " " + shlex.quote("exec " + " ".join(inner)) + " &")
-    else:
-        tl.append(_lines(srun, inner) + " &")
-    tl.append("TRAINER_PID=$!")
-    tl.append("")
-    if server is not None:
-        tl += [
-            "# The job ends with the trainer; a server that dies mid-run stops it (it would wait on HTTP).",
-            'while kill -0 "$TRAINER_PID" 2>/dev/null; do',
-            '  if ! kill -0 "$SERVER_PID" 2>/dev/null; then',
-            '    echo "ogrpo: the server step died; stopping the trainer (see $JOB_DIR/logs/server.log)" >&2',
-            "    exit 1",
-            "  fi",
-            '  sleep "${OGRPO_WATCH_POLL_S:-10}"',
-            "done",
-        ]
-    tl += [
-        "rc=0",
-        'wait "$TRAINER_PID" || rc=$?',
-        'TRAINER_PID=""',
-        'echo "ogrpo: trainer exited with $rc"',
-        'exit "$rc"',
-    ]
-
-    summary = (f"{cl['spec']}, {p['model']['name']}, mode {p['mode']}, precision {p['precision']}, "
-               f"server GPUs {p['vllm']['gpus'] if p['mode'] == 'server' else '-'}, trainer "
-               f"{p['trainer']['num_processes']} x {p['trainer']['strategy']}"
-               f"{'' if p['fits'] else ' (DOES NOT FIT: ' + '; '.join(p['reasons']) + ')'}")
+    args = [f"--max-requeues {int(slurm.max_requeues)}",
+            f"--signal-delay {max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))}"]
+    if slurm.container_image:
+        args.append(f"--container {shlex.quote(slurm.container_image)}")
+        if slurm.container_runtime:
+            args.append(f"--container-runtime {shlex.quote(slurm.container_runtime)}")
     text = (TEMPLATES / "job.sbatch").read_text()
     subs = {
-        "@@TITLE@@": f"O-GRPO job {jobspec.name}",
+        "@@TITLE@@": title or f"O-GRPO job {jobspec.name}",
         "@@VERSION@@": __version__,
-        "@@SUMMARY@@": summary,
-        "@@SBATCH@@": "\n".join(lines),
-        "@@JOB_DIR@@": jobspec.job_dir,
-        "@@ENV@@": "\n".join(env_lines),
-        "@@RENDEZVOUS_HOST@@": rdzv,
-        "@@SERVER@@": server_block,
-        "@@TRAINER@@": "\n".join(tl),
+        "@@SUMMARY@@": summary or jobspec.name,
+        "@@SBATCH@@": "\n".join(sbatch_lines(jobspec, slurm)),
+        "@@HEALTH@@": jobspec.health_path,
+        "@@DELAY@@": str(max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))),
+        "@@REQUEUES@@": str(int(slurm.max_requeues)),
+        "@@STEPS@@": "\n".join(_steps_comment(jobspec)),
+        "@@JOB_DIR@@": shlex.quote(jobspec.job_dir),
+        "@@SUPERVISE_ARGS@@": "".join(" \\\n  " + a for a in args),
     }
     for k, v in subs.items():
         text = text.replace(k, v)
     return text
+
+
+def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
+    """job.sbatch for a plan: `slurm` (SlurmOptions) as `ogrpo submit` resolved them, else the run config's."""
+    from ogrpo.launch.sbatch import options_for
+
+    p = _plan_dict(plan)
+    if slurm is None:
+        slurm = options_for(p, run_config, job_name=jobspec.name)
+    cl = p["cluster"]
+    summary = (f"{cl['spec']}, {p['model']['name']}, mode {p['mode']}, precision {p['precision']}, "
+               f"server GPUs {p['vllm']['gpus'] if p['mode'] == 'server' else '-'}, trainer "
+               f"{p['trainer']['num_processes']} x {p['trainer']['strategy']}"
+               f"{'' if p['fits'] else ' (DOES NOT FIT: ' + '; '.join(p['reasons']) + ')'}")
+    return sbatch_script(jobspec, slurm, summary=summary)
 
 
 def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = None) -> str:
@@ -298,17 +203,20 @@ def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = 
         "files": sorted(files),
         "plan": p,
         "jobspec": jobspec.to_dict(),
-        "warnings": list(run_config.warnings),
+        "warnings": list(dict.fromkeys(list(run_config.warnings) + list(p.get("warnings", [])))),
+        # How the run differs from the recipe as written, each with its reason (ogrpo/fields.py, plan.py).
+        "changes": list(p.get("changes", [])),
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
-def render_job(plan, run_config, jobspec, inputs: dict | None = None) -> dict[str, str]:
-    """filename -> text for one job directory."""
+def render_job(plan, run_config, jobspec, inputs: dict | None = None, slurm=None) -> dict[str, str]:
+    """filename -> text for one job directory. `slurm`: the SlurmOptions `ogrpo submit` resolved (default: the
+    run config's), so that render and submit write the same job.sbatch."""
     from ogrpo.config import dump_yaml
 
     files: dict[str, str] = {}
-    files["job.sbatch"] = job_sbatch(plan, run_config, jobspec)
+    files["job.sbatch"] = job_sbatch(plan, run_config, jobspec, slurm)
     files["accelerate.yaml"] = dump_yaml(accelerate_config(plan, jobspec.job_dir))
     ds = deepspeed_config(plan)
     if ds is not None:

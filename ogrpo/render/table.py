@@ -17,6 +17,11 @@ def _count(n: float) -> str:
     return str(int(n))
 
 
+def _value(v) -> str:
+    text = "-" if v is None else str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _where(role: dict, is_cpu: bool) -> str:
     nodes = role["nodes"]
     node = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
@@ -71,6 +76,10 @@ def print_plan(plan, out=None) -> None:
     say(box_table(["setting", "value", "why"],
                   [[item["name"], str(item["value"]), item["reason"]] for item in p["settings"]],
                   title="settings", stream=out))
+    if p.get("changes"):
+        say(box_table(["key", "recipe", "run", "why"],
+                      [[c["key"], _value(c["from"]), _value(c["to"]), c["reason"]] for c in p["changes"]],
+                      title="changes from the recipe", stream=out))
     for w in p.get("warnings", []):
         say(wrap(styled("note:", "yellow", stream=out) + f" {w}"))
     if p["fits"]:

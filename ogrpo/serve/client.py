@@ -76,9 +76,12 @@ def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str |
         # Copied as read: the iterator may change a tensor after yielding it (with PEFT, TRL merges the adapters
         # into the base weights for the sync and unmerges them in place when the iteration ends, before this
         # function writes the file; a view would then carry the unmerged base weights to the server).
-        t = tensor.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
+        t = tensor.detach().to("cpu", copy=True)
+        if t.numel() == 0:
+            # ZeRO-3 leaves each parameter as a shape-[0] placeholder outside deepspeed.zero.GatheredParameters;
+            # pushed as is, vLLM would load nothing for it and keep sampling from stale weights.
+            raise RuntimeError(f"weight push: {name} is empty (an ungathered ZeRO-3 partition); gather the "
+                               "parameters before pushing them")
         # safetensors refuses tensors that share storage (tied weights, views); copy the later ones.
         ptr = t.untyped_storage().data_ptr()
         if ptr in seen_storage or not t.is_contiguous():

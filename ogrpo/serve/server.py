@@ -138,10 +138,11 @@ def _checkpoint_dtype(model: str) -> str | None:
 
 
 def resolve_model(name: str) -> str:
-    """The path vLLM loads: the built-in tiny model (`ogrpo:tiny`) is built into the local cache on first use."""
+    """The path vLLM loads: a built-in tiny model (`ogrpo:tiny`, `ogrpo:tiny-math` ...) is built into the local
+    cache on first use."""
     from ogrpo import tiny
 
-    return str(tiny.ensure_tiny_model()) if tiny.is_tiny(name) else str(name)
+    return str(tiny.ensure_model(name)) if tiny.builtin_model(name) else str(name)
 
 
 def resolve_settings(trl: dict, ogrpo: dict, plan: dict | None) -> ServeSettings:

@@ -32,7 +32,8 @@ def cpu_sync_weights(self) -> None:
     runner = _model_runner(self.llm)
     model_config = getattr(runner, "model_config", None) or self.llm.llm_engine.model_config
     # Materialize first: a layerwise reload must see every tensor of a layer within one pass.
-    weights = [(name, param.detach()) for name, param in self._iter_named_params()]
+    # Copies, not views: with PEFT, TRL unmerges the adapters in place once the iteration ends.
+    weights = [(name, param.detach().clone()) for name, param in self._iter_named_params()]
     reload_weights(runner.model, model_config, weights)
     self.llm.reset_prefix_cache()
 

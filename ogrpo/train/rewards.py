@@ -1,6 +1,11 @@
-"""Reward functions by name: a small built-in registry, or any `package.module:function` import path.
+"""Reward functions by name (open-r1's set with its meaning, TRL's names, the tiny task's), or a user function
+by import path (`package.module:function`, TRL's dotted `package.module.function`) or file path
+(`path/to/file.py:function`).
 
-Resolution happens before the run directory is created, so a typo is a one-line error and nothing is written.
+Two stages, because `ogrpo plan` must stay fast and import nothing heavy:
+- `check_rewards` (plan/render/submit time): names against the table below, import paths found with
+  `importlib.util.find_spec` and file paths read with `ast` — nothing is executed, no torch/trl/math_verify.
+- `resolve_rewards` (trainer): imports the implementation and builds it with the recipe's parameters.
 Reward functions follow TRL's signature: `f(completions, prompts=..., **dataset_columns) -> list[float | None]`.
 """
 
@@ -8,126 +13,349 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
+import os
 import re
-from typing import Callable
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from ogrpo.errors import OgrpoError
-
-
-def _tiny_letter(completions, **kwargs):
-    from ogrpo.tiny import letter_reward
-
-    return letter_reward(completions, **kwargs)
+from ogrpo.errors import ConfigError, OgrpoError
 
 
-def _text(completion) -> str:
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
+@dataclass(frozen=True)
+class Reward:
+    """One registry entry: where the implementation lives, how the recipe parameterises it, what it reads."""
+
+    target: str  # "module:attr" of the function, or of the factory when `params` is set
+    params: dict[str, str] = field(default_factory=dict)  # factory argument -> recipe key
+    columns: tuple[str, ...] = ()  # dataset columns the reward needs (checked against the dataset at plan time)
+    fixed: dict = field(default_factory=dict)  # factory arguments that are not recipe keys
 
 
-def length_reward(completions, target_length: int = 64, **kwargs) -> list[float]:
-    """1 at `target_length` characters, falling linearly to 0 at twice (or zero) that length."""
-    return [max(0.0, 1.0 - abs(len(_text(c)) - target_length) / target_length) for c in completions]
+_M, _T, _C = "ogrpo.train.math_rewards", "ogrpo.train.text_rewards", "ogrpo.train.code_rewards"
+_CODE_PARAMS = {"language": "code_language", "num_parallel": "parallel_code_exec_per_proc",
+                "enforce_same_language": "enforce_same_language"}
 
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-
-
-def _norm(x) -> str:
-    return re.sub(r"\s+", "", str(x)).rstrip(".").lower()
-
-
-def accuracy_reward(completions, solution=None, answer=None, **kwargs) -> list[float | None]:
-    """1 when the completion's final answer (\\boxed{…}, <answer>…</answer>, else the last line) equals the
-    dataset's `solution`/`answer` column after whitespace/case normalisation; None where there is no reference."""
-    refs = solution if solution is not None else answer
-    if refs is None:
-        return [None] * len(completions)
-    out: list[float | None] = []
-    for c, ref in zip(completions, refs):
-        text = _text(c)
-        m = _BOXED.findall(text) or _ANSWER.findall(text)
-        got = m[-1] if m else (text.strip().splitlines() or [""])[-1]
-        ref_m = _BOXED.findall(str(ref))
-        ref = ref_m[-1] if ref_m else ref
-        out.append(None if ref is None else float(_norm(got) == _norm(ref)))
-    return out
-
-
-_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
-
-
-def format_reward(completions, **kwargs) -> list[float]:
-    """1 for `<think>…</think><answer>…</answer>` (open-r1's format), else 0."""
-    return [1.0 if _FORMAT.match(_text(c)) else 0.0 for c in completions]
-
-
-REGISTRY: dict[str, Callable] = {
-    "tiny_letter": _tiny_letter,
-    "accuracy": accuracy_reward,
-    "format": format_reward,
-    "length": length_reward,
+REWARDS: dict[str, Reward] = {
+    "accuracy": Reward(f"{_M}:accuracy_reward", columns=("solution",)),
+    "format": Reward(f"{_T}:format_reward"),
+    "soft_format": Reward(f"{_T}:soft_format_reward"),
+    "tag_count": Reward(f"{_T}:tag_count_reward"),
+    "reasoning_steps": Reward(f"{_T}:reasoning_steps_reward"),
+    "length": Reward(f"{_M}:len_reward", columns=("solution",)),
+    "cosine": Reward(f"{_M}:get_cosine_scaled_reward", columns=("solution",), params={
+        "min_value_wrong": "cosine_min_value_wrong", "max_value_wrong": "cosine_max_value_wrong",
+        "min_value_correct": "cosine_min_value_correct", "max_value_correct": "cosine_max_value_correct",
+        "max_len": "cosine_max_len"}),
+    "repetition_penalty": Reward(f"{_T}:get_repetition_penalty_reward", params={
+        "ngram_size": "repetition_n_grams", "max_penalty": "repetition_max_penalty"}),
+    "soft_overlong_punishment": Reward(f"{_T}:get_soft_overlong_punishment", params={
+        "max_completion_len": "max_completion_len", "soft_punish_cache": "soft_punish_cache"}),
+    # The code rewards (sandboxed, ogrpo/train/code_rewards.py) are plain functions; the recipe's values are bound
+    # as keywords, only those the function names, as open-r1 binds them with functools.partial. A dataset column of
+    # the same name (`language`) still wins: call-time keywords override a partial's.
+    "code": Reward(f"{_C}:code_reward", columns=("verification_info",)),
+    "binary_code": Reward(f"{_C}:binary_code_reward", columns=("verification_info",)),
+    "code_format": Reward(f"{_C}:code_format_reward"),
+    "tiny_letter": Reward("ogrpo.tiny:letter_reward"),
+    # TRL's `trl grpo` names (trl/scripts/grpo.py), so its recipes run unchanged; the overlong values are that
+    # script's fixed ones.
+    "accuracy_reward": Reward("trl.rewards:accuracy_reward", columns=("solution",)),
+    "reasoning_accuracy_reward": Reward("trl.rewards:reasoning_accuracy_reward", columns=("solution",)),
+    "think_format_reward": Reward("trl.rewards:think_format_reward"),
+    "get_soft_overlong_punishment": Reward("trl.rewards:get_soft_overlong_punishment",
+                                           fixed={"max_completion_len": 1280, "soft_punish_cache": 256}),
 }
+ALIASES = {"len": "length"}
+# What open-r1's grpo.py uses when a recipe sets no reward_funcs (GRPOScriptArguments' default); TRL's script
+# has none and fails. Its older recipes (e.g. config_demo.yaml before reward_funcs existed) rely on it.
+DEFAULT_REWARDS = ("accuracy", "format", "tag_count")
+CODE_REWARDS = ("code", "binary_code", "code_format")
 
+# open-r1's GRPOScriptArguments defaults (src/open_r1/configs.py) with the kind a recipe value must have.
+RECIPE_PARAMS: dict[str, tuple[tuple[str, ...], object]] = {
+    "cosine_min_value_wrong": (("float",), 0.0),
+    "cosine_max_value_wrong": (("float",), -0.5),
+    "cosine_min_value_correct": (("float",), 0.5),
+    "cosine_max_value_correct": (("float",), 1.0),
+    "cosine_max_len": (("int",), 1000),
+    "repetition_n_grams": (("int",), 3),
+    "repetition_max_penalty": (("float",), -1.0),
+    "code_language": (("str",), "python"),
+    "parallel_code_exec_per_proc": (("int",), 2),
+    "enforce_same_language": (("bool",), False),
+    "max_completion_len": (("int",), 16384),
+    "soft_punish_cache": (("int",), 4096),
+}
+RECIPE_KEYS = frozenset(RECIPE_PARAMS)  # open-r1 keys this module gives their meaning (config.py: not "ignored")
 
-# Names TRL's own `trl grpo` script accepts (trl/scripts/grpo.py), so its recipes run unchanged.
-TRL_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+# open-r1 names whose only implementations call remote judges (Piston, Morph); a site plugs one in by path.
+REMOTE_ONLY = {"ioi_code": "IOI problems graded by a Piston/Morph service",
+               "cf_code": "Codeforces problems graded by a Piston service"}
 
 
 def _known() -> str:
-    return ", ".join([*REGISTRY, *TRL_NAMES])
+    return ", ".join([*REWARDS, *ALIASES])
 
 
-def _trl_reward(name: str) -> Callable:
+def _canonical(spec: str) -> str:
+    return ALIASES.get(spec, spec)
+
+
+def is_path_spec(spec: str) -> bool:
+    return ":" in spec or "." in spec
+
+
+def _split(spec: str) -> tuple[str, str]:
+    """(module or file, attribute) of an import/file path."""
+    if ":" in spec:
+        target, _, attr = spec.rpartition(":")
+        return target, attr
+    target, _, attr = spec.rpartition(".")
+    return target, attr
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+# --- plan time: check without importing ------------------------------------------------------------------------
+
+
+def _defines(source: str, attr: str) -> bool | None:
+    """Whether a module's source binds `attr` at top level; None when it cannot tell (star import, __getattr__)."""
+    import ast
+
     try:
-        import trl.rewards as trl_rewards
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    if "__getattr__" in names:
+        return None
+    return attr.split(".")[0] in names
 
-        return getattr(trl_rewards, name)
-    except Exception as exc:  # e.g. accuracy_reward needs math_verify
-        raise OgrpoError(f"reward {name!r}: TRL's implementation cannot be loaded ({type(exc).__name__}: {exc}); "
-                         "install what it needs (pip install 'trl[math_verify]') or use another reward") from None
+
+def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
+    """(spec with a file path made absolute, problem or None)."""
+    target, attr = _split(spec)
+    if not attr or not target:
+        return spec, f"reward {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
+    if _is_file(target):
+        candidates = [Path(target).expanduser()] if Path(target).expanduser().is_absolute() else \
+            [d / target for d in base_dirs]
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            return spec, f"reward {spec!r}: file {target} does not exist (looked in {', '.join(map(str, base_dirs))})"
+        spec = f"{path.resolve()}:{attr}"
+        source = path.read_text(errors="replace")
+        where = f"file {target}"
+    else:
+        sys.path.insert(0, os.getcwd())  # TRL's script does the same for dotted paths
+        try:
+            found = importlib.util.find_spec(target)
+        except Exception as exc:  # a parent package failed to import, or the name is malformed
+            found, why = None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        else:
+            why = "not found"
+        finally:
+            sys.path.pop(0)
+        if found is None:
+            return spec, (f"reward {spec!r}: cannot import module {target!r} ({why}); check the path and that "
+                          "the module is on PYTHONPATH")
+        origin = found.origin or ""
+        if not origin.endswith(".py"):
+            return spec, None  # a compiled or namespace module: checked when the trainer imports it
+        source = Path(origin).read_text(errors="replace")
+        where = f"module {target!r}"
+    if _defines(source, attr) is False:
+        return spec, f"reward {spec!r}: {where} has no attribute {attr!r}; check the function name after the colon"
+    return spec, None
 
 
-def resolve_reward(spec: str) -> Callable:
-    """A registry name, one of TRL's reward names, or an import path → the callable.
+def _param_problems(names: list[str], trl: dict) -> list[str]:
+    from ogrpo.config import _accepts  # the one rule for "does a YAML value fit this kind"
 
-    Import paths: `package.module:function` (explicit) or TRL's dotted form `package.module.function`.
+    problems = []
+    keys = {key for n in names for key in REWARDS[n].params.values()}
+    if any(n in CODE_REWARDS for n in names):
+        keys |= set(_CODE_PARAMS.values())
+    for key in sorted(keys):
+        kinds, _ = RECIPE_PARAMS[key]
+        value = trl.get(key)
+        if value is not None and not _accepts(kinds, value):
+            problems.append(f"{key}: expected {' or '.join(kinds)}, got {value!r}")
+    pen = trl.get("repetition_max_penalty")
+    if "repetition_penalty" in names and isinstance(pen, (int, float)) and pen > 0:
+        problems.append(f"repetition_max_penalty: {pen} must be 0 or negative (it is a penalty)")
+    return problems
+
+
+def check_rewards(trl: dict, weights=None, base_dirs: list[Path] | None = None) -> list[str]:
+    """Check `reward_funcs` (and weights, parameters) without importing any implementation.
+
+    Returns the specs with file paths made absolute (so a job started in another directory finds them), open-r1's
+    DEFAULT_REWARDS when none are set; raises ConfigError listing every problem.
     """
+    specs = trl.get("reward_funcs")
+    if specs is None:
+        specs = list(DEFAULT_REWARDS)
+    if specs == []:
+        raise ConfigError(["no reward functions: set reward_funcs (e.g. [accuracy, format] or my_pkg.rewards:score)"],
+                          "reward_funcs")
+    if isinstance(specs, str):
+        specs = [specs]
+    base_dirs = base_dirs or [Path.cwd()]
+    problems: list[str] = []
+    out: list[str] = []
+    names: list[str] = []
+    for spec in specs:
+        if not isinstance(spec, str) or not spec.strip():
+            problems.append(f"{spec!r} is not a reward name; use one of {_known()} or a `package.module:function` "
+                            "path")
+            continue
+        spec = spec.strip()
+        if _canonical(spec) in REWARDS:
+            names.append(_canonical(spec))
+            out.append(spec)
+        elif spec in REMOTE_ONLY:
+            problems.append(f"reward {spec!r} ({REMOTE_ONLY[spec]}) needs a remote judge O-GRPO does not run; use "
+                            "code/binary_code (local sandbox) or give your own judge as `package.module:function`")
+        elif is_path_spec(spec):
+            spec, problem = _check_path(spec, base_dirs)
+            out.append(spec)
+            if problem:
+                problems.append(problem)
+        else:
+            close = difflib.get_close_matches(spec, [*REWARDS, *ALIASES], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(f"unknown reward {spec!r}: {hint}use one of {_known()} or a `package.module:function` "
+                            "path")
+    if weights is not None and len(weights) != len(specs):
+        problems.append(f"reward_weights has {len(weights)} entries for {len(specs)} reward functions; give one "
+                        "weight per entry of reward_funcs")
+    problems += _param_problems(names, trl)
+    if problems:
+        raise ConfigError(problems, "reward_funcs")
+    return out
+
+
+def required_columns(specs) -> dict[str, list[str]]:
+    """Dataset column -> the reward names that read it (registry rewards only; user functions are opaque)."""
+    out: dict[str, list[str]] = {}
+    for spec in [specs] if isinstance(specs, str) else (specs or []):
+        entry = REWARDS.get(_canonical(str(spec).strip()))
+        for col in entry.columns if entry else ():
+            out.setdefault(col, []).append(str(spec))
+    return out
+
+
+# --- trainer: import and build ---------------------------------------------------------------------------------
+
+
+def recipe_params(trl: dict | None) -> dict:
+    """The reward parameters a recipe sets, over open-r1's defaults."""
+    trl = trl or {}
+    return {k: (trl[k] if trl.get(k) is not None else default) for k, (_, default) in RECIPE_PARAMS.items()}
+
+
+def _import(target: str, spec: str):
+    mod_name, _, attr = target.rpartition(":")
+    try:
+        if _is_file(mod_name):
+            module = _import_file(Path(mod_name).expanduser())
+        else:
+            sys.path.insert(0, os.getcwd())
+            try:
+                module = importlib.import_module(mod_name)
+            finally:
+                sys.path.pop(0)
+    except OgrpoError:
+        raise
+    except Exception as exc:  # ImportError, or the module's own import-time error
+        why = (str(exc).strip().splitlines() or [""])[0]
+        hint = ""
+        if isinstance(exc, ImportError) and getattr(exc, "name", None) in ("math_verify", "latex2sympy2_extended"):
+            hint = " (pip install math-verify==0.9.0 latex2sympy2_extended==1.11.0)"
+        raise OgrpoError(f"reward {spec!r}: cannot import module {mod_name!r} ({type(exc).__name__}: {why}){hint}; "
+                         "check the path and that the module is on PYTHONPATH") from None
+    func = module
+    for part in attr.split("."):
+        func = getattr(func, part, None)
+        if func is None:
+            raise OgrpoError(f"reward {spec!r}: module {mod_name!r} has no attribute {attr!r}; "
+                             "check the function name after the colon")
+    if not callable(func):
+        raise OgrpoError(f"reward {spec!r}: {attr!r} is not callable; point at a function")
+    return func
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise OgrpoError(f"reward file {path} does not exist; fix the path in reward_funcs")
+    name = f"ogrpo_user_rewards_{abs(hash(str(path.resolve())))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # so the file can import its neighbours
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _build(name: str, params: dict) -> Callable:
+    import functools
+    import inspect
+
+    entry = REWARDS[name]
+    target = _import(entry.target, name)
+    try:
+        if entry.params or entry.fixed:
+            return target(**entry.fixed, **{arg: params[key] for arg, key in entry.params.items()})
+        if name in CODE_REWARDS:
+            accepted = inspect.signature(target).parameters
+            bound = {arg: params[key] for arg, key in _CODE_PARAMS.items() if arg in accepted}
+            return functools.update_wrapper(functools.partial(target, **bound), target) if bound else target
+    except (TypeError, ValueError) as exc:
+        raise OgrpoError(f"reward {name!r}: {exc}; fix its parameters in the run config") from None
+    return target
+
+
+def resolve_reward(spec: str, params: dict | None = None) -> Callable:
+    """A registry name or an import/file path → the callable (parameterised by the recipe's values)."""
     if not isinstance(spec, str) or not spec.strip():
         raise OgrpoError(f"reward_funcs: {spec!r} is not a reward name; use one of {_known()} "
                          "or a `package.module:function` path")
     spec = spec.strip()
-    if spec in REGISTRY:
-        return REGISTRY[spec]
-    if spec in TRL_NAMES:
-        return _trl_reward(spec)
-    if ":" in spec or "." in spec:
-        mod_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
-        try:
-            module = importlib.import_module(mod_name)
-        except Exception as exc:  # ImportError, or the module's own import-time error
-            why = (str(exc).strip().splitlines() or [""])[0]
-            raise OgrpoError(f"reward {spec!r}: cannot import module {mod_name!r} ({type(exc).__name__}: {why}); "
-                             "check the path and that the module is on PYTHONPATH") from None
-        func = module
-        for part in attr.split("."):
-            func = getattr(func, part, None)
-            if func is None:
-                raise OgrpoError(f"reward {spec!r}: module {mod_name!r} has no attribute {attr!r}; "
-                                 "check the function name after the colon")
-        if not callable(func):
-            raise OgrpoError(f"reward {spec!r}: {attr!r} is not callable; point at a function")
-        return func
-    close = difflib.get_close_matches(spec, [*REGISTRY, *TRL_NAMES], n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise OgrpoError(f"unknown reward {spec!r}: {hint}use one of {_known()} or a `package.module:function` path")
+    if _canonical(spec) in REWARDS:
+        return _build(_canonical(spec), recipe_params(params))
+    if is_path_spec(spec) and spec not in REMOTE_ONLY:
+        target, attr = _split(spec)
+        return _import(f"{target}:{attr}", spec)
+    # The plan-time check gives the one-line message for everything else.
+    check_rewards({"reward_funcs": [spec]})
+    raise OgrpoError(f"unknown reward {spec!r}")  # not reached: check_rewards raised
 
 
 def named(func: Callable, name: str) -> Callable:
     """A wrapper carrying `name` as __name__, which TRL uses for the `rewards/<name>/mean` metric."""
-
     import inspect
 
     if inspect.iscoroutinefunction(func):  # TRL runs async reward functions concurrently; keep them async
@@ -137,19 +365,21 @@ def named(func: Callable, name: str) -> Callable:
         def reward(*args, **kwargs):
             return func(*args, **kwargs)
 
-    reward.__name__ = reward.__qualname__ = re.sub(r"[^A-Za-z0-9_]", "_", name.split(":")[-1])
+    reward.__name__ = reward.__qualname__ = re.sub(r"[^A-Za-z0-9_]", "_", name.split(":")[-1].split("/")[-1])
     reward.__doc__ = func.__doc__
     return reward
 
 
-def resolve_rewards(specs, weights=None) -> tuple[list[Callable], list[float] | None]:
-    """(callables, weights) for TRL; weights must match the number of reward functions."""
-    if specs is None or specs == []:
+def resolve_rewards(specs, weights=None, params: dict | None = None) -> tuple[list[Callable], list[float] | None]:
+    """(callables, weights) for TRL; `params` is the run config's flat keys (cosine_*, repetition_*, ...)."""
+    if specs is None:
+        specs = list(DEFAULT_REWARDS)
+    if specs == []:
         raise OgrpoError("no reward functions: set reward_funcs in the run config (e.g. [accuracy, format] "
                          "or my_pkg.rewards:score)")
     if isinstance(specs, str):
         specs = [specs]
-    funcs = [named(resolve_reward(s), s) for s in specs]
+    funcs = [named(resolve_reward(s, params), s) for s in specs]
     if weights is not None:
         if len(weights) != len(funcs):
             raise OgrpoError(f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions; "

@@ -7,6 +7,7 @@ checked before the run directory is created, so bad input gives one line and lea
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +38,14 @@ def load_config(source, overrides: dict | None = None):
 
 
 def resolve_model_path(name) -> str:
-    """The tiny model (built on demand), a local directory with config.json, or a hub name."""
+    """A built-in tiny model (built on demand), a local directory with config.json, or a hub name."""
     from ogrpo import tiny
 
     if not name:
         raise OgrpoError("no model: set model_name_or_path in the run config (a local directory, a hub name, or "
                          "ogrpo:tiny)")
-    if tiny.is_tiny(name):
-        return str(tiny.ensure_tiny_model())
+    if tiny.builtin_model(name):
+        return str(tiny.ensure_model(name))
     path = Path(str(name)).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -128,6 +129,9 @@ def _resume_from(run_dir: Path, resume: str | None) -> str | None:
 def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
             overrides: dict | None = None, gpus: str | None = None) -> Prepared:
     """Validate everything and build the trainer's inputs. Writes nothing except the tiny-model cache."""
+    from ogrpo.compat import replace_trl_range_warning
+
+    pair_note = replace_trl_range_warning()
     from ogrpo.train.data import load_prompts
     from ogrpo.train.rewards import resolve_rewards
     from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
@@ -136,7 +140,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     model_path = resolve_model_path(rc.trl.get("model_name_or_path"))
     funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
                                      rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
-                                     else rc.trl.get("reward_weights"))
+                                     else rc.trl.get("reward_weights"), params=rc.trl)
     plan = plan_for(rc, model_path, gpus)
     apply_env(plan)
     dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
@@ -147,49 +151,57 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     trl["model_name_or_path"] = model_path
     if weights is not None:
         trl["reward_weights"] = weights
-    _, notes = grpo_config_kwargs(trl, plan, run_dir, vllm_url)
-    args = build_grpo_config(trl, plan, run_dir, vllm_url)
+    _, notes = grpo_config_kwargs(trl, plan, run_dir, vllm_url, config_source=rc.source)
+    notes = ([pair_note] if pair_note else []) + notes
+    args = build_grpo_config(trl, plan, run_dir, vllm_url, config_source=rc.source)
     return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes)
 
 
 def install_vllm_hooks(p: Prepared) -> None:
-    """CPU replacements for TRL's weight sync (server: another area's client; colocate: ours)."""
+    """TRL's weight sync, bounded and in the server's dtype (GPU), or our CPU replacements (server: the
+    cpu_shm client; colocate: an in-process engine)."""
     args = p.args
     if not getattr(args, "use_vllm", False):
         return
     import torch
 
-    if torch.cuda.is_available():
-        try:
-            from ogrpo.serve.client import install_gpu_sync_timeout
+    from ogrpo.serve import client
 
-            install_gpu_sync_timeout()
-        except ImportError:
-            pass
+    vargs = (p.plan.get("vllm") or {}).get("args") or {}
+    expect = None
+    if args.vllm_mode == "server":
+        trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
+        expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p))
+    if torch.cuda.is_available():
+        client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.get("dtype") or _trainer_dtype(p))
         return
     if args.vllm_mode == "server":
-        try:
-            from ogrpo.serve.client import install_cpu_client
-        except ImportError as exc:
-            raise OgrpoError("server mode on CPU needs ogrpo.serve.client (the cpu_shm weight-sync client), "
-                             f"which is missing ({exc}); reinstall O-GRPO") from None
-        expect = None
-        try:
-            from ogrpo.serve.client import expected_from_run_config
-
-            trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
-            expect = expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p))
-        except Exception:  # the check is a guard, not a requirement
-            expect = None
-        install_cpu_client(expect)
+        client.install_cpu_client(expect)
     elif args.vllm_mode == "colocate":
         from ogrpo.train import colocate_cpu
 
-        vargs = (p.plan.get("vllm") or {}).get("args") or {}
         dtype = vargs.get("dtype") or _trainer_dtype(p)
         colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True),
                              memory_share=float(vargs.get("gpu_memory_utilization") or colocate_cpu.CPU_MEMORY_SHARE),
                              kv_cache_bytes=vargs.get("kv_cache_memory_bytes"))
+
+
+def install_kernels(trainer, plan: dict) -> dict:
+    """O-GRPO's kernels the plan chose (plan["kernels"]), each verified on first use against its reference;
+    returns what was installed and which implementation runs, for the manifest."""
+    chosen = plan.get("kernels") or {}
+    out: dict = {}
+    if chosen.get("linear_logprobs"):
+        from ogrpo.kernels.linear_logprobs import trl_patch  # OgrpoError if TRL's method moved
+
+        out["linear_logprobs"] = trl_patch.install(trainer)
+    if chosen.get("fused_sample") and not getattr(trainer.args, "use_vllm", False):
+        from ogrpo.kernels.fused_sample import generate_patch, implementation
+
+        generate_patch.install(trainer)
+        out["fused_sample"] = {"installed": True, "implementation": implementation("cpu" if trainer.args.use_cpu
+                                                                                  else "cuda")}
+    return out
 
 
 def _trainer_dtype(p: Prepared) -> str:
@@ -200,11 +212,34 @@ def _trainer_dtype(p: Prepared) -> str:
     return "float32"
 
 
+def init_cpu_deepspeed(p: Prepared) -> None:
+    """A CPU ZeRO run (GRPOConfig.deepspeed, ogrpo/train/settings.py) starts torch.distributed through
+    accelerate's CPU state, which never initializes deepspeed.comm; ZeRO-3's zero.Init at model load then reads
+    a world size of 1 and refuses the batch sizes ("16 != 8 * 1 * 1"). Wrapping the existing gloo group first
+    gives it the real one. A single process started without a launcher (`ogrpo train` on a `cpu` plan) has no
+    group at all, and DeepSpeed would go looking for MPI: it gets a one-process gloo group instead."""
+    if not getattr(p.args, "deepspeed", None) or not getattr(p.args, "use_cpu", False):
+        return
+    import deepspeed
+    import torch.distributed
+
+    if not torch.distributed.is_initialized() and "RANK" not in os.environ:
+        from ogrpo.launch.ports import free_ports
+
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(free_ports(1, "127.0.0.1")[0])})
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    if torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+
+
 def build_trainer(p: Prepared):
     from trl import GRPOTrainer
 
+    from ogrpo.train.peft_config import peft_config
+
     return GRPOTrainer(model=p.model_path, reward_funcs=p.reward_funcs, args=p.args, train_dataset=p.dataset,
-                       processing_class=p.tokenizer)
+                       processing_class=p.tokenizer, peft_config=peft_config(p.run_config.trl))
 
 
 def train(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
@@ -222,6 +257,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     run_dir.mkdir(parents=True, exist_ok=True)
     is_main = int(os.environ.get("RANK", "0")) == 0
     if is_main:
+        for note in p.notes:  # also in the manifest
+            print(f"note: {note}", file=sys.stderr, flush=True)
+    if is_main:
         if p.resume_from:
             rundir.rewind_logs(run_dir, rundir.checkpoint_step(p.resume_from))
         rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan, seed=p.args.seed,
@@ -229,7 +267,11 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
                               extra={"grpo_config": _config_summary(p.args), "notes": p.notes,
                                      "resumed_from": p.resume_from, "status": "running"})
     install_vllm_hooks(p)
+    init_cpu_deepspeed(p)
     trainer = build_trainer(p)
+    kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
+    if is_main and kernels:
+        rundir.update_manifest(run_dir, kernels=kernels)
     StageProfiler(run_dir / rundir.PROFILE if is_main else None).attach(trainer)
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
@@ -243,15 +285,33 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
         rundir.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
-                               profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots])
+                               profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
+                               distributed=distributed_summary(trainer))
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
     return run_dir
+
+
+def distributed_summary(trainer) -> dict:
+    """How the trainer really ran, read from the live accelerator and DeepSpeed engine (not from the plan): the
+    manifest's proof that a ZeRO plan trained under DeepSpeed at its stage."""
+    acc = trainer.accelerator
+    out = {"distributed_type": str(acc.distributed_type).rsplit(".", 1)[-1], "num_processes": acc.num_processes,
+           "backend": getattr(acc.state, "backend", None)}
+    engine = getattr(trainer, "deepspeed", None)  # the DeepSpeedEngine once accelerate prepared it
+    if engine is not None:
+        opt = engine.optimizer  # the ZeRO optimizer's own flag: what it did, not what the config asked
+        offload = getattr(opt, "offload_optimizer", getattr(opt, "cpu_offload", None))
+        out["deepspeed"] = {"zero_stage": engine.zero_optimization_stage(),
+                            "offload_optimizer": bool(offload if offload is not None else engine.zero_cpu_offload()),
+                            "optimizer": type(engine.optimizer).__name__,
+                            "client_optimizer": type(getattr(engine, "client_optimizer", None)).__name__}
+    return out
 
 
 def _config_summary(args) -> dict:
     keys = ("seed", "learning_rate", "max_steps", "num_generations", "per_device_train_batch_size",
             "gradient_accumulation_steps", "max_completion_length", "beta", "bf16", "fp16", "tf32", "optim",
             "torch_compile", "gradient_checkpointing", "dataloader_num_workers", "use_vllm", "vllm_mode",
-            "vllm_server_base_url", "model_init_kwargs", "use_cpu", "reward_weights")
+            "vllm_server_base_url", "model_init_kwargs", "use_cpu", "reward_weights", "deepspeed")
     return {k: getattr(args, k, None) for k in keys}

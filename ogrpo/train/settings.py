@@ -13,6 +13,9 @@ from ogrpo.errors import OgrpoError
 
 # ModelConfig keys that TRL's own script turns into `model_init_kwargs`.
 _MODEL_INIT_KEYS = ("attn_implementation", "dtype", "torch_dtype", "trust_remote_code", "model_revision")
+# Older names of GRPOConfig fields, applied where this TRL line lacks the old one: transformers 5.x (TRL 1.16)
+# folds warmup_ratio into warmup_steps (a float below 1 is a ratio of the training steps).
+_RENAMES = {"evaluation_strategy": "eval_strategy", "warmup_ratio": "warmup_steps"}
 
 
 def cuda_available() -> bool:
@@ -21,15 +24,44 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def cpu_deepspeed(plan: dict | None, config_source=None) -> str | dict | None:
+    """The DeepSpeed config a CPU plan with a ZeRO strategy trains with, else None.
+
+    On CPU the job launches the trainer as `accelerate launch --multi_gpu` over gloo (`--cpu` with 2 processes
+    starts one), which never reads accelerate.yaml's DeepSpeed section; transformers' own route, GRPOConfig's
+    `deepspeed`, turns DeepSpeed on inside each process instead. It gets the job's rendered deepspeed.json
+    (next to the run.yaml the job passes), or the same config built from the plan for an unrendered run."""
+    from pathlib import Path
+
+    plan = plan or {}
+    if (plan.get("trainer") or {}).get("strategy", "ddp") == "ddp":
+        return None
+    if not ((plan.get("cluster") or {}).get("gpu") or {}).get("is_cpu"):
+        return None  # GPU: accelerate.yaml names deepspeed.json (DEEPSPEED launcher)
+    if config_source is not None:
+        rendered = Path(str(config_source)).expanduser().with_name("deepspeed.json")
+        if Path(str(config_source)).suffix in (".yaml", ".yml") and rendered.is_file():
+            return str(rendered.resolve())
+    from ogrpo.render import deepspeed_config
+
+    return deepspeed_config(plan)
+
+
 def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None,
-                       ) -> tuple[dict, list[str]]:
-    """(GRPOConfig keyword arguments, notes on keys dropped). Pure apart from reading TRL's field list."""
+                       fields: frozenset[str] | None = None, config_source=None) -> tuple[dict, list[str]]:
+    """(GRPOConfig keyword arguments, notes on keys dropped). Pure apart from reading TRL's field list
+    (`fields`: GRPOConfig's field names; default: the installed TRL's) and, for a CPU ZeRO plan, looking for
+    the job's deepspeed.json next to `config_source`."""
     from ogrpo import compat
 
-    fields = compat.grpo_config_fields()
+    fields = compat.grpo_config_fields() if fields is None else fields
     plan = plan or {}
     notes: list[str] = []
     kwargs = {k: copy.deepcopy(v) for k, v in run_trl.items() if k in fields}
+    # Same meaning under this TRL line's name (ogrpo/fields.py `mapped`); the plan lists what is not applied.
+    for old, new in _RENAMES.items():
+        if run_trl.get(old) is not None and old not in fields and new in fields and run_trl.get(new) is None:
+            kwargs[new] = copy.deepcopy(run_trl[old])
 
     init = dict(kwargs.pop("model_init_kwargs", None) or {})
     dtype_key = compat.model_dtype_key()
@@ -51,6 +83,9 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
             kwargs[key] = copy.deepcopy(value)
         else:
             notes.append(f"plan setting {key}={value!r} is not a field of this TRL's GRPOConfig; not applied")
+    ds = cpu_deepspeed(plan, config_source)
+    if ds is not None:
+        kwargs["deepspeed"] = ds
     if plan.get("attn_implementation") and "attn_implementation" not in init:
         init["attn_implementation"] = plan["attn_implementation"]
     if init:
@@ -79,11 +114,12 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
     return kwargs, notes
 
 
-def build_grpo_config(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None):
+def build_grpo_config(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None,
+                      config_source=None):
     """The GRPOConfig for this run. On a machine without CUDA, `use_cpu` is set (the embedded default)."""
     from trl import GRPOConfig
 
-    kwargs, _ = grpo_config_kwargs(run_trl, plan, output_dir, vllm_url)
+    kwargs, _ = grpo_config_kwargs(run_trl, plan, output_dir, vllm_url, config_source=config_source)
     if "use_cpu" not in kwargs and not cuda_available():
         kwargs["use_cpu"] = True
     try:

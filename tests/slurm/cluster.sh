@@ -64,6 +64,9 @@ AutoDetect=off
 NodeName=localhost Name=gpu Type=a40 File=$ROOT/dev/nvidia[0-2]
 EOT
   local mem; mem=$(( $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) * 8 / 10 ))
+  # At least 8 CPUs as Slurm sees them (config_overrides: slurmd takes the configured count), so that two jobs of
+  # two `--exact` steps each fit side by side on a 2-core CI machine; task/none binds nothing, the cores are shared.
+  local cpus; cpus=$(nproc); [ "$cpus" -ge 8 ] || cpus=8
   cat > "$ROOT/etc/slurm.conf" <<EOT
 ClusterName=ci
 SlurmctldHost=localhost(127.0.0.1)
@@ -94,6 +97,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+SlurmdParameters=config_overrides
 DefMemPerCPU=1000
 GresTypes=gpu
 JobCompType=jobcomp/filetxt
@@ -111,7 +115,7 @@ InactiveLimit=0
 Waittime=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOT
   munged --force --socket="$SOCK" --key-file="$ROOT/munge/key/munge.key" --log-file="$ROOT/log/munged.log" \

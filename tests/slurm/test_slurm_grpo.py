@@ -166,7 +166,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
     wait_for(lambda: latest_step(run) >= 3, 300, "step 3")
     step = f"{job}.{read_json(run / 'roles' / 'trainer.step.json')['slurm_step_id']}"
     subprocess.run(["scancel", "--signal=STOP", step], check=True)
-    log = job_dir / "submitit" / f"{job}_0_log.out"
+    log = job_dir / "logs" / f"slurm-{job}.out"
     wait_for(lambda: "USR2: asking the trainer" in log.read_text(), 200, "the time-limit warning")
     subprocess.run(["scancel", "--signal=CONT", step], check=True)
     wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 120, "the time-limit requeue")

@@ -17,7 +17,7 @@ import time
 def server(port: int) -> None:
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            self.send_response(200 if self.path in ("/health", "/health/") else 404)  # vLLM, trl vllm-serve
             self.end_headers()
 
         def log_message(self, *args):

@@ -1,0 +1,62 @@
+"""Host RAM each step of a plan needs per node, in GiB (pure arithmetic from the plan dict, no torch).
+
+What a Slurm job asks for with `--mem`, and what preflight compares with the partition's nodes (`sinfo %m`).
+The GPU-memory model is ogrpo/memory.py; this adds only what lives in host RAM:
+- trainer process on a GPU: the runtime (CUDA context's host side, torch + transformers + TRL, data loading:
+  ~3 GiB resident per process) and the weights once in the dtype the trainer loads them in
+  (trainer_args.model_init_kwargs.dtype: fp32 master weights are 4 bytes per parameter): from_pretrained builds
+  the state dict on the host before it moves to the GPU, every process at once; ZeRO-3 partitions it while
+  loading (zero3_init), 1/N each;
+- ZeRO-3 offload: the optimizer lives in pinned host RAM, sharded over the N processes: fp32 master weights +
+  Adam m and v (12 bytes per parameter, memory.py's optimizer term) plus the fp32 gradients DeepSpeed's CPU
+  Adam steps on (4 bytes): 16·P/N per process;
+- vLLM server on GPUs: the API server + engine (~4 GiB) and one worker per GPU (~2 GiB each), plus the weights
+  once (safetensors are read through the page cache: P·2 bytes per node);
+- CPU plans: the plan's own per-process estimates are host memory already (memory_gib_per_gpu).
+A 10 % margin covers allocator slack; the figure is rounded up to whole GiB.
+"""
+
+from __future__ import annotations
+
+import math
+
+GiB = float(2**30)
+TRAINER_RUNTIME_GIB = 3.0
+SERVER_RUNTIME_GIB = 4.0
+SERVER_WORKER_GIB = 2.0
+OFFLOAD_BYTES_PER_PARAM = 16.0  # fp32 master + Adam m, v (12) + fp32 grads (4)
+MARGIN = 1.10
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "auto": 2.0}
+
+
+def _per_node(total_processes: int, nodes: list) -> int:
+    return max(1, -(-int(total_processes) // max(1, len(nodes))))
+
+
+def step_host_gib(plan: dict) -> dict[str, float]:
+    """role → host RAM in GiB that the role's step needs on each of its nodes."""
+    is_cpu = bool(plan["cluster"]["gpu"].get("is_cpu"))
+    params = float(plan["model"].get("params") or 0)
+    load_dtype = ((plan.get("trainer_args") or {}).get("model_init_kwargs") or {}).get("dtype")
+    weight_bytes = DTYPE_BYTES.get(str(load_dtype), 4.0 if plan.get("precision") == "fp32" else 2.0)
+    t = plan["trainer"]
+    procs = _per_node(t["num_processes"], t["nodes"])
+    out: dict[str, float] = {}
+    if is_cpu:
+        trainer = procs * float(t.get("memory_gib_per_gpu") or 0)
+    else:
+        shard = max(1, int(t["num_processes"])) if str(t.get("strategy", "")).startswith("zero3") else 1
+        per_proc = TRAINER_RUNTIME_GIB + params * weight_bytes / shard / GiB
+        if t.get("strategy") == "zero3_offload":
+            per_proc += params * OFFLOAD_BYTES_PER_PARAM / max(1, int(t["num_processes"])) / GiB
+        trainer = procs * per_proc
+    out["trainer"] = trainer
+    if plan.get("mode") == "server":
+        v = plan["vllm"]
+        if is_cpu:
+            server = float(v.get("memory_gib_per_gpu") or 0) or SERVER_RUNTIME_GIB
+        else:
+            gpus = max(1, len(v.get("gpus") or [0]))
+            server = SERVER_RUNTIME_GIB + SERVER_WORKER_GIB * gpus + params * 2.0 / GiB
+        out["server"] = server
+    return {role: float(math.ceil(gib * MARGIN)) for role, gib in out.items()}

@@ -1,0 +1,176 @@
+"""The job-level Slurm request of one job as data (`SlurmOptions`) and as `#SBATCH` lines (pure, no Slurm calls).
+
+`ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit` all write job.sbatch from these, so the header a user
+reads is the request Slurm gets. What only the cluster knows (its CPUs per node) is checked by
+`ogrpo.launch.slurm.preflight`, which may lower `cpus_per_task` before the file is written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ogrpo.errors import OgrpoError
+
+# Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
+# delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
+MIN_SIGNAL_DELAY_S = 30
+# CPUs per GPU when the site does not say (ogrpo.cpus_per_gpu): data loading, tokenization, reward functions and
+# vLLM's API server each want a core or two per device.
+DEFAULT_CPUS_PER_GPU = 8
+# Options the user may not replace through `--slurm KEY=VALUE`: the job's own mechanics depend on them.
+FIXED = ("signal", "requeue", "open-mode", "output", "error", "chdir", "ntasks-per-node")
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    time_min: int | None = None  # None: the partition's default limit
+    account: str | None = None
+    qos: str | None = None
+    nodes: int | None = None  # None: the job spec's node count
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None  # CPUs of the whole allocation per node (one batch task per node)
+    cpus_from_config: bool = False  # the site said how many (ogrpo.cpus_per_gpu): preflight must not lower it
+    mem_gib: int | None = None  # host RAM per node; None: the steps' host_mem_gib on the busiest node
+    mem_per_gpu: str | None = None  # ogrpo.mem_per_gpu: the site's rule instead of ours
+    extra: dict[str, object] = field(default_factory=dict)  # `--slurm KEY=VALUE`, written as `#SBATCH --KEY=VALUE`
+    signal_delay_s: int = 90
+    max_requeues: int = 3
+    container_image: str | None = None  # every step runs in it (ogrpo.launch.containers)
+    container_runtime: str | None = None  # None: detected on the node when the job starts
+    job_name: str = "ogrpo"
+
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_time(text: str | int) -> int:
+    """Slurm time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) → whole minutes (rounded up)."""
+    text = str(text).strip()
+    m = _TIME_RE.match(text)
+    if not m:
+        raise OgrpoError(f"--time {text!r} is not a Slurm time: use minutes (90), HH:MM:SS (01:30:00) or D-HH:MM")
+    days, a, b, c = m.groups()
+    a, b, c = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-HH[:MM[:SS]]
+        secs = int(days) * 86400 + a * 3600 + b * 60 + c
+    elif c or text.count(":") == 2:  # HH:MM:SS
+        secs = a * 3600 + b * 60 + c
+    else:  # MM[:SS]
+        secs = a * 60 + b
+    if secs <= 0:
+        raise OgrpoError(f"--time {text!r} must be positive")
+    return -(-secs // 60)
+
+
+def format_time(minutes: int) -> str:
+    """Minutes → Slurm's [D-]HH:MM:SS, the form `squeue -l` shows."""
+    days, rest = divmod(int(minutes), 1440)
+    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{text}" if days else text
+
+
+def parse_passthrough(items: list[str] | None) -> dict[str, object]:
+    """`--slurm KEY=VALUE` (repeatable; `--slurm exclusive` for a bare flag) → sbatch options."""
+    out: dict[str, object] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not key or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key):
+            raise OgrpoError(f"--slurm {item!r}: expected KEY=VALUE with an sbatch option name, e.g. --slurm mem=64G")
+        key = key.replace("_", "-")
+        if key in FIXED:
+            raise OgrpoError(f"--slurm {key}: set by O-GRPO for checkpoint/requeue and logs; use --signal-delay, "
+                             "--max-requeues or -o instead")
+        out[key] = value if sep else True
+    return out
+
+
+def options_for(plan: dict, run_config, *, nodes: int | None = None, time_min: int | None = None,
+                extra: dict | None = None, signal_delay_s: int = 90, max_requeues: int = 3,
+                container_runtime: str | None = None, job_name: str | None = None) -> SlurmOptions:
+    """SlurmOptions for a plan (dict) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/mem_per_gpu/
+    container), with command-line values already merged into the run config's ogrpo section."""
+    o = run_config.ogrpo
+    cl = plan["cluster"]
+    is_cpu = bool(cl["gpu"].get("is_cpu"))
+    devices = max(1, int(cl["gpus_per_node"]))
+    if time_min is None and o.time:
+        time_min = parse_time(o.time)
+    per_device = int(o.cpus_per_gpu) if o.cpus_per_gpu else (1 if is_cpu else DEFAULT_CPUS_PER_GPU)
+    return SlurmOptions(
+        partition=o.partition, time_min=time_min, account=o.account, qos=o.qos,
+        nodes=nodes or int(cl["nodes"]), gpus_per_node=0 if is_cpu else int(cl["gpus_per_node"]),
+        cpus_per_task=per_device * devices, cpus_from_config=bool(o.cpus_per_gpu), mem_per_gpu=o.mem_per_gpu,
+        extra=dict(extra or {}), signal_delay_s=max(MIN_SIGNAL_DELAY_S, int(signal_delay_s)),
+        max_requeues=max_requeues, container_image=o.container, container_runtime=container_runtime,
+        job_name=job_name or o.job_name or "ogrpo",
+    )
+
+
+def job_nodes(spec) -> int:
+    return max((n for s in spec.steps for n in s.nodes), default=0) + 1
+
+
+def job_mem_gib(spec) -> int:
+    """Host RAM per node: the steps' needs added up on the node where most of them run."""
+    per_node: dict[int, float] = {}
+    for s in spec.steps:
+        for n in s.nodes:
+            per_node[n] = per_node.get(n, 0.0) + float(getattr(s, "host_mem_gib", 0.0) or 0.0)
+    return int(math.ceil(max(per_node.values(), default=0.0)))
+
+
+def directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
+    """(option, value) pairs for the job's `#SBATCH` lines, in a fixed order; value True is a bare flag."""
+    own: list[tuple[str, object]] = [
+        ("job-name", opts.job_name),
+        ("nodes", opts.nodes or job_nodes(spec)),
+        ("ntasks-per-node", 1),
+        ("cpus-per-task", max(len(spec.steps), int(opts.cpus_per_task or len(spec.steps)))),
+    ]
+    if opts.gpus_per_node:
+        own.append(("gres", f"gpu:{opts.gpus_per_node}"))
+    if opts.mem_per_gpu:
+        own.append(("mem-per-gpu", opts.mem_per_gpu))
+    else:
+        mem = opts.mem_gib if opts.mem_gib is not None else job_mem_gib(spec)
+        if mem:
+            own.append(("mem", f"{mem}G"))
+    if opts.time_min:
+        own.append(("time", format_time(opts.time_min)))
+    for key in ("partition", "account", "qos"):
+        if getattr(opts, key):
+            own.append((key, getattr(opts, key)))
+    own += [
+        ("signal", f"B:USR2@{max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))}"),
+        ("requeue", True),
+        ("open-mode", "append"),
+        ("chdir", spec.job_dir),
+        ("output", f"{spec.job_dir}/logs/slurm-%j.out"),
+    ]
+    extra = dict(opts.extra)
+    if any(k in extra for k in ("mem", "mem-per-cpu", "mem-per-gpu")):  # the user's memory rule replaces ours
+        own = [(k, v) for k, v in own if k not in ("mem", "mem-per-gpu")]
+    if "gpus" in extra or "gpus-per-node" in extra:  # a site that counts GPUs another way says it that way
+        own = [(k, v) for k, v in own if k != "gres"]
+    if "time" in extra:
+        extra["time"] = format_time(parse_time(extra["time"]))
+    out = []
+    for key, value in own:
+        out.append((key, extra.pop(key) if key in extra else value))
+    return out + list(extra.items())
+
+
+def sbatch_lines(spec, opts: SlurmOptions) -> list[str]:
+    return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in directives(spec, opts)
+            if v is not None and v is not False]
+
+
+def request_flags(spec, opts: SlurmOptions) -> list[str]:
+    """The resource part of the request as sbatch flags (for `sbatch --test-only`)."""
+    skip = {"signal", "requeue", "chdir", "output", "error", "open-mode", "job-name"}
+    return [f"--{k}" if v is True else f"--{k}={v}" for k, v in directives(spec, opts)
+            if k not in skip and v is not None and v is not False]

@@ -1,0 +1,157 @@
+"""open-r1's code rewards (`code`, `binary_code`, `code_format`), executed locally in ogrpo's sandbox.
+
+Semantics follow open-r1's src/open_r1/rewards.py and its evaluation script, so a recipe scores the same here:
+- the program is the last ```<language>\\n ... ``` block of the completion (`extract_code`);
+- each test case of `verification_info["test_cases"]` ({"input", "output"}) runs the program with `input` on
+  stdin; it passes when the program exits 0 and, line by line over `zip(stdout.strip().split("\\n"),
+  output.split("\\n"))`, the stripped lines are equal. `zip` stops at the shorter side, exactly as open-r1's
+  script does, so missing trailing lines are not counted against the program;
+- `code` is the fraction of test cases passed; `binary_code` is 1.0 above 0.99, else 0.0;
+- a timeout ends the evaluation of that completion with 0.0 (open-r1's `subprocess.run(timeout=5)` raises and
+  the whole script fails); no code block, a compile error or no test cases also give 0.0.
+
+Differences from open-r1, all additive: C and C++ (`language="c"` / `"cpp"`, compiled with the system gcc/g++
+-O2 inside the sandbox, under compile limits, then run per test case) stand in for E2B's other languages; the
+language of a sample is `verification_info["language"]` when present, else a `language` dataset column, else
+the `language` argument. Every function has TRL's signature `f(completions, **dataset_columns) -> list[float]`;
+completions are strings or chat lists (the last message's content is scored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+from ogrpo.train.sandbox import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, Limits, Sandbox
+
+BINARY_THRESHOLD = 0.99  # open-r1's binary_code_reward
+_ALIASES = {"python": "python", "python3": "python", "py": "python", "c": "c", "cpp": "cpp", "c++": "cpp",
+            "cxx": "cpp"}
+
+_default: Sandbox | None = None
+_default_lock = threading.Lock()
+
+
+def default_sandbox() -> Sandbox:
+    """One pool per trainer process, sized to its CPU affinity, created on the first code reward."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Sandbox()
+        return _default
+
+
+def _content(completion) -> str:
+    if isinstance(completion, list):
+        return str(completion[-1].get("content", "")) if completion and isinstance(completion[-1], dict) else ""
+    return str(completion)
+
+
+def canonical_language(name: str) -> str:
+    lang = _ALIASES.get(str(name).strip().lower())
+    if lang is None:
+        from ogrpo.errors import OgrpoError
+
+        raise OgrpoError(f"code language {name!r} is not supported; use python, c or cpp")
+    return lang
+
+
+def extract_code(completion: str, language: str = "python") -> str:
+    """The last ```language fenced block (open-r1's extract_code), or "" when there is none."""
+    matches = re.findall(rf"```{re.escape(language)}\n(.*?)```", completion, re.DOTALL)
+    return matches[-1] if matches else ""
+
+
+def lines_match(stdout: str, expected: str) -> bool:
+    """open-r1's comparison: stripped lines of the stripped stdout against the expected lines, zip-truncated."""
+    return all(a.strip() == b.strip() for a, b in zip(stdout.strip().split("\n"), expected.split("\n")))
+
+
+def _per_sample(value, n: int) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def _info(raw) -> dict:
+    if isinstance(raw, str):  # some datasets store verification_info as a JSON string
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def code_reward(completions, verification_info=None, *, language="python", num_parallel: int | None = None,
+                enforce_same_language: bool = False, sandbox: Sandbox | None = None, limits: Limits | None = None,
+                log_metric=None, **kwargs) -> list[float]:
+    """Fraction of `verification_info["test_cases"]` each completion's program passes (see module docstring).
+
+    `num_parallel` (open-r1's parallel_code_exec_per_proc, the concurrency of its remote executor) is accepted
+    and not used: the local pool is sized to this process's CPU cores. `enforce_same_language` raises, as in
+    open-r1, when the batch mixes languages.
+    """
+    from ogrpo.errors import OgrpoError
+
+    n = len(completions)
+    if verification_info is None:
+        raise OgrpoError("code reward: the dataset has no verification_info column (open-r1's layout: "
+                         '{"language": ..., "test_cases": [{"input": ..., "output": ...}]})')
+    infos = [_info(v) for v in verification_info]
+    if enforce_same_language and len({info.get("language") for info in infos}) > 1:
+        raise OgrpoError("code reward: enforce_same_language is set but verification_info mixes languages "
+                         f"{sorted({str(info.get('language')) for info in infos})}")
+    langs = [_ALIASES.get(str(info.get("language") or lang).strip().lower())
+             for info, lang in zip(infos, _per_sample(language, n))]
+    jobs, index = [], []  # index[i]: position of completion i's job, or None when it scores 0 without running
+    for completion, info, lang in zip(completions, infos, langs):
+        code = extract_code(_content(completion), lang) if lang else ""  # an unsupported language scores 0
+        tests = info.get("test_cases") or []
+        if not code.strip() or not tests:
+            index.append(None)
+            continue
+        index.append(len(jobs))
+        jobs.append(Job(code, lang, [str(t.get("input", "")) for t in tests], stop_on=(TIMEOUT, CPU_LIMIT)))
+    results = (sandbox or default_sandbox()).run_jobs(jobs, limits=limits) if jobs else []
+
+    # A sandbox that cannot start programs would read as a model scoring 0: its rate is logged separately.
+    rewards, failures = [], {"compile_error": 0, "timeout": 0, "sandbox_error": 0}
+    for info, j in zip(infos, index):
+        if j is None:
+            rewards.append(0.0)
+            continue
+        res, tests = results[j], info["test_cases"]
+        if any(r.status == SANDBOX_ERROR for r in [res.compile, *res.runs] if r is not None):
+            failures["sandbox_error"] += 1
+            rewards.append(0.0)
+            continue
+        if res.compile is not None and not res.compile.ok:
+            failures["compile_error"] += 1
+            rewards.append(0.0)
+            continue
+        if any(r.status in (TIMEOUT, CPU_LIMIT) for r in res.runs):
+            failures["timeout"] += 1
+            rewards.append(0.0)
+            continue
+        passed = sum(r.status == OK and lines_match(r.stdout, str(t.get("output", "")))
+                     for r, t in zip(res.runs, tests))
+        rewards.append(passed / len(tests))
+    if callable(log_metric) and n:  # TRL passes log_metric: failure rates next to rewards/<name>/mean
+        for name, count in failures.items():
+            log_metric(f"code/{name}_frac", count / n)
+    return rewards
+
+
+def binary_code_reward(completions, verification_info=None, *, language="python", num_parallel: int | None = None,
+                       enforce_same_language: bool = False, **kwargs) -> list[float]:
+    """1.0 when the pass rate is above 0.99 (open-r1's BINARY_THRESHOLD), else 0.0."""
+    rates = code_reward(completions, verification_info, language=language, num_parallel=num_parallel,
+                        enforce_same_language=enforce_same_language, **kwargs)
+    return [1.0 if r > BINARY_THRESHOLD else 0.0 for r in rates]
+
+
+def code_format_reward(completions, *, language="python", **kwargs) -> list[float]:
+    """open-r1's get_code_format_reward: `<think>\\n…\\n</think>\\n<answer>\\n…```lang…```…\\n</answer>`."""
+    langs = _per_sample(language, len(completions))
+    return [1.0 if re.match(rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{re.escape(str(lang))}.*?```.*?\n</answer>$",
+                            _content(c), re.DOTALL | re.MULTILINE) else 0.0
+            for c, lang in zip(completions, langs)]

@@ -1,0 +1,206 @@
+"""No silent drop: every field of TRL's GRPOConfig / ModelConfig / ScriptArguments (TRL 1.16 as installed, TRL 1.9
+from the vendored table) and every open-r1 argument has a rule in ogrpo/fields.py, and the rule holds: a recipe
+that sets the field gets it in the run (GRPOConfig keyword arguments, model init, LoRA config, data/reward/env
+options) or finds it in the plan's `changes` with a reason.
+
+A new TRL field fails `test_every_field_has_a_rule` until someone classifies it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ogrpo import fields as rules
+from ogrpo.config import DATA_DIR, load_run_config
+from ogrpo.plan import plan_from_config
+from ogrpo.train.settings import grpo_config_kwargs
+
+# open-r1's own argument classes (huggingface/open-r1 src/open_r1/configs.py: GRPOConfig and GRPOScriptArguments
+# additions over TRL's, read at 8d139cbe and 078c5e17, plus the HEAD keys dataset_mixture and the reward
+# parameters its README documents) and the keys its older recipes carry.
+OPEN_R1_FIELDS = (
+    "benchmarks", "callbacks", "chat_template", "system_prompt", "hub_model_revision", "overwrite_hub_revision",
+    "push_to_hub_revision", "wandb_entity", "wandb_project", "wandb_run_group", "wandb_log_unique_prompts",
+    "num_completions_to_print", "reward_funcs", "cosine_min_value_wrong", "cosine_max_value_wrong",
+    "cosine_min_value_correct", "cosine_max_value_correct", "cosine_max_len", "repetition_n_grams",
+    "repetition_max_penalty", "code_language", "code_eval_test_batch_size", "code_eval_scoring_mode",
+    "parallel_code_exec_per_proc", "dataset_prompt_column", "e2b_router_url", "morph_router_url", "code_provider",
+    "ioi_provider", "max_completion_len", "soft_punish_cache", "enforce_same_language", "dataset_mixture",
+    "dataset_configs", "dataset_config", "dataset_name",
+)
+OLDER_RECIPE_KEYS = ("torch_dtype", "max_prompt_length", "overwrite_output_dir", "warmup_ratio", "vllm_device",
+                     "vllm_enable_prefix_caching", "evaluation_strategy", "logging_dir", "num_processes",
+                     "vllm_data_parallel_size")
+
+LINES = {
+    # line -> (cluster the job runs on, GRPOConfig field names of that line)
+    rules.CPU_LINE: "cpu",
+    rules.IMAGE_LINE: "4xV100-32G",
+}
+
+
+def _installed_tables() -> dict[str, dict]:
+    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    out = {}
+    for cls in (GRPOConfig, ModelConfig, GRPOScriptArguments, DatasetMixtureConfig):
+        out[cls.__name__] = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    return out
+
+
+def _image_table() -> dict[str, dict]:
+    """TRL 1.9.2's dataclasses as read from its wheel (ogrpo/data/vendor_trl_fields.py)."""
+    return json.loads((DATA_DIR / "trl_fields_1.9.json").read_text())
+
+
+def _image_grpo_fields() -> dict[str, dict]:
+    return _image_table()["GRPOConfig"]
+
+
+def test_every_field_has_a_rule():
+    names = set()
+    for table in _installed_tables().values():
+        names |= set(table)
+    image = _image_table()
+    for group in ("GRPOConfig", "ModelConfig", "GRPOScriptArguments", "DatasetMixtureConfig"):
+        assert image[group], group  # the vendored table has the group
+        names |= set(image[group])
+    names |= set(OPEN_R1_FIELDS) | set(OLDER_RECIPE_KEYS)
+    missing = sorted(n for n in names if rules.rule(n) is None)
+    assert not missing, f"classify these in ogrpo/fields.py: {missing}"
+    assert {r.kind for r in rules.RULES.values()} <= set(rules.KINDS)
+    # A rule that is not `pass` says where the value goes or why it does not.
+    for name, r in rules.RULES.items():
+        assert r.target if r.kind in (rules.PASS, rules.PLANNED, rules.MAPPED) else r.reason, name
+
+
+def _value(info_kinds, default):
+    """A value of the field's kind that differs from its default (what a recipe that sets it would hold)."""
+    kinds = set(info_kinds)
+    if "bool" in kinds:
+        return not default if isinstance(default, bool) else True
+    if "int" in kinds:
+        return 4 if default == 3 else 3
+    if "float" in kinds:
+        return 0.25 if default == 0.5 else 0.5
+    if "dict" in kinds:
+        return {"v": 1}
+    if "list" in kinds:
+        return ["v"]
+    return "v"
+
+
+def _honored(key, value, kwargs) -> bool:
+    if key == "model_init_kwargs":
+        return all(kwargs.get(key, {}).get(k) == v for k, v in value.items())
+    if key in kwargs:
+        return kwargs[key] == value
+    renamed = rules.LINE_RENAMES.get(rules.CPU_LINE, {}).get(key)
+    return renamed is not None and kwargs.get(renamed) == value
+
+
+def _line_fields(line: str) -> dict[str, list[str]]:
+    """name -> the YAML kinds the config accepts for it (TRL 1.16's where both lines have the field)."""
+    from ogrpo.config import _field_index
+
+    names = (json.loads((DATA_DIR / "trl_fields.json").read_text())["GRPOConfig"] if line == rules.CPU_LINE
+             else _image_grpo_fields())
+    return {k: _field_index()[k]["kinds"] for k in names}
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_every_grpo_config_field_reaches_the_trainer_or_is_listed(line, tiny_model_dir, tmp_path):
+    """Set each GRPOConfig field of the line alone; plan for the line's hardware; build the trainer's GRPOConfig
+    keyword arguments with that line's field names. `pass` fields must arrive unchanged; the others arrive or
+    are listed in plan.changes."""
+    line_fields = _line_fields(line)
+    names = frozenset(line_fields)
+    defaults = (json.loads((DATA_DIR / "trl_fields.json").read_text())["GRPOConfig"] if line == rules.CPU_LINE
+                else _image_grpo_fields())
+    silent, wrong_pass = [], []
+    for key, kinds in sorted(line_fields.items()):
+        value = _value(kinds, defaults[key].get("default"))
+        rc = load_run_config({"model_name_or_path": str(tiny_model_dir), key: value})
+        plan = plan_from_config(rc, gpus=LINES[line])
+        kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run", fields=names)
+        listed = any(c["key"] == key for c in plan.changes)
+        if rules.rule(key).kind == rules.PASS:
+            if not _honored(key, value, kwargs):
+                wrong_pass.append(key)
+        elif not (_honored(key, value, kwargs) or listed):
+            silent.append(key)
+    assert not wrong_pass, f"`pass` fields that do not reach GRPOConfig as written: {wrong_pass}"
+    assert not silent, f"fields changed without a word: {silent}"
+
+
+def test_a_field_of_the_other_line_is_listed_not_dropped(tiny_model_dir):
+    # dataloader_in_order exists in TRL 1.16 only: a GPU plan (TRL 1.9 images) lists it; a CPU plan keeps it.
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "dataloader_in_order": True,
+                          "logging_dir": "tb"})
+    gpu = {c["key"]: c for c in plan_from_config(rc, gpus="4xV100-32G").changes}
+    cpu = {c["key"]: c for c in plan_from_config(rc, gpus="cpu").changes}
+    assert "TRL 1.9.2" in gpu["dataloader_in_order"]["reason"] and "dataloader_in_order" not in cpu
+    assert "TRL 1.16.0" in cpu["logging_dir"]["reason"] and "logging_dir" not in gpu
+
+
+def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
+    """The ModelConfig / ScriptArguments / older keys O-GRPO's trainer reads instead of TRL's script."""
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "model_revision": "v2", "torch_dtype": "float16",
+                          "attn_implementation": "eager", "evaluation_strategy": "no", "max_prompt_length": 40,
+                          "vllm_enable_prefix_caching": False, "wandb_project": "p", "wandb_entity": "e",
+                          "wandb_run_group": "g", "load_in_4bit": True, "dataset_streaming": True,
+                          "reward_model_name_or_path": "rm", "datasets": [{"path": "x"}], "dataset_mixture": {"a": 1},
+                          "chat_template": "{{x}}", "callbacks": ["push_to_hub_revision"], "vllm_device": "auto",
+                          "use_vllm": True, "ignore_bias_buffers": True, "dataset_test_split": "val",
+                          "code_provider": "morph"})
+    plan = plan_from_config(rc, gpus="cpu")
+    kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run")
+    init = kwargs["model_init_kwargs"]
+    assert init["revision"] == "v2"
+    changes = {c["key"]: c for c in plan.changes}
+    # CPU trains in fp32: the recipe's float16 is listed; its "eager" attention runs on CPU and is kept.
+    assert changes["torch_dtype"]["to"] == "float32" and init["dtype"] == "float32"
+    assert init["attn_implementation"] == "eager" == plan.attn_implementation and "attn_implementation" not in changes
+    assert plan.batch["prompt_length"] == 40
+    assert plan.vllm["args"]["enable_prefix_caching"] is False
+    assert (plan.env["WANDB_PROJECT"], plan.env["WANDB_ENTITY"], plan.env["WANDB_RUN_GROUP"]) == ("p", "e", "g")
+    for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "datasets", "dataset_mixture",
+                "chat_template", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split",
+                "code_provider"):
+        assert key in changes and changes[key]["reason"], key
+
+
+def test_open_r1_mapped_keys_reach_their_targets(tiny_model_dir):
+    from ogrpo.train import rewards
+
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "dataset_prompt_column": "problem",
+                          "system_prompt": "think", "dataset_configs": ["all"]})
+    assert (rc.ogrpo.prompt_column, rc.ogrpo.system_prompt, rc.trl["dataset_config"]) == ("problem", "think", "all")
+    mapped_to_rewards = {k for k, r in rules.RULES.items() if r.target.startswith("reward factory")}
+    # the reward registry binds exactly these recipe keys to open-r1's reward factories
+    assert mapped_to_rewards == set(rewards.RECIPE_KEYS)
+
+
+LORA_ATTRS = {"lora_r": ("r", 8), "lora_alpha": ("lora_alpha", 7), "lora_dropout": ("lora_dropout", 0.2),
+              "lora_target_modules": ("target_modules", ["q_proj"]), "lora_modules_to_save": ("modules_to_save",
+                                                                                         ["lm_head"]),
+              "lora_task_type": ("task_type", "CAUSAL_LM"), "use_rslora": ("use_rslora", True),
+              "use_dora": ("use_dora", True), "lora_target_parameters": ("target_parameters", ["mlp.experts"])}
+
+
+def test_lora_fields_reach_the_peft_config():
+    pytest.importorskip("peft")
+    from ogrpo.train.peft_config import peft_config
+
+    lora_rules = {k for k, r in rules.RULES.items() if r.target.startswith("peft LoraConfig")}
+    assert lora_rules == set(LORA_ATTRS) | {"use_peft"}
+    trl = {"use_peft": True, **{k: v for k, (_, v) in LORA_ATTRS.items()}}
+    cfg = peft_config(trl)
+    for key, (attr, value) in LORA_ATTRS.items():
+        got = getattr(cfg, attr)
+        got = sorted(got) if isinstance(got, (set, list)) else got
+        assert got == (sorted(value) if isinstance(value, list) else value), key

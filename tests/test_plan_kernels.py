@@ -1,0 +1,42 @@
+"""The plan chooses O-GRPO's kernels and the memory model follows: with linear_logprobs on, the logits term is
+one chunk, whatever the batch and completion length."""
+
+from __future__ import annotations
+
+from ogrpo.config import load_run_config
+from ogrpo.memory import trainer_estimate
+from ogrpo.models import resolve_model
+from ogrpo.plan import plan_from_config, plan_kernels
+
+GiB = 1024**3
+
+
+def test_logits_term_is_one_chunk_with_the_kernel():
+    m = resolve_model("Qwen/Qwen2.5-1.5B-Instruct")  # V = 151,936
+    kw = dict(num_processes=2, strategy="ddp", precision="bf16", micro_batch=8, prompt_len=512, completion_len=1024,
+              gradient_checkpointing=True, beta=0.0)
+    full = trainer_estimate(m, **kw).terms["logits"]
+    fused = trainer_estimate(m, **kw, fused_logprobs=True).terms["logits"]
+    # TRL: 8 x 1024 tokens x 151,936 x (2 x 2 B bf16 + 4 B fp32) = 9.27 GiB
+    assert abs(full - 8 * 1024 * 151_936 * 8 / GiB) < 1e-6
+    # ours: 2 fp32 buffers of one chunk: 441 rows (256 MiB / (4 B x V)) x V x 4 B x 2 = 0.50 GiB
+    assert abs(fused - 2 * 441 * 151_936 * 4 / GiB) < 1e-6
+    assert trainer_estimate(m, **{**kw, "micro_batch": 64}, fused_logprobs=True).terms["logits"] == fused
+
+
+def test_choice_follows_profile_mode_and_the_config():
+    assert plan_kernels("balanced", "none", False, None)["fused_sample"][0] is True
+    assert plan_kernels("balanced", "server", False, None)["fused_sample"][0] is False  # vLLM samples
+    assert plan_kernels("conservative", "none", False, None)["linear_logprobs"][0] is False
+    assert plan_kernels("conservative", "none", False, True)["linear_logprobs"][0] is True
+    assert plan_kernels("aggressive", "none", True, None)["linear_logprobs"][0] is False  # Liger owns the loss
+    assert not any(on for on, _ in plan_kernels("aggressive", "none", False, False).values())
+
+
+def test_plan_reports_its_kernels_and_a_config_can_turn_them_off(tmp_path):
+    plan = plan_from_config(load_run_config("tiny"), gpus="cpu").to_dict()
+    assert plan["kernels"] == {"linear_logprobs": True, "fused_sample": True}
+    names = {s["name"]: s for s in plan["settings"]}
+    assert "chunk" in names["kernels.linear_logprobs"]["reason"]
+    off = plan_from_config(load_run_config("tiny", {"ogrpo": {"kernels": False}}), gpus="cpu").to_dict()
+    assert off["kernels"] == {"linear_logprobs": False, "fused_sample": False}

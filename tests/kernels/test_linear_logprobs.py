@@ -73,6 +73,30 @@ def test_forward_and_backward_match_the_full_logits_definition(impl, shape, dtyp
         assert op.STATUS["cpu"]["impl"] == "compiled", op.STATUS
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_with_only_one_upstream_gradient_match_the_definition(dtype):
+    """The CPU kernel skips the entropy (or log-prob) term of a row whose upstream gradient is zero, as in GRPO
+    without an entropy bonus; mixed rows check each specialisation against the definition, and a loss on
+    log-probs alone (entropy unused: its gradient arrives as None) must match too."""
+    n, hid, vocab, chunk = 24, 29, 1001, 7
+    h, w, t = _inputs(n, hid, vocab, dtype, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    g_logp, g_ent = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    g_logp[0::4] = 0      # entropy term only
+    g_ent[1::4] = 0       # log-prob term only
+    g_logp[2::4] = 0
+    g_ent[2::4] = 0       # no gradient at all (a masked token)
+    atol, rtol = TOL[dtype]
+    losses = {"mixed": lambda lp, en: (lp * g_logp).sum() + (en * g_ent).sum(), "logp only": lambda lp, en: lp.sum()}
+    for name, loss in losses.items():
+        got = torch.autograd.grad(loss(*linear_logprobs(h, w, t, 0.8, chunk_size=chunk, impl="compiled")), (h, w))
+        want = torch.autograd.grad(loss(*linear_logprobs_naive(h, w, t, 0.8)), (h, w))
+        assert _rel(got[0], want[0]) < rtol and _rel(got[1], want[1]) < rtol, name
+        if name == "mixed":  # a row with no upstream gradient contributes exactly nothing
+            assert got[0][2::4].abs().max().item() == 0
+    assert op.STATUS["cpu"]["impl"] == "compiled", op.STATUS
+
+
 def test_batched_input_and_temperature():
     h, w, t = _inputs(2 * 9, 24, 301, torch.float32, batch_shape=(2, 9))
     for temp in (1.0, 0.35, 2.5):

@@ -1,10 +1,12 @@
 // linear_logprobs on CPU: per token chunk, logits = h_chunk @ W^T goes to torch's BLAS, then one fused OpenMP
 // loop per row does max, log-sum-exp, the target's log-prob and the entropy (forward), or turns the recomputed
-// logits into their gradient in place (backward). Never more than one chunk of logits is alive.
+// logits into their gradient in place (backward). Never more than one chunk of logits is alive: one buffer is
+// allocated per call and every chunk's GEMM writes into it (a fresh 256 MiB tensor per chunk would be mmap'ed and
+// zero-filled by the kernel page by page on first touch, ~0.15 s a chunk on a 2-core host).
 //
 // Row math is fp32 whatever the input dtype (fp16/bf16 logits are upcast as they are read). The inner loops are
 // `omp simd` reductions over a polynomial exp, so GCC vectorizes them without -ffast-math; `target_clones` builds
-// an AVX2+FMA copy next to the baseline one and picks it at load time, keeping the binary portable.
+// AVX-512 and AVX2+FMA copies next to the baseline one and picks one at load time, keeping the binary portable.
 //
 // The CUDA build adds linear_logprobs_cuda.cu, which defines the *_cuda entry points declared weak below; the
 // Python-facing forward/backward route CUDA tensors to them.
@@ -32,7 +34,7 @@ std::vector<at::Tensor> linear_logprobs_backward_cuda(const at::Tensor& hidden, 
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OGRPO_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define OGRPO_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
 #else
 #define OGRPO_CLONES
 #endif
@@ -93,16 +95,27 @@ OGRPO_CLONES void row_forward(const T* __restrict__ row, int64_t vocab, int64_t 
 
 // One row of backward, in place: logits -> dL/dlogits =
 //   (g_logp * (onehot - p) - g_ent * p * (log p + H)) / T,   log p = z - lse.
-template <typename T>
+// LOGP / ENT: whether g_logp / g_ent is nonzero. GRPO without an entropy bonus sends no entropy gradient (TRL
+// computes the entropy under no_grad), so the common row skips that term; a zero term adds exactly 0 either way.
+template <typename T, bool LOGP, bool ENT>
 OGRPO_CLONES void row_backward(T* __restrict__ row, int64_t vocab, int64_t target, float inv_t, float lse,
                                float ent, float g_logp, float g_ent) {
+  const float a = -g_logp * inv_t, b = -g_ent * inv_t;
 #pragma omp simd
   for (int64_t j = 0; j < vocab; ++j) {
     const float lp = to_float(row[j]) * inv_t - lse;
     const float p = exp_neg(lp);
-    row[j] = static_cast<T>((-g_logp * p - g_ent * p * (lp + ent)) * inv_t);
+    float d;
+    if constexpr (LOGP && ENT) {
+      d = p * (a + b * (lp + ent));
+    } else if constexpr (LOGP) {
+      d = a * p;
+    } else {
+      d = b * p * (lp + ent);
+    }
+    row[j] = static_cast<T>(d);
   }
-  if (target >= 0 && target < vocab) row[target] = static_cast<T>(to_float(row[target]) + g_logp * inv_t);
+  if (LOGP && target >= 0 && target < vocab) row[target] = static_cast<T>(to_float(row[target]) + g_logp * inv_t);
 }
 
 void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets) {
@@ -156,7 +169,17 @@ void chunk_backward(T* base, int64_t rows, int64_t vocab, const int64_t* tgt, fl
                     const float* en, const float* gl, const float* ge) {
 #pragma omp parallel for schedule(static) num_threads(threads())
   for (int64_t r = 0; r < rows; ++r) {
-    row_backward<T>(base + r * vocab, vocab, tgt[r], inv_t, ls[r], en[r], gl[r], ge[r]);
+    T* row = base + r * vocab;
+    const bool logp = gl[r] != 0.0f, entropy = ge[r] != 0.0f;
+    if (logp && entropy) {
+      row_backward<T, true, true>(row, vocab, tgt[r], inv_t, ls[r], en[r], gl[r], ge[r]);
+    } else if (logp) {
+      row_backward<T, true, false>(row, vocab, tgt[r], inv_t, ls[r], en[r], gl[r], ge[r]);
+    } else if (entropy) {
+      row_backward<T, false, true>(row, vocab, tgt[r], inv_t, ls[r], en[r], gl[r], ge[r]);
+    } else {
+      std::fill(row, row + vocab, static_cast<T>(0.0f));  // no upstream gradient (a masked token): no exp at all
+    }
   }
 }
 
@@ -183,9 +206,11 @@ std::vector<at::Tensor> forward_cpu(const at::Tensor& hidden_in, const at::Tenso
   auto logp = at::empty({n}, opts), ent = at::empty({n}, opts), lse = at::empty({n}, opts);
   const auto wt = weight.t();  // a view: BLAS reads W transposed, no copy (also for a non-contiguous W)
   const int64_t* tgt = targets.data_ptr<int64_t>();
+  auto buffer = at::empty({std::min(chunk_size, n), vocab}, hidden.options());
   for (int64_t start = 0; start < n; start += chunk_size) {
     const int64_t rows = std::min(chunk_size, n - start);
-    const auto logits = at::matmul(hidden.narrow(0, start, rows), wt).contiguous();
+    auto logits = buffer.narrow(0, 0, rows);  // leading rows of a contiguous buffer: contiguous
+    at::mm_out(logits, hidden.narrow(0, start, rows), wt);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "linear_logprobs_fwd", [&] {
       using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* base = logits.data_ptr<scalar_t>();
@@ -209,14 +234,18 @@ std::vector<at::Tensor> backward_cpu(const at::Tensor& hidden_in, const at::Tens
   const auto g_logp = grad_logp_in.to(acc).contiguous(), g_ent = grad_ent_in.to(acc).contiguous();
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   auto grad_h = need_hidden ? at::empty_like(hidden) : at::empty({0}, hidden.options());
-  auto grad_w = need_weight ? at::zeros(weight.sizes(), weight.options().memory_format(at::MemoryFormat::Contiguous))
+  // grad_w: the first chunk's GEMM writes it (beta = 0), later ones accumulate into it; no zero fill of [V, H]
+  auto grad_w = need_weight ? at::empty(weight.sizes(), weight.options().memory_format(at::MemoryFormat::Contiguous))
                             : at::empty({0}, weight.options());
+  if (need_weight && n == 0) grad_w.zero_();
   const auto wt = weight.t();
   const int64_t* tgt = targets.data_ptr<int64_t>();
+  auto buffer = at::empty({std::min(chunk_size, n), vocab}, hidden.options());
   for (int64_t start = 0; start < n; start += chunk_size) {
     const int64_t rows = std::min(chunk_size, n - start);
     const auto h = hidden.narrow(0, start, rows);
-    auto dlogits = at::matmul(h, wt).contiguous();  // the chunk's logits, recomputed; becomes dL/dlogits in place
+    auto dlogits = buffer.narrow(0, 0, rows);  // the chunk's logits, recomputed; becomes dL/dlogits in place
+    at::mm_out(dlogits, h, wt);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dlogits.scalar_type(), "linear_logprobs_bwd", [&] {
       using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       scalar_t* base = dlogits.data_ptr<scalar_t>();
@@ -228,7 +257,13 @@ std::vector<at::Tensor> backward_cpu(const at::Tensor& hidden_in, const at::Tens
       auto out = grad_h.narrow(0, start, rows);
       at::matmul_out(out, dlogits, weight);
     }
-    if (need_weight) grad_w.addmm_(dlogits.t(), h);
+    if (need_weight) {
+      if (start == 0) {
+        at::mm_out(grad_w, dlogits.t(), h);
+      } else {
+        grad_w.addmm_(dlogits.t(), h);
+      }
+    }
   }
   return {grad_h, grad_w};
 }

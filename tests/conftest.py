@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Importing TRL (several tests do, in-process) sets VLLM_LOGGING_LEVEL=ERROR for every vLLM started later
+# unless it is set already; tests read vLLM's INFO lines (KV budget, weight loads) from its logs.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
 OGRPO_BIN = Path(sys.executable).with_name("ogrpo")
 
 # A TRL flat recipe, the way `trl grpo --config` reads it.

@@ -94,6 +94,9 @@ class Family:
     # FLASH_ATTN_CUDA_ARCHS (flash-attn ignores TORCH_CUDA_ARCH_LIST); None = no flash-attn in this image
     flash_attn_cuda_archs: str | None
     cuda: str  # CUDA toolkit of the base images (x.y.z)
+    # nvidia/cuda:<cuda>-<flavor>-ubuntu24.04 pinned by its manifest-list digest (a tag is re-pushed when NVIDIA
+    # rebuilds it; the digest is what was built and tested). Update with `docker buildx imagetools inspect`.
+    base_digests: dict[str, str]
     # torch versions whose PyPI wheels carry this arch and are built for the image's CUDA major (extensions
     # compiled by the builder's nvcc only load into a torch of the same CUDA major)
     torch_range: tuple[tuple[int, ...], tuple[int, ...]]
@@ -131,6 +134,12 @@ class Family:
         return env
 
 
+# Both families build on the same CUDA 12.8.1 pair (ubuntu24.04): the builder on "devel", the runtime on "runtime".
+CUDA_12_8_1_DIGESTS = {
+    "devel": "sha256:520292dbb4f755fd360766059e62956e9379485d9e073bbd2f6e3c20c270ed66",
+    "runtime": "sha256:ebef3c171eeef0298e4eb2e4be843105edf3b8b0ac45e0b43acee358e8046867",
+}
+
 FAMILIES: dict[str, Family] = {
     "v100": Family(
         name="v100",
@@ -140,6 +149,7 @@ FAMILIES: dict[str, Family] = {
         flash_attn_cuda_archs=None,  # "FlashAttention only supports Ampere GPUs or newer"
         # nvcc 13 cannot target sm_70; 12.8 is the newest toolkit the torch 2.10 (cu128) wheels were built with
         cuda="12.8.1",
+        base_digests=CUDA_12_8_1_DIGESTS,
         # sm_70 is in the cu128 wheels of torch 2.8–2.10 only (not 2.7.x cu128, not 2.11+); PyPI serves cu128
         torch_range=((2, 8, 0), (2, 10, 99)),
         # last official vLLM wheels with sm_70 kernels are 0.19.x; from 0.20 the build list starts at 7.5
@@ -158,6 +168,7 @@ FAMILIES: dict[str, Family] = {
         # the V100 image's CUDA 12.8 line: one GPU stack, and drivers from R570 (R525 with minor-version
         # compatibility) instead of CUDA 13's R580
         cuda="12.8.1",
+        base_digests=CUDA_12_8_1_DIGESTS,
         # every cu12x torch carries sm_86, but PyPI's torch 2.11+ wheels are CUDA 13 builds: on this CUDA 12.8
         # image torch ends at 2.10.x (and with it vLLM at 0.19.x, which pins torch 2.10.0)
         torch_range=((2, 4, 0), (2, 10, 99)),

@@ -119,10 +119,73 @@ def test_stages_and_pinned_bases(fam):
     builder, runtime = stages
     for stage, flavor in ((builder, "devel"), (runtime, "runtime")):
         # full x.y.z CUDA tag, the family's CUDA, never `latest`
-        m = re.fullmatch(r"nvidia/cuda:(\d+\.\d+\.\d+)-" + flavor + r"-ubuntu\d\d\.\d\d", stage["base"])
+        m = re.fullmatch(r"nvidia/cuda:(\d+\.\d+\.\d+)-" + flavor + r"-ubuntu\d\d\.\d\d@(sha256:[0-9a-f]{64})",
+                         stage["base"])
         assert m, stage["base"]
         assert m.group(1) == fam.cuda
+        # pinned by digest, the one ogrpo/stacks.py records for the family's CUDA line
+        assert m.group(2) == fam.base_digests[flavor]
         assert "latest" not in stage["base"]
+
+
+def test_version_bump_does_not_rebuild_the_compiled_dependencies(fam, tmp_path):
+    """The deps layer (flash-attn: an hour) copies no file that a release changes, and what it runs works
+    without ogrpo/__init__.py (tags.py imports ogrpo.stacks as a namespace package)."""
+    builder = parse_dockerfile(dockerfile(fam))[0]
+    copied_before_deps: list[str] = []
+    for keyword, args in builder["instructions"]:
+        if keyword == "RUN" and "--part deps" in args:
+            break
+        if keyword == "COPY":
+            copied_before_deps += args.split()[:-1]
+    assert "ogrpo/stacks.py" in copied_before_deps
+    assert not any(src in ("ogrpo/", "ogrpo/__init__.py", "pyproject.toml") for src in copied_before_deps)
+    src = tmp_path / "src"
+    for rel in copied_before_deps:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / rel).is_dir():
+            shutil.copytree(REPO / rel, src / rel)
+        else:
+            shutil.copy(REPO / rel, src / rel)
+    proc = subprocess.run(["bash", str(src / "docker/scripts/build-wheels.sh"), "--check", "--part", "deps", fam.name,
+                           str(src / f"requirements/{fam.name}.lock"), str(tmp_path / "wheels")],
+                          env=family_env(fam.name, OGRPO_SRC=str(src)), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "portable_cpu_ops.py" in proc.stdout
+
+
+def test_deepspeed_cpu_ops_are_built_portable(tmp_path):
+    """DeepSpeed's real op builder (the source the image compiles) asks for x86-64-v3/AVX2 after the patch,
+    never -march=native; a source tree whose methods moved is refused."""
+    import importlib.util
+
+    script = DOCKER / "scripts" / "portable_cpu_ops.py"
+    tree = tmp_path / "ds"
+    installed = Path(importlib.util.find_spec("deepspeed").origin).parent  # no import: DeepSpeed's is slow
+    shutil.copytree(installed / "ops" / "op_builder", tree / "op_builder")
+    before = subprocess.run([sys.executable, "-c", CXX_ARGS], cwd=tree, capture_output=True, text=True)
+    assert "-march=native" in before.stdout, before.stderr
+    for _ in range(2):  # idempotent
+        proc = subprocess.run([sys.executable, str(script), str(tree)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    after = subprocess.run([sys.executable, "-c", CXX_ARGS], cwd=tree, capture_output=True, text=True)
+    args = after.stdout.split()
+    assert "-march=x86-64-v3" in args and "-D__AVX256__" in args and "native" not in after.stdout, after.stderr
+    builder = tree / "op_builder" / "builder.py"
+    builder.write_text(builder.read_text().replace("def cpu_arch(self):", "def cpu_arch(self, native=True):"))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "fresh")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "not found" in proc.stderr
+    moved = tmp_path / "moved"
+    shutil.copytree(tree, moved)
+    text = (moved / "op_builder" / "builder.py").read_text().replace("# ogrpo: portable CPU ops", "")
+    (moved / "op_builder" / "builder.py").write_text(text)
+    proc = subprocess.run([sys.executable, str(script), str(moved)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "def cpu_arch(self):" in proc.stderr
+
+
+# the compile flags of the CPU Adam builder that the CUDA accelerator uses too (cuda_accelerator.py maps
+# CPUAdamBuilder to op_builder.cpu), imported from the copied source tree
+CXX_ARGS = "import sys; sys.path.insert(0, '.'); from op_builder.cpu import CPUAdamBuilder; print(' '.join(CPUAdamBuilder().cxx_args()))"
 
 
 def test_gpu_images_share_one_cuda_line():
@@ -230,10 +293,15 @@ def test_build_wheels_check_mode_resolves_each_family(fam):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in out
-    ds_line = next(ln for ln in out.splitlines() if ln.startswith("+") and "deepspeed==" in ln)
-    assert "DS_ACCELERATOR=cuda" in ds_line and "DS_BUILD_FUSED_ADAM=1" in ds_line
-    assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in ds_line
     pins = read_lock(REPO / "requirements" / f"{fam.name}.lock")
+    # DeepSpeed: its sdist, patched for portable CPU ops, then built with the family's CUDA ops
+    steps = [ln for ln in out.splitlines() if ln.startswith("+")]
+    fetch = next(i for i, ln in enumerate(steps) if f"deepspeed=={pins['deepspeed']}" in ln and " download " in ln)
+    assert "portable_cpu_ops.py" in steps[fetch + 2]
+    ds_line = steps[fetch + 3]
+    assert " wheel " in ds_line and ds_line.endswith(f"deepspeed-{pins['deepspeed']}")
+    assert "DS_ACCELERATOR=cuda" in ds_line and "DS_BUILD_FUSED_ADAM=1" in ds_line and "DS_BUILD_CPU_ADAM=1" in ds_line
+    assert f"TORCH_CUDA_ARCH_LIST={fam.torch_cuda_arch_list} " in ds_line
     if fam.flash_attn_cuda_archs:
         assert f"FLASH_ATTN_CUDA_ARCHS={fam.flash_attn_cuda_archs} " in out
         assert f"flash-attn=={pins['flash-attn']}" in out and "FLASH_ATTENTION_FORCE_BUILD=TRUE" in out
@@ -444,7 +512,7 @@ def test_make_targets_use_the_computed_tags(fam):
     assert f"-t {ref}" in sif  # the sif target builds its docker image first
 
 
-def test_apptainer_definition():
+def test_apptainer_definition(tmp_path):
     text = (DOCKER / "apptainer" / "ogrpo.def").read_text()
     header = dict(
         line.split(":", 1) for line in text.splitlines() if re.match(r"^(Bootstrap|From):", line)
@@ -454,7 +522,29 @@ def test_apptainer_definition():
     sections = dict(re.findall(r"^%(\w+)\n((?:(?!^%).*\n?)*)", text, re.M))
     assert 'exec ogrpo "$@"' in sections["runscript"]
     assert "ogrpo.selfcheck" in sections["test"]
-    assert 'HF_HOME="${HF_HOME:-/data/hf}"' in sections["environment"]
+
+    # every cache the Docker image points under /data resolves to a writable place when the image runs
+    # read-only: a bound data dir if there is one, else under $HOME; a user's own path is kept
+    image_caches = {k: v for k, v in env_of(parse_dockerfile(DOCKER / "Dockerfile.a40")[1]).items()
+                    if v.startswith("/data/")}
+    assert {"HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT"} <= set(image_caches)
+
+    def resolved(tmp: Path, **extra) -> dict[str, str]:
+        script = sections["environment"] + "\nenv\n"
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp / "home"), **image_caches, **extra}
+        out = subprocess.run(["sh", "-ec", script], env=env, capture_output=True, text=True, check=True).stdout
+        return dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
+
+    tmp = tmp_path
+    bound = tmp / "bound"
+    bound.mkdir()
+    got = resolved(tmp, OGRPO_DATA_DIR=str(bound))
+    assert all(got[k] == str(bound) + image_caches[k][len("/data"):] for k in image_caches), got
+    got = resolved(tmp, OGRPO_DATA_DIR=str(tmp / "not-bound"))
+    assert all(got[k].startswith(str(tmp / "home" / ".cache" / "ogrpo") + "/") for k in image_caches), got
+    got = resolved(tmp, OGRPO_DATA_DIR=str(tmp / "not-bound"), HF_HOME=str(tmp / "mine"))
+    assert got["HF_HOME"] == str(tmp / "mine")
+    assert "ogrpo_data" not in got and got["VIRTUAL_ENV"] == "/opt/venv"
 
 
 def test_images_workflow():

@@ -112,9 +112,25 @@ if [[ "$PART" != "project" ]]; then
   # DS_ACCELERATOR=cuda: `docker build` has no GPU, and DeepSpeed's auto-detection would then build (and
   # record in the wheel) the CPU accelerator instead.
   DS_OPS=(DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LAMB=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_CPU_ADAGRAD=1 DS_BUILD_UTILS=1)
+  # The CPU ops must run on every node, not only on a CPU like the builder's: DeepSpeed hard-codes
+  # -march=native for them, so its source is patched to x86-64-v3 first (portable_cpu_ops.py).
+  DS_SRC="$OUTDIR/.deepspeed-src"
+  run "${PIP[@]}" download --no-deps --no-binary :all: --no-cache-dir -d "$DS_SRC" "deepspeed==$DS_VERSION"
+  run tar -xzf "$DS_SRC/deepspeed-$DS_VERSION.tar.gz" -C "$DS_SRC"
+  run "$PYTHON" "$HERE/portable_cpu_ops.py" "$DS_SRC/deepspeed-$DS_VERSION"
   run env "${DS_OPS[@]}" TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --no-binary deepspeed \
-    -w "$OUTDIR" "deepspeed==$DS_VERSION"
+    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$OUTDIR" "$DS_SRC/deepspeed-$DS_VERSION"
+  run rm -rf "$DS_SRC"
+  # belt and braces: no AVX-512 (zmm) instruction in the prebuilt CPU Adam, whatever the builder's CPU
+  if [[ "$DRYRUN" != "1" ]]; then
+    ds_wheel="$(compgen -G "$OUTDIR/deepspeed-*.whl" | head -n1)"
+    ds_tmp="$(mktemp -d)"
+    "$PYTHON" -m zipfile -e "$ds_wheel" "$ds_tmp"
+    cpu_adam="$(find "$ds_tmp" -name 'cpu_adam_op*.so' | head -n1)"
+    [[ -n "$cpu_adam" ]] || die "the DeepSpeed wheel has no prebuilt cpu_adam op (DS_BUILD_CPU_ADAM=1)"
+    if objdump -d "$cpu_adam" | grep -q '%zmm'; then die "$cpu_adam uses AVX-512: not portable"; fi
+    rm -rf "$ds_tmp"
+  fi
 fi
 [[ "$PART" == "deps" ]] && exit 0
 

@@ -211,6 +211,11 @@ def _check_deepspeed_run(job_dir: Path, manifest: dict, stage: int, offload: boo
     # ... configured by the job's rendered deepspeed.json (the file, not a copy of it)
     assert manifest["grpo_config"]["deepspeed"] == str((job_dir / "deepspeed.json").resolve())
     assert manifest["plan"]["trainer"]["strategy"] == {2: "zero2", 3: "zero3_offload" if offload else "zero3"}[stage]
+    # the plan's linear_logprobs kernel scored every call (policy and old policy), ZeRO-3's partitioned lm_head
+    # gathered for it (the updates still match ZeRO-2's: test_zero_stages_compute_the_same_updates)
+    lp = manifest["kernels"]["linear_logprobs"]
+    assert manifest["plan"]["kernels"]["linear_logprobs"] and lp["installed"] is True
+    assert lp["calls"]["kernel"] >= STEPS and lp["calls"]["trl"] == 0, lp
     steps = _steps(run)
     assert sorted(steps) == list(range(1, STEPS + 1))
     assert all(math.isfinite(v) for row in steps.values() for v in row.values()), steps

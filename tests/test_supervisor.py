@@ -92,7 +92,7 @@ def test_trainer_end_tears_server_down(tmp_path):
     server, trainer = _role(tmp_path, "server"), _role(tmp_path, "trainer")
     assert not _alive(server["pid"]) and not _alive(trainer["pid"])
     assert "trained" in (tmp_path / "run" / "logs" / "trainer.log").read_text()
-    assert "healthy" in out.getvalue()
+    assert "healthy" in out.getvalue() and "trainer finished; server stopped" in out.getvalue()
     # loopback only, and placeholders filled in argv and env
     assert server["argv"][3] == "127.0.0.1" and server["argv"][4].isdigit()
 
@@ -208,6 +208,14 @@ def test_run_local_from_job_dir(tmp_path, capsys):
     assert load_jobspec(tmp_path).steps[1].env == {"OGRPO_JOB": "{job_dir}"}
     assert run_local(tmp_path) == 0
     assert "trainer finished" in capsys.readouterr().err
+
+
+def test_a_job_without_a_server_does_not_report_stopping_one(tmp_path):
+    job = fake_job(tmp_path, trainer_argv=[sys.executable, "-c", "print('trained')"])
+    job.steps = [s for s in job.steps if s.role == "trainer"]
+    out = io.StringIO()
+    assert run_local_result(job, out=out).rc == 0
+    assert "trainer finished" in out.getvalue() and "server stopped" not in out.getvalue()
 
 
 def test_supervise_cli_exit_codes(tmp_path, run_cli):

@@ -300,7 +300,7 @@ class Supervisor:
                            f"lines of {first.log_path} ---\n{log_tail(first.log_path)}")
                     self.say(msg)
                     return JobResult(first.proc.returncode or 1, msg, logs)
-                self.say("trainer finished; server stopped")
+                self.say("trainer finished; server stopped" if srv else "trainer finished")
                 return JobResult(0, "trainer finished", logs)
             if not healthy:
                 if health_ok(url):

@@ -284,9 +284,12 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if trainer.accelerator.is_main_process:
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
+        calls = getattr(trainer, "_ogrpo_linear_logprobs_calls", None)
+        if calls is not None:  # which scoring calls ran the kernel and which fell back to TRL's path
+            kernels["linear_logprobs"]["calls"] = dict(calls)
         rundir.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
                                profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
-                               distributed=distributed_summary(trainer))
+                               distributed=distributed_summary(trainer), kernels=kernels)
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
     return run_dir

@@ -35,18 +35,15 @@ VERIFIED_BEYOND_RANGE: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, .
 
 
 def parse_version(text: str) -> tuple[int, ...]:
-    """'0.32.0+cpu' -> (0, 32, 0); '2.8.3.post2' -> (2, 8, 3); non-numeric tails are dropped."""
-    parts: list[int] = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = ""
-        for ch in piece:  # '0rc1' -> 0: stop at the first non-digit so a pre-release tail is not glued on
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts + [0] * (3 - len(parts)))
+    """The release part of a PEP 440 version, padded to 3: '0.32.0+cpu' -> (0, 32, 0), '2.8.3.post2' -> (2, 8, 3),
+    '1.0rc1' -> (1, 0, 0). ValueError for text that is not a version."""
+    from packaging.version import InvalidVersion, Version  # lazily: the image builder runs tags.py before pip
+
+    try:
+        release = Version(text).release[:3]
+    except InvalidVersion as exc:
+        raise ValueError(f"not a version: {text!r}") from exc
+    return tuple(release) + (0,) * (3 - len(release))
 
 
 def _fmt(v: tuple[int, ...]) -> str:

@@ -191,6 +191,9 @@ def test_version_and_arch_helpers():
     assert stacks.parse_version("2.8.3.post2") == (2, 8, 3)
     assert stacks.parse_version("0.32.0+cpu") == (0, 32, 0)
     assert stacks.parse_version("1.0rc1") == (1, 0, 0)
+    assert stacks.parse_version("2.10.0.dev20251101+cu128") == (2, 10, 0)
+    with pytest.raises(ValueError, match="not a version"):
+        stacks.parse_version("main")
     assert stacks.arch_runs_on("sm_80", 86) and not stacks.arch_runs_on("sm_86", 80)
     assert not stacks.arch_runs_on("sm_75", 86) and stacks.arch_runs_on("compute_75", 86)
     assert stacks.arch_runs_on("7.0", 70) and not stacks.arch_runs_on("8.0", 70)

@@ -142,20 +142,66 @@ def test_gradcheck_fp64():
 
 def test_opcheck():
     h, w, t = _inputs(13, 24, 97, torch.float32)
-    torch.library.opcheck(op.linear_logprobs_fwd, (h, w, t, 0.7, 5))
-    torch.library.opcheck(op.linear_logprobs_fwd, (h.detach(), w.detach(), t, 1.0, 64))
+    for keep in (True, False):
+        torch.library.opcheck(op.linear_logprobs_fwd, (h, w, t, 0.7, 5, keep))
+        torch.library.opcheck(op.linear_logprobs_fwd, (h.detach(), w.detach(), t, 1.0, 64, keep))
     lse = torch.randn(13)
     args = (h.detach(), w.detach(), t, lse, torch.rand(13), torch.randn(13), torch.randn(13), 0.7, 5)
     torch.library.opcheck(op.linear_logprobs_bwd, (*args, True, True))
     torch.library.opcheck(op.linear_logprobs_bwd, (*args, False, True))
 
 
+@pytest.mark.parametrize("n, chunk", [(13, 5), (15, 5), (4, 5), (5, 5), (1, 3)])
+def test_backward_starts_from_the_forwards_last_chunk(n, chunk):
+    """With grad on, the CPU kernel keeps its last (full) chunk of logits and the backward turns them into that
+    chunk's gradient instead of recomputing them: the same gradients, one GEMM fewer, no extra chunk held."""
+    h, w, t = _inputs(n, 24, 97, torch.float64)
+    ext = op._select(h.device)
+    logp, ent, lse, kept = op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, True)
+    assert kept.shape == (min(chunk, n), 97)
+    # the kept rows are the last ones' logits (chunks run short-first, so the last chunk is a full one)
+    torch.testing.assert_close(kept, (h[-kept.shape[0]:] @ w.T).detach())
+    assert op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, False)[3].numel() == 0
+    g_lp, g_en = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    args = (ext, h.detach(), w.detach(), t, lse, ent, g_lp, g_en, 0.7, chunk, True, True)
+    want = op._compiled_backward(*args, op._nothing_kept(h, w))  # every chunk recomputed
+    got = op._compiled_backward(*args, kept)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    # a kept buffer that does not match the call is refused, not silently used
+    with pytest.raises(RuntimeError, match="kept logits do not belong"):
+        op._compiled_backward(*args, torch.zeros(2, 97, dtype=torch.float64))
+
+
+def test_training_uses_the_kept_chunk_once_and_a_second_backward_recomputes():
+    h, w, t = _inputs(13, 24, 97, torch.float32)
+    weights = torch.linspace(-1, 1, 13)
+    used = op.KEPT_USED["count"]
+    logp, ent = linear_logprobs(h, w, t, 0.7, chunk_size=5, impl="compiled")
+    loss = (logp * weights).sum() + ent.sum()
+    first = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    assert op.KEPT_USED["count"] == used + 1 and not op._KEPT
+    second = torch.autograd.grad(loss, (h, w))
+    assert op.KEPT_USED["count"] == used + 1
+    naive_logp, naive_ent = linear_logprobs_naive(h, w, t, 0.7)
+    naive = torch.autograd.grad((naive_logp * weights).sum() + naive_ent.sum(), (h, w))
+    for a, b, c in zip(first, second, naive):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # scoring only (old policy, reference model): nothing kept
+        linear_logprobs(h, w, t, 0.7, chunk_size=5, impl="compiled")
+    assert not op._KEPT
+    linear_logprobs(h, w, t, 0.7, chunk_size=5, impl="compiled")  # a graph that never runs backward
+    linear_logprobs(h, w, t, 0.7, chunk_size=5, impl="compiled")
+    assert len(op._KEPT) == 1  # one slot: the first call's chunk was let go
+
+
 def test_a_mismatch_on_first_use_falls_back_to_the_reference_once(monkeypatch):
     real = op._compiled_forward
 
     def wrong(*args):
-        logp, ent, lse = real(*args)
-        return logp + 1e-2, ent, lse  # a subtly wrong kernel
+        logp, ent, lse, kept = real(*args)
+        return logp + 1e-2, ent, lse, kept  # a subtly wrong kernel
 
     monkeypatch.setattr(op, "_compiled_forward", wrong)
     h, w, t = _inputs(9, 16, 77, torch.float32)
@@ -300,4 +346,4 @@ def test_cuda_matches_the_definition(shape, dtype):
 def test_cuda_opcheck():
     h, w, t = _inputs(13, 24, 97, torch.float32)
     h, w, t = h.detach().cuda().requires_grad_(), w.detach().cuda().requires_grad_(), t.cuda()
-    torch.library.opcheck(op.linear_logprobs_fwd, (h, w, t, 0.7, 5))
+    torch.library.opcheck(op.linear_logprobs_fwd, (h, w, t, 0.7, 5, True))

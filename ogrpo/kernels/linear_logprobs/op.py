@@ -35,8 +35,8 @@ def _load(device_type: str):
     return load_extension("linear_logprobs", cuda=device_type == "cuda")
 
 
-def _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size):
-    return ext.forward(hidden, weight, targets, temperature, chunk_size)
+def _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size, keep_last=False):
+    return ext.forward(hidden, weight, targets, temperature, chunk_size, keep_last)
 
 
 def _compiled_backward(ext, *args):
@@ -61,9 +61,12 @@ def _verify(ext, device: torch.device) -> str | None:
     try:
         for dtype, (rtol, atol) in _VERIFY_TOL.items():
             hd, wd = h.to(device, dtype), w.to(device, dtype)
-            got = list(_compiled_forward(ext, hd, wd, t, temp, chunk))
+            # the backward starts from the forward's kept last chunk, as in training
+            got = list(_compiled_forward(ext, hd, wd, t, temp, chunk, True))
+            kept = got.pop()
             want = list(reference.forward_chunks(hd, wd, t, temp, chunk))
-            got += list(_compiled_backward(ext, hd, wd, t, want[2], want[1], g_lp, g_en, temp, chunk, True, True))
+            got += list(_compiled_backward(ext, hd, wd, t, want[2], want[1], g_lp, g_en, temp, chunk, True, True,
+                                           kept))
             want += list(reference.backward_chunks(hd, wd, t, want[2], want[1], g_lp, g_en, temp, chunk))
             for name, a, b in zip(("logp", "entropy", "lse", "grad_hidden", "grad_weight"), got, want):
                 if a.shape != b.shape or a.dtype != b.dtype:
@@ -130,24 +133,49 @@ def _out_dtype(hidden: Tensor) -> torch.dtype:
     return torch.float64 if hidden.dtype == torch.float64 else torch.float32
 
 
+def _nothing_kept(hidden: Tensor, weight: Tensor) -> Tensor:
+    return hidden.new_empty((0, weight.shape[0]))
+
+
+# The CPU kernel's last chunk of logits, handed from a forward to its backward, which starts from them instead of
+# recomputing that chunk (csrc: one GEMM fewer, no extra memory). Private kernel state, not an op output: autograd
+# would have to save it while the backward overwrites it, which breaks a second backward and AOT autograd. One
+# slot, keyed by the call's saved tensors: the next forward that keeps replaces it (its backward then recomputes),
+# the first backward of the matching call takes it (a second one recomputes). So at most one chunk outlives a
+# graph that never ran backward, until the next training forward.
+_KEPT: dict[tuple, Tensor] = {}
+KEPT_USED = {"count": 0}  # backwards that started from a kept chunk (tests, benchmarks)
+
+
+def _kept_key(hidden: Tensor, lse: Tensor, temperature: float, chunk_size: int) -> tuple:
+    return (lse.untyped_storage().data_ptr(), hidden.untyped_storage().data_ptr(), hidden.shape[0],
+            float(temperature), int(chunk_size))
+
+
 @torch.library.custom_op("ogrpo::linear_logprobs_fwd", mutates_args=())
 def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-                        chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """hidden [N,H], weight [V,H], targets [N] -> (logp, entropy, lse) [N]; the generic (any device) kernel."""
+                        chunk_size: int, keep_last: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """hidden [N,H], weight [V,H], targets [N] -> (logp, entropy, lse) [N]; the generic (any device) kernel.
+    keep_last: a backward will follow, so the CPU kernel may keep its last chunk of logits for it."""
     return tuple(reference.forward_chunks(hidden, weight, targets, temperature, chunk_size))
 
 
 @linear_logprobs_fwd.register_fake
-def _fwd_fake(hidden, weight, targets, temperature, chunk_size):
+def _fwd_fake(hidden, weight, targets, temperature, chunk_size, keep_last):
     out = hidden.new_empty(hidden.shape[:1], dtype=_out_dtype(hidden))
     return out, torch.empty_like(out), torch.empty_like(out)
 
 
-def _fwd_device(hidden, weight, targets, temperature, chunk_size):
+def _fwd_device(hidden, weight, targets, temperature, chunk_size, keep_last):
     ext = _select(hidden.device)
     if ext is None:
         return tuple(reference.forward_chunks(hidden, weight, targets, temperature, chunk_size))
-    return tuple(_compiled_forward(ext, hidden, weight, targets, temperature, chunk_size))
+    if keep_last:
+        _KEPT.clear()  # before the new chunk is allocated: never two held
+    logp, ent, lse, kept = _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size, keep_last)
+    if kept.numel():
+        _KEPT[_kept_key(hidden, lse, temperature, chunk_size)] = kept
+    return logp, ent, lse
 
 
 linear_logprobs_fwd.register_kernel("cpu")(_fwd_device)
@@ -158,7 +186,8 @@ linear_logprobs_fwd.register_kernel("cuda")(_fwd_device)
 def linear_logprobs_bwd(hidden: Tensor, weight: Tensor, targets: Tensor, lse: Tensor, entropy: Tensor,
                         grad_logp: Tensor, grad_entropy: Tensor, temperature: float, chunk_size: int,
                         need_hidden: bool, need_weight: bool) -> tuple[Tensor, Tensor]:
-    """(grad_hidden [N,H] or [0], grad_weight [V,H] or [0]), recomputing one chunk of logits at a time."""
+    """(grad_hidden [N,H] or [0], grad_weight [V,H] or [0]), recomputing one chunk of logits at a time (the CPU
+    kernel: except the chunk its forward kept, whose logits become that chunk's gradient in place)."""
     return reference.backward_chunks(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy, temperature,
                                      chunk_size, need_hidden, need_weight)
 
@@ -173,12 +202,17 @@ def _bwd_fake(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy, te
 
 def _bwd_device(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy, temperature, chunk_size,
                 need_hidden, need_weight):
+    kept = _KEPT.pop(_kept_key(hidden, lse, temperature, chunk_size), None)
     ext = _select(hidden.device)
     if ext is None:
         return reference.backward_chunks(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy,
                                          temperature, chunk_size, need_hidden, need_weight)
+    if kept is None:
+        kept = _nothing_kept(hidden, weight)
+    else:
+        KEPT_USED["count"] += 1
     return tuple(_compiled_backward(ext, hidden, weight, targets, lse, entropy, grad_logp, grad_entropy,
-                                    temperature, chunk_size, need_hidden, need_weight))
+                                    temperature, chunk_size, need_hidden, need_weight, kept))
 
 
 linear_logprobs_bwd.register_kernel("cpu")(_bwd_device)
@@ -186,7 +220,7 @@ linear_logprobs_bwd.register_kernel("cuda")(_bwd_device)
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, temperature, chunk_size = inputs
+    hidden, weight, targets, temperature, chunk_size, _keep_last = inputs
     _, entropy, lse = output
     ctx.save_for_backward(hidden, weight, targets, lse, entropy)
     ctx.weight_param = weight  # ZeRO-3: the parameter object, to gather again in backward
@@ -197,14 +231,14 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_lse):
     hidden, weight, targets, lse, entropy = ctx.saved_tensors
     need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not (need_hidden or need_weight):
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp
     grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
     with gathered(ctx.weight_param):
         grad_h, grad_w = linear_logprobs_bwd(hidden, weight, targets, lse, entropy, grad_logp.contiguous(),
                                              grad_entropy.contiguous(), ctx.temperature, ctx.chunk_size,
                                              need_hidden, need_weight)
-    return (grad_h if need_hidden else None), (grad_w if need_weight else None), None, None, None
+    return (grad_h if need_hidden else None), (grad_w if need_weight else None), None, None, None, None
 
 
 linear_logprobs_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -260,5 +294,7 @@ def linear_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor, tem
         raise OgrpoError(f"linear_logprobs impl='compiled' is not available on {hidden.device.type}: "
                          f"{STATUS[hidden.device.type]['reason']}")
     h = hidden.reshape(-1, hidden.shape[-1])
-    logp, ent, _ = linear_logprobs_fwd(h, lm_head_weight, targets.reshape(-1), float(temperature), chunk)
+    # keep the last chunk's logits only when a backward will come to use them
+    keep = torch.is_grad_enabled() and (h.requires_grad or lm_head_weight.requires_grad)
+    logp, ent, _ = linear_logprobs_fwd(h, lm_head_weight, targets.reshape(-1), float(temperature), chunk, keep)
     return logp.view(targets.shape), ent.view(targets.shape)

@@ -116,7 +116,13 @@ def test_render_dry_run_writes_nothing(run_cli, basic_recipe, tmp_path):
     assert not out.exists()
     for name in ("job.sbatch", "accelerate.yaml", "deepspeed.json", "run.yaml", "manifest.json"):
         assert f"==> {name} <==" in proc.stdout
-    assert run_cli("render", "--gpus", "cpu", "--config", basic_recipe, "--dry-run").returncode in (0, 3)
+    # a CPU "device" of a stated size (cpu-8G; plain `cpu` is this host's RAM): 1.5B does not fit, so exit 3
+    # with the numbers, and --force shows the job anyway; neither writes anything
+    proc = run_cli("render", "--gpus", "cpu-8G", "--config", basic_recipe, "-o", out, "--dry-run")
+    assert proc.returncode == 3 and "does not fit" in proc.stderr and "GiB" in proc.stderr
+    proc = run_cli("render", "--gpus", "cpu-8G", "--config", basic_recipe, "-o", out, "--dry-run", "--force",
+                   check_rc=0)
+    assert "==> job.sbatch <==" in proc.stdout and not out.exists()
 
 
 def test_render_bad_input_writes_nothing(run_cli, basic_recipe, write_recipe, tmp_path):

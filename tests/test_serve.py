@@ -242,11 +242,13 @@ def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
     ({"return_tokens_as_token_ids": False}, True),  # log-prob tokens as text
     ({"return_token_ids": False}, True),
 ])
-def test_ids_only_completions_skip_detokenizing(extra, detokenize):
+def test_ids_only_completions_skip_detokenizing(extra, detokenize, monkeypatch):
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     from ogrpo.serve.vllm_api import install_ids_only_completions
 
+    # the patch is process-wide: monkeypatch puts vLLM's own method back after the test
+    monkeypatch.setattr(CompletionRequest, "to_sampling_params", CompletionRequest.to_sampling_params)
     install_ids_only_completions()
     install_ids_only_completions()  # idempotent: one wrapper, not two
     body = {"model": "m", "prompt": [[5, 6, 7]], "max_tokens": 4, "logprobs": 0, "n": 2,

@@ -11,7 +11,7 @@ import typer
 
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
-JOB_HELP = "Slurm job id or the job's run directory."
+JOB_HELP = "Slurm job id or the job's run directory (Slurm or --backend local)."
 
 
 def _default_job_dir(name: str) -> str:
@@ -65,6 +65,8 @@ def submit(
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2) when the run would differ from the "
                                 "recipe in any way, instead of listing the changes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
+    detach: bool = typer.Option(False, "--detach", help="--backend local: run in the background and return "
+                                "(then: ogrpo status/logs/cancel RUN_DIR). Slurm jobs always run detached."),
 ) -> None:
     """Plan, render and submit a job (Slurm: `sbatch job.sbatch`, or run it here with --backend local)."""
     import os
@@ -121,7 +123,7 @@ def submit(
 
         require(("torch", "trl", "accelerate", *(("vllm",) if p.get("mode") == "server" else ())),
                 "`ogrpo submit --backend local` (it runs the job on this machine)")
-        _submit_local(files, spec, job_dir, summary)
+        _submit_local(files, spec, job_dir, summary, detach)
         return
 
     if container_runtime is not None:
@@ -186,20 +188,25 @@ def _fake_gpu_job(gpu_plan, rc, job_dir: str, plan_for):
     return cpu_plan, cpu_rc, spec
 
 
-def _submit_local(files: dict, spec, job_dir: str, summary: list[str]) -> None:
+def _submit_local(files: dict, spec, job_dir: str, summary: list[str], detach: bool = False) -> None:
     import json
     from pathlib import Path
 
-    from ogrpo.errors import LaunchError
+    from ogrpo.launch.local import run_local, start_detached
     from ogrpo.render import write_job
 
-    try:
-        from ogrpo.launch.local import run_local
-    except ImportError as exc:
-        raise LaunchError(f"the local backend is not available ({exc}): run the rendered job with sbatch") from exc
     write_job(files, job_dir)
     (Path(job_dir) / "jobspec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
     typer.echo("\n".join(summary))
+    if detach:
+        job = start_detached(job_dir)
+        typer.echo(f"started job {job.job_id} in the background (pid {job.record()['pid']})")
+        typer.echo(f"run dir:    {job_dir}")
+        for role in ("supervisor", *dict.fromkeys(s.role for s in spec.steps)):
+            typer.echo(f"{role + ':':11} {' '.join(str(p) for p in job.log_files(role))}")
+        typer.echo(f"follow with: ogrpo logs {job_dir} --follow   (status: ogrpo status {job_dir}, "
+                   f"stop: ogrpo cancel {job_dir})")
+        return
     typer.echo(f"running locally in {job_dir}")
     rc = run_local(job_dir)
     raise typer.Exit(rc)
@@ -212,9 +219,9 @@ def status(
     """State of a job: Slurm state and steps, requeues, devices each role saw, last checkpoint and metrics."""
     import json
 
-    from ogrpo.launch.slurm_query import status as job_status
+    from ogrpo.launch.handle import find
 
-    info = job_status(job)
+    info = find(job).status()
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
         return
@@ -226,6 +233,10 @@ def status(
     if info.get("exit_code"):
         head += f", exit {info['exit_code']}"
     typer.echo(head)
+    if info.get("backend") == "local":
+        typer.echo(f"local run: pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}")
+    if info.get("message"):
+        typer.echo(info["message"])
     for s in info.get("steps", []):
         typer.echo(f"  step {s['id']} {s['name']}: {s['state']} (exit {s['exit_code']})")
     if "job_dir" in info:
@@ -233,7 +244,8 @@ def status(
         req = f"requeues: {info.get('requeues', 0)}"
         if info.get("max_requeues") is not None:
             req += f" of {info['max_requeues']}"
-        typer.echo(f"attempts: {info.get('attempts', 0)}, {req}")
+        if "attempts" in info:  # Slurm's requeue bookkeeping
+            typer.echo(f"attempts: {info.get('attempts', 0)}, {req}")
         for role, dev in info.get("devices", {}).items():
             typer.echo(f"  {role} saw CUDA_VISIBLE_DEVICES={dev}")
         if info.get("last_checkpoint"):
@@ -251,7 +263,7 @@ def logs(
     import sys
 
     from ogrpo.errors import OgrpoError
-    from ogrpo.launch.slurm_query import stream_logs
+    from ogrpo.launch.handle import find
 
     if role not in (None, "server", "trainer", "supervisor"):
         raise OgrpoError(f"--role {role!r}: use server, trainer or supervisor")
@@ -260,14 +272,15 @@ def logs(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    stream_logs(job, role, follow, write)
+    find(job).logs(role, follow, write)
 
 
 def cancel(
     job: str = typer.Argument(..., help=JOB_HELP),
 ) -> None:
-    """Cancel a job (scancel) and wait until Slurm has killed its steps."""
-    from ogrpo.launch.slurm_query import cancel as job_cancel
+    """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone."""
+    from ogrpo.launch.handle import find
 
-    ref = job_cancel(job)
-    typer.echo(f"cancelled job {ref.job_id}")
+    handle = find(job)
+    handle.cancel()
+    typer.echo(f"cancelled job {handle.job_id}")

@@ -1,4 +1,5 @@
-"""`ogrpo status/logs/cancel`: find a job (by id or run directory) and read Slurm (squeue, sacct) and its run dir.
+"""The Slurm backend's job handle (SlurmJob): find a job by id or run directory, read Slurm (squeue, sacct) and
+its run dir, cancel it.
 
 A job id maps to its run directory three ways, first hit wins: the run dir itself (`slurm/job_id`), the job's
 working directory in squeue/sacct (submit sets `--chdir` to the run dir), and a small index written at submit.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.handle import Job
 
 # The run dir (TRL output_dir) inside the job dir: logs/, roles/, checkpoints, metrics.jsonl
 RUN_SUBDIR = "run"
@@ -120,10 +122,6 @@ def slurm_state(job_id: str) -> dict:
     return info
 
 
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                   "BOOT_FAIL", "DEADLINE"})
-
-
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or ["no output"])[0]
 
@@ -184,14 +182,6 @@ def run_dir_state(job_dir: Path | None) -> dict:
     return out
 
 
-def status(ref: str) -> dict:
-    job = resolve(ref)
-    info = {**slurm_state(job.job_id), **run_dir_state(job.job_dir)}
-    if info.get("restarts") is not None:
-        info["requeues"] = max(info["restarts"], info.get("requeues", 0))  # Slurm's count, as Slurm reports it
-    return info
-
-
 def log_files(job: JobRef, role: str | None) -> list[Path]:
     if job.job_dir is None:
         raise OgrpoError(f"no run directory found for job {job.job_id}: pass the run directory instead of the id")
@@ -209,53 +199,64 @@ def is_finished(job_id: str) -> bool:
     return q.returncode != 0 or not q.stdout.strip()
 
 
+class SlurmJob(Job):
+    """The handle of a Slurm job (ogrpo.launch.handle.Job)."""
+
+    backend = "slurm"
+
+    def __init__(self, ref: JobRef):
+        self.ref = ref
+        self.job_id = ref.job_id
+        self.job_dir = ref.job_dir
+
+    @classmethod
+    def from_ref(cls, ref: str) -> "SlurmJob":
+        return cls(resolve(ref))
+
+    def state(self) -> str:
+        return slurm_state(self.job_id)["state"]
+
+    def done(self) -> bool:
+        return is_finished(self.job_id)
+
+    def status(self) -> dict:
+        info = {**slurm_state(self.job_id), **run_dir_state(self.job_dir)}
+        if info.get("restarts") is not None:
+            info["requeues"] = max(info["restarts"], info.get("requeues", 0))  # Slurm's count, as Slurm reports it
+        return info
+
+    def log_files(self, role: str | None = None) -> list[Path]:
+        return log_files(self.ref, role)
+
+    def cancel(self, wait_s: float = 60) -> None:
+        """scancel the job and wait until Slurm reports it gone (its steps and processes killed)."""
+        _require("scancel")
+        # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
+        state = slurm_state(self.job_id)["state"]
+        if state in FINAL_STATES:
+            raise OgrpoError(f"job {self.job_id} already ended ({state}); nothing to cancel")
+        out = _run(["scancel", self.job_id])
+        if out.returncode != 0:
+            raise OgrpoError(f"scancel {self.job_id} failed: {out.stderr.strip() or out.returncode}")
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not is_finished(self.job_id):
+            time.sleep(0.5)
+
+
+# Entry points kept for callers that hold a Slurm id (tests/slurm, ogrpo.reproduce); `ogrpo status/logs/cancel`
+# go through ogrpo.launch.handle.find, which also knows local runs.
+def status(ref: str) -> dict:
+    return SlurmJob.from_ref(ref).status()
+
+
 def stream_logs(ref: str, role: str | None, follow: bool, write) -> None:
-    """Print the logs (each file under a header); with follow, keep printing new lines until the job ends."""
-    job = resolve(ref)
-    files = log_files(job, role)
-    offsets = {f: 0 for f in files}
-    multi = len(files) > 1
-
-    def drain() -> None:
-        for f in files:
-            if not f.exists():
-                continue
-            with f.open("r", errors="replace") as fh:
-                fh.seek(offsets[f])
-                text = fh.read()
-                offsets[f] = fh.tell()
-            if text:
-                if multi:
-                    write(f"==> {f} <==\n")
-                write(text)
-
-    drain()
-    if not follow:
-        if not any(f.exists() for f in files):
-            raise OgrpoError(f"no logs yet for job {job.job_id} ({', '.join(str(f) for f in files)}): "
-                             "the job may still be pending (ogrpo status)")
-        return
-    while not is_finished(job.job_id):
-        time.sleep(1)
-        drain()
-    drain()
+    SlurmJob.from_ref(ref).logs(role, follow, write)
 
 
 def cancel(ref: str, wait_s: float = 60) -> JobRef:
-    """scancel the job and wait until Slurm reports it gone (its steps and processes killed)."""
-    _require("scancel")
-    job = resolve(ref)
-    # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
-    state = slurm_state(job.job_id)["state"]
-    if state in ENDED:
-        raise OgrpoError(f"job {job.job_id} already ended ({state}); nothing to cancel")
-    out = _run(["scancel", job.job_id])
-    if out.returncode != 0:
-        raise OgrpoError(f"scancel {job.job_id} failed: {out.stderr.strip() or out.returncode}")
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not is_finished(job.job_id):
-        time.sleep(0.5)
-    return job
+    job = SlurmJob.from_ref(ref)
+    job.cancel(wait_s)
+    return job.ref
 
 
 def interrupt(job_id: str) -> None:

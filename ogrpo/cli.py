@@ -14,7 +14,7 @@ from ogrpo.commands import fast_typer
 
 fast_typer.install()
 
-from ogrpo.commands import jobs, planning, reproducing, serving, training  # noqa: E402
+from ogrpo.commands import jobs, planning, reproducing, selftesting, serving, training  # noqa: E402
 from ogrpo.errors import OgrpoError  # noqa: E402
 
 _SETTINGS = dict(
@@ -29,7 +29,7 @@ _SETTINGS = dict(
 _COMMANDS = {
     "plan": planning.plan, "render": planning.render, "doctor": planning.doctor, "train": training.train,
     "serve": serving.serve, "supervise": serving.supervise, "submit": jobs.submit, "status": jobs.status,
-    "logs": jobs.logs, "cancel": jobs.cancel, "reproduce": reproducing.reproduce,
+    "logs": jobs.logs, "cancel": jobs.cancel, "reproduce": reproducing.reproduce, "selftest": selftesting.selftest,
 }
 _HIDDEN = {"supervise"}
 _GROUPS = {"bench": serving.bench_app}

@@ -248,7 +248,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     from rich.console import Console
 
     from ogrpo.train import rundir
-    from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
+    from ogrpo.train.callbacks import NonFiniteError, default_callbacks, install_nonfinite_guard, use_quiet_progress
     from ogrpo.train.profiler import StageProfiler, render_table, summarize
 
     console = console or Console()  # results on stdout; progress (tqdm) and logs on stderr
@@ -279,7 +279,13 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     from ogrpo.train import preemption  # USR2/TERM → checkpoint at the end of the step, exit for requeue
 
     preempt_cb = preemption.install(trainer, run_dir)
-    trainer.train(resume_from_checkpoint=p.resume_from)
+    install_nonfinite_guard(trainer)  # inf/NaN loss: stop naming the step (exit 1), not train on NaN weights
+    try:
+        trainer.train(resume_from_checkpoint=p.resume_from)
+    except NonFiniteError as exc:
+        if is_main:
+            rundir.update_manifest(run_dir, status="failed", error=str(exc))
+        raise
     preemption.exit_if_preempted(preempt_cb)
     if trainer.accelerator.is_main_process:
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)

@@ -233,6 +233,10 @@ def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
     assert _opt(serve(str(path), dry_run=True), "--max-model-len") == "256"
     trl, opts, _ = load_serving_config(path)
     assert expected_from_run_config(trl, opts)["min_max_model_len"] == 256
+    # a trainer that planned for itself (the config carries no plan) checks against the plan it runs, not 512 + 12
+    opts.pop("plan", None)
+    assert expected_from_run_config(trl, opts)["min_max_model_len"] == 512 + 12
+    assert expected_from_run_config(trl, opts, plan={"batch": {"max_model_len": 256}})["min_max_model_len"] == 256
 
 
 @pytest.mark.parametrize("extra, detokenize", [

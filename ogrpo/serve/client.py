@@ -96,8 +96,10 @@ def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str |
     return final, len(tensors)
 
 
-def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: str | None = None) -> dict:
-    """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`)."""
+def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: str | None = None,
+                             plan: dict | None = None) -> dict:
+    """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`) and the plan the
+    trainer runs (by default the one the config carries)."""
     from ogrpo.serve.server import required_max_model_len, resolve_model
 
     model = trl_args.get("model_name_or_path")
@@ -106,7 +108,7 @@ def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: s
         expect["revision"] = trl_args["model_revision"]
     if dtype:
         expect["dtype"] = dtype
-    need = required_max_model_len(trl_args, ogrpo)
+    need = required_max_model_len(trl_args, ogrpo, plan)
     if need:
         expect["min_max_model_len"] = need
     return expect

@@ -171,7 +171,9 @@ def install_vllm_hooks(p: Prepared) -> None:
     expect = None
     if args.vllm_mode == "server":
         trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
-        expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p))
+        # the plan this trainer runs, carried or made here: its max_model_len is the server's
+        expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p),
+                                                 plan=p.plan)
     if torch.cuda.is_available():
         client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.get("dtype") or _trainer_dtype(p))
         return

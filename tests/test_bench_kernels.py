@@ -16,6 +16,15 @@ from ogrpo.bench.harness import CSV_FIELDS
 from ogrpo.errors import OgrpoError
 
 
+def test_rounds_are_summarized_by_their_medians():
+    runs = [{"path": "ogrpo", "fwd_s": f, "bwd_s": b, "total_s": f + b, "peak_mib": m, "baseline_slack_mib": 0.0,
+             "impl": "compiled", "checksum": 1.0} for f, b, m in ((1.0, 2.0, 100), (9.0, 9.0, 101), (1.2, 2.2, 99))]
+    got = bench._median_of_rounds(runs)
+    assert (got["fwd_s"], got["bwd_s"], got["peak_mib"]) == (1.2, 2.2, 100) and got["total_s"] == pytest.approx(3.4)
+    # a round that failed is the path's result: an error is never averaged away
+    assert bench._median_of_rounds(runs[:1] + [{"path": "ogrpo", "error": "killed"}])["error"] == "killed"
+
+
 def test_tiny_bench_rows_tables_and_ratios(tmp_path):
     out = io.StringIO()
     csv_path = tmp_path / "kernels.csv"

@@ -224,6 +224,17 @@ def run_logprob_case(case: LogprobCase) -> dict:
             "checksum": checksum, "impl": _implementation(case.path), "baseline_slack_mib": slack}
 
 
+def _median_of_rounds(runs: list[dict]) -> dict:
+    """One row per path: the median of each measured figure over the rounds (an error ends the path's rounds)."""
+    failed = next((r for r in runs if "error" in r), None)
+    if failed is not None:
+        return dict(failed)
+    out = dict(runs[0])
+    for key in ("fwd_s", "bwd_s", "total_s", "peak_mib", "baseline_slack_mib"):
+        out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
 def _run_child(case: LogprobCase, timeout: float | None) -> dict:
     cmd = [sys.executable, "-m", "ogrpo.bench.kernels", "--child", json.dumps(asdict(case))]
     try:
@@ -331,10 +342,17 @@ def run_kernels_bench(tokens=(1024, 4096), hidden: int = 1536, vocab: int = 1519
             _prebuild(out)
         table = []
         for n in tokens:
+            # Rounds, each path once per round in a fresh process: a load that comes and goes on a shared
+            # machine then hits every path alike instead of whichever ran during it (medians over rounds).
+            rounds: dict[str, list[dict]] = {path: [] for path in paths}
+            for _ in range(repeats):
+                for path in paths:
+                    if not any("error" in r for r in rounds[path]):
+                        rounds[path].append(_run_child(LogprobCase(path, n, hidden, vocab, dtype, 1), case_timeout))
             case_results = {}
             for path in paths:
-                r = _run_child(LogprobCase(path, n, hidden, vocab, dtype, repeats), case_timeout)
-                r.update(part="logprobs", case=f"N={n}")
+                r = _median_of_rounds(rounds[path])
+                r.update(part="logprobs", case=f"N={n}", repeats=len(rounds[path]))
                 case_results[path] = r
                 results.append(r)
             base = case_results.get(BASELINE["logprobs"], {})
@@ -364,8 +382,9 @@ def run_kernels_bench(tokens=(1024, 4096), hidden: int = 1536, vocab: int = 1519
                         if r[metric] is not None:
                             rows.append(make_row("kernels.logprobs", f"N={n}", path, metric, r[metric], unit,
                                                  params, tags))
-        print(f"log-probs + entropy, forward + backward: hidden {hidden}, V={vocab}, {dtype}, "
-              f"median of {repeats} (ratios against {PATH_NAMES[BASELINE['logprobs']]})", file=out)
+        print(f"log-probs + entropy, forward + backward: hidden {hidden}, V={vocab}, {dtype}, median of {repeats} "
+              "interleaved rounds, a fresh process per path and round "
+              f"(ratios against {PATH_NAMES[BASELINE['logprobs']]})", file=out)
         print(format_table(["case", "path", "fwd s", "bwd s", "fwd+bwd s", "x time", "peak MiB", "x peak",
                             "w/o grads MiB", "x", "implementation"], table), file=out)
         print("peak: RSS high-water mark over one forward+backward above the inputs, in a fresh process per "

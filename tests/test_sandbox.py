@@ -165,8 +165,10 @@ def test_world_writable_site_dirs_are_read_only(sb, nothing_left):
 
 def test_userns_level_as_root_cannot_write_the_repository(tmp_path):
     # In a user namespace the program is the trainer's own uid (root here): only the read-only remount
-    # stands between it and the repository.
-    target = REPO / f"sbx_escape_{uuid.uuid4().hex}"
+    # stands between it and the repository. A checkout under /tmp (CI's clone) is hidden by the private /tmp,
+    # which would prove nothing about the remount: then a root-writable directory outside /tmp stands in.
+    base = Path("/usr/local") if REPO.is_relative_to("/tmp") else REPO
+    target = base / f"sbx_escape_{uuid.uuid4().hex}"
     with Sandbox(max_workers=1, isolation="userns", tmp_root=str(tmp_path)) as box:
         if not box.run("pass").ok:
             pytest.skip("user namespaces are not allowed here")

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OGRPO := $(VENV)/bin/ogrpo
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup setup-trl19 demo test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -20,10 +20,24 @@ $(VENV)/.installed: requirements/cpu.lock requirements/install.sh pyproject.toml
 	$(PY) -m ogrpo.kernels build
 	touch $@
 
+# CI's second environment: the GPU images' Python line (TRL 1.9.2, transformers 5.5.4, torch 2.10.0, vLLM 0.19.1
+# CPU build), where tests/trl19 runs `trl vllm-serve` and TRL 1.9's trainer for real (tests/run-all.sh).
+# About 3 min from scratch, most of it torch 2.10.0's CUDA libraries (~4 GB, loaded at import even on a CPU).
+VENV_TRL19 ?= .venv-trl19
+setup-trl19: $(VENV_TRL19)/.installed
+
+$(VENV_TRL19)/.installed: requirements/trl19-cpu.lock requirements/install.sh pyproject.toml
+	bash requirements/install.sh $(VENV_TRL19) requirements/trl19-cpu.lock
+	$(VENV_TRL19)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(VENV_TRL19)/bin/python -m compileall -q ogrpo
+	@# the kernels again, for this env's torch (the cache is keyed by torch version), not in the first test's step
+	$(VENV_TRL19)/bin/python -m ogrpo.kernels build
+	touch $@
+
 demo: setup
 	$(OGRPO) submit --backend local --gpus cpu --config tiny
 
-test: setup
+test: setup setup-trl19
 	bash tests/run-all.sh
 
 test-fast: setup
@@ -33,6 +47,6 @@ bench: setup
 	$(PY) -m ogrpo.bench.cli_timing
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_TRL19) build *.egg-info .pytest_cache
 
 -include docker/images.mk

@@ -10,9 +10,9 @@ import sys
 
 import typer
 
-from ogrpo.commands import fast_typer
+from ogrpo.patches import typer_options
 
-fast_typer.install()
+typer_options.install()
 
 from ogrpo.commands import jobs, planning, reproducing, selftesting, serving, training  # noqa: E402
 from ogrpo.errors import OgrpoError  # noqa: E402

@@ -55,13 +55,18 @@ def health_path(flavor: str) -> str:
     return _HEALTH_PATHS[flavor]
 
 
-def plan_trl_version(plan: dict) -> str:
-    """The TRL a plan's job runs under: a CPU plan the CPU/CI stack, a GPU plan the GPU images (both families)."""
-    is_cpu = bool(((plan or {}).get("cluster") or {}).get("gpu", {}).get("is_cpu"))
-    return CPU_TRL_VERSION if is_cpu else IMAGE_TRL_VERSION
+def plan_trl_version(plan) -> str:
+    """The TRL a plan's job runs under (a Plan or its dict form): a GPU plan the GPU images (both families), a CPU
+    plan the environment it is rendered in (it runs there): the CPU/CI stack, or the images' line in CI's second
+    environment (requirements/trl19-cpu.lock); from package metadata, no import."""
+    from ogrpo.planner.types import as_plan
+
+    if not as_plan(plan).is_cpu:
+        return IMAGE_TRL_VERSION
+    return installed_trl_version() or CPU_TRL_VERSION
 
 
-def plan_server_flavor(plan: dict) -> str:
+def plan_server_flavor(plan) -> str:
     """The server flavor a rendered job starts (the render/JobSpec side; no TRL import)."""
     return server_flavor(plan_trl_version(plan))
 

@@ -48,6 +48,7 @@ class OgrpoOptions:
     use_vllm: bool | None = None  # False: generate with HF inside the trainer (no server)
     strategy: str | None = None  # ddp | zero2 | zero3 | zero3_offload (None: the cheapest that fits)
     kernels: bool | None = None  # O-GRPO's own kernels (ogrpo/kernels); None: the plan decides per profile
+    step_time_s: float | None = None  # seconds per optimizer step, for the preemption policy (ogrpo.launch.grace)
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None
     account: str | None = None
@@ -68,7 +69,7 @@ class OgrpoOptions:
 _OGRPO_KINDS = {
     "gpus": ("str",), "profile": ("str",), "vllm_gpus": ("int",), "params": ("str", "int", "float"),
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
-    "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "partition": ("str",), "account": ("str",),
+    "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "step_time_s": ("int", "float"), "partition": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),
 }

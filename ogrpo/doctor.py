@@ -44,7 +44,7 @@ def _gpu_rows(torch) -> list[dict]:
     return rows
 
 
-def run_checks() -> dict:
+def run_checks(patches: bool = True) -> dict:
     report: dict = {
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "ok": sys.version_info >= (3, 10)},
@@ -105,6 +105,11 @@ def run_checks() -> dict:
     report["slurm"] = {cmd: shutil.which(cmd) for cmd in SLURM_COMMANDS}
     report["slurm_client"] = all(report["slurm"][c] for c in ("sbatch", "srun", "squeue"))
     report["containers"] = {rt: shutil.which(rt) for rt in CONTAINER_RUNTIMES}
+    if patches:
+        from ogrpo.patches import run_checks as check_patches
+
+        report["patches"] = check_patches()
+        problems += [row["detail"] for row in report["patches"].values() if row["status"] == "failed"]
     report["problems"] = problems
     report["can_train"] = not problems
     return report
@@ -142,6 +147,9 @@ def print_report(report: dict) -> None:
     row("Slurm client", ", ".join(found) or "none", report["slurm_client"] or None)
     rts = [c for c, p in report["containers"].items() if p]
     row("containers", ", ".join(rts) or "none", None)
+    for name, r in (report.get("patches") or {}).items():
+        row(f"patch {name}", r["detail"] if r["status"] != "failed" else "target moved (see problems)",
+            {"ok": True, "failed": False}.get(r["status"]))
     con.print(t)
     for p in report["problems"]:
         con.print(f"[red]problem:[/red] {p}")

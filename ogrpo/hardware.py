@@ -2,7 +2,8 @@
 
 Grammar: ``[NODESx]COUNTx TYPE[-MEM][-LINK]``, case-insensitive, spaces ignored:
 ``3xA40``, ``4xV100``, ``4xV100-16G``, ``2x8xA100-80G``, ``1xH100``, ``4xV100-32G-pcie``; and ``cpu``,
-``2xcpu``, ``cpu-16G`` (CPU "devices" are processes on one machine: the embedded default and CI).
+``2xcpu``, ``cpu-16G`` (CPU "devices" are processes on one machine: the embedded default and CI), ``2x1xcpu``
+(two CPU nodes, e.g. the two-node test cluster).
 
 Each type's facts drive the plan's settings (shared/compat.md): bf16/TF32/FA2 need sm_80+, Triton's tl.dot
 has no tensor cores below sm_80 (so torch.compile is off there), and PCIe boxes need NCCL P2P off for the
@@ -151,13 +152,13 @@ def parse_gpus(spec: str) -> Cluster:
     mem = m.group("mem")
     link = m.group("link")
     if tname == "cpu":
-        if nodes > 1:
-            raise OgrpoError(f"--gpus {spec!r}: CPU plans run on one machine; use NxCPU, e.g. 2xcpu")
         if link:
             raise OgrpoError(f"--gpus {spec!r}: cpu takes no interconnect suffix")
         gpu = cpu_type(float(mem) if mem else None)
-        canon = (f"{count}xcpu" if count > 1 else "cpu") + (f"-{_fmt_mem(float(mem))}G" if mem else "")
-        return Cluster(1, count, gpu, canon)
+        # NODESxCOUNTxcpu: CPU nodes of a Slurm partition (the server gets node 0, as with GPU nodes)
+        canon = (f"{nodes}x{count}xcpu" if nodes > 1 else f"{count}xcpu" if count > 1 else "cpu") + (
+            f"-{_fmt_mem(float(mem))}G" if mem else "")
+        return Cluster(nodes, count, gpu, canon)
     gpu = _lookup(tname, mem, spec)
     if link:
         gpu = replace(gpu, interconnect="nvlink" if link.startswith(("nvlink", "sxm")) else "pcie")

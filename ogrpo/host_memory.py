@@ -1,4 +1,4 @@
-"""Host RAM each step of a plan needs per node, in GiB (pure arithmetic from the plan dict, no torch).
+"""Host RAM each step of a plan needs per node, in GiB (pure arithmetic from the plan, no torch).
 
 What a Slurm job asks for with `--mem`, and what preflight compares with the partition's nodes (`sinfo %m`).
 The GPU-memory model is ogrpo/memory.py; this adds only what lives in host RAM:
@@ -20,43 +20,46 @@ from __future__ import annotations
 
 import math
 
+from ogrpo import dtypes
+
 GiB = float(2**30)
 TRAINER_RUNTIME_GIB = 3.0
 SERVER_RUNTIME_GIB = 4.0
 SERVER_WORKER_GIB = 2.0
 OFFLOAD_BYTES_PER_PARAM = 16.0  # fp32 master + Adam m, v (12) + fp32 grads (4)
 MARGIN = 1.10
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "auto": 2.0}
 
 
 def _per_node(total_processes: int, nodes: list) -> int:
     return max(1, -(-int(total_processes) // max(1, len(nodes))))
 
 
-def step_host_gib(plan: dict) -> dict[str, float]:
-    """role → host RAM in GiB that the role's step needs on each of its nodes."""
-    is_cpu = bool(plan["cluster"]["gpu"].get("is_cpu"))
-    params = float(plan["model"].get("params") or 0)
-    load_dtype = ((plan.get("trainer_args") or {}).get("model_init_kwargs") or {}).get("dtype")
-    weight_bytes = DTYPE_BYTES.get(str(load_dtype), 4.0 if plan.get("precision") == "fp32" else 2.0)
-    t = plan["trainer"]
-    procs = _per_node(t["num_processes"], t["nodes"])
+def step_host_gib(plan) -> dict[str, float]:
+    """role → host RAM in GiB that the role's step needs on each of its nodes (`plan`: a Plan or its dict)."""
+    from ogrpo.planner.types import as_plan
+
+    p = as_plan(plan)
+    params = float(p.model.params or 0)
+    load_dtype = (p.trainer_args.get("model_init_kwargs") or {}).get("dtype")
+    # "auto" loads the checkpoint's own dtype: 2 bytes for every released model we plan for
+    weight_bytes = 2.0 if str(load_dtype) == "auto" else dtypes.nbytes(load_dtype, default=4.0 if p.precision == "fp32" else 2.0)
+    t = p.trainer
+    procs = _per_node(t.num_processes, t.nodes)
     out: dict[str, float] = {}
-    if is_cpu:
-        trainer = procs * float(t.get("memory_gib_per_gpu") or 0)
+    if p.is_cpu:
+        trainer = procs * float(t.memory_gib_per_gpu or 0)
     else:
-        shard = max(1, int(t["num_processes"])) if str(t.get("strategy", "")).startswith("zero3") else 1
+        shard = max(1, int(t.num_processes)) if t.strategy.startswith("zero3") else 1
         per_proc = TRAINER_RUNTIME_GIB + params * weight_bytes / shard / GiB
-        if t.get("strategy") == "zero3_offload":
-            per_proc += params * OFFLOAD_BYTES_PER_PARAM / max(1, int(t["num_processes"])) / GiB
+        if t.strategy == "zero3_offload":
+            per_proc += params * OFFLOAD_BYTES_PER_PARAM / max(1, int(t.num_processes)) / GiB
         trainer = procs * per_proc
     out["trainer"] = trainer
-    if plan.get("mode") == "server":
-        v = plan["vllm"]
-        if is_cpu:
-            server = float(v.get("memory_gib_per_gpu") or 0) or SERVER_RUNTIME_GIB
+    if p.has_server:
+        v = p.vllm
+        if p.is_cpu:
+            server = float(v.memory_gib_per_gpu or 0) or SERVER_RUNTIME_GIB
         else:
-            gpus = max(1, len(v.get("gpus") or [0]))
-            server = SERVER_RUNTIME_GIB + SERVER_WORKER_GIB * gpus + params * 2.0 / GiB
+            server = SERVER_RUNTIME_GIB + SERVER_WORKER_GIB * max(1, len(v.gpus or [0])) + params * 2.0 / GiB
         out["server"] = server
     return {role: float(math.ceil(gib * MARGIN)) for role, gib in out.items()}

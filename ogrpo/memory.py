@@ -5,14 +5,21 @@ Trainer (per process/GPU), P parameters, N trainer processes:
   parameter costs 16 bytes in all: DDP holds 4 (fp32 weights) + 4 (fp32 grads) + 8 (Adam m, v) on every
   GPU; DeepSpeed holds 2 (half weights) + 2 (half grads) + 12 (fp32 master + m + v), with ZeRO-2 sharding
   grads and optimizer over N, ZeRO-3 also the weights, and offload moving the optimizer to host RAM.
+- DDP buckets: with more than one process, torch DDP keeps flat all-reduce buckets as large as the gradients
+  (+4 bytes per parameter; measured, docs/memory-calibration.md).
+- gradients vs activations: without gradient accumulation (`grad_accumulation_steps` 1) gradients are freed
+  after each step and rebuilt as backward frees the activations, so DDP and ZeRO-2 peak at the larger of the
+  two (`grads_activations_overlap` subtracts the smaller); with accumulation both are held.
 - activations: per token and layer a decoder keeps about 10·H + 3·I values for backward (norm inputs, q/k/v,
   attention output, o-proj input, residual: ≈10·H; gate, up, act(gate)·up: 3·I). With gradient
   checkpointing only each layer's input (H per token per layer) stays, plus one layer recomputed.
 - logits: TRL computes logits for completion tokens only (B·C·V): half-precision logits, an fp32
   log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away, and O-GRPO's
   linear_logprobs kernel keeps one chunk (<= 2 x 256 MiB) whatever B·C.
-- reference model (beta > 0): a half-precision copy of the weights (sharded under ZeRO-3).
-- runtime: CUDA context + allocator slack, ~1 GiB per process.
+- reference model (beta > 0): a copy of the weights in the policy's load dtype under DDP (fp32 master
+  weights), in the half dtype under DeepSpeed (sharded under ZeRO-3).
+- runtime: CUDA context + allocator slack, ~1 GiB per process (the interpreter on CPU); not a tensor, so not
+  in what the calibration measures (`tensor_gib`).
 
 vLLM server (per GPU, tensor parallel size t): weights (half precision, /t), the profiled activation peak,
 CUDA graphs, and the KV cache that fills the rest of `gpu_memory_utilization` x memory; the plan checks it
@@ -31,6 +38,12 @@ if TYPE_CHECKING:
     from ogrpo.train.peft_config import LoraSpec
 
 GiB = float(2**30)
+# DeepSpeed terms measured only on CPU over gloo (docs/memory-calibration.md: zero2_full_gradients,
+# zero3_reference_gather). DeepSpeed's NCCL path may hold its buffers differently, so GPU plans leave them out
+# until a GPU calibration run (tests/test_memory_calibration.py's gpu-marked test, DDP only so far) confirms
+# them. DDP's buckets are documented torch behaviour on every device and always count.
+DEEPSPEED_CPU_TERMS_ON_GPU = False
+ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters default (the plan leaves it unset)
 RUNTIME_GIB = 1.0  # CUDA context (~0.5 GiB) + caching-allocator fragmentation
 CPU_RUNTIME_GIB = 0.5  # python + torch + gloo per CPU process
 CUDA_GRAPHS_GIB = 0.5  # vLLM's captured graphs at the default capture sizes
@@ -54,7 +67,20 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {"total_gib": round(self.total_gib, 2), "budget_gib": round(self.budget_gib, 2),
-                "terms": {k: round(v, 3) for k, v in self.terms.items()}, **self.notes}
+                "terms": {k: _round_gib(v) for k, v in self.terms.items()}, **self.notes}
+
+
+def _round_gib(v: float) -> float:
+    """1 MiB steps for the GiB-sized terms of real models; 1 KiB for the small ones of tiny models, whose
+    calibration against measurement needs them."""
+    return round(v, 3) if abs(v) >= 0.05 else round(v, 6)
+
+
+def tensor_gib(terms: dict) -> float:
+    """The estimate without its runtime term: the live tensor bytes that torch.cuda.max_memory_allocated (GPU)
+    or the profiler's live-tensor peak (CPU, ogrpo/train/profiler.py) measure; neither sees the CUDA context,
+    the caching allocator's slack or the interpreter."""
+    return sum(v for k, v in terms.items() if k != "runtime")
 
 
 def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, float]:
@@ -70,8 +96,12 @@ def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, 
 def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, precision: str, micro_batch: int,
                      prompt_len: int, completion_len: int, gradient_checkpointing: bool, beta: float,
                      liger: bool = False, lora: LoraSpec | bool | None = None, budget_gib: float = 0.0,
-                     is_cpu: bool = False, fused_logprobs: bool = False) -> Estimate:
-    """`lora`: the run's LoRA (`peft_config.lora_spec`); True means TRL's defaults on a half-precision base."""
+                     is_cpu: bool = False, fused_logprobs: bool = False,
+                     grad_accumulation_steps: int | None = None) -> Estimate:
+    """`lora`: the run's LoRA (`peft_config.lora_spec`); True means TRL's defaults on a half-precision base.
+    `grad_accumulation_steps`: 1 lets the estimate use that no gradient is held while the forward builds its
+    activations (the trainer frees them after each optimizer step); None or more than 1 keeps them side by
+    side (accumulated gradients live through the next micro-batch's forward)."""
     n = max(1, num_processes)
     P = model.params
     w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
@@ -108,7 +138,10 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         logits = micro_batch * completion_len * V * (2 * act_b + 4)
     ref = 0.0
     if beta and beta > 0 and not lora:
-        ref = P * (4.0 if precision == "fp32" else 2.0) / (n if strategy.startswith("zero3") else 1)
+        # TRL loads the reference model with the policy's model_init_kwargs: fp32 under DDP (the plan's master
+        # weights, also with bf16/fp16 autocast); DeepSpeed's engine casts it to the half dtype it runs in.
+        ref_b = 4.0 if (precision == "fp32" or strategy == "ddp") else 2.0
+        ref = P * ref_b / (n if strategy.startswith("zero3") else 1)
     terms = {
         "weights": weights / GiB,
         "gradients": grads / GiB,
@@ -117,10 +150,34 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         "logits": logits / GiB,
         "reference_model": ref / GiB,
     }
+    deepspeed_cpu_terms = is_cpu or DEEPSPEED_CPU_TERMS_ON_GPU
+    if strategy == "ddp" and n > 1:
+        # torch DDP as accelerate builds it (gradient_as_bucket_view=False) keeps flat all-reduce buckets the
+        # size of all trainable gradients beside param.grad, for the whole run.
+        terms["ddp_buckets"] = grads / GiB
+    backward_grads = grads
+    if strategy == "zero2" and not lora and deepspeed_cpu_terms:
+        # Backward computes every parameter's full gradient before ZeRO-2 reduces it into this process's
+        # partition; measured on CPU (gloo), the full set is held at the backward peak beside the partition.
+        terms["zero2_full_gradients"] = P * g_b / GiB
+        backward_grads += P * g_b
+    if grad_accumulation_steps == 1 and strategy in ("ddp", "zero2"):
+        # Gradients are None when the forward starts (zero_grad(set_to_none) after each step) and appear as
+        # backward frees the activations: the step peaks at the larger of the two, not at their sum. ZeRO-3
+        # keeps its gradient partition allocated, and accumulation keeps gradients through the next forward.
+        terms["grads_activations_overlap"] = -min(backward_grads, acts + logits) / GiB
     if strategy.startswith("zero3") and not lora:
         # ZeRO-3 gathers one layer (or the embedding) at a time, with one more prefetched.
         layer_params = (P - V * H * (1 if model.tie_word_embeddings else 2)) / max(1, L)
         terms["zero3_gather"] = 2 * max(layer_params, V * H) * w_b / GiB
+        if ref and deepspeed_cpu_terms:
+            # The reference model's no-grad scoring pass has no backward to release what it gathers: DeepSpeed
+            # keeps gathered parameters live up to stage3_max_live_parameters (the whole model below 1e9), and
+            # measured on CPU that pass holds two full copies (the reference's and, it seems, the policy's
+            # from the rollout). It is its own phase: only what exceeds the loss's activations counts.
+            ref_b = ref * n / P
+            scoring = 2 * min(P, ZERO3_MAX_LIVE_PARAMETERS) * ref_b
+            terms["zero3_reference_gather"] = max(0.0, scoring - acts - logits) / GiB
     terms["runtime"] = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
     notes = {"offloaded_optimizer_gib_per_process": round(P * o_b / n / GiB, 2)} if strategy == "zero3_offload" \
         else {}
@@ -186,6 +243,7 @@ def lora_state_bytes(model: ModelFacts, lora) -> tuple[float, float, float]:
 
 
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size (GPU blocks are 16 tokens; 128 rounds up for both)
+GPU_KV_BLOCK_TOKENS = 16  # vLLM's default block size on CUDA
 
 
 def kv_budget_bytes(per_token_bytes: float, seqs: int, max_model_len: int) -> int:
@@ -217,11 +275,15 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     kv_per_token = kv_bytes_per_token_per_gpu(model, t, dtype_bytes)
     kv_gib = kv_cache_bytes / GiB if kv_cache_bytes is not None else max(0.0, budget - fixed)
     kv_tokens = int(kv_gib * GiB // kv_per_token) if kv_per_token else 0
-    concurrent = kv_tokens // max(1, max_model_len)
+    # vLLM hands out whole blocks: a sequence of max_model_len tokens takes ceil(len / block) of them, so the
+    # concurrency it reports ("Maximum concurrency for N tokens per request") is blocks / blocks-per-sequence.
+    block = KV_BLOCK_TOKENS if is_cpu else GPU_KV_BLOCK_TOKENS
+    blocks_per_seq = -(-max(1, max_model_len) // block)
+    concurrency = (kv_tokens // block) / blocks_per_seq
     needed_one = max_model_len * kv_per_token / GiB
     terms = {"weights": weights, "activations": acts, "cuda_graphs": graphs, "runtime": runtime,
              "kv_cache": max(kv_gib, needed_one)}
-    notes = {"kv_cache_tokens": kv_tokens, "max_concurrent_seqs": int(concurrent),
+    notes = {"kv_cache_tokens": kv_tokens, "max_concurrent_seqs": int(concurrency),
              "kv_bytes_per_token": int(kv_per_token), "gpu_memory_utilization": gpu_memory_utilization}
     if kv_cache_bytes is not None:
         notes["kv_cache_memory_bytes"] = int(kv_cache_bytes)

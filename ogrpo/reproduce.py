@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ogrpo import layout
 from ogrpo.errors import OgrpoError
 
 VERSIONED = ("torch", "transformers", "trl", "vllm", "accelerate", "datasets", "deepspeed", "peft")
@@ -57,10 +58,10 @@ def _job_dir(ref: str) -> Path:
 def load_record(ref: str) -> Record:
     """A job directory (submit/render's, with run/ inside), a run directory (the trainer's), or a job id."""
     where = _job_dir(ref)
-    job_manifest = _read(where / "manifest.json") or {}
-    run_manifest = _read(where / "run" / "manifest.json")
+    job_manifest = _read(layout.job_manifest(where)) or {}
+    run_manifest = _read(layout.run_manifest(where))
     if run_manifest is None and "config" in job_manifest:  # `where` is itself the trainer's run directory
-        run_manifest, job_manifest = job_manifest, (_read(where.parent / "manifest.json") or {})
+        run_manifest, job_manifest = job_manifest, (_read(layout.job_manifest(where.parent)) or {})
     if not run_manifest or "config" not in run_manifest:
         raise OgrpoError(f"{where}: no run manifest with a resolved config (run/manifest.json); only runs that "
                          "started training can be reproduced")

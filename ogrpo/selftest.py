@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ogrpo.dtypes import torch_name
 from ogrpo.errors import OgrpoError
 
 FP16_MAX = 65504.0
@@ -99,10 +100,8 @@ def selftest_plan(config: str, gpus: str | None, model: str | None, cuda_count: 
 
 
 def plan_dtype(plan: dict) -> str:
-    from ogrpo.serve.server import normalize_dtype
-
-    return normalize_dtype(((plan.get("vllm") or {}).get("args") or {}).get("dtype")
-                           or {"fp16": "float16", "bf16": "bfloat16"}.get(plan.get("precision"), "float32"))
+    return torch_name(((plan.get("vllm") or {}).get("args") or {}).get("dtype") or plan.get("precision") or "fp32",
+                      allow_auto=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,9 +202,10 @@ def calibration_texts(run_config, limit: int = 4) -> tuple[list, str]:
         prompts = [ds[i]["prompt"] for i in range(min(limit, len(ds)))]
         if prompts:
             return prompts, "dataset"
-    except Exception:  # noqa: BLE001 - an offline node still gets a probe
-        pass
-    return list(CALIBRATION_TEXTS), "built-in texts"
+        why = "the dataset has no prompts"
+    except Exception as exc:  # noqa: BLE001 - an offline node still gets a probe; the source label says why
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:200]
+    return list(CALIBRATION_TEXTS), f"built-in texts (dataset not used: {why})"
 
 
 def _encode(tok, prompts: list, max_len: int = 128):
@@ -297,7 +297,8 @@ def overflow_probe(model_path: str, device: str, precision: str, server_dtype: s
     del model
     _free(device)
     overflows = numbers["ratio"] >= 1.0 or numbers["fp16_first_nonfinite_module"] is not None
-    uses_fp16 = precision == "fp16" or server_dtype in ("float16", "half")
+    uses_fp16 = precision == "fp16" or (server_dtype is not None and server_dtype != "auto"
+                                          and torch_name(server_dtype, allow_auto=True) == "float16")
     where = numbers.get("first_module_over_fp16") or numbers["fp16_first_nonfinite_module"] or numbers["max_module"]
     detail = (f"max |activation| {numbers['max_abs_activation']:.4g} in {numbers['max_module']} = "
               f"{numbers['ratio']:.3g}x fp16's max")
@@ -340,6 +341,9 @@ class Server:
         self.log_path = workdir / "server.log"
         self.argv = [sys.executable, "-m", "ogrpo", "serve", "--config", str(run_yaml), "--host", "127.0.0.1",
                      "--port", str(self.port)]
+        from ogrpo.launch.secret import ensure_in_env
+
+        ensure_in_env()  # the server (a child) and this process's client share one job key
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
@@ -502,7 +506,7 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
     """Every check, in order; returns the report (see `write_report`)."""
     from ogrpo.doctor import run_checks
 
-    env = run_checks()
+    env = run_checks(patches=False)  # the checks below exercise the patches themselves; `ogrpo doctor` checks them
     import torch
 
     cuda = bool(torch.cuda.is_available())

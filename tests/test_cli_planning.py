@@ -150,7 +150,9 @@ def test_doctor_json(run_cli):
     assert proc.returncode in (0, 1)
     rep = json.loads(proc.stdout)
     assert {"python", "torch", "gpus", "trl", "vllm", "stack", "deepspeed", "slurm", "containers",
-            "can_train"} <= set(rep)
+            "can_train", "patches"} <= set(rep)
     assert rep["python"]["version"]
+    # every library this env installs still has the shape O-GRPO's patches were written against
+    assert {r["status"] for r in rep["patches"].values()} <= {"ok", "skipped"}, rep["patches"]
     assert (proc.returncode == 0) == rep["can_train"]
     _no_traceback(proc)

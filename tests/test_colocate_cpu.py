@@ -1,4 +1,4 @@
-"""Colocated vLLM on the CPU build: TRL's weight sync swapped for one layerwise reload (ogrpo/train/colocate_cpu.py).
+"""Colocated vLLM on the CPU build: TRL's weight sync swapped for one layerwise reload (ogrpo/patches/trl_colocate_cpu.py).
 
 Evidence that weights really reach vLLM every step: TRL's logged gap between vLLM's and the trainer's log-probs
 of the sampled tokens stays at fp32 rounding (~1e-7) while the policy changes at lr 1e-3; without a push it

@@ -39,6 +39,8 @@ def test_grammar(spec, nodes, per_node, name):
 def test_cpu_memory_can_be_given():
     c = parse_gpus("2xcpu-16G")
     assert c.is_cpu and c.gpu.memory_gib == 16.0 and c.spec == "2xcpu-16G"
+    c = parse_gpus("2x1xCPU")  # two CPU nodes of a Slurm partition
+    assert c.is_cpu and (c.nodes, c.gpus_per_node, c.spec) == (2, 1, "2x1xcpu")
 
 
 def test_interconnect_suffix():
@@ -60,7 +62,6 @@ def test_interconnect_suffix():
         ("3xA40x", "unknown GPU type A40X"),
         ("x3xA40", "unknown GPU type"),
         ("4xV100-24G", "known variants: V100-16G, V100-32G"),
-        ("2x2xcpu", "one machine"),
         ("999999999999xA40", "at most 16 per node"),  # was a MemoryError traceback
         ("17xA40", "at most 16 per node"),
         ("2000x8xA100-80G", "1024 nodes"),

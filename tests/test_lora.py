@@ -112,9 +112,10 @@ def test_lora_memory_is_base_plus_adapters():
     state = ("weights", "gradients", "optimizer")
     assert sum(full.terms[k] for k in state) - sum(lora.terms[k] for k in state) == pytest.approx(
         (14 * P - 16 * A) / GiB)
-    # The frozen base doubles as the reference model (adapters disabled): no second copy for beta > 0.
-    assert full.terms["reference_model"] == pytest.approx(2 * P / GiB) and lora.terms["reference_model"] == 0
-    assert full.total_gib - lora.total_gib == pytest.approx((14 * P - 16 * A + 2 * P) / GiB)
+    # The frozen base doubles as the reference model (adapters disabled): no second copy for beta > 0. The full
+    # fine-tune's reference is loaded like the policy under DDP: fp32, 4 B per parameter.
+    assert full.terms["reference_model"] == pytest.approx(4 * P / GiB) and lora.terms["reference_model"] == 0
+    assert full.total_gib - lora.total_gib == pytest.approx((14 * P - 16 * A + 4 * P) / GiB)
 
 
 def test_fp32_base_when_asked_and_fp16_without_bf16():
@@ -215,9 +216,9 @@ def test_server_serves_the_merged_weights(tmp_path):
     JobSpec. After each push the server's log-probs of the sampled tokens match the trainer's (base +
     adapters) within 1e-4; serving the unmerged base would miss by the adapters' effect once they move."""
     import io
-    import json
 
     import yaml
+    from lora_checks import assert_adapters_moved, assert_server_served_merged_weights, server_lora_overrides
 
     from ogrpo import tiny
     from ogrpo.config import load_run_config
@@ -228,10 +229,7 @@ def test_server_serves_the_merged_weights(tmp_path):
     steps = 3
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    rc = load_run_config("tiny", {"dtype": "float32", "max_steps": steps, "save_steps": steps,
-                                  "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-                                  "lora_target_modules": ["q_proj", "v_proj", "down_proj"], "learning_rate": 0.01,
-                                  "ogrpo": {"use_vllm": True, "max_prompt_length": 32}})
+    rc = load_run_config("tiny", server_lora_overrides(steps))
     plan = plan_from_config(rc, gpus="cpu", model=str(tiny.ensure_tiny_model())).to_dict()
     assert plan["trainer_args"]["model_init_kwargs"]["dtype"] == "float32"  # CPU: fp32 base, as vLLM serves
     run = rc.to_dict()
@@ -250,17 +248,9 @@ def test_server_serves_the_merged_weights(tmp_path):
     logs = job_dir / "run" / "logs"
     trainer_log = (logs / "trainer.log").read_text() if (logs / "trainer.log").is_file() else ""
     assert res.rc == 0, out.getvalue() + "\n" + trainer_log[-4000:]
-    rows = [json.loads(x) for x in (job_dir / "run" / "metrics.jsonl").read_text().splitlines()]
-    gaps = [r["sampling/sampling_logp_difference/mean"] for r in rows if "sampling/sampling_logp_difference/mean" in r]
-    worst = [r["sampling/sampling_logp_difference/max"] for r in rows if "sampling/sampling_logp_difference/max" in r]
-    assert len(gaps) == steps and max(gaps) < 1e-4, (gaps, worst)
-    print(f"log-prob gap per step: mean {gaps}, max {worst}")
-    assert (logs / "server.log").read_text().count('"POST /update_weights HTTP/1.1" 200') >= steps
-    # The adapters did move (LoRA B starts at zero): the checks above ran against a model the base is not.
-    from safetensors.torch import load_file
-
-    adapter = load_file(str(next((job_dir / "run").rglob("adapter_model.safetensors"))))
-    assert any(float(t.abs().max()) > 0 for k, t in adapter.items() if "lora_B" in k)
+    gaps = assert_server_served_merged_weights(job_dir / "run", steps)
+    print(f"log-prob gap per step: mean {gaps}")
+    assert_adapters_moved(job_dir / "run")
 
 
 def test_v100_lora_loads_fp16_base_and_lists_the_change(write_recipe):
@@ -282,7 +272,7 @@ def test_v100_lora_loads_fp16_base_and_lists_the_change(write_recipe):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_colocated_vllm_gets_the_merged_weights(tmp_path):
-    """Colocate mode on CPU with LoRA (ogrpo/train/colocate_cpu.py reloads vLLM from TRL's PEFT iterator):
+    """Colocate mode on CPU with LoRA (ogrpo/patches/trl_colocate_cpu.py reloads vLLM from TRL's PEFT iterator):
     after each push vLLM's log-probs match the trainer's base + adapters within 1e-4."""
     import json
     import os

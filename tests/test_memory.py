@@ -34,10 +34,43 @@ def test_ddp_terms_qwen_1_5b():
     assert e.terms["logits"] == pytest.approx(8 * 1024 * 151936 * 8 / GiB)
     assert e.terms["logits"] == pytest.approx(9.273, abs=1e-3)
     assert e.terms["reference_model"] == 0.0  # beta 0 (TRL 1.16's default): no reference model
+    # Two processes: torch DDP's flat all-reduce buckets hold the fp32 gradients once more.
+    assert e.terms["ddp_buckets"] == pytest.approx(P * 4 / GiB)  # 5.75 GiB
     assert e.terms["runtime"] == 1.0
-    # 5.75 + 5.75 + 11.50 + 1.95 + 9.27 + 1.0 = 35.23 GiB, within 40.5.
-    assert e.total_gib == pytest.approx(35.228, abs=1e-2)
-    assert e.fits
+    # 5.75 + 5.75 + 11.50 + 1.95 + 9.27 + 5.75 + 1.0 = 40.98 GiB: just over an A40's 40.5.
+    assert e.total_gib == pytest.approx(40.977, abs=1e-2)
+    assert not e.fits
+
+
+def test_terms_measured_on_cpu_and_which_count_on_gpu():
+    P = 1_543_714_304
+    acts, logits = 12288 * 85248 * 2, 8 * 1024 * 151936 * 8  # as in test_ddp_terms_qwen_1_5b
+    # DDP's buckets are torch's, on every device, but only with something to all-reduce.
+    assert "ddp_buckets" not in _trainer(num_processes=1).terms
+    # ZeRO-2's full gradients (2 B/param at the backward peak) and ZeRO-3's reference gather were measured over
+    # gloo only: CPU plans count them, GPU plans not yet.
+    z2 = dict(strategy="zero2", num_processes=4)
+    assert "zero2_full_gradients" not in _trainer(**z2).terms
+    assert _trainer(**z2, is_cpu=True).terms["zero2_full_gradients"] == pytest.approx(P * 2 / GiB)
+    z3 = dict(strategy="zero3", num_processes=4, beta=0.04, liger=True)
+    assert "zero3_reference_gather" not in _trainer(**z3).terms
+    # The reference pass keeps two bf16 copies gathered, each capped at DeepSpeed's stage3_max_live_parameters
+    # (1e9 < P): 2 x 1e9 x 2 B; what exceeds the loss's activations (liger: no logits) counts.
+    assert _trainer(**z3, is_cpu=True).terms["zero3_reference_gather"] == pytest.approx((2 * 1e9 * 2 - acts) / GiB)
+
+
+def test_gradients_and_activations_overlap_only_without_accumulation():
+    P = 1_543_714_304
+    acts, logits = 12288 * 85248 * 2, 8 * 1024 * 151936 * 8
+    assert "grads_activations_overlap" not in _trainer(grad_accumulation_steps=2).terms
+    assert "grads_activations_overlap" not in _trainer().terms  # unknown accumulation: held together
+    # ga 1: the step peaks at the larger of activations + logits (11.2 GiB) and gradients (4 B/param, 5.75 GiB).
+    assert acts + logits > P * 4
+    one = _trainer(grad_accumulation_steps=1)
+    assert one.terms["grads_activations_overlap"] == pytest.approx(-P * 4 / GiB)
+    assert one.total_gib == pytest.approx(_trainer().total_gib - P * 4 / GiB)
+    # ZeRO-3 keeps its gradient partition allocated through the forward.
+    assert "grads_activations_overlap" not in _trainer(strategy="zero3", grad_accumulation_steps=1).terms
 
 
 def test_without_checkpointing_activations_scale_with_layers():
@@ -66,8 +99,11 @@ def test_zero_stages_shard_what_they_should():
 
 def test_reference_model_when_beta_positive():
     e = _trainer(beta=0.04)
-    # A bf16 copy of the weights: 2 B x 1.54e9 = 2.88 GiB; sharded over 4 under ZeRO-3.
-    assert e.terms["reference_model"] == pytest.approx(2 * 1_543_714_304 / GiB)
+    # DDP: TRL loads the reference with the policy's model_init_kwargs, fp32 master weights under bf16 autocast:
+    # 4 B x 1.54e9 = 5.75 GiB. DeepSpeed casts it to bf16: 2 B, sharded over 4 under ZeRO-3.
+    assert e.terms["reference_model"] == pytest.approx(4 * 1_543_714_304 / GiB)
+    z2 = _trainer(beta=0.04, strategy="zero2", num_processes=4)
+    assert z2.terms["reference_model"] == pytest.approx(2 * 1_543_714_304 / GiB)
     z3 = _trainer(beta=0.04, strategy="zero3", num_processes=4)
     assert z3.terms["reference_model"] == pytest.approx(2 * 1_543_714_304 / 4 / GiB)
 

@@ -117,16 +117,17 @@ def test_vllm_settings_from_the_recipe(write_recipe):
 def test_deepspeed_eval_and_output_dir_are_reported(write_recipe):
     text = ("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\ndeepspeed: ds/zero3.json\n"
             "eval_strategy: steps\noutput_dir: data/x\n")
-    # B 8 x (512 + 512) tokens: DDP needs 16 x 1.544e9 B (23.0 GiB) + 1.3 activations + 0.5 logits chunk + 1
-    # = 25.8 GiB, over 4xV100-16G's 14.4: ZeRO-2 (12.4 GiB), with the plan's own DeepSpeed file.
+    # B 8 x (512 + 512) tokens, no accumulation: DDP holds fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B
+    # x 1.544e9 = 23.0 GiB), the larger of its gradients (4 B/param, 5.75) and activations + logits chunk
+    # (1.3 + 0.5), + 1 = 29.75 GiB, over 4xV100-16G's 14.4: ZeRO-2 (11.4 GiB), with the plan's own DeepSpeed file.
     p = _plan(write_recipe(text), "4xV100-16G")
     assert p.trainer["strategy"] == "zero2"
     ch = _changes(p)
     assert ch["deepspeed"] == ("ds/zero3.json", "deepspeed.json")
     assert p.trainer_args["deepspeed"] is None and p.trainer_args["eval_strategy"] == "no"
     assert ch["eval_strategy"] == ("steps", "no") and ch["output_dir"][0] == "data/x"
-    # On 4xV100-32G DDP fits (25.8 of 28.8 GiB): the recipe's file is dropped and none replaces it.
-    ddp = _plan(write_recipe(text, "ddp.yaml"), "4xV100-32G")
+    # On 3xA40 DDP fits (29.75 of 40.5 GiB): the recipe's file is dropped and none replaces it.
+    ddp = _plan(write_recipe(text, "ddp.yaml"), "3xA40")
     assert ddp.trainer["strategy"] == "ddp" and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
 
 
@@ -166,19 +167,44 @@ def test_vllm_gpus_override(basic_recipe):
 
 
 def test_strategy_escalates_with_memory(basic_recipe):
-    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.5 GiB chunk of logits). DDP: 16 B/param
-    # (23.0 GiB) + 1.95 activations + 0.5 + 1 = 26.5 GiB: fits an A40 (40.5) and a V100-32G (28.8).
+    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.5 GiB chunk of logits), no accumulation. DDP:
+    # fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B/param, 23.0 GiB) + the larger of the gradients
+    # (4 B/param, 5.75) and activations + logits (1.95 + 0.5) + 1 = 29.75 GiB: fits an A40 (40.5), not a
+    # V100-32G (28.8).
     assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
-    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "ddp"
-    # 4xV100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 14 / 3) B/param = 9.6 GiB -> 13.0 GiB.
+    # V100-32G and V100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 12 / 3) B/param (8.6 GiB) + the larger of the
+    # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.45) + 1 = 12.1 GiB.
+    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
     assert _plan(basic_recipe, "4xV100-16G").trainer["strategy"] == "zero2"
     # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.
     assert _plan(basic_recipe, "2xV100-16G").trainer["strategy"] == "zero3_offload"
-    # TRL's own log-prob path (kernels off) holds B x C x V x 8 B = 9.3 GiB of logits: DDP needs 35.2 GiB >
-    # 28.8 on a V100-32G, so the same run escalates to ZeRO-2 there.
-    off = {"ogrpo": {"kernels": False}}
-    assert _plan(basic_recipe, "4xV100-32G", **off).trainer["strategy"] == "zero2"
-    assert _plan(basic_recipe, "8xA40", model="Qwen/Qwen2.5-7B-Instruct").trainer["strategy"] in ("zero2", "zero3")
+    # TRL's own log-prob path (kernels off) with 2048-token completions holds B x C x V x 8 B = 18.5 GiB of
+    # logits: DDP needs 17.3 (weights, Adam) + 5.75 buckets + 3.25 activations + 18.5 logits (they outweigh the
+    # 5.75 of gradients) + 1 = 45.8 GiB > 40.5 on an A40 (the kernel's chunk: 29.75), so the same run escalates
+    # to ZeRO-2 there.
+    long = {"max_completion_length": 2048}
+    assert _plan(basic_recipe, "3xA40", **long).trainer["strategy"] == "ddp"
+    assert _plan(basic_recipe, "3xA40", **long, ogrpo={"kernels": False}).trainer["strategy"] == "zero2"
+
+
+def test_7b_on_8xa40_takes_zero2(basic_recipe):
+    # Qwen2.5-7B: P = 7.616e9 params, 28 layers, hidden 3584, MLP 18944. 8xA40: the server takes 1 GPU, the
+    # trainer 7; each A40 keeps 45 x (1 - 0.10 headroom) = 40.5 GiB. bf16 with fp32 master weights.
+    P, GiB, n, budget = 7.616e9, 2**30, 7, 45 * 0.9
+    # activations with checkpointing: 8 x 1536 tokens x (28 x 3584 + 10 x 3584 + 3 x 18944) x 2 B = 4.4 GiB;
+    # linear_logprobs holds one 0.5 GiB chunk of logits; 1 GiB runtime.
+    acts_logits = 8 * 1536 * (28 * 3584 + 10 * 3584 + 3 * 18944) * 2 / GiB + 0.5
+    # No accumulation: gradients and activations are not held at once, the step holds the larger.
+    # DDP: fp32 weights 4 + Adam 8 + all-reduce buckets 4 B/param, and 4 B/param of gradients: 143 GiB
+    ddp = (4 + 8 + 4) * P / GiB + max(4 * P / GiB, acts_logits) + 1.0
+    # ZeRO-2: bf16 weights; fp32 master + Adam over 7, and the larger of activations + logits and the bf16
+    # gradient partition: 32.3 GiB
+    zero2 = (2 + 12 / n) * P / GiB + max(2 * P / n / GiB, acts_logits) + 1.0
+    assert ddp > budget >= zero2  # the cheapest that fits is ZeRO-2 (ZeRO-3 would shard more, for nothing)
+    p = _plan(basic_recipe, "8xA40", model="Qwen/Qwen2.5-7B-Instruct")
+    assert p.fits and p.trainer.num_processes == n and p.trainer.gradient_checkpointing
+    assert p.trainer.strategy == "zero2"
+    assert abs(p.trainer.memory_gib_per_gpu - zero2) < 0.1 and p.trainer.memory_terms["budget_gib"] == budget
 
 
 def test_no_fit_names_fixes(basic_recipe):
@@ -246,11 +272,20 @@ def test_cpu_embedded_default(tiny_recipe, gpus, mode, server, trainer_procs):
     assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= args["max_num_seqs"]
 
 
+def test_two_cpu_nodes_give_the_server_node_0(tiny_recipe):
+    """--gpus 2x2xcpu (a Slurm partition of CPU nodes): like GPU nodes, the server owns node 0 and the trainer
+    runs every process of node 1 (tests/slurm/test_slurm_two_node.py runs 2x1xcpu for real)."""
+    p = _plan(tiny_recipe, "2x2xcpu", use_vllm=True).to_dict()
+    assert p["fits"], p["reasons"]
+    assert p["mode"] == "server" and p["vllm"]["nodes"] == [0]
+    assert p["trainer"]["nodes"] == [1] and p["trainer"]["num_processes"] == 2
+
+
 def test_cpu_kv_budget_beyond_the_host_share_does_not_fit(tiny_recipe):
     batch = {"per_device_train_batch_size": 64, "num_generations": 8}  # 64 sequences in the KV budget
     big = _plan(tiny_recipe, "2xcpu-64G", **batch).to_dict()["vllm"]["memory_terms"]
     kv = big["terms"]["kv_cache"]
-    fixed = big["total_gib"] - kv
+    fixed = sum(v for k, v in big["terms"].items() if k != "kv_cache")  # total_gib is rounded to 0.01
     assert kv > 0.004  # larger than the rounding of the terms below
     # a host whose 0.2 share holds the weights and overhead but only half the KV budget
     host = (fixed + kv / 2) / 0.2
@@ -346,3 +381,31 @@ def test_batch_rules_train_and_eval():
     assert r["reasons"] == ["eval batch 10 x 3 processes is not divisible by num_generations 16"]
     assert r["fixes"][0].config == {"per_device_eval_batch_size": 16}  # 16 / gcd(3, 16) = 16
     assert batch_rules(16, 4, 16, 3, eval_batch=10, eval_generations=2)["reasons"] == []
+
+
+@pytest.mark.parametrize("gpus", ["cpu", "2xcpu", "3xA40", "4xV100-16G", "2x8xA100-80G"])
+def test_plan_object_round_trips_through_its_dict(basic_recipe, gpus):
+    # manifest.json and run.yaml carry the dict; render and launch read it back as the typed Plan
+    from ogrpo.planner.types import Plan
+
+    d = _plan(basic_recipe, gpus).to_dict()
+    back = Plan.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == d
+    assert back.trainer.strategy == d["trainer"]["strategy"] and back.is_cpu == d["cluster"]["gpu"]["is_cpu"]
+    # an older manifest without the newer sections still reads
+    old = {k: v for k, v in d.items() if k not in ("batch", "kernels", "fix_actions", "changes")}
+    assert Plan.from_dict(old).batch.generation_batch_size == 0
+
+
+def test_every_catalog_gpu_follows_its_facts(basic_recipe):
+    # one rules object per device kind: a catalog entry's bf16/TF32/flash-attn facts decide the settings
+    from ogrpo.hardware import known_types
+
+    for name in known_types():
+        gpu = parse_gpus(name if name == "cpu" else f"8x{name}").gpu
+        p = _plan(basic_recipe, name if name == "cpu" else f"8x{name}", model="Qwen/Qwen2.5-0.5B-Instruct")
+        want = "fp32" if gpu.is_cpu else "bf16" if gpu.bf16 else "fp16"
+        assert p.precision == want, name
+        assert p.attn_implementation == ("flash_attention_2" if gpu.fa2 else "sdpa"), name
+        assert p.trainer_args.get("tf32", False) is gpu.tf32, name
+        assert (p.trainer.num_gpus == 0) is gpu.is_cpu, name

@@ -72,6 +72,9 @@ def test_stages_are_attributed_exactly(clock, tmp_path):
         clock.tick(0.3)  # clip + optimizer step
         state = type("S", (), {"global_step": step, "is_world_process_zero": True})()
         cb.on_step_end(None, state, None)
+    assert p._tensor_peak.running  # two steps of the three it measures
+    cb.on_train_end(None, state, None)
+    assert not p._tensor_peak.running  # a short run stops the profiler with training, not at teardown
     rows = [json.loads(x) for x in (tmp_path / "profile.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     r = rows[0]

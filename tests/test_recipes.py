@@ -42,10 +42,11 @@ def _plan(recipe: str, gpus: str, overrides: dict | None = None, vllm_gpus: int 
 # Plans run O-GRPO's linear_logprobs kernel by default (balanced profile): the trainer's logits are one chunk,
 # never B x completion x V. `ogrpo.kernels: false` (and the conservative profile) keep TRL's own log-prob path.
 KERNELS_OFF = {"ogrpo.kernels": False}
+GA1 = {"gradient_accumulation_steps": 1}
 
 # Verdicts, one row per recipe in CLUSTERS order (1 fits, 0 does not). Why the 0s:
-# - DEMO fits everywhere; the tightest are 4xV100-32G (DDP 28.4 of 28.8 GiB), 4xV100-16G (ZeRO-3 13.9 of
-#   14.4) and 1xH100 (colocated at the recipe's 0.7 share: ZeRO-3 + offload 12.0 of 15.9).
+# - DEMO fits everywhere; the tightest are 4xV100-16G (ZeRO-3 13.9 of 14.4) and 1xH100 (colocated at the
+#   recipe's 0.7 share: ZeRO-3 + offload 12.0 of 15.9); 4xV100-32G takes ZeRO-2 (15.0 of 28.8; DDP 34.2).
 # - DEMO_V1: 7 generations divide none of 16 x {2, 3, 8, 1} x 16 (the generation batches), except 7 trainer GPUs
 #   on 8xV100-32G (16 x 7 x 16 = 1792 = 7 x 256).
 # - CODE: 14 generations divide 16 x n x 4 only for n = 7 trainer GPUs (8xV100-32G: 448 = 14 x 32), where
@@ -67,7 +68,7 @@ VERDICTS = {
 # - DEMO: 4xV100-16G: B 16 x 1024 completion tokens x 152k vocab = 18.5 GiB of logits alone > 14.4 GiB;
 #   1xH100 colocates vLLM at the recipe's 0.7 share, leaving the trainer 16 GiB; cpu-64G: 59 GiB > 45.
 # - CODE: 37 GiB of logits (2048 completion tokens): not even 8xV100-32G holds them.
-# - DEEPSEEK: the same 37 GiB of logits fit only an A100-80G under DDP (71.1 of 72 GiB).
+# - DEEPSEEK: the same 37 GiB of logits fit only an A100-80G, under ZeRO-2 (50.8 of 72 GiB; DDP 77.7).
 # - MATH7B: 7 trainer V100s divide the batch, but 35 GiB per GPU > 28.8.
 # - TRL: 4xV100-16G colocated at 0.3: 9.6 GiB left, 12.3 needed.
 VERDICTS_FULL_LOGITS = {
@@ -99,14 +100,23 @@ def test_verdicts_with_trl_full_logits(recipe):
 # logits with linear_logprobs: one chunk of fp32 logits and its gradient, 2 x 441 rows x V x 4 B = 0.50 GiB
 # whatever B x completion (441 = 256 MiB / (4 B x V) for both vocabularies); with TRL's own path (kernels off)
 # B x completion x V x 8 B (half logits + fp32 log-softmax + gradient); runtime 1 GiB per GPU.
+# DDP over more than one process adds torch's all-reduce buckets, 4 B/param (fp32 gradients again). Every recipe
+# here accumulates (gradient_accumulation_steps 2 to 16), so gradients and activations are held together: no
+# grads_activations_overlap subtraction.
 # Each strategy is the cheapest of DDP -> ZeRO-2 -> ZeRO-3 -> ZeRO-3 + offload that fits the budget (memory x
 # 0.9, less a colocated vLLM's share) by these same terms; the comments give the cheaper ones that do not.
-DEMO_DDP = (1.544e9 * 16 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1  # 23.0 + 3.9 + 0.5 + 1
-DEEPSEEK_DDP = (1.777e9 * 16 + 16 * 2560 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1  # 26.5 + 6.5 + 0.5 + 1
+# 23.0 + 5.8 buckets + 3.9 + 0.5 + 1
+DEMO_DDP = (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+# 26.5 + 6.6 buckets + 6.5 + 0.5 + 1
+DEEPSEEK_DDP = (1.777e9 * 16 + 1.777e9 * 4 + 16 * 2560 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+# ZeRO-2 over 3 V100-32G (DDP 34.2 > 28.8): 2 B/param weights + (2 grads + 12 optimizer) B/param / 3 ranks
+DEMO_ZERO2_V100 = (1.544e9 * 2 + 1.544e9 * 14 / 3 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+# ZeRO-2 over 2 A40s (DDP 41.1 > 40.5)
+DEEPSEEK_ZERO2_A40 = (1.777e9 * 2 + 1.777e9 * 14 / 2 + 16 * 2560 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
 HAND = [
-    # DDP, 16 B/param unsharded: 28.4 GiB fits an A40 (40.5), a V100-32G (28.8) and an A100-80G (72)
+    # DDP, 16 B/param unsharded + 4 of buckets: 34.2 GiB fits an A40 (40.5) and an A100-80G (72)
     (DEMO, "3xA40", None, "ddp", DEMO_DDP),
-    (DEMO, "4xV100-32G", None, "ddp", DEMO_DDP),
+    (DEMO, "4xV100-32G", None, "zero2", DEMO_ZERO2_V100),  # 15.0 of 28.8
     (DEMO, "2x8xA100-80G", None, "ddp", DEMO_DDP),
     # ZeRO-3 over 3 V100-16G (14.4; ZeRO-2 is 15.0): 16 B/param / 3 ranks; one embedding gathered twice
     # (2 x 151936 x 1536 x 2 B)
@@ -117,12 +127,12 @@ HAND = [
     (DEMO, "1xH100", None, "zero3_offload", (1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4
                                              + 2 * 151936 * 1536 * 2) / GiB + 1),
     # TRL's full logits, 16 x 1024 x 151936 x 8 B = 18.5 GiB: ZeRO-3 + offload over 3 V100s, (2 + 2) B/param / 3
-    # (DDP 46.5, ZeRO-2 33.0, ZeRO-3 32.0 > 28.8)
+    # (DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0 > 28.8)
     (DEMO, "4xV100-32G", KERNELS_OFF, "zero3_offload", (1.544e9 * 4 / 3 + 16 * 1536 * 85248 * 2
                                                         + 16 * 1024 * 151936 * 8 + 2 * 151936 * 1536 * 2) / GiB + 1),
     (DEEPSEEK, "2x8xA100-80G", None, "ddp", DEEPSEEK_DDP),
-    (DEEPSEEK, "3xA40", None, "ddp", DEEPSEEK_DDP),  # 34.5 of 40.5
-    # ZeRO-2 over 3 V100-32G (DDP 34.5 > 28.8): 2 B/param weights + (2 grads + 12 optimizer) B/param / 3 ranks
+    (DEEPSEEK, "3xA40", None, "zero2", DEEPSEEK_ZERO2_A40),  # 22.9 of 40.5
+    # ZeRO-2 over 3 V100-32G (DDP 41.1 > 28.8): 2 B/param weights + (2 grads + 12 optimizer) B/param / 3 ranks
     (DEEPSEEK, "4xV100-32G", None, "zero2", (1.777e9 * 2 + 1.777e9 * 14 / 3 + 16 * 2560 * 85248 * 2
                                              + 2 * 441 * 151936 * 4) / GiB + 1),
     # 7B, ZeRO-2 over 8 A100s: L·H + 10·H + 3·I = 193024 values per token
@@ -131,16 +141,24 @@ HAND = [
     # ZeRO-3 + offload over 7 V100s: ZeRO-3 needs 16.2 + 9.6 activations + 2.0 gathered + 0.5 + 1 = 29.4 > 28.8
     (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 441 * 152064 * 4
                                                    + 2 * 152064 * 3584 * 2) / GiB + 1),
-    # 0.5B, DDP, B 8 x (512 default prompt + 1024): L·H + 10·H + 3·I = 45056
+    # 0.5B, DDP in one process (no buckets), B 8 x (512 default prompt + 1024): L·H + 10·H + 3·I = 45056
     (TRL, "1xH100", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 2 + 2 * 441 * 151936 * 4) / GiB + 1),
-    # Colocated at 0.3 on V100-16G (16 x 0.6 = 9.6 GiB left, DDP needs 9.9): ZeRO-2 over 4 GPUs
+    # Colocated at 0.3 on V100-16G (16 x 0.6 = 9.6 GiB left, DDP with buckets needs 11.7): ZeRO-2 over 4 GPUs
     (TRL, "4xV100-16G", None, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2
                                         + 2 * 441 * 151936 * 4) / GiB + 1),
-    # CPU: fp32 activations (4 B), the chunk is fp32 already; 0.5 GiB per process
+    # CPU, one process (no buckets): fp32 activations (4 B), the chunk is fp32 already; 0.5 GiB per process
     (TRL, "cpu-64G", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 441 * 151936 * 4) / GiB + 0.5),
     # CPU with TRL's full logits: fp32 logits (4 + 4 + 4 B)
     (TRL, "cpu-64G", KERNELS_OFF, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 8 * 1024 * 151936 * 12) / GiB
      + 0.5),
+    # Without accumulation the gradients are freed after each step and come back as backward frees the
+    # activations: the step holds the larger of the two. DDP over 2 A40s: 4 B/param of gradients (5.8 GiB)
+    # outweigh activations + logits (4.4), which drop out; the buckets stay.
+    (DEMO, "3xA40", GA1, "ddp", (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4
+                                 - (16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4)) / GiB + 1),
+    # ZeRO-2 over 3 V100-32G: this rank's gradient partition (2 B/param / 3 = 1.0 GiB) is the smaller one
+    (DEMO, "4xV100-32G", GA1, "zero2", (1.544e9 * 2 + 1.544e9 * 14 / 3 + 16 * 1536 * 85248 * 2
+                                        + 2 * 441 * 151936 * 4 - 1.544e9 * 2 / 3) / GiB + 1),
 ]
 
 
@@ -155,17 +173,17 @@ def test_trainer_memory_matches_the_hand_estimate(recipe, gpus, overrides, strat
 # TRL's full logits (kernels off), then as planned by default. Same terms as HAND.
 KERNEL_CASES = [
     # open-r1 Qwen2.5-1.5B on 4xV100-32G (28.8 GiB per trainer GPU): 18.5 GiB of logits leave only ZeRO-3 +
-    # offload (26.2; DDP 46.5, ZeRO-2 33.0, ZeRO-3 32.0); one chunk lets DDP fit (28.4).
+    # offload (26.2; DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0); one chunk lets ZeRO-2 fit (15.0).
     (DEMO, "4xV100-32G",
      (True, "zero3_offload", (1.544e9 * 4 / 3 + 16 * 1536 * 85248 * 2 + 16 * 1024 * 151936 * 8
                               + 2 * 151936 * 1536 * 2) / GiB + 1),
-     (True, "ddp", DEMO_DDP)),
+     (True, "zero2", DEMO_ZERO2_V100)),
     # DeepSeek-R1-Distill-1.5B on 3xA40 (40.5): 2048 completion tokens make 37.1 GiB of logits, over the budget
-    # even with ZeRO-3 + offload over 2 (48.8); one chunk: DDP (34.5).
+    # even with ZeRO-3 + offload over 2 (48.8); one chunk: ZeRO-2 (22.9).
     (DEEPSEEK, "3xA40",
      (False, "zero3_offload", (1.777e9 * 4 / 2 + 16 * 2560 * 85248 * 2 + 16 * 2048 * 151936 * 8
                                + 2 * 151936 * 1536 * 2) / GiB + 1),
-     (True, "ddp", DEEPSEEK_DDP)),
+     (True, "zero2", DEEPSEEK_ZERO2_A40)),
     # Qwen2.5-Math-7B on 8xV100-32G (7 trainer GPUs divide its 7 generations): 18.6 GiB of logits leave
     # ZeRO-3 + offload at 35.3 > 28.8; one chunk: 17.2.
     (MATH7B, "8xV100-32G",
@@ -174,7 +192,7 @@ KERNEL_CASES = [
      (True, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 441 * 152064 * 4
                               + 2 * 152064 * 3584 * 2) / GiB + 1)),
     # TRL's Qwen2.5-0.5B colocated on 4xV100-16G (9.6 GiB left per GPU): 9.3 GiB of logits, 12.3 even with
-    # ZeRO-3 + offload over 4; one chunk: ZeRO-2 (5.1; DDP 9.9 just misses).
+    # ZeRO-3 + offload over 4; one chunk: ZeRO-2 (5.1; DDP 11.7 with its buckets).
     (TRL, "4xV100-16G",
      (False, "zero3_offload", (0.494e9 * 4 / 4 + 8 * 1536 * 45056 * 2 + 8 * 1024 * 151936 * 8
                                + 2 * 151936 * 896 * 2) / GiB + 1),

@@ -199,8 +199,9 @@ def _examples():
 
 
 @pytest.mark.parametrize("name, gpus, recipe", _examples())
-def test_examples_are_what_render_produces(tmp_path, run_cli, name, gpus, recipe):
+def test_examples_are_what_render_produces(tmp_path, run_cli, name, gpus, recipe, monkeypatch):
     """slurm/examples/<name> equals `ogrpo render` output (run slurm/examples/regen.sh after intended changes)."""
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")  # as regen.sh: no test cluster's KillWait in the examples
     out = tmp_path / name
     run_cli("render", "--gpus", gpus, "--config", f"slurm/examples/recipes/{recipe}", "-o", str(out),
             "--job-dir", f"/shared/ogrpo-jobs/{name}", check_rc=0)

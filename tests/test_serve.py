@@ -163,6 +163,31 @@ def test_weights_file_roundtrip_with_tied_tensors(tmp_path):
     assert not Path(path + ".tmp").exists()
 
 
+def test_weights_file_served_over_http_for_a_server_on_another_host(tmp_path):
+    """A server on another node cannot read this host's /dev/shm: the trainer serves the file over HTTP, only
+    under the token URL and only while it is published."""
+    import urllib.error
+    import urllib.request
+
+    from ogrpo.serve.client import WeightsFileServer, is_local_address
+
+    assert is_local_address("127.0.0.1") and not is_local_address("198.51.100.7")  # TEST-NET-2: no host's own
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"x" * 3_000_000)
+    files = WeightsFileServer("127.0.0.1", 9)
+    try:
+        url = files.publish(str(weights))
+        assert url.startswith("http://127.0.0.1:")
+        assert urllib.request.urlopen(url, timeout=10).read() == weights.read_bytes()
+        for wrong in (url.rsplit("/", 1)[0] + "/other", url):
+            if wrong == url:
+                files.publish(None)
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(wrong, timeout=10)
+    finally:
+        files.close()
+
+
 def test_cpu_client_installs_where_trl_looks():
     import trl.generation.vllm_generation as vg
 
@@ -249,7 +274,7 @@ def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
 def test_ids_only_completions_skip_detokenizing(extra, detokenize, monkeypatch):
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    from ogrpo.serve.vllm_api import install_ids_only_completions
+    from ogrpo.patches.vllm_completions import install as install_ids_only_completions
 
     # the patch is process-wide: monkeypatch puts vLLM's own method back after the test
     monkeypatch.setattr(CompletionRequest, "to_sampling_params", CompletionRequest.to_sampling_params)

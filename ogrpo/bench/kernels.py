@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ogrpo import dtypes
 from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row, median_seconds
 from ogrpo.errors import OgrpoError
 
@@ -44,9 +45,7 @@ PATH_NAMES = {"trl_1_9_2": "TRL 1.9.2 (full logits)", "trl_1_16": "TRL 1.16 fuse
 BASELINE = {"logprobs": "trl_1_9_2", "sample": "transformers"}
 # the issue's bars: peak <= 0.5x and time <= 1.1x TRL 1.9.2's; sampling >= 2x faster than transformers
 TARGETS = {"peak_ratio": 0.5, "time_ratio": 1.1, "sample_speedup": 2.0}
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-           "fp16": "float16", "float16": "float16"}
+_DTYPES = {p: dtypes.torch_name(p) for p in ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")}
 
 
 @dataclass
@@ -358,7 +357,7 @@ def run_kernels_bench(tokens=(1024, 4096), hidden: int = 1536, vocab: int = 1519
             base = case_results.get(BASELINE["logprobs"], {})
             # the gradients every path must return (hidden [N, H] and lm_head [V, H]); the peak without them is
             # the path's own working memory
-            grads_mib = (n + vocab) * hidden * _BYTES[_DTYPES[dtype]] / 2**20
+            grads_mib = (n + vocab) * hidden * dtypes.BYTES[_DTYPES[dtype]] / 2**20
             for path, r in case_results.items():
                 ok = "error" not in r
                 if ok:

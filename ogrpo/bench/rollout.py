@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ogrpo import dtypes
 from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row, median_seconds
 
 RESULT_TAG = "OGRPO_BENCH_RESULT "
@@ -38,9 +39,7 @@ RAW_PATHS = ("vllm", "vllm_inproc")
 PATH_NAMES = {"hf": "HF generate (TRL default)", "vllm": "vLLM offline (raw, default processes)",
               "server": "O-GRPO server path", "vllm_inproc": "vLLM offline (raw, engine in-process)"}
 BAR = 0.95
-_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-           "fp16": "float16", "float16": "float16"}
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPES = {p: dtypes.torch_name(p) for p in ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")}
 
 
 @dataclass
@@ -193,6 +192,9 @@ def _start_server(w: Workload):
     run_yaml.write_text(yaml.safe_dump({
         "model_name_or_path": w.model_dir, "max_completion_length": w.new_tokens, "dtype": w.dtype,
         "ogrpo": {"max_prompt_length": w.max_model_len - w.new_tokens, "plan": {"vllm": {"args": args}}}}))
+    from ogrpo.launch.secret import ensure_in_env
+
+    ensure_in_env()  # the server (a child) and our client share this process's job key
     (port,) = free_ports(1)
     log = open(work / "server.log", "wb")
     cmd = [sys.executable, "-m", "ogrpo", "serve", "--config", str(run_yaml), "--host", "127.0.0.1",
@@ -220,6 +222,9 @@ def _server_generate(w: Workload, port: int):
     """TRL's own client call, as GRPOTrainer makes it each step (token-id prompts, n, logprobs=0)."""
     from trl.generation.vllm_client import VLLMClient
 
+    from ogrpo.serve.auth import install_client_key
+
+    install_client_key()
     client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)
     produced = {}
 
@@ -373,7 +378,7 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
     work = work / f"run-{tag}"
     work.mkdir(parents=True, exist_ok=True)
     kv_bytes = None if gpu_memory_utilization else kv_cache_budget(
-        shape, _DTYPE_BYTES[torch_dtype], prompts * generations, prompt_tokens + new_tokens)
+        shape, dtypes.BYTES[torch_dtype], prompts * generations, prompt_tokens + new_tokens)
     w = Workload(model_dir=str(model_dir), dtype=torch_dtype,
                  prompts=make_prompts(prompts, prompt_tokens, shape.vocab), generations=generations,
                  new_tokens=new_tokens, repeats=repeats, gpu_memory_utilization=gpu_memory_utilization,

@@ -22,11 +22,12 @@ import yaml
 
 from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row
 from ogrpo.bench.rollout import RolloutShape, build_model, make_prompts
+from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
 
 PATHS = ("trl", "ogrpo")
 STAGES = ("generation", "reward", "logprobs", "train", "step")
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_DTYPES = {p: dtypes.torch_name(p) for p in ("fp32", "bf16")}
 
 
 def token_reward(completions, **kwargs) -> list[float]:

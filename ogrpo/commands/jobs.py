@@ -30,12 +30,12 @@ def _is_cpu_spec(gpus: str | None, config: str) -> bool:
     return gpus is None or str(gpus).strip().lower().split("-")[0].lstrip("0123456789x") == "cpu"
 
 
-def _summary(p: dict, spec) -> list[str]:
-    lines = [f"plan: {p['cluster']['spec']}, model {p['model']['name']}, mode {p['mode']}, precision {p['precision']}"]
+def _summary(p, spec) -> list[str]:
+    lines = [f"plan: {p.cluster.spec}, model {p.model.name}, mode {p.mode}, precision {p.precision}"]
     for s in spec.steps:
         what = f"GPUs {s.gpus}" if s.gpus else "CPU"
         lines.append(f"  {s.role}: nodes {s.nodes}, {what}, {s.ntasks} task(s)")
-    lines.append(f"  training: {p['trainer']['num_processes']} process(es), {p['trainer']['strategy']}")
+    lines.append(f"  training: {p.trainer.num_processes} process(es), {p.trainer.strategy}")
     return lines
 
 
@@ -54,7 +54,9 @@ def submit(
     backend: Optional[str] = typer.Option(None, "--backend", help="slurm | local (default: slurm when sbatch is on PATH)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Run directory (default: ./ogrpo-jobs/NAME-TIME)."),
     max_requeues: int = typer.Option(3, "--max-requeues", help="Requeues allowed after preemption / time limit."),
-    signal_delay: int = typer.Option(90, "--signal-delay", help="Seconds before the time limit to checkpoint (>= 30)."),
+    signal_delay: Optional[int] = typer.Option(
+        None, "--signal-delay", help="Seconds before the time limit to checkpoint (>= 30; default: one step + "
+        "checkpoint + server stop, at least 90)."),
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
@@ -100,16 +102,22 @@ def submit(
                                     "container": container, "strategy": strategy}, strict=strict)
 
     rc, plan = plan_for(gpus)
-    warn(rc, plan)
-    require_fit(plan, force, "submit anyway")
-    p = plan.to_dict()
     opts_cfg = rc.ogrpo
     job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
-    if os.environ.get("OGRPO_FAKE_GPUS") == "1" and backend == "slurm" and not p["cluster"]["gpu"].get("is_cpu"):
-        plan, rc, spec = _fake_gpu_job(plan, rc, job_dir, plan_for)
-    else:
-        spec = build_jobspec(plan, rc, job_dir)
-    summary = _summary(plan.to_dict(), spec)
+    if backend == "slurm":
+        from ogrpo.launch import grace
+
+        # KillWait/GraceTime and the step time → signal lead time and save_steps (warnings and changes shown)
+        preempt = grace.for_plan(rc, plan, job_dir=job_dir, partition=partition, signal_delay_s=signal_delay,
+                                 strict=strict)
+        signal_delay = preempt.signal_delay_s
+    warn(rc, plan)
+    require_fit(plan, force, "submit anyway")
+    if backend == "local" and plan.cluster.nodes > 1:
+        raise OgrpoError(f"--backend local runs on this machine; the {plan.cluster.spec} plan spans "
+                         f"{plan.cluster.nodes} nodes: submit it to Slurm (--backend slurm)")
+    spec = build_jobspec(plan, rc, job_dir)
+    summary = _summary(plan, spec)
 
     if backend == "local":
         files = render_job(plan, rc, spec)
@@ -121,7 +129,7 @@ def submit(
             return
         from ogrpo.install_hints import require
 
-        require(("torch", "trl", "accelerate", *(("vllm",) if p.get("mode") == "server" else ())),
+        require(("torch", "trl", "accelerate", *(("vllm",) if plan.mode == "server" else ())),
                 "`ogrpo submit --backend local` (it runs the job on this machine)")
         _submit_local(files, spec, job_dir, summary, detach)
         return
@@ -130,8 +138,7 @@ def submit(
         from ogrpo.launch.containers import make_container
 
         make_container(opts_cfg.container, container_runtime, [job_dir])  # refuses a bad runtime before submitting
-    # The allocation comes from the plan as given (its GPUs per node), even when OGRPO_FAKE_GPUS runs the CPU plan
-    opts = sl.options_for(p, rc, nodes=nodes, time_min=minutes, extra=extra, signal_delay_s=signal_delay,
+    opts = sl.options_for(plan, rc, nodes=nodes, time_min=minutes, extra=extra, signal_delay_s=signal_delay,
                           max_requeues=max_requeues, container_runtime=container_runtime, job_name=spec.name)
     if shutil.which("sbatch"):
         sl.preflight(spec, opts)  # checks the request against the cluster before anything is written or submitted
@@ -163,29 +170,6 @@ def submit(
         typer.echo(f"{role + ':':11} {path}")
     typer.echo("\n".join(summary))
     typer.echo(f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})")
-
-
-def _fake_gpu_job(gpu_plan, rc, job_dir: str, plan_for):
-    """OGRPO_FAKE_GPUS=1 (the project's test cluster, whose A40s are character devices): keep the GPU plan's
-    allocation and per-step GPU counts, so Slurm hands each step its own devices as on a real cluster, but run
-    the steps with the CPU plan of the same layout (NxCPU: same server/trainer split), which the trainer and
-    the server can execute here."""
-    from ogrpo.errors import OgrpoError
-    from ogrpo.jobspec import build_jobspec
-
-    gp = gpu_plan.to_dict()
-    if int(gp["cluster"]["nodes"]) != 1:
-        raise OgrpoError("OGRPO_FAKE_GPUS=1 runs one-node plans only (CPU plans are single-machine)")
-    n = int(gp["cluster"]["gpus_per_node"])
-    cpu_rc, cpu_plan = plan_for(f"{n}xcpu" if n > 1 else "cpu")
-    spec = build_jobspec(cpu_plan, cpu_rc, job_dir)
-    gpu_steps = {s.role: s for s in build_jobspec(gpu_plan, rc, job_dir).steps}
-    if set(gpu_steps) != {s.role for s in spec.steps}:
-        raise OgrpoError(f"OGRPO_FAKE_GPUS=1: the {n}xcpu plan places roles {sorted(s.role for s in spec.steps)}, "
-                         f"the GPU plan {sorted(gpu_steps)}; set ogrpo.vllm_gpus so both agree")
-    for step in spec.steps:
-        step.gpus = list(gpu_steps[step.role].gpus)
-    return cpu_plan, cpu_rc, spec
 
 
 def _submit_local(files: dict, spec, job_dir: str, summary: list[str], detach: bool = False) -> None:

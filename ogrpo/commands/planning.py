@@ -91,10 +91,16 @@ def plan(
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
                           strict=strict)
+    preempt = None
+    if not p.cluster.is_cpu:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
+        from ogrpo.launch import grace
+
+        preempt = grace.for_plan(rc, p, strict=strict)
     if as_json:
         import json
 
         d = p.to_dict()
+        d["preemption"] = preempt.to_dict() if preempt else None
         d["warnings"] = list(dict.fromkeys(list(rc.warnings) + d["warnings"]))
         typer.echo(json.dumps(d, indent=2))
     else:
@@ -131,13 +137,19 @@ def render(
         raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
                           strict=strict)
-    warn(rc, p)
-    require_fit(p, force, "render anyway")
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
     if not os.path.isabs(job_dir):
         raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
+    from ogrpo.launch import grace
+    from ogrpo.launch.sbatch import options_for
+
+    # the same preemption policy `submit` applies (KillWait/GraceTime when this machine reaches a cluster)
+    preempt = grace.for_plan(rc, p, job_dir=job_dir, strict=strict)
+    warn(rc, p)
+    require_fit(p, force, "render anyway")
     spec = build_jobspec(p, rc, job_dir)
-    files = render_job(p, rc, spec)
+    files = render_job(p, rc, spec, slurm=options_for(p, rc, job_name=spec.name,
+                                                      signal_delay_s=preempt.signal_delay_s))
     if dry_run:
         for name, text in files.items():
             typer.echo(f"==> {name} <==")
@@ -152,11 +164,14 @@ def render(
 
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    patches: bool = typer.Option(True, "--patches/--no-patches",
+                                 help="Check that every library O-GRPO patches still has the patched shape "
+                                      "(imports vLLM/TRL: slower)."),
 ) -> None:
-    """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers."""
+    """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers, patch targets."""
     from ogrpo.doctor import print_report, run_checks
 
-    report = run_checks()
+    report = run_checks(patches=patches)
     if as_json:
         import json
 

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
+from ogrpo import layout
 from ogrpo.errors import OgrpoError
 
 # States a job ends in (Slurm's names; LOST: a local supervisor that vanished without recording how it ended).
@@ -114,7 +115,7 @@ def find(ref: str | os.PathLike) -> Job:
 
     path = Path(ref).expanduser()
     if path.is_dir():
-        if not (local_state.has_state(path) or (path / "slurm" / "job_id").exists()) and path.name == "run":
+        if not (local_state.has_state(path) or (path / layout.SLURM / "job_id").exists()) and path.name == layout.RUN:
             path = path.parent  # the trainer's output dir inside the job dir
         local_mark = local_state.state_path(path)
         slurm_mark = path / "slurm" / "job_id"

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import local_state as ls
@@ -31,7 +32,7 @@ from ogrpo.launch.supervisor import JobResult, Supervisor, group_members, log_ta
 from ogrpo.launch.teardown import exit_on_signals
 
 LOOPBACK = "127.0.0.1"
-JOBSPEC_FILE = "jobspec.json"
+JOBSPEC_FILE = layout.JOBSPEC
 
 
 def jobspec_from_dict(data: dict) -> JobSpec:
@@ -44,11 +45,11 @@ def jobspec_from_dict(data: dict) -> JobSpec:
 def load_jobspec(job: str | os.PathLike) -> JobSpec:
     """A JobSpec from a job directory (its jobspec.json, else manifest.json's "jobspec") or a JSON file."""
     path = Path(job)
-    candidates = [path] if path.is_file() else [path / JOBSPEC_FILE, path / "manifest.json"]
+    candidates = [path] if path.is_file() else [path / JOBSPEC_FILE, layout.job_manifest(path)]
     for c in candidates:
         if c.is_file():
             data = json.loads(c.read_text())
-            if c.name == "manifest.json" or "jobspec" in data and "steps" not in data:
+            if c.name == layout.MANIFEST or "jobspec" in data and "steps" not in data:
                 data = data.get("jobspec") or {}
             if "steps" in data:
                 return jobspec_from_dict(data)
@@ -87,7 +88,7 @@ def run_local_result(job: JobSpec | str | os.PathLike, *, health_timeout_s: floa
 
 
 def supervisor_log(job_dir: str | os.PathLike) -> Path:
-    return Path(job_dir) / "logs" / "supervisor.log"
+    return layout.supervisor_log(job_dir)
 
 
 class _Tee:
@@ -231,7 +232,7 @@ class LocalJob(Job):
 
     def _devices(self) -> dict:
         out = {}
-        for p in sorted((self.job_dir / "run" / "roles").glob("*.json")):
+        for p in sorted(layout.roles_dir(self.job_dir).glob("*.json")):
             if ".step" in p.name:
                 continue
             try:
@@ -243,7 +244,7 @@ class LocalJob(Job):
         return out
 
     def log_files(self, role: str | None = None) -> list[Path]:
-        logs = self.job_dir / "run" / "logs"
+        logs = layout.step_logs(self.job_dir)
         if role == "supervisor":
             return [supervisor_log(self.job_dir)]
         if role:
@@ -264,7 +265,7 @@ class LocalJob(Job):
         """Process groups of this run's steps that still have live members. Each step leads its own group
         (supervisor.py), recorded in run/roles/<name>.json right after it started."""
         out = []
-        for p in sorted((self.job_dir / "run" / "roles").glob("*.json")):
+        for p in sorted(layout.roles_dir(self.job_dir).glob("*.json")):
             if ".step" in p.name or p.stat().st_mtime < float(rec.get("started_at") or 0) - 1:
                 continue  # a Slurm step record, or a step of an earlier run in this directory
             try:

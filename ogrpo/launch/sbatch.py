@@ -88,21 +88,23 @@ def parse_passthrough(items: list[str] | None) -> dict[str, object]:
     return out
 
 
-def options_for(plan: dict, run_config, *, nodes: int | None = None, time_min: int | None = None,
+def options_for(plan, run_config, *, nodes: int | None = None, time_min: int | None = None,
                 extra: dict | None = None, signal_delay_s: int = 90, max_requeues: int = 3,
                 container_runtime: str | None = None, job_name: str | None = None) -> SlurmOptions:
-    """SlurmOptions for a plan (dict) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/mem_per_gpu/
-    container), with command-line values already merged into the run config's ogrpo section."""
+    """SlurmOptions for a Plan (or its dict form) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/
+    mem_per_gpu/container), with command-line values already merged into the run config's ogrpo section."""
+    from ogrpo.planner.types import as_plan
+
     o = run_config.ogrpo
-    cl = plan["cluster"]
-    is_cpu = bool(cl["gpu"].get("is_cpu"))
-    devices = max(1, int(cl["gpus_per_node"]))
+    cl = as_plan(plan).cluster
+    is_cpu = cl.is_cpu
+    devices = max(1, int(cl.gpus_per_node))
     if time_min is None and o.time:
         time_min = parse_time(o.time)
     per_device = int(o.cpus_per_gpu) if o.cpus_per_gpu else (1 if is_cpu else DEFAULT_CPUS_PER_GPU)
     return SlurmOptions(
         partition=o.partition, time_min=time_min, account=o.account, qos=o.qos,
-        nodes=nodes or int(cl["nodes"]), gpus_per_node=0 if is_cpu else int(cl["gpus_per_node"]),
+        nodes=nodes or int(cl.nodes), gpus_per_node=0 if is_cpu else int(cl.gpus_per_node),
         cpus_per_task=per_device * devices, cpus_from_config=bool(o.cpus_per_gpu), mem_per_gpu=o.mem_per_gpu,
         extra=dict(extra or {}), signal_delay_s=max(MIN_SIGNAL_DELAY_S, int(signal_delay_s)),
         max_requeues=max_requeues, container_image=o.container, container_runtime=container_runtime,

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step, fill
 from ogrpo.launch.containers import Container, wrap
@@ -50,9 +51,6 @@ MAIN_ROLE = "trainer"
 # die of it, so every step starts with USR2 ignored; only the trainer workers install a handler
 # (ogrpo.train.preemption), which replaces the inherited SIG_IGN.
 IGNORE_USR2_ROLES = ("server", "trainer")
-# The run dir (TRL output_dir) inside the job dir: logs/, roles/ and ports.json live there.
-RUN_SUBDIR = "run"
-PORTS_FILE = "ports.json"
 
 
 # ------------------------------------------------------------------------------------------ step commands
@@ -217,7 +215,7 @@ class SlurmSupervisor:
         """This attempt's ports: the ones run/ports.json recorded for this job when still free on this node,
         else the job id's slot or the next free one (ogrpo.launch.ports). Checked on the batch step's node,
         which runs the server and the trainer's first rank in every one-node plan."""
-        path = Path(self.spec.job_dir) / RUN_SUBDIR / PORTS_FILE
+        path = layout.ports_file(self.spec.job_dir)
         recorded = None
         try:
             data = json.loads(path.read_text())
@@ -240,13 +238,13 @@ class SlurmSupervisor:
         cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE") or 1)
         mem = int(os.environ["SLURM_MEM_PER_NODE"]) if os.environ.get("SLURM_MEM_PER_NODE") else None
         job_dir = Path(self.spec.job_dir)
-        (job_dir / "slurm").mkdir(parents=True, exist_ok=True)
+        (job_dir / layout.SLURM).mkdir(parents=True, exist_ok=True)
         # what `ogrpo status/logs/cancel RUN_DIR` read, also for a job submitted with plain `sbatch job.sbatch`
         (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
         ports = self.job_ports(job_id)
         try:
             values, wrap_step = self.wrapper(hosts, ports, cpus, mem, addrs)
-            _write_json(job_dir / RUN_SUBDIR / PORTS_FILE, {
+            _write_json(layout.ports_file(job_dir), {
                 "job_id": job_id, "attempt": restarts, **ports,
                 "server_host": values["server_host"], "rendezvous_host": values["rendezvous_host"]})
             _write_json(job_dir / "slurm" / f"attempt-{restarts}.json", {
@@ -257,7 +255,7 @@ class SlurmSupervisor:
                  f"{ports['server']}, rendezvous {values['rendezvous_host']}:{ports['rendezvous']}, weight-sync "
                  f"group port {ports['group']}")
             self._sup = Supervisor(self.spec, {k: str(v) for k, v in values.items()}, wrap_step=wrap_step,
-                                   log_dir=job_dir / RUN_SUBDIR / "logs", out=sys.stdout)
+                                   log_dir=layout.step_logs(job_dir), out=sys.stdout)
             self._started = time.time()
             old = signal.signal(signal.SIGUSR2, self._on_usr2)
             try:
@@ -332,7 +330,7 @@ class SlurmSupervisor:
     def _preempted_marker(self) -> dict | None:
         """The trainer's preempted.json (ogrpo.train.preemption) when written during this attempt. The exit
         code alone does not tell: `accelerate launch` turns the worker's EXIT_PREEMPTED into 1."""
-        path = Path(self.spec.job_dir) / RUN_SUBDIR / "preempted.json"
+        path = layout.preempted_file(self.spec.job_dir)
         try:
             if path.stat().st_mtime < self._started:
                 return None
@@ -472,16 +470,19 @@ class Submitted:
 
 def supervisor_log(job_dir: str | Path, job_id: str | int) -> Path:
     """Where the batch step's output goes (`#SBATCH --output`, ogrpo.launch.sbatch.directives)."""
-    return Path(job_dir) / "logs" / f"slurm-{job_id}.out"
+    return layout.slurm_output(job_dir, job_id)
 
 
 def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None = None) -> Submitted:
     """`sbatch JOB_DIR/job.sbatch` (after `preflight`): the file `render` wrote, or `script` written there first.
     A job dir without manifest.json (a JobSpec built in code) gets jobspec.json, which the supervisor reads."""
     job_dir = Path(spec.job_dir)
-    for sub in ("slurm", "logs", f"{RUN_SUBDIR}/logs", f"{RUN_SUBDIR}/roles"):
+    for sub in layout.JOB_SUBDIRS:
         (job_dir / sub).mkdir(parents=True, exist_ok=True)
-    path = job_dir / "job.sbatch"
+    from ogrpo.launch import secret
+
+    secret.ensure(job_dir)  # the job's key, before the job exists (its supervisor hands it to the steps)
+    path = job_dir / layout.SBATCH
     if script is None and not path.exists():
         from ogrpo.render import sbatch_script
 
@@ -489,8 +490,8 @@ def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None =
     if script is not None:
         path.write_text(script)
         path.chmod(0o755)
-    if not (job_dir / "manifest.json").exists():
-        _write_json(job_dir / "jobspec.json", spec.to_dict())
+    if not layout.job_manifest(job_dir).exists():
+        _write_json(job_dir / layout.JOBSPEC, spec.to_dict())
     # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
     # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
@@ -509,7 +510,7 @@ def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None =
         job_id=job_id,
         job_dir=str(job_dir),
         supervisor_log=str(supervisor_log(job_dir, job_id)),
-        logs={s.role: str(job_dir / RUN_SUBDIR / "logs" / f"{s.role}.log") for s in spec.steps},
+        logs={s.role: str(layout.step_logs(job_dir) / f"{s.role}.log") for s in spec.steps},
     )
 
 
@@ -550,7 +551,7 @@ def _step_main(argv: list[str]) -> None:
     # <role>.json is the Supervisor's record (written from the batch step, which sees every device); this one
     # is written inside the step, so it shows the devices Slurm gave the step
     name = f"{args.role}.step.json" if procid == 0 else f"{args.role}.step{procid}.json"
-    _write_json(Path(args.job_dir) / RUN_SUBDIR / "roles" / name, record)
+    _write_json(layout.roles_dir(args.job_dir) / name, record)
     cmd = fill(cmd, {"node_rank": os.environ.get("SLURM_NODEID", "0")})
     if args.ignore_usr2:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SIG_IGN survives exec
@@ -579,7 +580,7 @@ def _supervise_main(argv: list[str]) -> int:
                              "(to run the job here: ogrpo submit --backend local)")
         # manifest.json first: it is written with job.sbatch by render/submit (a jobspec.json may be left from a
         # local run of the same directory); jobspec.json for a JobSpec built in code (ogrpo.launch.slurm.submit)
-        manifest = Path(args.job_dir) / "manifest.json"
+        manifest = layout.job_manifest(args.job_dir)
         spec = load_jobspec(manifest if manifest.is_file() else args.job_dir)
         container = make_container(args.container, args.container_runtime, [spec.job_dir])
         sup = SlurmSupervisor(spec, max_requeues=args.max_requeues, signal_delay_s=args.signal_delay,

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ogrpo import layout
 from ogrpo.errors import OgrpoError
 from ogrpo.launch.handle import Job
 
-# The run dir (TRL output_dir) inside the job dir: logs/, roles/, checkpoints, metrics.jsonl
-RUN_SUBDIR = "run"
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 
@@ -154,10 +153,10 @@ def run_dir_state(job_dir: Path | None) -> dict:
         out["max_requeues"] = requeues[-1].get("max_requeues")
     if (sl / "result.json").exists():
         out["result"] = json.loads((sl / "result.json").read_text())
-    run = job_dir / RUN_SUBDIR
+    run = layout.run_dir(job_dir)
     roles = {}
     # <role>.step.json: written inside each srun step, so it holds the devices Slurm gave that step
-    for p in sorted((run / "roles").glob("*.step*.json")):
+    for p in sorted(layout.roles_dir(job_dir).glob("*.step*.json")):
         try:
             rec = json.loads(p.read_text())
         except ValueError:
@@ -169,9 +168,9 @@ def run_dir_state(job_dir: Path | None) -> dict:
                    key=lambda p: int(p.name.split("-")[-1]))
     if ckpts:
         out["last_checkpoint"] = ckpts[-1].name
-    if (run / "preempted.json").exists():
-        out["preempted"] = json.loads((run / "preempted.json").read_text())
-    metrics = run / "metrics.jsonl"
+    if layout.preempted_file(job_dir).exists():
+        out["preempted"] = json.loads(layout.preempted_file(job_dir).read_text())
+    metrics = run / layout.METRICS
     if metrics.exists():
         lines = metrics.read_text().strip().splitlines()
         if lines:
@@ -185,8 +184,8 @@ def run_dir_state(job_dir: Path | None) -> dict:
 def log_files(job: JobRef, role: str | None) -> list[Path]:
     if job.job_dir is None:
         raise OgrpoError(f"no run directory found for job {job.job_id}: pass the run directory instead of the id")
-    logs = job.job_dir / RUN_SUBDIR / "logs"
-    supervisor = job.job_dir / "logs" / f"slurm-{job.job_id}.out"  # job.sbatch's #SBATCH --output
+    logs = layout.step_logs(job.job_dir)
+    supervisor = layout.slurm_output(job.job_dir, job.job_id)  # job.sbatch's #SBATCH --output
     if role == "supervisor":
         return [supervisor]
     if role:

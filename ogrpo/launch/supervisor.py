@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,16 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
-from ogrpo.jobspec import PLACEHOLDERS, JobSpec, Step
-
-# The JobSpec placeholders ({node_rank} stays for the Slurm step wrapper, which knows it).
-PLACEHOLDER = re.compile(r"\{(" + "|".join(k for k in PLACEHOLDERS if k != "node_rank") + r")\}")
+from ogrpo import layout
+from ogrpo.jobspec import JobSpec, Step
+from ogrpo.placeholders import fill_text
 LOG_TAIL_LINES = 30
 
 
 def fill(text: str, values: dict[str, str]) -> str:
-    """Replace the JobSpec placeholders only, so JSON in an argument (`{"backend": …}`) stays intact."""
-    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
+    """Replace the JobSpec placeholders only ({node_rank} stays for the Slurm step wrapper, which knows it)."""
+    return fill_text(text, {k: v for k, v in values.items() if k != "node_rank"})
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -123,9 +121,13 @@ class Supervisor:
         self.job = jobspec
         self.values = {k: str(v) for k, v in values.items()}
         self.values.setdefault("job_dir", str(jobspec.job_dir))
+        from ogrpo.launch import secret
+
+        # the job's key (JOB_DIR/job.key, 0600; a requeued attempt reads the same): to the steps' environment only
+        self.key_env = {secret.KEY_ENV: secret.ensure(jobspec.job_dir)}
         self.wrap_step = wrap_step or (lambda step, argv: argv)
         self.step_env = step_env or (lambda step: {})
-        self.log_dir = Path(log_dir or Path(jobspec.job_dir) / "run" / "logs")
+        self.log_dir = Path(log_dir or layout.step_logs(jobspec.job_dir))
         self.health_timeout_s = float(health_timeout_s if health_timeout_s is not None else jobspec.health_timeout_s)
         self.kill_grace_s = kill_grace_s
         self.poll_s = poll_s
@@ -155,6 +157,7 @@ class Supervisor:
         env.update({k: fill(str(v), self.values) for k, v in self.job.env.items()})
         env.update({k: fill(str(v), self.values) for k, v in step.env.items()})
         env.update(self.step_env(step))
+        env.update(self.key_env)
         # Steps name `ogrpo` / `accelerate` bare: find the ones of the environment the supervisor runs in, even
         # when that environment was never activated (cron, a test runner, `.venv/bin/ogrpo submit`).
         bindir = os.path.dirname(sys.executable)
@@ -174,7 +177,7 @@ class Supervisor:
         return Running(step, name, argv, log_path, proc, log_file)
 
     def _write_role(self, name: str, step: Step, argv: list[str], env: dict, pid: int) -> None:
-        roles = self.log_dir.parent / "roles"
+        roles = self.log_dir.parent / layout.ROLES
         roles.mkdir(parents=True, exist_ok=True)
         keys = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_P2P_DISABLE", "SLURM_JOB_ID")
         (roles / f"{name}.json").write_text(json.dumps({

@@ -12,22 +12,26 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from ogrpo import __version__
+from ogrpo import __version__, layout
+from ogrpo.placeholders import fill_template
 from ogrpo.errors import OgrpoError
 
 TEMPLATES = Path(__file__).with_name("templates")
 
-def _plan_dict(plan) -> dict:
-    return plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+def _plan(plan):
+    """The Plan (a manifest or run.yaml may hand its dict form)."""
+    from ogrpo.planner.types import as_plan
+
+    return as_plan(plan)
 
 
 def deepspeed_config(plan) -> dict | None:
     """DeepSpeed JSON for a ZeRO plan ("auto" values are filled by transformers from GRPOConfig)."""
-    p = _plan_dict(plan)
-    strategy = p["trainer"]["strategy"]
+    p = _plan(plan)
+    strategy = p.trainer.strategy
     if strategy == "ddp":
         return None
-    is_cpu = bool(p["cluster"]["gpu"]["is_cpu"])
+    is_cpu = p.is_cpu
     stage = 2 if strategy == "zero2" else 3
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   "reduce_bucket_size": "auto"}
@@ -46,7 +50,7 @@ def deepspeed_config(plan) -> dict | None:
         # DeepSpeed cast the model to bf16 and the gloo run then differs from the plan's fp32.
         cfg["bf16"] = {"enabled": "auto"}
         cfg["fp16"] = {"enabled": "auto"}
-    elif p["precision"] == "fp16":
+    elif p.precision == "fp16":
         # V100: dynamic loss scaling (loss_scale 0) starting at 2^16 (shared/compat.md).
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
@@ -70,23 +74,23 @@ def deepspeed_config(plan) -> dict | None:
 
 
 def accelerate_config(plan, job_dir: str) -> dict:
-    p = _plan_dict(plan)
-    t = p["trainer"]
-    is_cpu = bool(p["cluster"]["gpu"]["is_cpu"])
-    n = int(t["num_processes"])
-    nodes = len(t["nodes"])
+    p = _plan(plan)
+    t = p.trainer
+    is_cpu = p.is_cpu
+    n = int(t.num_processes)
+    nodes = len(t.nodes)
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if t["strategy"] != "ddp" and not is_cpu:
+    if t.strategy != "ddp" and not is_cpu:
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = {
             "deepspeed_config_file": f"{job_dir}/deepspeed.json",
-            "zero3_init_flag": t["strategy"].startswith("zero3"),
+            "zero3_init_flag": t.strategy.startswith("zero3"),
             "deepspeed_multinode_launcher": "standard",
         }
     else:
         # On CPU, MULTI_GPU + use_cpu gives real gloo workers (`--cpu` with 2 processes starts one).
         cfg["distributed_type"] = "MULTI_GPU" if n > 1 else "NO"
-        cfg["mixed_precision"] = {"bf16": "bf16", "fp16": "fp16"}.get(p["precision"], "no")
+        cfg["mixed_precision"] = {"bf16": "bf16", "fp16": "fp16"}.get(p.precision, "no")
     cfg.update({
         "downcast_bf16": "no",
         "machine_rank": 0,
@@ -105,12 +109,12 @@ def accelerate_config(plan, job_dir: str) -> dict:
 def run_yaml(plan, run_config) -> str:
     from ogrpo.config import dump_yaml
 
-    p = _plan_dict(plan)
+    p = _plan(plan)
     d = run_config.to_dict()
     opts = dict(d.pop("ogrpo", {}) or {})
-    opts["gpus"] = p["cluster"]["spec"]
-    opts["profile"] = p["profile"]
-    opts["plan"] = p
+    opts["gpus"] = p.cluster.spec
+    opts["profile"] = p.profile
+    opts["plan"] = p.to_dict()
     d["ogrpo"] = opts
     head = ("# Resolved run config written by `ogrpo render`: the run config plus the plan under ogrpo.plan,\n"
             "# which `ogrpo train` and `ogrpo serve` apply. Re-render instead of editing the plan by hand.\n")
@@ -163,49 +167,46 @@ def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = ""
             args.append(f"--container-runtime {shlex.quote(slurm.container_runtime)}")
     text = (TEMPLATES / "job.sbatch").read_text()
     subs = {
-        "@@TITLE@@": title or f"O-GRPO job {jobspec.name}",
-        "@@VERSION@@": __version__,
-        "@@SUMMARY@@": summary or jobspec.name,
-        "@@SBATCH@@": "\n".join(sbatch_lines(jobspec, slurm)),
-        "@@HEALTH@@": jobspec.health_path,
-        "@@DELAY@@": str(max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))),
-        "@@REQUEUES@@": str(int(slurm.max_requeues)),
-        "@@STEPS@@": "\n".join(_steps_comment(jobspec)),
-        "@@JOB_DIR@@": shlex.quote(jobspec.job_dir),
-        "@@SUPERVISE_ARGS@@": "".join(" \\\n  " + a for a in args),
+        "TITLE": title or f"O-GRPO job {jobspec.name}",
+        "VERSION": __version__,
+        "SUMMARY": summary or jobspec.name,
+        "SBATCH": "\n".join(sbatch_lines(jobspec, slurm)),
+        "HEALTH": jobspec.health_path,
+        "DELAY": str(max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))),
+        "REQUEUES": str(int(slurm.max_requeues)),
+        "STEPS": "\n".join(_steps_comment(jobspec)),
+        "JOB_DIR": shlex.quote(jobspec.job_dir),
+        "SUPERVISE_ARGS": "".join(" \\\n  " + a for a in args),
     }
-    for k, v in subs.items():
-        text = text.replace(k, v)
-    return text
+    return fill_template(text, subs, "job.sbatch template")
 
 
 def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
     """job.sbatch for a plan: `slurm` (SlurmOptions) as `ogrpo submit` resolved them, else the run config's."""
     from ogrpo.launch.sbatch import options_for
 
-    p = _plan_dict(plan)
+    p = _plan(plan)
     if slurm is None:
         slurm = options_for(p, run_config, job_name=jobspec.name)
-    cl = p["cluster"]
-    summary = (f"{cl['spec']}, {p['model']['name']}, mode {p['mode']}, precision {p['precision']}, "
-               f"server GPUs {p['vllm']['gpus'] if p['mode'] == 'server' else '-'}, trainer "
-               f"{p['trainer']['num_processes']} x {p['trainer']['strategy']}"
-               f"{'' if p['fits'] else ' (DOES NOT FIT: ' + '; '.join(p['reasons']) + ')'}")
+    summary = (f"{p.cluster.spec}, {p.model.name}, mode {p.mode}, precision {p.precision}, "
+               f"server GPUs {p.vllm.gpus if p.has_server else '-'}, trainer "
+               f"{p.trainer.num_processes} x {p.trainer.strategy}"
+               f"{'' if p.fits else ' (DOES NOT FIT: ' + '; '.join(p.reasons) + ')'}")
     return sbatch_script(jobspec, slurm, summary=summary)
 
 
 def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = None) -> str:
-    p = _plan_dict(plan)
+    p = _plan(plan)
     doc = {
         "ogrpo_version": __version__,
-        "inputs": {"config": run_config.source, "gpus": p["cluster"]["spec"], "profile": p["profile"],
-                   "model": p["model"]["name"], **(inputs or {})},
+        "inputs": {"config": run_config.source, "gpus": p.cluster.spec, "profile": p.profile,
+                   "model": p.model.name, **(inputs or {})},
         "files": sorted(files),
-        "plan": p,
+        "plan": p.to_dict(),
         "jobspec": jobspec.to_dict(),
-        "warnings": list(dict.fromkeys(list(run_config.warnings) + list(p.get("warnings", [])))),
+        "warnings": list(dict.fromkeys(list(run_config.warnings) + list(p.warnings))),
         # How the run differs from the recipe as written, each with its reason (ogrpo/fields.py, plan.py).
-        "changes": list(p.get("changes", [])),
+        "changes": [dict(c) for c in p.changes],
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
@@ -216,13 +217,13 @@ def render_job(plan, run_config, jobspec, inputs: dict | None = None, slurm=None
     from ogrpo.config import dump_yaml
 
     files: dict[str, str] = {}
-    files["job.sbatch"] = job_sbatch(plan, run_config, jobspec, slurm)
+    files[layout.SBATCH] = job_sbatch(plan, run_config, jobspec, slurm)
     files["accelerate.yaml"] = dump_yaml(accelerate_config(plan, jobspec.job_dir))
     ds = deepspeed_config(plan)
     if ds is not None:
         files["deepspeed.json"] = json.dumps(ds, indent=2) + "\n"
     files["run.yaml"] = run_yaml(plan, run_config)
-    files["manifest.json"] = manifest(plan, run_config, jobspec, list(files) + ["manifest.json"], inputs)
+    files[layout.MANIFEST] = manifest(plan, run_config, jobspec, list(files) + [layout.MANIFEST], inputs)
     return files
 
 
@@ -250,7 +251,7 @@ def write_job(files: dict[str, str], out_dir) -> list[Path]:
             if name.endswith(".sbatch"):
                 os.chmod(tmp / name, 0o755)
         out.mkdir(exist_ok=True)
-        (out / "logs").mkdir(exist_ok=True)
+        (out / layout.LOGS).mkdir(exist_ok=True)
         for name in files:
             os.replace(tmp / name, out / name)
             written.append(out / name)

@@ -22,12 +22,11 @@ def _value(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _where(role: dict, is_cpu: bool) -> str:
-    nodes = role["nodes"]
+def _where(nodes: list[int], gpus: list[int], processes: int, is_cpu: bool) -> str:
     node = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
     if is_cpu:
-        return f"{node}, {role.get('num_processes', 1)} process(es)"
-    return f"{node}, GPU {','.join(map(str, role['gpus']))}"
+        return f"{node}, {processes} process(es)"
+    return f"{node}, GPU {','.join(map(str, gpus))}"
 
 
 def _kv_share(args: dict) -> str:
@@ -44,49 +43,50 @@ def print_plan(plan, out=None) -> None:
     def say(text: str = "") -> None:
         out.write(text + "\n")
 
-    p = plan.to_dict() if hasattr(plan, "to_dict") else plan
-    cl, m = p["cluster"], p["model"]
-    is_cpu = bool(cl["gpu"]["is_cpu"])
+    from ogrpo.planner.types import as_plan
+
+    p = as_plan(plan)
+    m, is_cpu = p.model, p.is_cpu
     unit = "process" if is_cpu else "GPU"
-    say(wrap(f"{cl['spec']} · {m['name']} ({_count(m['params'])} params, {m['source']}) · profile {p['profile']} · "
-             f"mode {p['mode']} · {p['precision']} · {p['attn_implementation']}"))
+    say(wrap(f"{p.cluster.spec} · {m.name} ({_count(m.params)} params, {m.source}) · profile {p.profile} · "
+             f"mode {p.mode} · {p.precision} · {p.attn_implementation}"))
     rows = []
-    v, tr = p["vllm"], p["trainer"]
-    mt = v.get("memory_terms") or {}
-    if p["mode"] == "server":
-        rows.append(["vLLM server", _where({**v, "num_processes": 1}, is_cpu),
-                     f"TP {v['tensor_parallel_size']}, DP {v['data_parallel_size']}; "
-                     f"{mt.get('max_concurrent_seqs', 0)} x {v['args'].get('max_model_len')} tokens in KV",
+    v, tr = p.vllm, p.trainer
+    mt = v.memory_terms or {}
+    if p.mode == "server":
+        rows.append(["vLLM server", _where(v.nodes, v.gpus, 1, is_cpu),
+                     f"TP {v.tensor_parallel_size}, DP {v.data_parallel_size}; "
+                     f"{mt.get('max_concurrent_seqs', 0)} x {v.args.get('max_model_len')} tokens in KV",
                      f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt)])
-    elif p["mode"] == "colocate" and mt:
+    elif p.mode == "colocate" and mt:
         rows.append(["vLLM (colocated)", "in each trainer process",
-                     f"{_kv_share(v['args'])}; {mt.get('max_concurrent_seqs', 0)} x "
-                     f"{v['args'].get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
+                     f"{_kv_share(v.args)}; {mt.get('max_concurrent_seqs', 0)} x "
+                     f"{v.args.get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
                      f"{mt['budget_gib']:.1f}", _terms(mt)])
-    tt = tr["memory_terms"]
-    rows.append(["trainer", _where(tr, is_cpu), f"{tr['num_processes']} x {tr['strategy']}",
+    tt = tr.memory_terms
+    rows.append(["trainer", _where(tr.nodes, tr.gpus, tr.num_processes, is_cpu), f"{tr.num_processes} x {tr.strategy}",
                  f"{tt['total_gib']:.1f}", f"{tt['budget_gib']:.1f}", _terms(tt)])
     say(box_table(["role", "where", "layout", f"GiB/{unit}", "budget", "memory terms (GiB)"], rows, right=(3, 4),
                   stream=out))
-    b = p["batch"]
-    say(wrap(f"batch: {b['per_device_train_batch_size']} per device x {b['num_processes']} processes x "
-             f"{b['steps_per_generation']} steps = generation batch {b['generation_batch_size']} "
-             f"({b['prompts_per_generation']} prompts x {b['num_generations']} generations); "
-             f"prompt {b['prompt_length']} + completion {b['completion_length']} tokens"))
+    b = p.batch
+    say(wrap(f"batch: {b.per_device_train_batch_size} per device x {b.num_processes} processes x "
+             f"{b.steps_per_generation} steps = generation batch {b.generation_batch_size} "
+             f"({b.prompts_per_generation} prompts x {b.num_generations} generations); "
+             f"prompt {b.prompt_length} + completion {b.completion_length} tokens"))
     say(box_table(["setting", "value", "why"],
-                  [[item["name"], str(item["value"]), item["reason"]] for item in p["settings"]],
+                  [[item["name"], str(item["value"]), item["reason"]] for item in p.settings],
                   title="settings", stream=out))
-    if p.get("changes"):
+    if p.changes:
         say(box_table(["key", "recipe", "run", "why"],
-                      [[c["key"], _value(c["from"]), _value(c["to"]), c["reason"]] for c in p["changes"]],
+                      [[c["key"], _value(c["from"]), _value(c["to"]), c["reason"]] for c in p.changes],
                       title="changes from the recipe", stream=out))
-    for w in p.get("warnings", []):
+    for w in p.warnings:
         say(wrap(styled("note:", "yellow", stream=out) + f" {w}"))
-    if p["fits"]:
+    if p.fits:
         say(styled("fits", "bold", "green", stream=out))
     else:
         say(styled("does not fit", "bold", "red", stream=out))
-        for r in p["reasons"]:
+        for r in p.reasons:
             say(f"  - {r}")
-        if p["fixes"]:
-            say("try: " + "; ".join(p["fixes"]))
+        if p.fixes:
+            say("try: " + "; ".join(p.fixes))

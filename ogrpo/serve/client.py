@@ -3,9 +3,12 @@
 TRL 1.16 builds `VLLMClient(base_url)` on the main process only and, before each generation, calls
 `update_named_params(metadata, iterator)` then `reset_prefix_cache()`. Its `init_communicator` raises
 NotImplementedError on CPU because it opens an NCCL group. `install_cpu_client()` swaps in a subclass, at the
-one place TRL looks the class up (`trl.generation.vllm_generation.VLLMClient`), whose weight sync writes one
-safetensors file under /dev/shm and tells the server's `cpu_shm` backend (ogrpo/serve/cpu_transfer.py) to load
-it. No TRL file is edited.
+one place TRL looks the class up (`trl.generation.vllm_generation.VLLMClient`, swapped by
+ogrpo.patches.trl_vllm_client), whose weight sync writes one safetensors file under /dev/shm and tells the
+server's `cpu_shm` backend (ogrpo/serve/cpu_transfer.py) to load it; when the server runs on another node (its
+address is not one of this host's), the trainer serves the file over HTTP and posts its URL, since shared memory
+is per host. No TRL file is edited.
+Both install functions also make every request carry the job key (ogrpo.serve.auth.install_client_key).
 
 On GPU the NCCL path is TRL's own; `install_gpu_sync_timeout()` only puts a deadline around it, because a hung
 NCCL broadcast otherwise burns the whole allocation (TRL #2923, #6797): past the deadline the process prints
@@ -96,6 +99,71 @@ def write_weights_file(named_params: Iterator[tuple[str, Any]], directory: str |
     return final, len(tensors)
 
 
+def is_local_address(host: str) -> bool:
+    """Whether HOST names an address of this machine: a server there can read this host's /dev/shm."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.bind((addr[0], 0))  # only an address of one of this host's interfaces can be bound
+            return True
+        except OSError:
+            continue
+    return False
+
+
+class WeightsFileServer:
+    """Serves the current weights file over HTTP to a vLLM server on another node.
+
+    Bound to the address this host uses to reach the server (not 0.0.0.0), on a free port; the URL carries a
+    random token, and only the file published last is served."""
+
+    def __init__(self, server_host: str, server_port: int):
+        import secrets
+        import socket
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((server_host, server_port))  # UDP connect: routes, sends nothing
+            local = probe.getsockname()[0]
+        token, owner = secrets.token_hex(16), self
+        self.path: str | None = None
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                path = owner.path
+                if self.path != f"/{token}" or path is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(os.path.getsize(path)))
+                self.end_headers()
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        self.wfile.write(chunk)
+
+            def log_message(self, *args):  # one line per push on stderr is noise
+                pass
+
+        self._httpd = ThreadingHTTPServer((local, 0), Handler)
+        self.url = f"http://{local}:{self._httpd.server_address[1]}/{token}"
+        threading.Thread(target=self._httpd.serve_forever, name="ogrpo-weights-http", daemon=True).start()
+
+    def publish(self, path: str | None) -> str:
+        self.path = path
+        return self.url
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
 def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: str | None = None,
                              plan: dict | None = None) -> dict:
     """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`) and the plan the
@@ -161,6 +229,7 @@ def _cpu_client_cls():
 
         expect: dict | None = None
         server_dtype: str | None = None
+        _files: WeightsFileServer | None = None  # set by init_communicator when the server is on another host
 
         def init_communicator(self, device: Any = 0) -> None:
             info = self.get_server_info()
@@ -172,6 +241,14 @@ def _cpu_client_cls():
                     "`ogrpo serve` on CPU (it selects the cpu_shm backend)"
                 )
             _verify(self, self.expect)
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.base_url)
+            remote = not is_local_address(url.hostname or "127.0.0.1")
+            self._files = WeightsFileServer(url.hostname, url.port or 80) if remote else None
+            print(f"ogrpo: weight push to {self.base_url}: "
+                  + (f"over HTTP from {self._files.url.rsplit('/', 1)[0]} (server on another host)" if remote
+                     else "through /dev/shm (server on this host)"), flush=True)
             self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
 
         def update_named_params(self, metadata, named_params) -> None:
@@ -179,11 +256,13 @@ def _cpu_client_cls():
             try:
                 if not self._updating_weights:
                     self._start_weight_update()
-                self._post(f"{self.base_url}/update_weights",
-                           json={"update_info": {"path": path, "num_tensors": n}})
+                where = {"path": path} if self._files is None else {"url": self._files.publish(path)}
+                self._post(f"{self.base_url}/update_weights", json={"update_info": {**where, "num_tensors": n}})
                 if not self._updating_weights:
                     self._finish_weight_update()
             finally:
+                if self._files is not None:
+                    self._files.publish(None)
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -191,6 +270,9 @@ def _cpu_client_cls():
 
         def close_communicator(self) -> None:
             self.communicator = None
+            if getattr(self, "_files", None) is not None:
+                self._files.close()
+                self._files = None
 
     return CPUVLLMClient
 
@@ -201,11 +283,23 @@ def install_cpu_client(expect: dict | None = None):
     `expect` (see `expected_from_run_config`) makes `init_communicator` refuse a server that serves another
     model, revision, dtype or a shorter context than the trainer needs.
     """
-    import trl.generation.vllm_generation as vg
+    import trl
 
+    from ogrpo import compat
+    from ogrpo.patches import trl_vllm_client
+
+    if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:
+        # TRL 1.9 (the images' line, CI's second env) talks to `trl vllm-serve`: a gloo group instead of NCCL;
+        # that server has no /server_info to check `expect` against
+        from ogrpo.serve.trl_serve_cpu import install_client
+
+        return install_client()
+    from ogrpo.serve.auth import install_client_key
+
+    install_client_key()  # every request carries the job key
     cls = _cpu_client_cls()
     cls.expect = dict(expect) if expect else None
-    vg.VLLMClient = cls
+    trl_vllm_client.install_client_class(cls)
     return cls
 
 
@@ -233,8 +327,10 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
     from trl.generation.vllm_client import VLLMClient
 
     from ogrpo import compat
+    from ogrpo.patches import trl_vllm_client
+    from ogrpo.serve import auth
 
-    vg = compat.vllm_generation_module()
+    auth.install_client_key()  # every request carries the job key; TRL 1.9's group binds the server's address
     # TRL 1.9's client talks to `trl vllm-serve`: no server-info route to verify against, one tensor per call.
     verify = compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE
 
@@ -258,6 +354,7 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
             if verify:
                 _verify(self, expect)
                 self.server_dtype = server_dtype(self.get_server_info()) or self.server_dtype
+            auth.bind_group_near(self.base_url)  # TRL 1.16: the trainer's group socket, not on every interface
             return VLLMClient.init_communicator(self, device)
 
     for name in compat.vllm_client_sync_methods(trl.__version__):
@@ -265,7 +362,7 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
             setattr(TimedVLLMClient, name, guarded(getattr(VLLMClient, name)))
     _push_in_server_dtype(TimedVLLMClient)
 
-    vg.VLLMClient = TimedVLLMClient
+    trl_vllm_client.install_client_class(TimedVLLMClient)
     return TimedVLLMClient
 
 

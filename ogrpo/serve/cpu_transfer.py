@@ -4,7 +4,8 @@ Every built-in vLLM backend (nccl, ipc, sparse_nccl, sharded_rdt, nccl_m2n) need
 `update_weights` calls `torch.accelerator.synchronize()`, which raises on CPU-only torch. Here the trainer writes
 all parameters to ONE safetensors file (under /dev/shm, so it never touches a disk) and posts its path; each
 worker memory-maps the file and loads it inside one layerwise reload (see `cpu_reload`: per-parameter reloads
-give NaN and a tied lm_head must be repacked).
+give NaN and a tied lm_head must be repacked). A trainer on another node (no shared /dev/shm) serves the file
+over HTTP instead and posts its URL; the worker copies it to its own /dev/shm first (ogrpo.serve.client).
 
 The server imports this module through `--worker-extension-cls ogrpo.serve.cpu_transfer.CPUWeightSyncExtension`:
 vLLM imports the extension class in every worker before `Worker.load_model` builds the engine, and the import
@@ -25,7 +26,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from ogrpo.serve.cpu_reload import begin_reload, finish_reload, refresh_tied_lm_head
+from ogrpo.patches.vllm_cpu_reload import begin_reload, finish_reload, refresh_tied_lm_head
 
 from ogrpo.serve import CPU_BACKEND as BACKEND_NAME
 
@@ -40,7 +41,10 @@ class ShmInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class ShmUpdateInfo(WeightTransferUpdateInfo):
-    path: str
+    # path: the file on this host's /dev/shm (trainer on the same node); url: where the trainer serves it over
+    # HTTP when it runs on another node (shared memory is per host)
+    path: str | None = None
+    url: str | None = None
     # Optional count the client announces, so a truncated or foreign file is refused instead of half-loaded.
     num_tensors: int | None = None
 
@@ -56,6 +60,23 @@ def _read_tensors(path: str):
     with safe_open(path, framework="pt") as f:
         for key in f.keys():
             yield key, f.get_tensor(key)
+
+
+def _fetch(url: str) -> str:
+    """Copy the trainer's weights file from URL into a local file; returns its path (the caller deletes it)."""
+    import shutil
+    import tempfile
+    import urllib.request
+
+    directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    fd, path = tempfile.mkstemp(prefix="ogrpo-weights-pulled-", suffix=".safetensors", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=300) as resp:
+            shutil.copyfileobj(resp, out, 1 << 20)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
 
 
 class CPUShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
@@ -79,14 +100,22 @@ class CPUShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo
         if not getattr(self, "_in_update", False):
             # A load outside start/finish would be one reload per call, which is what gives NaN on CPU.
             raise RuntimeError("cpu_shm: /update_weights called without /start_weight_update first")
-        with_count = _Counting(_read_tensors(update_info.path))
-        self.model.load_weights(with_count)
+        source = update_info.path or update_info.url
+        if not source:
+            raise RuntimeError("cpu_shm: /update_weights needs update_info.path or update_info.url")
+        local = update_info.path or _fetch(update_info.url)
+        try:
+            with_count = _Counting(_read_tensors(local))
+            self.model.load_weights(with_count)
+        finally:
+            if not update_info.path:
+                os.unlink(local)
         if update_info.num_tensors is not None and with_count.n != update_info.num_tensors:
             raise RuntimeError(
-                f"cpu_shm: {update_info.path} held {with_count.n} tensors, the trainer announced "
+                f"cpu_shm: {source} held {with_count.n} tensors, the trainer announced "
                 f"{update_info.num_tensors}"
             )
-        log.info("cpu_shm: loaded %d tensors from %s", with_count.n, update_info.path)
+        log.info("cpu_shm: loaded %d tensors from %s", with_count.n, source)
 
     def finish_weight_update(self) -> None:
         if not getattr(self, "_in_update", False):

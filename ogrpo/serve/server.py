@@ -11,7 +11,10 @@ vLLM infers its device).
 
 Which server depends on the TRL line (`ogrpo.compat.server_flavor`): TRL 1.16 (CPU/CI) talks to vLLM's own
 api_server; TRL 1.9 (the GPU images) only to TRL's `trl vllm-serve`, which we start as
-`python -m trl.scripts.vllm_serve` with the same settings.
+`python -m trl.scripts.vllm_serve` (through `ogrpo.serve.trl_api`) with the same settings.
+
+Either server answers only its own job: every request but the liveness probe must carry the job's key, which
+the server reads from OGRPO_JOB_KEY in its environment (ogrpo.serve.auth, ogrpo.launch.secret).
 """
 
 from __future__ import annotations
@@ -23,15 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ogrpo import dtypes, lengths
 from ogrpo.errors import OgrpoError
 
 DEFAULT_HOST = "127.0.0.1"
-# TRL GRPOConfig.max_completion_length default (1.16); prompts default to the same budget when unset.
-DEFAULT_MAX_COMPLETION = 512
-DEFAULT_MAX_PROMPT = 512
 
-_DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "bf16": "bfloat16",
-           "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16", "auto": "auto"}
 
 
 @dataclass
@@ -57,51 +56,20 @@ _OWN_FLAGS = {"model", "host", "port", "dtype", "max_model_len", "revision", "te
 
 
 def normalize_dtype(value: Any) -> str:
-    text = str(value).removeprefix("torch.").lower()
-    if text not in _DTYPES:
-        raise OgrpoError(f"unknown dtype {value!r}; use one of fp32, bf16, fp16")
-    return _DTYPES[text]
+    return dtypes.torch_name(value, allow_auto=True)
 
 
 def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, dict | None]:
     """(trl fields, ogrpo options, plan or None) of a run config path or built-in recipe name."""
-    try:
-        from ogrpo.config import load_run_config  # the config area's loader, when present
-    except ImportError:
-        load_run_config = None
-    if load_run_config is not None:
-        rc = load_run_config(source)
-        opts = rc.ogrpo
-        opts = opts if isinstance(opts, dict) else (opts.to_dict() if hasattr(opts, "to_dict") else vars(opts))
-        return dict(rc.trl), dict(opts), opts.get("plan")
-    import yaml
+    from ogrpo.config import load_run_config
 
-    path = Path(source)
-    if not path.is_file():
-        raise OgrpoError(f"run config {source} not found; pass the run.yaml that `ogrpo render` wrote")
-    data = yaml.safe_load(path.read_text()) or {}
-    opts = data.pop("ogrpo", None) or {}
-    return data, opts, opts.get("plan")
+    rc = load_run_config(source)
+    opts = rc.ogrpo.to_dict()
+    return dict(rc.trl), opts, opts.get("plan")
 
 
-def required_max_model_len(trl: dict, ogrpo: dict | None = None, plan: dict | None = None) -> int | None:
-    """Context the trainer needs: prompt + completion tokens (or TRL's explicit vllm_max_model_length).
-
-    A plan already settled the lengths (prompt budget capped to the model's positions): its
-    `batch.max_model_len` wins, so that server and trainer agree. Without a plan: the run's
-    `max_prompt_length`, else 512, plus the completion length.
-    """
-    if trl.get("vllm_max_model_length"):
-        return int(trl["vllm_max_model_length"])
-    ogrpo = ogrpo or {}
-    plan = plan if plan is not None else ogrpo.get("plan")
-    batch = (plan or {}).get("batch") or {}
-    if batch.get("max_model_len"):
-        return int(batch["max_model_len"])
-    prompt = (ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or batch.get("prompt_length")
-              or DEFAULT_MAX_PROMPT)
-    completion = trl.get("max_completion_length") or batch.get("completion_length") or DEFAULT_MAX_COMPLETION
-    return int(prompt) + int(completion)
+# The trainer's context need lives with the other length rules; re-exported for ogrpo.serve.client.
+required_max_model_len = lengths.required_max_model_len
 
 
 def _cpu_build() -> bool:
@@ -121,11 +89,7 @@ def _trainer_dtype(trl: dict, plan: dict | None) -> str | None:
     for value in (mik.get("dtype"), mik.get("torch_dtype"), trl.get("dtype"), trl.get("torch_dtype")):
         if value and str(value) != "auto":
             return normalize_dtype(value)
-    if trl.get("fp16"):
-        return "float16"
-    if trl.get("bf16"):
-        return "bfloat16"
-    return None
+    return dtypes.from_trainer_flags(trl)
 
 
 def _checkpoint_dtype(model: str) -> str | None:
@@ -278,11 +242,11 @@ def build_trl_serve_argv(s: ServeSettings, host: str, port: int, python: str | N
     its parser refuses unknown flags."""
     from ogrpo import compat
 
-    if s.device == "cpu":
-        raise OgrpoError("`trl vllm-serve` (TRL < 1.16) has no CPU weight sync; serve on CPU with the CPU/CI "
-                         f"stack (TRL {compat.CPU_TRL_VERSION}, requirements/cpu.lock)")
     accepted = compat.trl_vllm_serve_args()
-    argv = [python or sys.executable, "-m", "trl.scripts.vllm_serve",
+    # ogrpo.serve.trl_api: TRL's server script behind the job-key guard; on CPU ogrpo.serve.trl_serve_cpu, the
+    # same script with a gloo weight-sync group instead of NCCL (the images' line, run by CI's second env)
+    module = "ogrpo.serve.trl_serve_cpu" if s.device == "cpu" else "ogrpo.serve.trl_api"
+    argv = [python or sys.executable, "-m", module,
             "--model", s.model, "--host", host, "--port", str(port), "--dtype", s.dtype]
     if s.revision:
         argv += ["--revision", s.revision]
@@ -334,6 +298,13 @@ def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str
 
         for key, value in CPU_SERVER_ENV.items():
             env.setdefault(key, value)
+        from ogrpo import compat
+
+        if compat.runtime_server_flavor() == compat.TRL_VLLM_SERVE:
+            # `trl vllm-serve` has no KV-budget flag, and vLLM 0.19's CPU build sizes its KV cache from this
+            # variable only (whole GiB; unset: half the host's memory): the plan's budget, rounded up
+            kv = s.extra.get("kv_cache_memory_bytes")
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, -(-int(kv) // 2**30))) if kv else "1")
     shim = version_shim_dir() if s.device == "cpu" else None
     if shim:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
@@ -346,6 +317,11 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     """Resolve, check, and exec the server (never returns unless dry_run, which returns the argv)."""
     if host == "0.0.0.0" and os.environ.get("OGRPO_ALLOW_ANY_HOST") != "1":
         raise OgrpoError("refusing to bind 0.0.0.0; pass this node's address (or set OGRPO_ALLOW_ANY_HOST=1)")
+    from ogrpo.launch.secret import KEY_ENV, from_env
+
+    if not dry_run and not from_env():
+        raise OgrpoError(f"no job key: set {KEY_ENV} in the server's and the trainer's environment (the same "
+                         "value; a job's supervisor does it), or the server would take requests from anyone")
     trl, opts, plan = load_serving_config(config)
     settings = resolve_settings(trl, opts, plan)
     check_request(settings, model=model, revision=revision, dtype=dtype, max_model_len=max_model_len)

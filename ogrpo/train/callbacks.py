@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ogrpo.dtypes import from_trainer_flags, precision
 from ogrpo.errors import LaunchError
 
 
@@ -67,12 +68,11 @@ HINTS = {
 def precision_of(trainer) -> str:
     """fp16 | bf16 | fp32: the narrowest range the forward runs in, from the AMP flags and the weights' dtype
     (fp16 weights under bf16 autocast still run norms and residual adds in fp16)."""
-    args = trainer.args
-    dtype = str(getattr(getattr(trainer, "model", None), "dtype", "")).removeprefix("torch.")
-    if getattr(args, "fp16", False) or dtype == "float16":
-        return "fp16"
-    if getattr(args, "bf16", False) or dtype == "bfloat16":
-        return "bf16"
+    amp = from_trainer_flags(trainer.args)
+    weights = str(getattr(getattr(trainer, "model", None), "dtype", "")).removeprefix("torch.")
+    for name in ("float16", "bfloat16"):  # narrowest range first
+        if name in (amp, weights):
+            return precision(name)
     return "fp32"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ogrpo.dtypes import torch_name
 from ogrpo.errors import OgrpoError
 
 # TRL ModelConfig defaults (trl/trainer/model_config.py, TRL 1.16).
@@ -23,7 +24,6 @@ DEFAULTS = {"lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_m
 PEFT_DEFAULT_TARGETS = {t: ("q_proj", "v_proj") for t in (
     "llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "qwen2", "qwen3")}
 
-_HALF = {"bf16": "bfloat16", "fp16": "float16"}
 BASE_DTYPE_REASON = ("LoRA: the frozen base is never updated, so it needs no fp32 master copy; peft keeps the "
                      "adapters in fp32")
 
@@ -87,7 +87,7 @@ def lora_spec(trl: dict, precision: str = "fp32") -> LoraSpec | None:
         problems.append(f"lora_dropout: a number in [0, 1), not {dropout!r}")
     if problems:
         raise OgrpoError("use_peft: " + "; ".join(problems))
-    dtype = "float32" if user_dtype(trl) == "float32" else _HALF.get(precision, "float32")
+    dtype = "float32" if user_dtype(trl) == "float32" else (torch_name(precision) if precision else "float32")
     saved = _names(get["lora_modules_to_save"], "lora_modules_to_save") or ()
     return LoraSpec(r=get["lora_r"], alpha=get["lora_alpha"], dropout=float(dropout),
                     target_modules=_names(get["lora_target_modules"], "lora_target_modules"),

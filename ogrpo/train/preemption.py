@@ -5,6 +5,13 @@ and sends SIGTERM on preemption or `scontrol requeue`. A signal can arrive mid-s
 optimizer are half updated, so the handler only raises a flag; the callback saves at the end of the current
 step and stops training. The trainer then exits with EXIT_PREEMPTED and the job is requeued.
 
+SIGTERM comes with a deadline: SIGKILL follows after the cluster's KillWait (+ GraceTime on a preemption;
+ogrpo.launch.grace). When the running step cannot finish and be saved before it, and the last finished step is
+already checkpointed (the plan then checkpoints every step), the trainer exits at once instead (marker written,
+EXIT_PREEMPTED): waiting could save nothing the disk does not already hold. It never saves mid-step: the state in
+memory then is one the uninterrupted run never has (RNG advanced, the optimizer maybe half-stepped), and the
+save's collectives would meet ranks that are inside the step's.
+
 Checkpoints are atomic: the Trainer writes `checkpoint-N` into `<output_dir>/.staging/`, and only when every
 file (model, optimizer, scheduler, RNG states of every rank, trainer_state.json) is there is the directory
 renamed into place. A kill during a save leaves a half-written staging dir, never a half-written
@@ -31,6 +38,33 @@ from pathlib import Path
 EXIT_PREEMPTED = 75
 STAGING = ".staging"
 MARKER = "preempted.json"
+# SIGTERM → SIGKILL seconds, when not asked from the cluster (tests; sites whose compute nodes cannot run scontrol)
+WINDOW_ENV = "OGRPO_SIGTERM_WINDOW_S"
+_exit = os._exit  # the leave-now path (a test replaces it)
+
+
+def sigterm_window_s() -> float | None:
+    """Seconds between SIGTERM and SIGKILL for this process: OGRPO_SIGTERM_WINDOW_S, else (inside a Slurm job)
+    the cluster's KillWait/GraceTime; None when unknown (then the trainer always waits for the step end)."""
+    if os.environ.get(WINDOW_ENV):
+        return float(os.environ[WINDOW_ENV])
+    if not os.environ.get("SLURM_JOB_ID"):
+        return None
+    from ogrpo.launch.grace import query
+
+    grace = query(os.environ.get("SLURM_JOB_PARTITION"))
+    return float(grace.window_s) if grace else None
+
+
+def _write_marker(output_dir: Path, signal_name: str | None, global_step: int, checkpoint: str | None,
+                  **extra) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir / (MARKER + ".tmp")
+    tmp.write_text(json.dumps({"signal": signal_name, "global_step": global_step, "checkpoint": checkpoint,
+                               "time": time.time(),
+                               "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0), **extra})
+                   + "\n")
+    os.replace(tmp, output_dir / MARKER)
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -152,6 +186,14 @@ class PreemptionCallback(_trainer_callback_base()):
         self.signal_name: str | None = None
         self.saved_step: int | None = None
         self._previous: dict[int, object] = {}
+        # for the SIGTERM deadline: measured step and save times, and whether the last finished step is on disk
+        self.window_s = sigterm_window_s()
+        self.step = 0  # finished steps (state.global_step at the running step's start)
+        self.last_saved = -1  # the step of the newest checkpoint this run has on disk
+        self._step_began: float | None = None
+        self._step_ended: float | None = None
+        self._step_times: list[float] = []
+        self._save_s: float | None = None
 
     # -- signals
     def install_handlers(self) -> None:
@@ -166,6 +208,8 @@ class PreemptionCallback(_trainer_callback_base()):
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGTERM and self.signal_name is None and self._leave_now():
+            return
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
             print(f"[ogrpo] {self.signal_name}: checkpoint at the end of this step, then exit for requeue",
@@ -175,10 +219,42 @@ class PreemptionCallback(_trainer_callback_base()):
     def preempted(self) -> bool:
         return self.signal_name is not None
 
+    def step_estimate_s(self) -> float | None:
+        recent = sorted(self._step_times[-5:])
+        return recent[len(recent) // 2] if recent else None
+
+    def _leave_now(self) -> bool:
+        """SIGTERM: exit at once (ogrpo.launch.grace.leave_now) when waiting for the step end cannot save more."""
+        from ogrpo.launch.grace import SAVE_FIXED_S, leave_now
+
+        if self._step_began is None or (self._step_ended is not None and self._step_ended >= self._step_began):
+            return False  # between steps: a save may be running, and it may still make it
+        elapsed = time.monotonic() - self._step_began
+        if not leave_now(elapsed_s=elapsed, step_s=self.step_estimate_s(), save_s=self._save_s or SAVE_FIXED_S,
+                         window_s=self.window_s, last_step_saved=self.last_saved == self.step):
+            return False
+        self.signal_name = "SIGTERM"
+        print(f"[ogrpo] SIGTERM with SIGKILL due in {self.window_s:g} s: step {self.step + 1} cannot finish and be "
+              f"saved by then; exiting now, checkpoint-{self.step} holds every finished step", file=sys.stderr,
+              flush=True)
+        if _is_main_process():
+            _write_marker(self.output_dir, "SIGTERM", self.step, f"checkpoint-{self.step}", left_mid_step=True)
+        sys.stdout.flush()
+        _exit(EXIT_PREEMPTED)
+        return True
+
     # -- TrainerCallback events
     def on_train_begin(self, args, state, control, **kwargs):
         if not self._previous:
             self.install_handlers()
+        self.step = state.global_step
+        if state.global_step:  # resumed: the checkpoint it came from is on disk
+            self.last_saved = state.global_step
+        return control
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step
+        self._step_began = time.monotonic()
         return control
 
     def _any_rank_preempted(self) -> bool:
@@ -195,26 +271,26 @@ class PreemptionCallback(_trainer_callback_base()):
         return self.preempted
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._step_ended = time.monotonic()
+        if self._step_began is not None:
+            self._step_times.append(self._step_ended - self._step_began)
         if self._any_rank_preempted():
             control.should_save = True
             control.should_training_stop = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        self.last_saved = self.step = state.global_step
+        if self._step_ended is not None:
+            self._save_s = time.monotonic() - self._step_ended  # the save and the step-end logging before it
         if self.preempted:
             self.saved_step = state.global_step
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.preempted and state.is_world_process_zero:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.output_dir / (MARKER + ".tmp")
-            tmp.write_text(json.dumps({"signal": self.signal_name, "global_step": state.global_step,
-                                       "checkpoint": f"checkpoint-{self.saved_step}" if self.saved_step else None,
-                                       "time": time.time(),
-                                       "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)})
-                           + "\n")
-            os.replace(tmp, self.output_dir / MARKER)
+            _write_marker(self.output_dir, self.signal_name, state.global_step,
+                          f"checkpoint-{self.saved_step}" if self.saved_step else None)
         self.restore_handlers()
         return control
 

@@ -11,11 +11,27 @@ and a TrainerCallback closes each optimizer step. Stages, in seconds per optimiz
 - train: loss + backward (training_step minus rollout/scoring time) + clip + optimizer step + zero_grad;
 - other: the rest of the step (padding, advantages, logging bookkeeping).
 
-Memory: the CUDA allocator's peak for the step on GPU; resident set size (current and process peak) on CPU.
+Memory, per step: the CUDA allocator's peak on GPU; resident set size (current and process peak) on CPU. Beside
+it, the plan's trainer estimate and a measurement of the same thing (the memory model's calibration, see
+docs/memory-calibration.md): `mem_estimate_gib` is the plan's per-process estimate without its runtime term
+(CUDA context, allocator slack / interpreter), `mem_measured_gib` the peak bytes of live tensors in this
+process during the step, `mem_measure` how:
+
+- `cuda_max_memory_allocated`: torch.cuda.max_memory_allocated() over the step (every step, free);
+- `cpu_live_tensor_peak`: on CPU torch keeps no allocator statistics, so the first MEASURE_STEPS steps are
+  measured exactly (TensorPeak): the CPU allocator's allocations and frees, with their addresses, followed
+  by torch.profiler (profile_memory=True) from the moment the profiler is attached, through the DDP /
+  DeepSpeed set-up, to the end of the last measured step; at each step's start the count is the storages of
+  all live Python-visible tensors (a garbage-collector walk, each storage once) joined by address with the
+  blocks allocated since attach and still live (what only C++ holds: DDP's buckets, DeepSpeed's buffers). A
+  step's value is the count's maximum (`mem_step_start_gib`: the count when it began, `mem_peak_stage`: the
+  stage the peak fell in). Later steps are not profiled (the profiler records every op); they carry the
+  estimate only. Only the process that writes the profile (rank 0) measures.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import resource
@@ -25,12 +41,21 @@ from pathlib import Path
 
 STAGES = ("generation", "reward", "logprobs", "train")
 GIB = 1024**3
+MEASURE_STEPS = 3  # CPU steps whose live-tensor peak is measured: the first builds the optimizer state lazily
 
 
 class StageProfiler:
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, memory_terms: dict | None = None,
+                 measure_steps: int = MEASURE_STEPS):
+        """`memory_terms`: the plan's trainer estimate (plan["trainer"]["memory_terms"]); without it the rows
+        carry the measurement only."""
         self.path = Path(path) if path else None
         self.rows: list[dict] = []
+        self.estimate = estimate_fields(memory_terms)
+        self.measure_steps = measure_steps if self.path is not None else 0  # only the process that writes rows
+        self._tensor_peak: TensorPeak | None = None
+        self._step_start_bytes = 0
+        self._measured = 0  # steps measured so far
         self._reset()
         self._scoring_depth = 0
         self._scoring_s = 0.0  # time inside rollout scoring during the current training_step
@@ -39,6 +64,7 @@ class StageProfiler:
     def _reset(self) -> None:
         self.acc = dict.fromkeys(STAGES, 0.0)
         self.tokens = 0
+        self.spans: list[tuple[str, int, int]] = []  # (stage, start, end) in unix ns: where a memory peak falls
         self.sequences = 0
         self.step_start: float | None = None
         self.last_train_step_end: float | None = None
@@ -46,6 +72,9 @@ class StageProfiler:
     # --- hooks on the trainer instance -------------------------------------------------------------------------
     def attach(self, trainer) -> "StageProfiler":
         self._trainer = trainer
+        if self.measure_steps > 0 and not _cuda():
+            # from here, before train() wraps the model in DDP / DeepSpeed: their buffers are counted as made
+            self._tensor_peak = TensorPeak().start()
         self._wrap(trainer, "_generate", self._on_generate)
         self._wrap(trainer, "_calculate_rewards", self._timed("reward"))
         self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_logps)
@@ -66,19 +95,21 @@ class StageProfiler:
     def _timed(self, stage: str):
         def make(fn):
             def inner(*args, **kwargs):
-                t0 = time.perf_counter()
+                t0, n0 = time.perf_counter(), time.time_ns()
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     self.acc[stage] += time.perf_counter() - t0
+                    self.spans.append((stage, n0, time.time_ns()))
             return inner
         return make
 
     def _on_generate(self, fn):
         def inner(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0, n0 = time.perf_counter(), time.time_ns()
             out = fn(*args, **kwargs)
             self.acc["generation"] += time.perf_counter() - t0
+            self.spans.append(("generation", n0, time.time_ns()))
             try:  # (prompt_ids, completion_ids, ...) in TRL 1.x
                 completion_ids = out[1]
                 self.tokens += sum(len(c) for c in completion_ids)
@@ -92,11 +123,12 @@ class StageProfiler:
         def inner(*args, **kwargs):
             if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            t0, n0 = time.perf_counter(), time.time_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.acc["logprobs"] += time.perf_counter() - t0
+                self.spans.append(("logprobs", n0, time.time_ns()))
         return inner
 
     def _on_scoring(self, fn):
@@ -113,13 +145,14 @@ class StageProfiler:
     def _on_training_step(self, fn):
         def inner(*args, **kwargs):
             self._scoring_s = 0.0
-            t0 = time.perf_counter()
+            t0, n0 = time.perf_counter(), time.time_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
                 t1 = time.perf_counter()
                 self.acc["train"] += (t1 - t0) - self._scoring_s
                 self.last_train_step_end = t1
+                self.spans.append(("train", n0, time.time_ns()))
         return inner
 
     # --- step boundaries ---------------------------------------------------------------------------------------
@@ -131,16 +164,36 @@ class StageProfiler:
         class ProfilerCallback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
                 prof._reset()
-                prof.step_start = time.perf_counter()
                 if _cuda():
                     import torch
 
                     torch.cuda.reset_peak_memory_stats()
+                elif prof._measured < prof.measure_steps:
+                    if prof._tensor_peak is not None and prof._tensor_peak.running:
+                        prof._tensor_peak.window(rebase=True)  # set-up since the last step: not its peak
+                    else:  # no follow-up since attach: from a walk of the live tensors
+                        prof._tensor_peak = TensorPeak().start()
+                    prof._step_start_bytes = prof._tensor_peak.live
+                prof.step_start = time.perf_counter()  # after the baseline walk: not step time
 
             def on_step_end(self, args, state, control, **kwargs):
                 prof.close_step(state.global_step, state.is_world_process_zero)
 
+            def on_train_end(self, args, state, control, **kwargs):
+                prof.finish()  # a run shorter than measure_steps ends with the profiler still recording
+
         return ProfilerCallback()
+
+    def finish(self) -> None:
+        if self._tensor_peak is not None and self._tensor_peak.running:
+            self._tensor_peak.stop()
+
+    def _stage_at(self, t_ns: int | None) -> str:
+        """The innermost stage running at t_ns; outside every training_step: the optimizer step."""
+        for stage in ("generation", "reward", "logprobs", "train"):  # innermost first
+            if t_ns is not None and any(s == stage and a <= t_ns <= b for s, a, b in self.spans):
+                return "loss_backward" if stage == "train" else stage
+        return "optimizer"
 
     def close_step(self, step: int, write: bool = True) -> dict:
         now = time.perf_counter()
@@ -153,12 +206,152 @@ class StageProfiler:
                "gen_tokens_per_s": round(self.tokens / self.acc["generation"], 2) if self.acc["generation"] else 0.0,
                "tokens_per_s": round(self.tokens / total, 2) if total else 0.0}
         row.update(memory_row())
+        row.update(self.estimate)
+        if row["device"] == "cuda":
+            row.update(mem_measured_gib=row["peak_mem_gib"], mem_measure="cuda_max_memory_allocated")
+        elif self._tensor_peak is not None and self._tensor_peak.running:
+            self._measured += 1
+            peak = self._tensor_peak.window(keep_going=self._measured < self.measure_steps)
+            # what persists across steps (weights, optimizer state, buckets) vs the step's own peak, and when
+            row.update(mem_measured_gib=round(peak / GIB, 6), mem_measure=TensorPeak.METHOD,
+                       mem_step_start_gib=round(self._step_start_bytes / GIB, 6),
+                       mem_peak_stage=self._stage_at(self._tensor_peak.peak_ns))
         self.rows.append(row)
         if write and self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
         self._reset()
         return row
+
+
+def estimate_fields(memory_terms: dict | None) -> dict:
+    """The plan's per-process trainer estimate as profile fields: the tensor part (what both measurements
+    see) and the runtime term (CUDA context and allocator slack, or the CPU interpreter) neither sees."""
+    terms = (memory_terms or {}).get("terms")
+    if not terms:
+        return {}
+    from ogrpo.memory import tensor_gib
+
+    return {"mem_estimate_gib": round(tensor_gib(terms), 6), "mem_runtime_gib": round(terms.get("runtime", 0.0), 3)}
+
+
+class TensorPeak:
+    """Live CPU tensor bytes, followed exactly. torch.profiler (profile_memory=True) reports each allocation and
+    free of the CPU allocator with its address, but a free only for a block allocated while it was recording;
+    so a count starts from a walk over the live tensors (through the garbage collector, each storage once) and
+    is re-based at each window on the same walk joined, by address, with the blocks allocated since start()
+    and not yet freed: those include what only C++ holds (DDP's gradient buckets, DeepSpeed's buffers), which
+    no walk over Python objects finds. Started before the trainer wraps the model, the count sees them made.
+    window() closes the span since the last one and returns its peak."""
+
+    METHOD = "cpu_live_tensor_peak"
+
+    def start(self) -> "TensorPeak":
+        self.blocks: dict[int, int] = {}  # address -> bytes of the blocks allocated since start(), still live
+        self.baseline = self.live = sum(live_storages().values())
+        self.peak_ns: int | None = None
+        self._begin()
+        return self
+
+    def _begin(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        global _RECORDING
+        # torch's profiler is one per process: a second one started over a running one corrupts both (the
+        # first's callbacks are gone when it stops, "Requested callback is not found", then a segfault).
+        if _RECORDING is not None and _RECORDING is not self:
+            _RECORDING.abandon()
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.__enter__()
+        _RECORDING = self
+
+    def abandon(self) -> None:
+        """Stop recording without counting (the process ends, or another measurement takes over)."""
+        global _RECORDING
+        prof, self._prof = getattr(self, "_prof", None), None
+        if _RECORDING is self:
+            _RECORDING = None
+        if prof is not None:
+            prof.__exit__(None, None, None)
+
+    def window(self, keep_going: bool = True, rebase: bool = False) -> int:
+        """Peak live bytes since the last window (or start); then, with `rebase`, the count re-based on a walk
+        (a step's start); goes on following unless keep_going is False."""
+        prof = self._prof
+        self.abandon()
+        peak, self.peak_ns = self.live, None
+        for t_ns, ptr, nbytes in _allocations(prof):
+            self.live += nbytes
+            if nbytes > 0:
+                self.blocks[ptr] = nbytes
+            else:
+                self.blocks.pop(ptr, None)
+            if self.live > peak:
+                peak, self.peak_ns = self.live, t_ns  # unix ns, like the profiler's stage spans
+        if rebase:
+            walk = live_storages()
+            self.live = sum(walk.values()) + sum(n for ptr, n in self.blocks.items() if ptr not in walk)
+        if keep_going:
+            self._begin()
+        return peak
+
+    def stop(self) -> int:
+        return self.window(keep_going=False)
+
+    @property
+    def running(self) -> bool:
+        return getattr(self, "_prof", None) is not None
+
+
+_RECORDING: TensorPeak | None = None  # the one TensorPeak whose profiler records now
+
+
+@atexit.register
+def _stop_recording() -> None:
+    # A torch.profiler still recording when the interpreter tears down segfaults in kineto's destructor (rc 139
+    # after a clean run): whatever way the process ends (an exception, a preemption's exit, a short run), stop it.
+    if _RECORDING is not None:
+        _RECORDING.abandon()
+
+
+def _allocations(prof) -> list[tuple[int, int, int]]:
+    """(time ns, address, +bytes allocated / -bytes freed) of the CPU allocator while `prof` recorded, in order."""
+    from torch._C._profiler import _EventType
+
+    out, stack = [], list(prof.profiler.kineto_results.experimental_event_tree()) if prof.profiler else []
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            f = node.extra_fields
+            if f.device.type == "cpu" and f.alloc_size:
+                out.append((node.start_time_ns, f.ptr, f.alloc_size))
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def live_storages() -> dict[int, int]:
+    """Address -> bytes of the CPU storages that live Python-visible tensors (parameters, buffers, optimizer
+    state, DeepSpeed's flat partitions, ...) hold, each storage once however many views share it."""
+    import gc
+
+    import torch
+
+    storages: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # not isinstance: that reads __class__ of lazy proxies
+            continue
+        try:
+            st = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, functional or meta wrappers hold no storage
+            continue
+        if st.device.type == "cpu" and st.data_ptr():
+            storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
+    return storages
+
+
+def live_tensor_bytes() -> int:
+    return sum(live_storages().values())
 
 
 def _cuda() -> bool:
@@ -195,6 +388,20 @@ def summarize(rows: list[dict]) -> dict:
     out["gen_tokens_per_s"] = toks / gen if gen else 0.0
     out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
     out["device"] = rows[-1].get("device")
+    out.update(memory_calibration(rows))
+    return out
+
+
+def memory_calibration(rows: list[dict]) -> dict:
+    """The plan's estimate against the largest measured step (the manifest's record for calibration)."""
+    measured = [r for r in rows if r.get("mem_measured_gib") is not None]
+    out = {k: rows[-1][k] for k in ("mem_estimate_gib", "mem_runtime_gib") if k in rows[-1]}
+    if measured:
+        top = max(measured, key=lambda r: r["mem_measured_gib"])
+        out.update(mem_measured_gib=top["mem_measured_gib"], mem_measure=top["mem_measure"],
+                   mem_measured_step=top["step"], mem_measured_steps=len(measured))
+        if out.get("mem_estimate_gib"):
+            out["mem_measured_over_estimate"] = round(top["mem_measured_gib"] / out["mem_estimate_gib"], 4)
     return out
 
 

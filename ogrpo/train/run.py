@@ -180,7 +180,7 @@ def install_vllm_hooks(p: Prepared) -> None:
     if args.vllm_mode == "server":
         client.install_cpu_client(expect)
     elif args.vllm_mode == "colocate":
-        from ogrpo.train import colocate_cpu
+        from ogrpo.patches import trl_colocate_cpu as colocate_cpu
 
         dtype = vargs.get("dtype") or _trainer_dtype(p)
         colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True),
@@ -194,24 +194,23 @@ def install_kernels(trainer, plan: dict) -> dict:
     chosen = plan.get("kernels") or {}
     out: dict = {}
     if chosen.get("linear_logprobs"):
-        from ogrpo.kernels.linear_logprobs import trl_patch  # OgrpoError if TRL's method moved
+        from ogrpo.patches import trl_linear_logprobs  # OgrpoError if TRL's method moved
 
-        out["linear_logprobs"] = trl_patch.install(trainer)
+        out["linear_logprobs"] = trl_linear_logprobs.install(trainer)
     if chosen.get("fused_sample") and not getattr(trainer.args, "use_vllm", False):
-        from ogrpo.kernels.fused_sample import generate_patch, implementation
+        from ogrpo.kernels.fused_sample import implementation
+        from ogrpo.patches import transformers_fused_sample
 
-        generate_patch.install(trainer)
+        transformers_fused_sample.install(trainer)
         out["fused_sample"] = {"installed": True, "implementation": implementation("cpu" if trainer.args.use_cpu
                                                                                   else "cuda")}
     return out
 
 
 def _trainer_dtype(p: Prepared) -> str:
-    if getattr(p.args, "bf16", False):
-        return "bfloat16"
-    if getattr(p.args, "fp16", False):
-        return "float16"
-    return "float32"
+    from ogrpo.dtypes import from_trainer_flags
+
+    return from_trainer_flags(p.args) or "float32"
 
 
 def init_cpu_deepspeed(p: Prepared) -> None:
@@ -274,7 +273,8 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)
-    StageProfiler(run_dir / rundir.PROFILE if is_main else None).attach(trainer)
+    StageProfiler(run_dir / rundir.PROFILE if is_main else None,
+                  memory_terms=(p.plan.get("trainer") or {}).get("memory_terms")).attach(trainer)
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)

@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-METRICS = "metrics.jsonl"
-PROFILE = "profile.jsonl"
-MANIFEST = "manifest.json"
+from ogrpo.layout import MANIFEST, METRICS, PROFILE  # noqa: F401  (the run dir's file names, one home)
+
 PLOTS = "plots"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+from ogrpo.dtypes import trainer_flags
 from ogrpo.errors import OgrpoError
 
 # ModelConfig keys that TRL's own script turns into `model_init_kwargs`.
@@ -91,17 +92,10 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
     if init:
         kwargs["model_init_kwargs"] = init
 
-    precision = plan.get("precision")
-    if precision == "fp16":
+    if plan.get("precision"):
         # GRPOConfig turns bf16 on unless told otherwise, and fp16+bf16 is refused: say both explicitly.
-        kwargs.setdefault("fp16", True)
-        kwargs.setdefault("bf16", False)
-    elif precision == "bf16":
-        kwargs.setdefault("bf16", True)
-        kwargs.setdefault("fp16", False)
-    elif precision == "fp32":
-        kwargs.setdefault("bf16", False)
-        kwargs.setdefault("fp16", False)
+        for flag, on in trainer_flags(plan["precision"]).items():
+            kwargs.setdefault(flag, on)
 
     if vllm_url:
         # An explicit server URL means server mode, whatever the plan chose for a machine without one.

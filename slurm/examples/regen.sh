@@ -4,6 +4,8 @@
 # Each example is rendered next to the old one and swapped in only when rendering succeeded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The examples are for a cluster that is not this one: render asks no Slurm controller for its KillWait
+export SLURM_CONF=/nonexistent
 while read -r name gpus recipe; do
   [[ -z "$name" || "$name" == \#* ]] && continue
   new="slurm/examples/.$name.new"

@@ -329,7 +329,7 @@ def _generate(model, batch, tok, **kwargs):
 
 @pytest.mark.parametrize("kwargs", [{"do_sample": False}, {"do_sample": False, "repetition_penalty": 1.5}])
 def test_patched_greedy_generate_is_unchanged(compiled, tiny, kwargs):
-    from ogrpo.kernels.fused_sample import generate_patch
+    from ogrpo.patches import transformers_fused_sample as generate_patch
 
     model, batch, tok = tiny
     want = _generate(model, batch, tok, **kwargs)
@@ -350,7 +350,7 @@ def test_patched_greedy_generate_is_unchanged(compiled, tiny, kwargs):
 
 
 def test_patched_sampling_generate_uses_fused_sample(compiled, tiny):
-    from ogrpo.kernels.fused_sample import generate_patch
+    from ogrpo.patches import transformers_fused_sample as generate_patch
 
     model, batch, tok = tiny
     settings = {"do_sample": True, "temperature": 0.9, "top_k": 30, "top_p": 0.95, "repetition_penalty": 1.1}
@@ -381,7 +381,7 @@ def test_grpo_trainer_rollout_goes_through_fused_sample(compiled, tmp_path):
     with fused_sample (~20 s on 2 cores)."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from ogrpo.kernels.fused_sample import generate_patch
+    from ogrpo.patches import transformers_fused_sample as generate_patch
     from ogrpo.tiny import ensure_tiny_model, letter_reward, toy_dataset
 
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4,
@@ -407,7 +407,7 @@ def test_unsupported_chain_is_left_to_transformers():
     from transformers import GenerationConfig
     from transformers.generation import logits_process as lp
 
-    from ogrpo.kernels.fused_sample.generate_patch import fused_plan
+    from ogrpo.patches.transformers_fused_sample import fused_plan
 
     sampling = GenerationConfig(do_sample=True)
     chain = [lp.RepetitionPenaltyLogitsProcessor(1.1), lp.TemperatureLogitsWarper(0.7), lp.TopPLogitsWarper(0.9)]
@@ -421,7 +421,7 @@ def test_unsupported_chain_is_left_to_transformers():
 
 
 def test_install_refuses_a_model_that_overrides_sample(tiny):
-    from ogrpo.kernels.fused_sample import generate_patch
+    from ogrpo.patches import transformers_fused_sample as generate_patch
 
     class OwnLoop(type(tiny[0])):
         def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
@@ -434,7 +434,7 @@ def test_install_refuses_a_model_that_overrides_sample(tiny):
 def test_install_fails_loudly_when_transformers_moved(monkeypatch):
     from transformers.generation.utils import GenerationMixin
 
-    from ogrpo.kernels.fused_sample import generate_patch
+    from ogrpo.patches import transformers_fused_sample as generate_patch
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
         return torch.multinomial(logits_processor(input_ids, input_ids), 1)

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 from ogrpo.errors import OgrpoError  # noqa: E402
-from ogrpo.kernels.linear_logprobs import op, trl_patch  # noqa: E402
+from ogrpo.kernels.linear_logprobs import op  # noqa: E402
+from ogrpo.patches import trl_linear_logprobs as trl_patch  # noqa: E402
 
 KEYS = ("loss", "reward", "kl", "entropy", "completions/mean_length")
 OVERRIDES = {"max_steps": 3, "save_strategy": "no", "temperature": 0.8, "per_device_train_batch_size": 16,

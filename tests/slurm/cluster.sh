@@ -1,15 +1,28 @@
 #!/bin/bash
-# A throw-away one-node Slurm on localhost for the `slurm` tests: munge, mariadb + slurmdbd (sacct, account
-# enforcement), slurmctld, slurmd, and 3 fake A40s (character devices: Slurm only stats them, and plain files
-# would give no CUDA_VISIBLE_DEVICES). Adapted from shared/slurm-ci.
+# A throw-away Slurm on localhost for the `slurm` tests: munge, mariadb + slurmdbd (sacct, account
+# enforcement), slurmctld, slurmd `localhost` with 3 fake A40s (character devices: Slurm only stats them, and
+# plain files would give no CUDA_VISIBLE_DEVICES), and, as root where `ip netns` works, a second CPU-only node
+# `node2`: its own slurmd in network namespace $NETNS behind a veth pair, so that it has its own address and
+# a job spanning both nodes talks across a real (virtual) link. Adapted from shared/slurm-ci.
+#
+# Partitions: `debug` (default) = localhost only, so no existing test lands on node2; `two` = both nodes.
 #
 #   tests/slurm/cluster.sh up     install (apt-get) if needed, start from a fresh state dir, wait until idle
 #   tests/slurm/cluster.sh down   cancel jobs, stop exactly the daemons `up` started (pid files), in reverse order
 #   tests/slurm/cluster.sh env    print the export line for SLURM_CONF
 #
-# Env: ROOT or OGRPO_SLURM_ROOT (default /tmp/ogrpo-slurm-test). Partition `debug`, account `ogrpo` (user root belongs to it).
+# Env: ROOT or OGRPO_SLURM_ROOT (default /tmp/ogrpo-slurm-test); account `ogrpo` (user root belongs to it).
+# Two clusters side by side need their own OGRPO_SLURM_PORT_BASE (slurmctld, slurmd, slurmdbd take BASE..BASE+2;
+# default 6817), OGRPO_SLURM_DB_PORT (mariadb, default 3306), OGRPO_SLURM_NETNS (default ogrpo-n2) and
+# OGRPO_SLURM_SUBNET (first three octets of a /24, default 10.213.0: .1 host side, .2 node2).
+# OGRPO_SLURM_NODE2=0 brings up the one-node cluster only.
 set -euo pipefail
 ROOT=${ROOT:-${OGRPO_SLURM_ROOT:-/tmp/ogrpo-slurm-test}}
+PORT=${OGRPO_SLURM_PORT_BASE:-6817}
+DB_PORT=${OGRPO_SLURM_DB_PORT:-3306}
+NETNS=${OGRPO_SLURM_NETNS:-ogrpo-n2}
+NET=${OGRPO_SLURM_SUBNET:-10.213.0}
+VETH=v$(printf %s "$NETNS" | tail -c 10)   # interface names: at most 15 characters
 export SLURM_CONF=$ROOT/etc/slurm.conf
 SOCK=$ROOT/munge/munge.socket
 PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
@@ -46,15 +59,41 @@ sweep_orphans() {
   kill -KILL "${left[@]}" 2>/dev/null || true
 }
 
+can_node2() {
+  [ "${OGRPO_SLURM_NODE2:-1}" = 1 ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null || return 1
+  ip netns add "$NETNS.probe" 2>/dev/null && ip netns del "$NETNS.probe"
+}
+
+netns_up() {  # veth pair: $NET.1 on the host, $NET.2 in $NETNS (node2); lo up there for its own services
+  netns_down
+  ip netns add "$NETNS"
+  ip link add "$VETH-h" type veth peer name "$VETH-n"
+  ip link set "$VETH-n" netns "$NETNS"
+  ip addr add "$NET.1/24" dev "$VETH-h"; ip link set "$VETH-h" up
+  ip netns exec "$NETNS" ip addr add "$NET.2/24" dev "$VETH-n"
+  ip netns exec "$NETNS" ip link set "$VETH-n" up
+  ip netns exec "$NETNS" ip link set lo up
+}
+
+netns_down() {  # deleting the namespace deletes the veth pair with it
+  ip netns pids "$NETNS" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+  ip netns del "$NETNS" 2>/dev/null || true
+  ip link del "$VETH-h" 2>/dev/null || true
+}
+
+node_state() { timeout 5 sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n 1; }
+
 up() {
   ensure_packages
   if [ -s "$ROOT/run/slurmctld.pid" ] && kill -0 "$(cat "$ROOT/run/slurmctld.pid")" 2>/dev/null; then
-    if [ "$(timeout 5 sinfo -h -N -n localhost -o %T 2>/dev/null)" = idle ]; then
+    if [ "$(node_state localhost)" = idle ]; then
       echo "slurm already up: export SLURM_CONF=$SLURM_CONF"; return 0
     fi
     echo "cluster.sh: daemons running under $ROOT but the node is not idle (run 'down' first)" >&2; exit 1
   fi
   sweep_orphans
+  local two=0 ctl=127.0.0.1
+  if can_node2; then netns_up; two=1; ctl=$NET.1; fi
   rm -rf "$ROOT"; mkdir -p "$ROOT"/{etc,run,log,state/ctld,state/d,munge/key,dev,mysql}
   chmod 755 "$ROOT/munge"; chmod 700 "$ROOT/munge/key"
   for i in 0 1 2; do mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done   # never opened, only stat'ed by slurmd
@@ -69,21 +108,22 @@ EOT
   local cpus; cpus=$(nproc); [ "$cpus" -ge 8 ] || cpus=8
   cat > "$ROOT/etc/slurm.conf" <<EOT
 ClusterName=ci
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost($ctl)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire=10 lets a requeued job start again after ~15 s instead of the default 2 minutes
 AuthInfo=socket=$SOCK,cred_expire=10
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
 StateSaveLocation=$ROOT/state/ctld
-SlurmdSpoolDir=$ROOT/state/d
+# %n: each slurmd (node) its own spool, pid and log file
+SlurmdSpoolDir=$ROOT/state/d/%n
 SlurmctldPidFile=$ROOT/run/slurmctld.pid
-SlurmdPidFile=$ROOT/run/slurmd.pid
+SlurmdPidFile=$ROOT/run/slurmd-%n.pid
 SlurmctldLogFile=$ROOT/log/slurmctld.log
-SlurmdLogFile=$ROOT/log/slurmd.log
+SlurmdLogFile=$ROOT/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MailProg=/bin/true
@@ -104,7 +144,7 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$ROOT/log/jobcomp.txt
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-AccountingStoragePort=6819
+AccountingStoragePort=$((PORT + 2))
 AccountingStoragePass=$SOCK
 AccountingStorageTRES=gres/gpu
 AccountingStorageEnforce=associations,qos
@@ -115,16 +155,30 @@ InactiveLimit=0
 Waittime=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
+EOT
+  if [ "$two" = 1 ]; then
+    # localhost's NodeAddr is the host end of the veth: 127.0.0.1 inside the namespace would be node2 itself.
+    # A job's node list comes sorted by name: in a two-node plan node 0 (the vLLM server) is localhost and
+    # node 1 (the trainer) node2.
+    cat >> "$ROOT/etc/slurm.conf" <<EOT
+NodeName=node2 NodeAddr=$NET.2 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=localhost NodeAddr=$NET.1 CPUs=$cpus RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=two Nodes=node2,localhost MaxTime=INFINITE State=UP OverSubscribe=NO
+EOT
+  else
+    cat >> "$ROOT/etc/slurm.conf" <<EOT
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOT
+  fi
   munged --force --socket="$SOCK" --key-file="$ROOT/munge/key/munge.key" --log-file="$ROOT/log/munged.log" \
          --pid-file="$ROOT/run/munged.pid" --seed-file="$ROOT/munge/key/munged.seed"
   mariadb-install-db --no-defaults --user=root --datadir="$ROOT/mysql/data" \
      --auth-root-authentication-method=socket >"$ROOT/log/mariadb-install.log" 2>&1
   # setsid: the database must not die with the shell that ran `up` (CI steps, pytest fixtures)
   setsid mariadbd --no-defaults --user=root --datadir="$ROOT/mysql/data" --socket="$ROOT/mysql/mysqld.sock" \
-     --pid-file="$ROOT/run/mariadb.pid" --bind-address=127.0.0.1 --port=3306 --skip-name-resolve \
+     --pid-file="$ROOT/run/mariadb.pid" --bind-address=127.0.0.1 --port=$DB_PORT --skip-name-resolve \
      --log-error="$ROOT/log/mariadb.err" --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1 &
   wait_for 150 mariadb-admin --no-defaults -S "$ROOT/mysql/mysqld.sock" -uroot ping \
     || { echo "mariadb did not start"; tail -n 20 "$ROOT/log/mariadb.err"; exit 1; }
@@ -135,19 +189,19 @@ AuthType=auth/munge
 AuthInfo=socket=$SOCK
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort=6819
+DbdPort=$((PORT + 2))
 SlurmUser=root
 LogFile=$ROOT/log/slurmdbd.log
 PidFile=$ROOT/run/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort=3306
+StoragePort=$DB_PORT
 StorageUser=slurm
 StoragePass=slurmpw
 StorageLoc=slurm_acct_db
 EOT
   slurmdbd
-  wait_for 150 bash -c "echo >/dev/tcp/127.0.0.1/6819" || { echo "slurmdbd did not start"; exit 1; }
+  wait_for 150 bash -c "echo >/dev/tcp/127.0.0.1/$((PORT + 2))" || { echo "slurmdbd did not start"; exit 1; }
   # Associations first: with AccountingStorageEnforce=associations,qos an unknown --account or --qos is
   # refused at submit
   sacctmgr -i add cluster ci >/dev/null
@@ -155,9 +209,18 @@ EOT
   sacctmgr -i add user root account=ogrpo DefaultAccount=ogrpo >/dev/null
   slurmctld -i
   slurmd -N localhost
+  # node2: same filesystem (munge socket, spool under $ROOT), own network namespace
+  # nsenter, not `ip netns exec`: that also remounts /sys, which hides /sys/fs/cgroup from slurmd. A private
+  # /dev/shm (own mount namespace), as on a separate host: nothing may pass between the nodes through it.
+  if [ "$two" = 1 ]; then
+    unshare --mount --propagation private sh -c \
+      "mount -t tmpfs -o size=25% tmpfs /dev/shm && exec nsenter --net=/run/netns/$NETNS slurmd -N node2" ||
+      { echo "slurmd node2 did not start"; tail -n 5 "$ROOT/log/slurmd-node2.log"; exit 1; }
+  fi
   for _ in $(seq 120); do
-    if [ "$(timeout 5 sinfo -h -N -n localhost -o %T 2>/dev/null)" = idle ]; then
-      echo "slurm up: export SLURM_CONF=$SLURM_CONF"; return 0
+    if [ "$(node_state localhost)" = idle ] && { [ "$two" = 0 ] || [ "$(node_state node2)" = idle ]; }; then
+      echo "slurm up$([ "$two" = 1 ] && echo " (node2 in netns $NETNS, partition two)"): export SLURM_CONF=$SLURM_CONF"
+      return 0
     fi
     sleep 0.25
   done
@@ -172,8 +235,10 @@ down() {
     for _ in $(seq 60); do [ -z "$(timeout 5 squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
   fi
   local d f pid
-  for d in slurmd slurmctld slurmdbd mariadb munged; do
-    f=$ROOT/run/$d.pid; [ -s "$f" ] || continue
+  # slurmd.pid: clusters started before the per-node pid files
+  for f in "$ROOT"/run/slurmd-*.pid "$ROOT"/run/{slurmd,slurmctld,slurmdbd,mariadb,munged}.pid; do
+    [ -s "$f" ] || continue
+    d=$(basename "$f" .pid)
     pid=$(cat "$f")
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid"
@@ -185,6 +250,7 @@ down() {
   # An interrupted `up` can leave daemons whose pid files a later `up` overwrote: every daemon of this cluster
   # names $ROOT on its command line (or, for slurm*, in SLURM_CONF), so sweep what is left.
   sweep_orphans
+  netns_down
   echo "slurm down ($ROOT)"
 }
 

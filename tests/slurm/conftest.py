@@ -38,6 +38,15 @@ def slurm_cluster():
         subprocess.run(["bash", str(HERE / "cluster.sh"), "down"], check=False, env={**os.environ, "ROOT": ROOT})
 
 
+@pytest.fixture(scope="session")
+def grpo_reference(slurm_cluster, tmp_path_factory):
+    """The uninterrupted tiny GRPO run on the test cluster (test_slurm_grpo.run_reference), made once for every
+    test that compares a resumed run with it."""
+    from .test_slurm_grpo import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("grpo-ref"))
+
+
 def wait_gone(job_id: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

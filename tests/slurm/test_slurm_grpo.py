@@ -1,8 +1,8 @@
 """The real pipeline on the test cluster: `ogrpo submit --gpus 3xA40 --config ...` with the tiny CPU model.
 
-The test cluster's A40s are character devices, so submit runs with OGRPO_FAKE_GPUS=1: Slurm still allocates
-GPUs per step (and sets CUDA_VISIBLE_DEVICES for each), while the steps execute the CPU plan of the same
-layout (ogrpo.commands.jobs._fake_gpu_job).
+The test cluster's A40s are character devices: `ogrpo submit` submits the GPU plan as it would anywhere, Slurm
+allocates GPUs per step (and sets CUDA_VISIBLE_DEVICES for each), and the steps' entry points are the stand-ins
+of tests/slurm/fake_gpus.py, which run the CPU plan of the same layout.
 
 Determinism of resumed runs: the preemption and time-limit runs generate with HF `generate` inside the trainer
 (`use_vllm: false`). On CPU that is deterministic given the RNG state, which the checkpoint carries
@@ -13,17 +13,15 @@ would not: its sampler state starts afresh, so the completions after the restart
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from . import fake_gpus
 from .conftest import ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-FAKE = {"OGRPO_FAKE_GPUS": "1"}
 TINY = """model_name_or_path: ogrpo:tiny
 dataset_name: ogrpo:tiny
 reward_funcs: [tiny_letter]
@@ -57,7 +55,7 @@ def config(tmp_path: Path, steps: int, save: int, vllm: bool) -> str:
 
 
 def submit(cfg: str, job_dir: Path, *args: str) -> str:
-    out = ogrpo("submit", "--config", cfg, "-o", str(job_dir), *args, env=FAKE, check=True)
+    out = ogrpo("submit", "--config", cfg, "-o", str(job_dir), *args, env=fake_gpus.env(), check=True)
     line = out.stdout.splitlines()[0]
     assert line.startswith("submitted job "), out.stdout
     return line.split()[-1]
@@ -130,55 +128,10 @@ def test_cancel_grpo_leaves_no_process(slurm_cluster, tmp_path):
     wait_for(lambda: not processes_of_job(job), 30, f"processes of job {job} to disappear")
 
 
-@pytest.fixture(scope="module")
-def reference(slurm_cluster, tmp_path_factory):
-    """The uninterrupted run the resumed ones must reproduce."""
-    tmp = tmp_path_factory.mktemp("ref")
+def run_reference(tmp: Path) -> Path:
+    """The uninterrupted run the resumed ones must reproduce (once per session: conftest.grpo_reference, also
+    used by test_slurm_preemption.py); its run directory."""
     job = submit(config(tmp, LONG_STEPS, 8, vllm=False), tmp / "job", "--gpus", "1xA40", "--time", "10")
-    wait_gone(job, 400)
+    wait_gone(job, 600)  # queued behind other jobs of the session, and 0.5-6 s a step on a loaded machine
     assert sacct_state(job) == "COMPLETED"
     return tmp / "job" / "run"
-
-
-def test_forced_requeue_resumes_to_the_same_result(reference, tmp_path):
-    job_dir = tmp_path / "job"
-    job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "10")
-    wait_for(lambda: latest_step(job_dir / "run") >= 10, 300, "step 10")
-    subprocess.run(["scontrol", "requeue", job], check=True)  # what a preemption with PreemptMode=REQUEUE does
-    wait_gone(job, 400)
-    assert sacct_state(job) == "COMPLETED"
-    manifest = read_json(job_dir / "run" / "manifest.json")
-    assert manifest.get("resumed_from"), "the second attempt must resume from a checkpoint"
-    assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
-    assert_same_run(job_dir / "run", reference, LONG_STEPS)
-
-
-def test_time_limit_checkpoints_requeues_and_resumes(reference, tmp_path):
-    """A real 2-minute limit, warning 30 s before the end (Slurm sends it up to 30 s early: 60-90 s in).
-
-    The tiny run takes 30 s on a quiet machine and minutes on a loaded one, so the test holds the trainer
-    step (SIGSTOP after 3 steps, SIGCONT once the warning has come) to make the first attempt outlast the
-    limit at any speed; pausing changes no computation."""
-    job_dir = tmp_path / "job"
-    run = job_dir / "run"
-    job = submit(config(tmp_path, LONG_STEPS, 8, vllm=False), job_dir, "--gpus", "1xA40", "--time", "2",
-                 "--signal-delay", "30", "--max-requeues", "3")
-    wait_for(lambda: latest_step(run) >= 3, 300, "step 3")
-    step = f"{job}.{read_json(run / 'roles' / 'trainer.step.json')['slurm_step_id']}"
-    subprocess.run(["scancel", "--signal=STOP", step], check=True)
-    log = job_dir / "logs" / f"slurm-{job}.out"
-    wait_for(lambda: "USR2: asking the trainer" in log.read_text(), 200, "the time-limit warning")
-    subprocess.run(["scancel", "--signal=CONT", step], check=True)
-    wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 120, "the time-limit requeue")
-    # one time-limit round trip is the point; the resumed attempt may need more than 2 minutes when loaded
-    wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"],
-                                    capture_output=True).returncode == 0, 60, "scontrol update TimeLimit")
-    wait_gone(job, 900)
-    assert sacct_state(job) == "COMPLETED"
-    requeue = read_json(job_dir / "slurm" / "requeue-0.json")
-    # saved on the signal at the end of the running step, then exited for the requeue
-    assert requeue["requeued"] and requeue["signal"] == "SIGUSR2" and requeue["checkpoint"].startswith("checkpoint-")
-    info = json.loads(ogrpo("status", job, "--json", check=True).stdout)
-    assert info["requeues"] == 1 and info["max_requeues"] == 3
-    assert read_json(run / "manifest.json").get("resumed_from")
-    assert_same_run(run, reference, LONG_STEPS)

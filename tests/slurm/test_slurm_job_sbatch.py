@@ -101,7 +101,9 @@ def test_plain_sbatch_of_the_rendered_job_runs_like_submit(slurm_cluster, tmp_pa
     assert read_json(job_dir / "slurm" / "result.json")["rc"] == 0
     ports = read_json(job_dir / "run" / "ports.json")
     argv = json.loads((job_dir / "trainer.argv.json").read_text())
-    assert f"http://127.0.0.1:{ports['server']}" in argv  # NodeAddr of the test node
+    # NodeAddr of the test node: 127.0.0.1, or the host end of node2's veth in the two-node cluster
+    assert ports["server_host"] in ("127.0.0.1", os.environ.get("OGRPO_SLURM_SUBNET", "10.213.0") + ".1")
+    assert f"http://{ports['server_host']}:{ports['server']}" in argv
     assert argv[argv.index("--main_process_port") + 1] == str(ports["rendezvous"])
     assert f"vllm_group_port={ports['group']}" in argv
     # the steps got their own devices and the memory the plan asked for

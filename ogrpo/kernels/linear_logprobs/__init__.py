@@ -4,8 +4,8 @@
     logp, entropy = linear_logprobs(hidden, lm_head.weight, targets, temperature)
 
 Layout (one stem per op): reference.py (plain PyTorch), op.py (torch custom ops, autograd, dispatch, first-use
-check), csrc/ (C++ CPU kernel, CUDA kernels + launchers), trl_patch.py (GRPOTrainer wiring). Names resolve
-lazily so importing the package does not import torch.
+check), csrc/ (C++ CPU kernel, CUDA kernels + launchers); its GRPOTrainer wiring is a library patch and lives with
+the others, in ogrpo.patches.trl_linear_logprobs. Names resolve lazily so importing the package does not import torch.
 """
 
 from __future__ import annotations

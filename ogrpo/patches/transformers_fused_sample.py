@@ -1,4 +1,4 @@
-"""Fused sampling inside HF `generate` (TRL's rollout when `use_vllm` is false).
+"""transformers: fused sampling (ogrpo.kernels.fused_sample) inside HF `generate` (TRL's rollout when `use_vllm` is false).
 
 Hook: transformers 5.19's `generate` calls `type(self)._sample(self, input_ids, logits_processor=...,
 generation_config=...)`, and `_sample` picks each token as `argmax(logits_processor(input_ids, logits))` when
@@ -20,6 +20,10 @@ import copy
 import inspect
 
 from ogrpo.errors import OgrpoError
+from ogrpo.patches.target import moved
+
+NAME = "transformers_fused_sample"
+LIBRARY = "transformers"
 
 _MARK = "_ogrpo_fused_sample"
 _ORIGINAL = "_ogrpo_original"
@@ -43,12 +47,16 @@ def check_hook() -> None:
     for mode in ("SAMPLE", "GREEDY_SEARCH"):
         if mapping.get(getattr(utils.GenerationMode, mode, None)) != "_sample":
             problems.append(f"GENERATION_MODES_MAPPING[{mode}] is no longer '_sample'")
-    sample = utils.GenerationMixin._sample
-    params = inspect.signature(sample).parameters
-    problems += [f"_sample lost its `{name}` parameter" for name in _SAMPLE_PARAMS if name not in params]
-    source = inspect.getsource(sample)
-    problems += [f"_sample no longer contains `{line}`" for line in _SAMPLE_NEEDS if line not in source]
-    if _GENERATE_NEEDS not in inspect.getsource(utils.GenerationMixin.generate):
+    sample = getattr(utils.GenerationMixin, "_sample", None)
+    if sample is None:
+        problems.append("GenerationMixin._sample is gone")
+    else:
+        params = inspect.signature(sample).parameters
+        problems += [f"_sample lost its `{name}` parameter" for name in _SAMPLE_PARAMS if name not in params]
+        source = inspect.getsource(sample)
+        problems += [f"_sample no longer contains `{line}`" for line in _SAMPLE_NEEDS if line not in source]
+    generate = getattr(utils.GenerationMixin, "generate", None)
+    if generate is None or _GENERATE_NEEDS not in inspect.getsource(generate):
         problems.append(f"generate no longer dispatches through `{_GENERATE_NEEDS}`")
     attrs = {lp.RepetitionPenaltyLogitsProcessor: ("penalty", "prompt_ignore_length"),
              lp.TemperatureLogitsWarper: ("temperature",),
@@ -58,8 +66,11 @@ def check_hook() -> None:
         probe = _probe(cls)
         problems += [f"{cls.__name__} has no `{n}`" for n in names if not hasattr(probe, n)]
     if problems:
-        raise OgrpoError(f"fused sampling cannot hook transformers {transformers.__version__}: "
-                         + "; ".join(problems) + " (update ogrpo/kernels/fused_sample/generate_patch.py)")
+        raise moved(NAME, LIBRARY, [f"fused sampling cannot hook transformers {transformers.__version__}: "
+                                    + "; ".join(problems)])
+
+
+check = check_hook  # the name every patch module exposes
 
 
 def _probe(cls):

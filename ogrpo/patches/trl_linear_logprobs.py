@@ -1,4 +1,4 @@
-"""Wire linear_logprobs into TRL's GRPOTrainer where it scores completions (policy, old policy, reference model).
+"""TRL: wire linear_logprobs (ogrpo.kernels.linear_logprobs) into TRL's GRPOTrainer where it scores completions (policy, old policy, reference model).
 
 `install(trainer)` replaces `trainer._get_per_token_logps_and_entropies` on the instance (the class is left
 alone, so other trainers in the process are not affected) and teaches the model (and the reference model) a
@@ -23,8 +23,12 @@ import logging
 import types
 
 from ogrpo.errors import OgrpoError
+from ogrpo.patches.target import moved
 
 log = logging.getLogger(__name__)
+
+NAME = "trl_linear_logprobs"
+LIBRARY = "trl"
 
 METHOD = "_get_per_token_logps_and_entropies"
 # The leading parameters both TRL lines (1.9.2 and 1.16.0, read from their sources) share, in order. Every later
@@ -49,18 +53,25 @@ def check_trl_method(cls) -> str:
     """The TRL line's flavour ("fused" or "logits"); OgrpoError if the method this patch replaces moved."""
     method = getattr(cls, METHOD, None)
     if method is None:
-        raise OgrpoError(f"{cls.__name__} has no {METHOD}: this TRL version is not supported by the "
-                         "linear_logprobs patch (supported: 1.9.2 and 1.16); turn the kernel off in the plan")
+        raise moved(NAME, LIBRARY, [f"{cls.__name__} has no {METHOD} (supported: TRL 1.9.2 and 1.16); turn the "
+                                    "kernel off in the plan"])
     params = list(inspect.signature(method).parameters.values())
     names = tuple(p.name for p in params)
     extra = [p for p in params[len(LEADING):] if p.default is not None or p.kind is not p.POSITIONAL_OR_KEYWORD]
     if names[:len(LEADING)] != LEADING or extra:
-        raise OgrpoError(f"{cls.__name__}.{METHOD} changed its signature to ({', '.join(names)}); the "
-                         "linear_logprobs patch knows (" + ", ".join(LEADING) + ", <multimodal>=None...); "
-                         "update ogrpo/kernels/linear_logprobs/trl_patch.py or turn the kernel off")
+        raise moved(NAME, LIBRARY, [f"{cls.__name__}.{METHOD} changed its signature to ({', '.join(names)}); the "
+                                    "patch knows (" + ", ".join(LEADING) + ", <multimodal>=None...); or turn the "
+                                    "kernel off"])
     from trl.trainer import utils as trl_utils
 
     return "fused" if hasattr(trl_utils, "add_fused_lm_head") else "logits"
+
+
+def check() -> str:
+    """TRL's GRPOTrainer still has the scoring method this patch replaces; returns the TRL line."""
+    from trl import GRPOTrainer
+
+    return check_trl_method(GRPOTrainer)
 
 
 def unsupported_reason(model) -> str | None:

@@ -1,11 +1,30 @@
-"""Keep typer's option parsing from importing pydantic (0.1-0.2 s of the 0.3 s `ogrpo plan` may take).
+"""typer: keep option parsing from importing pydantic (0.1-0.2 s of the 0.3 s `ogrpo plan` may take).
 
 typer 0.29 coerces every non-flag option through a pydantic TypeAdapter. Options typed plain str/int/float/bool
-(or Optional of them) need no pydantic: coerce those directly and leave every other annotation to typer. A typer
-without these internals is left untouched (the CLI is then only slower, never wrong).
+(or Optional of them) need no pydantic: coerce those directly and leave every other annotation to typer.
+`check()` fails loudly when typer's internals moved; `install()` then leaves typer untouched and says so on
+stderr (the CLI is only slower, never wrong), and `ogrpo doctor` and tests/test_patches.py fail.
 """
 
 from __future__ import annotations
+
+import sys
+
+from ogrpo.patches.target import PatchTargetMoved, require
+
+NAME = "typer_options"
+LIBRARY = "typer"
+# typer internals this patch subclasses or wraps, with the parameters it relies on
+TARGETS = {
+    "typer.core:_TyperParameter.get_runtime_param": ("self",),
+    "typer._coercion:RuntimeParam": ("parameter_info", "annotation"),
+    "typer._coercion:RuntimeParam._coerce_value": ("value", "param", "ctx"),
+    "typer._click.exceptions:BadParameter": None,
+}
+
+
+def check() -> None:
+    require(NAME, LIBRARY, TARGETS)
 
 
 def install() -> None:
@@ -13,13 +32,16 @@ def install() -> None:
     from dataclasses import dataclass
 
     try:
-        from typer import core
-        from typer._click.exceptions import BadParameter
-        from typer._coercion import RuntimeParam
-    except ImportError:
+        check()
+    except PatchTargetMoved as exc:
+        print(f"ogrpo: warning: {exc}; options are parsed by typer itself (slower start)", file=sys.stderr)
         return
-    original = getattr(core._TyperParameter, "get_runtime_param", None)
-    if original is None or getattr(original, "_ogrpo_plain", False):
+    from typer import core
+    from typer._click.exceptions import BadParameter
+    from typer._coercion import RuntimeParam
+
+    original = core._TyperParameter.get_runtime_param
+    if getattr(original, "_ogrpo_plain", False):
         return
 
     @dataclass(frozen=True)

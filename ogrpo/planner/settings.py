@@ -1,0 +1,186 @@
+"""Hardware-aware settings, each with its reason: precision and attention first (they decide the memory
+model), then what the trainer (TrainingArguments/GRPOConfig), the job's environment and vLLM are given."""
+
+from __future__ import annotations
+
+from ogrpo.errors import ConfigError
+from ogrpo.planner.draft import Draft
+from ogrpo.planner.placement import Placement
+from ogrpo.planner.strategy import STRATEGY_NAMES, TrainerFit, VllmFit
+from ogrpo.train.peft_config import BASE_DTYPE_REASON as LORA_BASE_REASON
+
+
+def _user_mik(trl: dict) -> dict:
+    return trl.get("model_init_kwargs") if isinstance(trl.get("model_init_kwargs"), dict) else {}
+
+
+def precision(d: Draft) -> str:
+    r, trl = d.rules, d.trl
+    value, why, adapts = r.precision(trl)
+    d.settings.add("precision", value, why)
+    for key, to, reason in adapts:
+        d.changes.adapt(key, to, reason)
+    problem = r.model_problem(d.model)
+    if problem:
+        raise ConfigError([problem], d.run_config.source)
+    return value
+
+
+def attention(d: Draft) -> str:
+    r, trl = d.rules, d.trl
+    user_mik = _user_mik(trl)
+    key = "attn_implementation" if trl.get("attn_implementation") else (
+        "model_init_kwargs.attn_implementation" if user_mik.get("attn_implementation") else None)
+    want = trl.get("attn_implementation") or user_mik.get("attn_implementation")
+    if want and r.attn_supported(want):
+        attn = d.settings.add("attn_implementation", want, "set in the run config")
+    else:
+        attn = d.settings.add("attn_implementation", *r.default_attn())
+    if key and attn != want:
+        d.changes.add(key, want, attn, r.attn_change_reason(want))
+    return attn
+
+
+def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: str, attn: str) -> dict:
+    """What the trainer's GRPOConfig gets from the plan (the recipe's own keys pass through separately)."""
+    r, trl, s, ch = d.rules, d.trl, d.settings, d.changes
+    gpu = d.gpu
+    targs, flag_settings, mik_dtype = r.precision_args(precision, t.strategy)
+    targs = dict(targs)
+    for name, value, why in flag_settings:
+        s.add(name, value, why)
+    if t.lora:
+        mik_dtype = t.lora.base_dtype
+    mik_dtype = s.add("model_init_kwargs.dtype", mik_dtype, LORA_BASE_REASON if t.lora else
+                      "fp32 master weights: bf16/fp16 weights would round away updates at lr ~1e-6"
+                      if mik_dtype == "float32" else "DeepSpeed keeps fp32 master weights itself; load half to "
+                      "save host RAM")
+    for key in ("bf16", "fp16"):
+        ch.adapt(key, targs[key], f"{gpu.name} (sm_{gpu.sm}) trains in {precision}")
+    user_mik = _user_mik(trl)
+    for key, user in (("dtype", trl.get("dtype")), ("torch_dtype", trl.get("torch_dtype")),
+                      ("model_init_kwargs.dtype", user_mik.get("dtype") or user_mik.get("torch_dtype"))):
+        if user is not None and str(user).removeprefix("torch.") != mik_dtype:
+            ch.add(key, user, mik_dtype, r.dtype_change_prefix(str(user)) +
+                   (LORA_BASE_REASON if t.lora else
+                    "fp32 master weights under half-precision autocast: half weights would round away updates "
+                    "at lr ~1e-6" if mik_dtype == "float32" else "DeepSpeed keeps fp32 master weights itself"))
+    mik = dict(trl.get("model_init_kwargs") or {}) if isinstance(trl.get("model_init_kwargs"), dict) else {}
+    mik.update(attn_implementation=attn, dtype=mik_dtype)
+    targs["model_init_kwargs"] = mik
+    tf32 = r.tf32(trl.get("tf32"))
+    if tf32 is not None:
+        value, why, change_why = tf32
+        targs["tf32"] = s.add("tf32", value, why) if why else value
+        ch.adapt("tf32", value, change_why)
+    gc = t.gradient_checkpointing
+    targs["gradient_checkpointing"] = gc
+    if gc:
+        targs["gradient_checkpointing_kwargs"] = trl.get("gradient_checkpointing_kwargs") or {"use_reentrant": False}
+    if not d.user_set("optim"):
+        targs["optim"] = s.add("optim", *r.optim())
+    if not d.user_set("torch_compile"):
+        targs["torch_compile"] = s.add("torch_compile", *r.torch_compile(d.profile))
+    if not d.user_set("dataloader_num_workers"):
+        targs["dataloader_num_workers"] = r.dataloader_workers()
+    use_cpu = r.use_cpu(trl.get("use_cpu"))
+    if use_cpu is not None:
+        set_arg, value, why = use_cpu
+        ch.adapt("use_cpu", value, why)
+        if set_arg:
+            targs["use_cpu"] = value
+    targs["use_vllm"] = p.mode != "none"
+    if p.mode == "server":
+        targs["vllm_mode"] = "server"
+        for key in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port"):
+            if trl.get(key) is not None:
+                ch.add(key, trl[key], None, "the job starts its own vLLM server and gives the trainer its URL")
+    elif p.mode == "colocate":
+        targs["vllm_mode"] = "colocate"
+        targs["vllm_gpu_memory_utilization"] = s.add(
+            "vllm_gpu_memory_utilization", v.colocate_util,
+            "colocated vLLM's share of the device; the trainer plans with the rest")
+        targs["vllm_tensor_parallel_size"] = 1
+        targs["vllm_max_model_length"] = ch.adapt("vllm_max_model_length", p.max_model_len,
+                                                  "the prompt + completion budget the memory plan holds")
+    if p.mode != "none" and not d.user_set("vllm_server_timeout"):
+        targs["vllm_server_timeout"] = 900.0
+    return targs
+
+
+def job_env(d: Draft) -> dict[str, str]:
+    """The environment of every step: the device rules' variables, the recipe's W&B keys, ogrpo.env."""
+    trl = d.trl
+    env: dict[str, str] = {"TOKENIZERS_PARALLELISM": "false"}
+    for key, value, why in d.rules.job_env(d.cluster.total_gpus):
+        env[key] = d.settings.add(key, value, why) if why else value
+    for key, var in (("wandb_entity", "WANDB_ENTITY"), ("wandb_project", "WANDB_PROJECT"),
+                     ("wandb_run_group", "WANDB_RUN_GROUP")):
+        if trl.get(key):
+            env[var] = str(trl[key])  # what open-r1's init_wandb_training does with these keys
+    if isinstance(d.run_config.ogrpo.env, dict):
+        env.update({str(k): str(v) for k, v in d.run_config.ogrpo.env.items()})
+    return env
+
+
+def vllm_args(d: Draft, p: Placement, v: VllmFit, precision: str) -> tuple[dict, dict[str, str]]:
+    """(vLLM engine arguments, the server step's environment); both empty without vLLM."""
+    r, trl, s = d.rules, d.trl, d.settings
+    if p.mode not in ("server", "colocate"):
+        return {}, {}
+    vdtype = s.add("vllm.dtype", *r.vllm_dtype(precision))
+    if r.kv_policy == "kv_bytes":
+        memory_arg = {"kv_cache_memory_bytes": s.add("vllm.kv_cache_memory_bytes",
+                                                     v.estimate.notes["kv_cache_memory_bytes"],
+                                                     r.kv_setting_reason(v.max_num_seqs, p.max_model_len))}
+    else:
+        memory_arg = {"gpu_memory_utilization": v.util}
+    args = {
+        "dtype": vdtype,
+        "max_model_len": p.max_model_len,
+        **memory_arg,
+        "enable_prefix_caching": s.add("vllm.enable_prefix_caching", True,
+                                       "the num_generations completions of a prompt share its KV blocks")
+        if trl.get("vllm_enable_prefix_caching") is None else bool(trl["vllm_enable_prefix_caching"]),
+        "max_num_seqs": v.max_num_seqs,
+        "enforce_eager": r.enforce_eager(d.prof["eager"]),
+        "tensor_parallel_size": p.tp,
+        "data_parallel_size": p.dp,
+        "logprobs_mode": "processed_logprobs",
+    }
+    s.add("vllm.logprobs_mode", "processed_logprobs",
+          "TRL's importance-sampling correction compares against the sampler's processed log-probs")
+    env: dict[str, str] = {}
+    if p.mode == "server":
+        from ogrpo.serve import SERVER_ARGS
+
+        args["disable_log_stats"] = s.add(
+            "vllm.disable_log_stats", SERVER_ARGS["disable_log_stats"],
+            "per-step engine statistics run on the engine's critical path (-12 % tokens/s on CPU, ogrpo bench "
+            "rollout); ogrpo's profiler reports generation throughput, TRL's own vllm-serve keeps none")
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        for key, value, why in r.server_env(d.cluster.total_gpus):
+            env[key] = s.add(key, value, why) if why else value
+    return args, env
+
+
+def replaced_by_job(d: Draft, targs: dict, strategy: str) -> None:
+    """Recipe keys the job replaces with its own: a DeepSpeed file, evaluation, the output directory."""
+    trl, ch = d.trl, d.changes
+    if trl.get("deepspeed") is not None:
+        # accelerate.yaml names the job's deepspeed.json; a second file in TrainingArguments would conflict.
+        targs["deepspeed"] = None
+        ch.add("deepspeed", trl["deepspeed"], "deepspeed.json" if strategy != "ddp" else None,
+               f"the plan picks {STRATEGY_NAMES[strategy]} for {d.cluster.spec}"
+               + (" and renders its own DeepSpeed config" if strategy != "ddp" else ", which needs no DeepSpeed config")
+               + "; the recipe's file is not read")
+    from ogrpo.planner.batch import eval_dropped
+
+    if eval_dropped(trl):
+        targs["eval_strategy"] = "no"
+        key = "eval_strategy" if trl.get("eval_strategy") not in (None, "no") else "evaluation_strategy"
+        ch.add(key, trl[key], "no", "O-GRPO's trainer loads no eval split (transformers refuses an eval strategy "
+                                    "without one)")
+    if trl.get("output_dir") is not None:
+        ch.add("output_dir", trl["output_dir"], "<job dir>/run", "the job's run directory (--output-dir) holds "
+                                                                 "checkpoints, logs and the manifest")

@@ -224,9 +224,8 @@ def test_sigterm_during_a_save_or_on_usr2_never_leaves(tmp_path, monkeypatch):
     assert not exits2 and cb2.signal_name == "SIGUSR2"
 
 
-def test_window_under_slurm_comes_from_scontrol(tmp_path, monkeypatch):
-    from ogrpo.train import preemption
-
+def _scontrol_printing_the_test_cluster(tmp_path: Path) -> Path:
+    """A folder with an `scontrol` that prints the test cluster's `show config` / `show partition` output."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(
@@ -234,6 +233,13 @@ def test_window_under_slurm_comes_from_scontrol(tmp_path, monkeypatch):
         f"print(open({str(DATA / 'scontrol_show_config.txt')!r}).read() if sys.argv[2] == 'config' else "
         f"{PARTITION!r})\n")
     (bin_dir / "scontrol").chmod(0o755)
+    return bin_dir
+
+
+def test_window_under_slurm_comes_from_scontrol(tmp_path, monkeypatch):
+    from ogrpo.train import preemption
+
+    bin_dir = _scontrol_printing_the_test_cluster(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv(preemption.WINDOW_ENV, raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -246,13 +252,7 @@ def test_window_under_slurm_comes_from_scontrol(tmp_path, monkeypatch):
 def test_render_and_plan_show_the_policy_of_the_cluster(tmp_path):
     """`ogrpo render` / `plan --json` against a cluster whose KillWait is 5 s (a stand-in scontrol printing the
     test cluster's output): save_steps lowered in run.yaml, the change and the warning shown and recorded."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(
-        f"#!{sys.executable}\nimport sys\n"
-        f"print(open({str(DATA / 'scontrol_show_config.txt')!r}).read() if sys.argv[2] == 'config' else "
-        f"{PARTITION!r})\n")
-    (bin_dir / "scontrol").chmod(0o755)
+    bin_dir = _scontrol_printing_the_test_cluster(tmp_path)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     ogrpo = [sys.executable, "-m", "ogrpo"]
     out = subprocess.run([*ogrpo, "render", "--gpus", "2xcpu", "--config", "tiny", "-o", str(tmp_path / "job")],

@@ -143,10 +143,30 @@ def test_multi_node_server_gets_node_zero(basic_recipe):
     p = _plan(basic_recipe, "2x8xA100-80G", model="Qwen/Qwen2.5-7B-Instruct").to_dict()
     assert p["vllm"]["nodes"] == [0] and p["trainer"]["nodes"] == [1]
     assert p["trainer"]["gpus"] == list(range(8)) and p["trainer"]["num_processes"] == 8
-    # 28 heads / 4 KV heads: TP 8 is not allowed, 4 is the widest that is.
-    assert p["vllm"]["tensor_parallel_size"] == 4 and p["vllm"]["gpus"] == [0, 1, 2, 3]
+    # 7.6B in bf16 (15 GiB) and a KV cache fit one 80 GB GPU: TP 1, and the node's other 7 GPUs hold replicas
+    # (data parallel 8) rather than sitting idle or widening one replica's KV cache.
+    assert p["vllm"]["tensor_parallel_size"] == 1 and p["vllm"]["data_parallel_size"] == 8
+    assert p["vllm"]["gpus"] == list(range(8))
     assert "NCCL_P2P_DISABLE" not in p["env"]
-    assert p["warnings"]  # 4 idle GPUs on the server node are reported
+    assert not any("idle" in w for w in p["warnings"])
+
+
+@pytest.mark.parametrize("trl, tp, dp, idle", [
+    ({"vllm_tensor_parallel_size": 4}, 4, 2, False),  # the recipe's TP kept; replicas fill the node
+    ({"vllm_data_parallel_size": 1}, 1, 1, True),  # the recipe's DP kept; the idle GPUs are reported
+    ({"vllm_tensor_parallel_size": 2, "vllm_data_parallel_size": 2}, 2, 2, True),
+])
+def test_multi_node_server_data_parallel_follows_the_recipe(basic_recipe, trl, tp, dp, idle):
+    p = _plan(basic_recipe, "2x8xA100-80G", model="Qwen/Qwen2.5-7B-Instruct", **trl).to_dict()
+    assert (p["vllm"]["tensor_parallel_size"], p["vllm"]["data_parallel_size"]) == (tp, dp)
+    assert p["vllm"]["gpus"] == list(range(tp * dp))
+    assert any("idle" in w for w in p["warnings"]) is idle
+    assert not [c for c in p["changes"] if c["key"].startswith("vllm_") and "parallel" in c["key"]]
+
+
+def test_one_node_server_takes_no_trainer_gpu_for_replicas(basic_recipe):
+    p = _plan(basic_recipe, "8xA40").to_dict()  # replicas would take trainer GPUs: not planned on one node
+    assert p["vllm"]["data_parallel_size"] == 1 and len(p["vllm"]["gpus"]) == p["vllm"]["tensor_parallel_size"]
 
 
 def test_valid_tp_sizes():

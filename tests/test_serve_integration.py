@@ -21,7 +21,7 @@ from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch.local import run_local_result
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_fixtures import build_tiny_model, jsonl  # noqa: E402
+from serve_fixtures import build_tiny_model, group_members, jsonl  # noqa: E402
 from test_supervisor import _non_loopback_address  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -46,19 +46,6 @@ r = s.connect_ex((addr, port))
 print("connect to", addr, port, "->", r, flush=True)
 sys.exit(0 if r != 0 else 9)
 """
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
 
 
 def test_server_mode_grpo_cpu_two_trainers(tmp_path):
@@ -106,7 +93,7 @@ def test_server_mode_grpo_cpu_two_trainers(tmp_path):
 
     for role in ("server", "trainer", "probe"):
         pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
-        assert _group_members(pid) == [], f"{role} left processes behind"
+        assert group_members(pid) == [], f"{role} left processes behind"
 
 
 @pytest.mark.slow
@@ -131,4 +118,4 @@ def test_submit_local_server_mode_tiny_recipe(tmp_path):
     assert len(rows) == 3 and max(r["sampling/sampling_logp_difference/mean"] for r in rows) < 1e-4, rows
     for role in ("server", "trainer"):
         pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
-        assert _group_members(pid) == [], f"{role} left processes behind"
+        assert group_members(pid) == [], f"{role} left processes behind"

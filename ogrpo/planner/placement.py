@@ -185,7 +185,7 @@ def _server_process(d: Draft, p: Placement) -> None:
                    "CPU devices are processes: the server gets one, the trainer the rest")
     p.trainer_env["OMP_NUM_THREADS"] = d.settings.add(
         "OMP_NUM_THREADS", "1", "vLLM's CPU worker pins a core; a trainer with 2 threads beside it ran "
-        "1.8x slower than with 1 (shared/vllm-cpu)")
+        "1.8x slower than with 1 (measured on a 2-core host)")
 
 
 def _server_gpus(d: Draft, p: Placement) -> None:
@@ -212,17 +212,16 @@ def _server_gpus(d: Draft, p: Placement) -> None:
         s.add("vllm.tensor_parallel_size", p.tp, "vllm_tensor_parallel_size in the run config")
     else:
         cands = [t for t in choices if t <= max(1, room)] or [1]
-        p.tp = cands[-1]
-        if cluster.nodes > 1:
-            # The server owns node 0 anyway: the widest tensor-parallel group gives the most KV cache.
-            s.add("vllm.tensor_parallel_size", p.tp,
-                  f"largest size dividing {model.num_heads} heads within the server node")
-        else:
-            p.tp = next((t for t in cands if p.sizer.ok(p.sizer.estimate(t))), p.tp)
-            s.add("vllm.tensor_parallel_size", p.tp,
-                  f"smallest size dividing {model.num_heads} heads that holds the weights and a KV cache")
+        p.tp = next((t for t in cands if p.sizer.ok(p.sizer.estimate(t))), cands[-1])
+        s.add("vllm.tensor_parallel_size", p.tp,
+              f"smallest size dividing {model.num_heads} heads that holds the weights and a KV cache")
     if p.want_dp and p.want_dp > 1 and p.tp * p.want_dp <= room:
         p.dp = s.add("vllm.data_parallel_size", int(p.want_dp), "vllm_data_parallel_size in the run config")
+    elif p.want_dp is None and vllm_gpus is None and cluster.nodes > 1 and room // p.tp > 1:
+        # The server owns node 0 whatever its size: replicas on the GPUs a tensor-parallel group leaves idle
+        # generate that many more sequences at once, where a wider group would only add KV cache to one.
+        p.dp = s.add("vllm.data_parallel_size", room // p.tp,
+                     f"{room // p.tp} replicas of tensor parallel {p.tp} fill the server node's {room} GPUs")
     width = p.tp * p.dp
     p.server_nodes, p.server_gpus = [0], list(range(width))
     if cluster.nodes > 1:

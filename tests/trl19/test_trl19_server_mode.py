@@ -16,25 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_fixtures import jsonl
+from serve_fixtures import group_members, jsonl
 
 pytestmark = pytest.mark.integration
 
 STEPS = 3
 GAP = "sampling/sampling_logp_difference/mean"
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
 
 
 def test_local_job_server_mode_trl_vllm_serve(tmp_path):
@@ -86,4 +73,4 @@ def test_local_job_server_mode_trl_vllm_serve(tmp_path):
     assert '"1.9.2"' in versions, "the manifest does not record TRL 1.9.2"
     for role in ("server", "trainer"):
         pid = json.loads((job_dir / "run" / "roles" / f"{role}.json").read_text())["pid"]
-        assert _group_members(pid) == [], f"{role} left processes behind"
+        assert group_members(pid) == [], f"{role} left processes behind"

@@ -3,7 +3,7 @@
     JOB_DIR/
       job.sbatch, manifest.json (render), jobspec.json (a JobSpec built in code), job.key (mode 0600)
       logs/            slurm-<id>.out (the batch step, #SBATCH --output), supervisor.log (local backend)
-      slurm/           submitit's files
+      slurm/           the job's attempt-N.json and requeue-N.json (one per start, one per requeue)
       run/             the run directory (ogrpo.train.rundir): manifest.json, profile.jsonl, metrics.jsonl,
                        checkpoint-N/, ports.json, preempted.json
         logs/<role>.log    each step's output

@@ -18,7 +18,8 @@ def train(
 ) -> None:
     """Train with TRL's GRPOTrainer using the plan's settings; profile every step; write a run directory."""
     from ogrpo.train import parse_overrides
-    from ogrpo.train.run import train as run_train
+    from ogrpo.train.run import leave_process_group, train as run_train
 
     run_train(config, output_dir=output_dir, vllm_url=vllm_url, resume=resume,
               overrides=parse_overrides(overrides), gpus=gpus)
+    leave_process_group()

@@ -23,10 +23,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a run-config key (repeatable)")
     ns = ap.parse_args(argv)
     try:
-        from ogrpo.train.run import train
+        from ogrpo.train.run import leave_process_group, train
 
         train(ns.config, output_dir=ns.output_dir, vllm_url=ns.vllm_url, resume=ns.resume,
               overrides=parse_overrides(ns.overrides), gpus=ns.gpus)
+        leave_process_group()
     except OgrpoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

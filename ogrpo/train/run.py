@@ -303,6 +303,18 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     return run_dir
 
 
+def leave_process_group() -> None:
+    """Tear the default process group down before the interpreter does: left to interpreter teardown, a gloo
+    group's threads can be destroyed while joinable, and the rank aborts after a finished run ("terminate called
+    without an active exception", SIGABRT: seen with torch 2.10 in server mode). Only at a process's end: a
+    later train() in the same process would find accelerate's state pointing at a destroyed group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears down while another still talks to it
+        dist.destroy_process_group()
+
+
 def distributed_summary(trainer) -> dict:
     """How the trainer really ran, read from the live accelerator and DeepSpeed engine (not from the plan): the
     manifest's proof that a ZeRO plan trained under DeepSpeed at its stage."""

@@ -365,7 +365,9 @@ def test_cpu_trainer_step_starts_real_gloo_workers(tiny_recipe, tmp_path):
     (tmp_path / "rankprobe.py").write_text(
         "from accelerate import PartialState\n"
         "s = PartialState(cpu=True)  # what TrainingArguments(use_cpu=True) creates\n"
-        "print('RANK', s.process_index, s.num_processes, s.backend, flush=True)\n")
+        "import pathlib\n"
+        "# one file per rank: two ranks printing to one shared stdout interleave their lines\n"
+        "pathlib.Path(f'rank{s.process_index}.txt').write_text(f'{s.process_index} {s.num_processes} {s.backend}')\n")
     import socket
 
     with socket.socket() as s:
@@ -377,5 +379,5 @@ def test_cpu_trainer_step_starts_real_gloo_workers(tiny_recipe, tmp_path):
     cmd = [str(Path(sys.executable).with_name("accelerate"))] + argv[1:cut] + ["rankprobe.py"]
     env = dict(os.environ, **spec.step("trainer").env)
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    ranks = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("RANK"))
+    ranks = sorted(p.read_text().split() for p in tmp_path.glob("rank*.txt"))
     assert ranks == [["0", "2", "gloo"], ["1", "2", "gloo"]], out.stdout + out.stderr[-2000:]

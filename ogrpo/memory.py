@@ -15,7 +15,7 @@ Trainer (per process/GPU), P parameters, N trainer processes:
   checkpointing only each layer's input (H per token per layer) stays, plus one layer recomputed.
 - logits: TRL computes logits for completion tokens only (B·C·V): half-precision logits, an fp32
   log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away, and O-GRPO's
-  linear_logprobs kernel keeps one chunk (<= 2 x 256 MiB) whatever B·C.
+  linear_logprobs kernel keeps one chunk (<= 2 x 192 MiB) whatever B·C.
 - reference model (beta > 0): a copy of the weights in the policy's load dtype under DDP (fp32 master
   weights), in the half dtype under DeepSpeed (sharded under ZeRO-3).
 - runtime: CUDA context + allocator slack, ~1 GiB per process (the interpreter on CPU); not a tensor, so not

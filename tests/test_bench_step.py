@@ -25,6 +25,13 @@ def test_reward_and_summary():
     assert s["generation"] == 2.0 and s["step"] == 3.0 and s["peak_gib"] == 2.0 and s["tokens_per_s"] == 6.0
     r = ratios({**s, "step": 6.0, "peak_gib": 4.0}, s)
     assert r["step_speedup"] == 2.0 and r["memory_ratio"] == 0.5
+    # seconds per scoring pass: a path that scores twice a step (the old policy for vLLM's importance sampling,
+    # and the reference) is compared per pass as well as per stage
+    one = summarize([{"logprobs_s": 0.6, "logprob_passes": 1}] * 2)
+    two = summarize([{"logprobs_s": 1.0, "logprob_passes": 2}] * 2)
+    assert two["logprobs_per_pass"] == 0.5
+    r = ratios(one, two)
+    assert r["logprobs_speedup"] == pytest.approx(0.6) and r["logprobs_per_pass_speedup"] == pytest.approx(1.2)
 
 
 def test_bad_input_is_one_error(tmp_path):
@@ -48,5 +55,9 @@ def test_both_paths_run_and_report(tmp_path):
     assert "step_speedup:" in text and "peak GiB" in text
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert {r["path"] for r in rows} == {"trl", "ogrpo", "ratio"}
-    assert {r["metric"] for r in rows if r["path"] == "trl"} == {f"{s}_s" for s in STAGES} | {"peak_mem"}
+    assert {r["metric"] for r in rows if r["path"] == "trl"} == {f"{s}_s" for s in STAGES} | {
+        "peak_mem", "logprobs_per_pass_s"}
+    # beta > 0: both paths score the reference model; O-GRPO's vLLM rollouts score the old policy too
+    assert res["results"]["trl"]["logprob_passes"] >= 1
+    assert res["results"]["ogrpo"]["logprob_passes"] > res["results"]["trl"]["logprob_passes"]
     assert (tmp_path / "s.png").stat().st_size > 1000

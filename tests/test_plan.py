@@ -119,7 +119,7 @@ def test_deepspeed_eval_and_output_dir_are_reported(write_recipe):
             "eval_strategy: steps\noutput_dir: data/x\n")
     # B 8 x (512 + 512) tokens, no accumulation: DDP holds fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B
     # x 1.544e9 = 23.0 GiB), the larger of its gradients (4 B/param, 5.75) and activations + logits chunk
-    # (1.3 + 0.5), + 1 = 29.75 GiB, over 4xV100-16G's 14.4: ZeRO-2 (11.4 GiB), with the plan's own DeepSpeed file.
+    # (1.3 + 0.37), + 1 = 29.75 GiB, over 4xV100-16G's 14.4: ZeRO-2 (11.4 GiB), with the plan's own DeepSpeed file.
     p = _plan(write_recipe(text), "4xV100-16G")
     assert p.trainer["strategy"] == "zero2"
     ch = _changes(p)
@@ -187,13 +187,13 @@ def test_vllm_gpus_override(basic_recipe):
 
 
 def test_strategy_escalates_with_memory(basic_recipe):
-    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.5 GiB chunk of logits), no accumulation. DDP:
+    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.37 GiB chunk of logits and its gradient), no accumulation. DDP:
     # fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B/param, 23.0 GiB) + the larger of the gradients
-    # (4 B/param, 5.75) and activations + logits (1.95 + 0.5) + 1 = 29.75 GiB: fits an A40 (40.5), not a
+    # (4 B/param, 5.75) and activations + logits (1.95 + 0.37) + 1 = 29.75 GiB: fits an A40 (40.5), not a
     # V100-32G (28.8).
     assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
     # V100-32G and V100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 12 / 3) B/param (8.6 GiB) + the larger of the
-    # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.45) + 1 = 12.1 GiB.
+    # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.32) + 1 = 12.0 GiB.
     assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
     assert _plan(basic_recipe, "4xV100-16G").trainer["strategy"] == "zero2"
     # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.
@@ -212,8 +212,8 @@ def test_7b_on_8xa40_takes_zero2(basic_recipe):
     # trainer 7; each A40 keeps 45 x (1 - 0.10 headroom) = 40.5 GiB. bf16 with fp32 master weights.
     P, GiB, n, budget = 7.616e9, 2**30, 7, 45 * 0.9
     # activations with checkpointing: 8 x 1536 tokens x (28 x 3584 + 10 x 3584 + 3 x 18944) x 2 B = 4.4 GiB;
-    # linear_logprobs holds one 0.5 GiB chunk of logits; 1 GiB runtime.
-    acts_logits = 8 * 1536 * (28 * 3584 + 10 * 3584 + 3 * 18944) * 2 / GiB + 0.5
+    # linear_logprobs holds one chunk of logits and its gradient (2 x 331 rows x V x 4 B); 1 GiB runtime.
+    acts_logits = (8 * 1536 * (28 * 3584 + 10 * 3584 + 3 * 18944) * 2 + 2 * 331 * 152064 * 4) / GiB
     # No accumulation: gradients and activations are not held at once, the step holds the larger.
     # DDP: fp32 weights 4 + Adam 8 + all-reduce buckets 4 B/param, and 4 B/param of gradients: 143 GiB
     ddp = (4 + 8 + 4) * P / GiB + max(4 * P / GiB, acts_logits) + 1.0
@@ -236,7 +236,7 @@ def test_no_fit_names_fixes(basic_recipe):
     # needs micro-batch 1 as well.
     big = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False})
     assert not big.fits and any("V100-16G with per_device_train_batch_size 1" in f for f in big.fixes)
-    # With linear_logprobs the logits are one 0.5 GiB chunk: more V100-16Gs alone are the answer.
+    # With linear_logprobs the logits are one 0.37 GiB chunk: more V100-16Gs alone are the answer.
     on = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not on.fits
     assert any(f["cli"].get("gpus", "").endswith("xV100-16G") and f["config"] == {} for f in on.fix_actions)
@@ -376,7 +376,7 @@ def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     assert p["trainer_args"]["vllm_gpu_memory_utilization"] == 0.4 == p["vllm"]["args"]["gpu_memory_utilization"]
     assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= 1
     assert not p["fits"] and p["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
-    # LoRA: the bf16 base (14.2 GiB) + 4.4 activations + one 0.5 GiB logits chunk + 1 fits 22.5 GiB alone.
+    # LoRA: the bf16 base (14.2 GiB) + 4.4 activations + one 0.37 GiB logits chunk + 1 fits 22.5 GiB alone.
     assert "LoRA (use_peft: true)" in p["fixes"]
     # TRL's own log-prob path (kernels off): LoRA alone leaves 8 x 1024 x 152k logits (9.3 GiB) over the
     # budget, so it is offered only with micro-batch 1.

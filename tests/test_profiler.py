@@ -80,7 +80,7 @@ def test_stages_are_attributed_exactly(clock, tmp_path):
     r = rows[0]
     assert r["generation_s"] == pytest.approx(2.0)
     assert r["reward_s"] == pytest.approx(0.5)
-    assert r["logprobs_s"] == pytest.approx(0.25)  # the reference pass only
+    assert r["logprobs_s"] == pytest.approx(0.25) and r["logprob_passes"] == 1  # the reference pass only
     assert r["train_s"] == pytest.approx(0.25 + 1.0 + 0.3)  # policy forward + backward + optimizer
     assert r["other_s"] == pytest.approx(0.1 + 0.05)
     assert r["step_s"] == pytest.approx(4.45)

@@ -97,8 +97,8 @@ def test_verdicts_with_trl_full_logits(recipe):
 # DeepSeek-R1-Distill-Qwen-1.5B the same with untied embeddings, P = 1.777e9; Qwen2.5-Math-7B P = 7.616e9,
 # H 3584, L 28, I 18944, V 152064; Qwen2.5-0.5B P = 0.494e9, H 896, L 24, I 4864, V 151936.
 # Activations with gradient checkpointing: B x (prompt + completion) tokens x (L·H + 10·H + 3·I) x 2 B;
-# logits with linear_logprobs: one chunk of fp32 logits and its gradient, 2 x 441 rows x V x 4 B = 0.50 GiB
-# whatever B x completion (441 = 256 MiB / (4 B x V) for both vocabularies); with TRL's own path (kernels off)
+# logits with linear_logprobs: one chunk of fp32 logits and its gradient, 2 x 331 rows x V x 4 B = 0.37 GiB
+# whatever B x completion (331 = 192 MiB / (4 B x V) for both vocabularies); with TRL's own path (kernels off)
 # B x completion x V x 8 B (half logits + fp32 log-softmax + gradient); runtime 1 GiB per GPU.
 # DDP over more than one process adds torch's all-reduce buckets, 4 B/param (fp32 gradients again). Every recipe
 # here accumulates (gradient_accumulation_steps 2 to 16), so gradients and activations are held together: no
@@ -106,13 +106,13 @@ def test_verdicts_with_trl_full_logits(recipe):
 # Each strategy is the cheapest of DDP -> ZeRO-2 -> ZeRO-3 -> ZeRO-3 + offload that fits the budget (memory x
 # 0.9, less a colocated vLLM's share) by these same terms; the comments give the cheaper ones that do not.
 # 23.0 + 5.8 buckets + 3.9 + 0.5 + 1
-DEMO_DDP = (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+DEMO_DDP = (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4) / GiB + 1
 # 26.5 + 6.6 buckets + 6.5 + 0.5 + 1
-DEEPSEEK_DDP = (1.777e9 * 16 + 1.777e9 * 4 + 16 * 2560 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+DEEPSEEK_DDP = (1.777e9 * 16 + 1.777e9 * 4 + 16 * 2560 * 85248 * 2 + 2 * 331 * 151936 * 4) / GiB + 1
 # ZeRO-2 over 3 V100-32G (DDP 34.2 > 28.8): 2 B/param weights + (2 grads + 12 optimizer) B/param / 3 ranks
-DEMO_ZERO2_V100 = (1.544e9 * 2 + 1.544e9 * 14 / 3 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+DEMO_ZERO2_V100 = (1.544e9 * 2 + 1.544e9 * 14 / 3 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4) / GiB + 1
 # ZeRO-2 over 2 A40s (DDP 41.1 > 40.5)
-DEEPSEEK_ZERO2_A40 = (1.777e9 * 2 + 1.777e9 * 14 / 2 + 16 * 2560 * 85248 * 2 + 2 * 441 * 151936 * 4) / GiB + 1
+DEEPSEEK_ZERO2_A40 = (1.777e9 * 2 + 1.777e9 * 14 / 2 + 16 * 2560 * 85248 * 2 + 2 * 331 * 151936 * 4) / GiB + 1
 HAND = [
     # DDP, 16 B/param unsharded + 4 of buckets: 34.2 GiB fits an A40 (40.5) and an A100-80G (72)
     (DEMO, "3xA40", None, "ddp", DEMO_DDP),
@@ -120,11 +120,11 @@ HAND = [
     (DEMO, "2x8xA100-80G", None, "ddp", DEMO_DDP),
     # ZeRO-3 over 3 V100-16G (14.4; ZeRO-2 is 15.0): 16 B/param / 3 ranks; one embedding gathered twice
     # (2 x 151936 x 1536 x 2 B)
-    (DEMO, "4xV100-16G", None, "zero3", (1.544e9 * 16 / 3 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4
+    (DEMO, "4xV100-16G", None, "zero3", (1.544e9 * 16 / 3 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
                                          + 2 * 151936 * 1536 * 2) / GiB + 1),
     # One H100 beside vLLM's 0.7 share (15.9 GiB left): nothing to shard over, so ZeRO-3 with the optimizer
     # offloaded, (2 + 2) B/param
-    (DEMO, "1xH100", None, "zero3_offload", (1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4
+    (DEMO, "1xH100", None, "zero3_offload", (1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
                                              + 2 * 151936 * 1536 * 2) / GiB + 1),
     # TRL's full logits, 16 x 1024 x 151936 x 8 B = 18.5 GiB: ZeRO-3 + offload over 3 V100s, (2 + 2) B/param / 3
     # (DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0 > 28.8)
@@ -134,31 +134,31 @@ HAND = [
     (DEEPSEEK, "3xA40", None, "zero2", DEEPSEEK_ZERO2_A40),  # 22.9 of 40.5
     # ZeRO-2 over 3 V100-32G (DDP 41.1 > 28.8): 2 B/param weights + (2 grads + 12 optimizer) B/param / 3 ranks
     (DEEPSEEK, "4xV100-32G", None, "zero2", (1.777e9 * 2 + 1.777e9 * 14 / 3 + 16 * 2560 * 85248 * 2
-                                             + 2 * 441 * 151936 * 4) / GiB + 1),
+                                             + 2 * 331 * 151936 * 4) / GiB + 1),
     # 7B, ZeRO-2 over 8 A100s: L·H + 10·H + 3·I = 193024 values per token
     (MATH7B, "2x8xA100-80G", None, "zero2", (7.616e9 * 2 + 7.616e9 * 14 / 8 + 16 * 1674 * 193024 * 2
-                                             + 2 * 441 * 152064 * 4) / GiB + 1),
+                                             + 2 * 331 * 152064 * 4) / GiB + 1),
     # ZeRO-3 + offload over 7 V100s: ZeRO-3 needs 16.2 + 9.6 activations + 2.0 gathered + 0.5 + 1 = 29.4 > 28.8
-    (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 441 * 152064 * 4
+    (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
                                                    + 2 * 152064 * 3584 * 2) / GiB + 1),
     # 0.5B, DDP in one process (no buckets), B 8 x (512 default prompt + 1024): L·H + 10·H + 3·I = 45056
-    (TRL, "1xH100", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 2 + 2 * 441 * 151936 * 4) / GiB + 1),
+    (TRL, "1xH100", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 2 + 2 * 331 * 151936 * 4) / GiB + 1),
     # Colocated at 0.3 on V100-16G (16 x 0.6 = 9.6 GiB left, DDP with buckets needs 11.7): ZeRO-2 over 4 GPUs
     (TRL, "4xV100-16G", None, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2
-                                        + 2 * 441 * 151936 * 4) / GiB + 1),
+                                        + 2 * 331 * 151936 * 4) / GiB + 1),
     # CPU, one process (no buckets): fp32 activations (4 B), the chunk is fp32 already; 0.5 GiB per process
-    (TRL, "cpu-64G", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 441 * 151936 * 4) / GiB + 0.5),
+    (TRL, "cpu-64G", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 331 * 151936 * 4) / GiB + 0.5),
     # CPU with TRL's full logits: fp32 logits (4 + 4 + 4 B)
     (TRL, "cpu-64G", KERNELS_OFF, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 8 * 1024 * 151936 * 12) / GiB
      + 0.5),
     # Without accumulation the gradients are freed after each step and come back as backward frees the
     # activations: the step holds the larger of the two. DDP over 2 A40s: 4 B/param of gradients (5.8 GiB)
     # outweigh activations + logits (4.4), which drop out; the buckets stay.
-    (DEMO, "3xA40", GA1, "ddp", (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4
-                                 - (16 * 1536 * 85248 * 2 + 2 * 441 * 151936 * 4)) / GiB + 1),
+    (DEMO, "3xA40", GA1, "ddp", (1.544e9 * 16 + 1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
+                                 - (16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4)) / GiB + 1),
     # ZeRO-2 over 3 V100-32G: this rank's gradient partition (2 B/param / 3 = 1.0 GiB) is the smaller one
     (DEMO, "4xV100-32G", GA1, "zero2", (1.544e9 * 2 + 1.544e9 * 14 / 3 + 16 * 1536 * 85248 * 2
-                                        + 2 * 441 * 151936 * 4 - 1.544e9 * 2 / 3) / GiB + 1),
+                                        + 2 * 331 * 151936 * 4 - 1.544e9 * 2 / 3) / GiB + 1),
 ]
 
 
@@ -189,14 +189,14 @@ KERNEL_CASES = [
     (MATH7B, "8xV100-32G",
      (False, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 16 * 1024 * 152064 * 8
                                + 2 * 152064 * 3584 * 2) / GiB + 1),
-     (True, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 441 * 152064 * 4
+     (True, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
                               + 2 * 152064 * 3584 * 2) / GiB + 1)),
     # TRL's Qwen2.5-0.5B colocated on 4xV100-16G (9.6 GiB left per GPU): 9.3 GiB of logits, 12.3 even with
     # ZeRO-3 + offload over 4; one chunk: ZeRO-2 (5.1; DDP 11.7 with its buckets).
     (TRL, "4xV100-16G",
      (False, "zero3_offload", (0.494e9 * 4 / 4 + 8 * 1536 * 45056 * 2 + 8 * 1024 * 151936 * 8
                                + 2 * 151936 * 896 * 2) / GiB + 1),
-     (True, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2 + 2 * 441 * 151936 * 4) / GiB + 1)),
+     (True, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2 + 2 * 331 * 151936 * 4) / GiB + 1)),
 ]
 
 

@@ -87,12 +87,17 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     out = {s: statistics.median(r.get(f"{s}_s", 0.0) for r in timed) for s in STAGES}
     out["peak_gib"] = max(r.get("peak_mem_gib", 0.0) for r in rows)
     out["tokens_per_s"] = statistics.median(r.get("tokens_per_s", 0.0) for r in timed)
+    # the paths need not score the same number of times per step (vLLM's importance-sampling correction scores
+    # the old policy as well as the reference model): seconds per pass compare the log-prob code itself
+    out["logprob_passes"] = statistics.median(r.get("logprob_passes", 0) for r in timed)
+    out["logprobs_per_pass"] = out["logprobs"] / out["logprob_passes"] if out["logprob_passes"] else 0.0
     return out
 
 
 def ratios(trl: dict, ours: dict) -> dict[str, float]:
     """TRL's seconds (or GiB) over O-GRPO's: > 1 means O-GRPO is faster (or smaller)."""
-    out = {f"{s}_speedup": trl[s] / ours[s] for s in STAGES if ours.get(s, 0) > 0 and trl.get(s, 0) > 0}
+    out = {f"{s}_speedup": trl[s] / ours[s] for s in (*STAGES, "logprobs_per_pass")
+           if ours.get(s, 0) > 0 and trl.get(s, 0) > 0}
     if ours.get("peak_gib"):
         out["memory_ratio"] = ours["peak_gib"] / trl["peak_gib"]  # < 1: O-GRPO needs less
     return out
@@ -127,8 +132,9 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         rows = [json.loads(x) for x in (work / f"{path}-profile.jsonl").read_text().splitlines()]
         results[path] = summarize(rows)
     r = ratios(results["trl"], results["ogrpo"])
-    header = ["path", *[f"{s} s" for s in STAGES], "tok/s", "peak GiB"]
-    table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['tokens_per_s']:.0f}",
+    header = ["path", *[f"{s} s" for s in STAGES], "passes", "s/pass", "tok/s", "peak GiB"]
+    table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['logprob_passes']:g}",
+              f"{results[p]['logprobs_per_pass']:.3f}", f"{results[p]['tokens_per_s']:.0f}",
               f"{results[p]['peak_gib']:.2f}"] for p in PATHS]
     out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x {new_tokens} "
               f"tokens, median of steps 2..{steps}:\n" + format_table(header, table) + "\n")
@@ -140,6 +146,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
                 for p in PATHS for s in STAGES]
     csv_rows += [make_row("step", case, p, "peak_mem", results[p]["peak_gib"], "GiB", str(shape.params()), tags)
                  for p in PATHS]
+    csv_rows += [make_row("step", case, p, "logprobs_per_pass_s", results[p]["logprobs_per_pass"], "s",
+                          str(shape.params()), tags) for p in PATHS]
     csv_rows += [make_row("step", case, "ratio", k, v, "x", str(shape.params()), tags) for k, v in r.items()]
     out.write(f"csv: {append_rows(csv_path, csv_rows)}\n")
     if png_path:

@@ -64,6 +64,7 @@ class StageProfiler:
     def _reset(self) -> None:
         self.acc = dict.fromkeys(STAGES, 0.0)
         self.tokens = 0
+        self.logprob_passes = 0  # scoring calls in the step: the reference model, and the old policy when needed
         self.spans: list[tuple[str, int, int]] = []  # (stage, start, end) in unix ns: where a memory peak falls
         self.sequences = 0
         self.step_start: float | None = None
@@ -124,6 +125,7 @@ class StageProfiler:
             if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
                 return fn(*args, **kwargs)
             t0, n0 = time.perf_counter(), time.time_ns()
+            self.logprob_passes += 1
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -203,6 +205,7 @@ class StageProfiler:
         row = {"step": step, **{f"{s}_s": round(v, 6) for s, v in self.acc.items()},
                "other_s": round(max(0.0, total - sum(self.acc.values())), 6), "step_s": round(total, 6),
                "completion_tokens": self.tokens, "completions": self.sequences,
+               "logprob_passes": self.logprob_passes,
                "gen_tokens_per_s": round(self.tokens / self.acc["generation"], 2) if self.acc["generation"] else 0.0,
                "tokens_per_s": round(self.tokens / total, 2) if total else 0.0}
         row.update(memory_row())

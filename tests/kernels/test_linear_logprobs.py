@@ -151,26 +151,36 @@ def test_opcheck():
     torch.library.opcheck(op.linear_logprobs_bwd, (*args, False, True))
 
 
-@pytest.mark.parametrize("n, chunk", [(13, 5), (15, 5), (4, 5), (5, 5), (1, 3)])
-def test_backward_starts_from_the_forwards_last_chunk(n, chunk):
-    """With grad on, the CPU kernel keeps its last (full) chunk of logits and the backward turns them into that
-    chunk's gradient instead of recomputing them: the same gradients, one GEMM fewer, no extra chunk held."""
-    h, w, t = _inputs(n, 24, 97, torch.float64)
+@pytest.mark.parametrize("n, chunk, max_rows", [(13, 5, 4096), (15, 5, 4096), (4, 5, 4096), (5, 5, 4096),
+                                                (1, 3, 4096), (13, 2, 4), (12, 3, 4), (13, 5, 13), (7, 1, 2)])
+def test_backward_starts_from_the_forwards_last_tile(n, chunk, max_rows):
+    """With grad on, the CPU kernel keeps its last (full) tile of logits and the backward turns them into that
+    tile's gradient instead of recomputing them: the same gradients, one GEMM fewer, no extra tile held. Tiles are
+    up to max_rows tokens by as many vocabulary columns as chunk x V elements allow (several of each here)."""
+    vocab = 97
+    h, w, t = _inputs(n, 24, vocab, torch.float64)
     ext = op._select(h.device)
-    logp, ent, lse, kept = op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, True)
-    assert kept.shape == (min(chunk, n), 97)
-    # the kept rows are the last ones' logits (chunks run short-first, so the last chunk is a full one)
-    torch.testing.assert_close(kept, (h[-kept.shape[0]:] @ w.T).detach())
-    assert op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, False)[3].numel() == 0
+    logp, ent, lse, kept = op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, True, max_rows=max_rows)
+    rows = min(n, max_rows)
+    cols = min(vocab, chunk * vocab // rows)
+    assert kept.numel() == rows * cols <= chunk * vocab
+    # the kept tile is the last rows' logits over the last columns (tiles run short-first: the last is a full one)
+    torch.testing.assert_close(kept.view(rows, cols), (h[-rows:] @ w[-cols:].T).detach())
+    assert op._compiled_forward(ext, h.detach(), w.detach(), t, 0.7, chunk, False, max_rows=max_rows)[3].numel() == 0
+    want_fwd = linear_logprobs_naive(h, w, t, 0.7)
+    torch.testing.assert_close(logp, want_fwd[0].detach())
+    torch.testing.assert_close(ent, want_fwd[1].detach())
     g_lp, g_en = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
     args = (ext, h.detach(), w.detach(), t, lse, ent, g_lp, g_en, 0.7, chunk, True, True)
-    want = op._compiled_backward(*args, op._nothing_kept(h, w))  # every chunk recomputed
-    got = op._compiled_backward(*args, kept)
-    for a, b in zip(got, want):
+    want = op._compiled_backward(*args, op._nothing_kept(h), max_rows=max_rows)  # every tile recomputed
+    got = op._compiled_backward(*args, kept, max_rows=max_rows)
+    naive = torch.autograd.grad((want_fwd[0] * g_lp).sum() + (want_fwd[1] * g_en).sum(), (h, w))
+    for a, b, c in zip(got, want, naive):
         torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
     # a kept buffer that does not match the call is refused, not silently used
     with pytest.raises(RuntimeError, match="kept logits do not belong"):
-        op._compiled_backward(*args, torch.zeros(2, 97, dtype=torch.float64))
+        op._compiled_backward(*args, torch.zeros(2 * vocab, dtype=torch.float64), max_rows=max_rows)
 
 
 def test_training_uses_the_kept_chunk_once_and_a_second_backward_recomputes():
@@ -199,8 +209,8 @@ def test_training_uses_the_kept_chunk_once_and_a_second_backward_recomputes():
 def test_a_mismatch_on_first_use_falls_back_to_the_reference_once(monkeypatch):
     real = op._compiled_forward
 
-    def wrong(*args):
-        logp, ent, lse, kept = real(*args)
+    def wrong(*args, **kwargs):
+        logp, ent, lse, kept = real(*args, **kwargs)
         return logp + 1e-2, ent, lse, kept  # a subtly wrong kernel
 
     monkeypatch.setattr(op, "_compiled_forward", wrong)
@@ -255,8 +265,8 @@ def test_bad_tensors_are_one_line_errors():
 def test_default_chunk_keeps_one_chunk_of_fp32_logits_under_256_mib():
     for vocab in (151_936, 32_000, 384, 10_000_000):
         chunk = reference.default_chunk_size(vocab)
-        assert chunk >= 1 and (chunk * vocab * 4 <= 256 << 20 or chunk == 1)
-    assert reference.default_chunk_size(151_936) == 441  # Qwen2's vocabulary: 441 rows x 151,936 x 4 B = 256 MiB
+        assert chunk >= 1 and (chunk * vocab * 4 <= 192 << 20 or chunk == 1)
+    assert reference.default_chunk_size(151_936) == 331  # Qwen2's vocabulary: 331 rows x 151,936 x 4 B < 192 MiB
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""

@@ -10,6 +10,7 @@ the backward gathers it again (`gathered`) because ZeRO-3 re-partitions it in be
 
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from ogrpo.errors import OgrpoError
 from ogrpo.kernels.linear_logprobs import reference
+from ogrpo.kernels.linear_logprobs.sizing import MAX_TILE_ROWS
 
 IMPLS = ("auto", "reference", "compiled")
 
@@ -35,12 +37,13 @@ def _load(device_type: str):
     return load_extension("linear_logprobs", cuda=device_type == "cuda")
 
 
-def _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size, keep_last=False):
-    return ext.forward(hidden, weight, targets, temperature, chunk_size, keep_last)
+def _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size, keep_last=False,
+                      max_rows=MAX_TILE_ROWS):
+    return ext.forward(hidden, weight, targets, temperature, chunk_size, keep_last, max_rows)
 
 
-def _compiled_backward(ext, *args):
-    return ext.backward(*args)
+def _compiled_backward(ext, *args, max_rows=MAX_TILE_ROWS):
+    return ext.backward(*args, max_rows)
 
 
 # dtype -> (rtol, atol) of the first-use check. fp16 keeps dlogits in fp16 (the reference in fp32): ~1e-3.
@@ -50,7 +53,10 @@ _VERIFY_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2)}
 def _verify(ext, device: torch.device) -> str | None:
     """Compare the compiled op with the reference on a small odd-shaped input; None if they agree."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    n, hid, vocab, chunk, temp = 13, 24, 97, 5, 0.7  # several chunks, a short last one, nothing a multiple of 8
+    n, hid, vocab, temp = 13, 24, 97, 0.7  # nothing a multiple of 8
+    # (chunk, max_rows): the CPU kernel's tiles as 1 token chunk x 3 vocabulary blocks, then 4 x 3, each with short
+    # first ones; the CUDA kernels' token chunks (5, then 2 rows)
+    tilings = ((5, MAX_TILE_ROWS), (2, 4))
     h = torch.randn(n, hid, generator=gen)
     w = torch.randn(vocab, hid, generator=gen).div_(hid ** 0.5)
     t = torch.randint(0, vocab, (n,), generator=gen).to(device)
@@ -59,14 +65,14 @@ def _verify(ext, device: torch.device) -> str | None:
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        for dtype, (rtol, atol) in _VERIFY_TOL.items():
+        for (dtype, (rtol, atol)), (chunk, rows) in itertools.product(_VERIFY_TOL.items(), tilings):
             hd, wd = h.to(device, dtype), w.to(device, dtype)
-            # the backward starts from the forward's kept last chunk, as in training
-            got = list(_compiled_forward(ext, hd, wd, t, temp, chunk, True))
+            # the backward starts from the forward's kept last tile, as in training
+            got = list(_compiled_forward(ext, hd, wd, t, temp, chunk, True, max_rows=rows))
             kept = got.pop()
             want = list(reference.forward_chunks(hd, wd, t, temp, chunk))
             got += list(_compiled_backward(ext, hd, wd, t, want[2], want[1], g_lp, g_en, temp, chunk, True, True,
-                                           kept))
+                                           kept, max_rows=rows))
             want += list(reference.backward_chunks(hd, wd, t, want[2], want[1], g_lp, g_en, temp, chunk))
             for name, a, b in zip(("logp", "entropy", "lse", "grad_hidden", "grad_weight"), got, want):
                 if a.shape != b.shape or a.dtype != b.dtype:
@@ -133,12 +139,12 @@ def _out_dtype(hidden: Tensor) -> torch.dtype:
     return torch.float64 if hidden.dtype == torch.float64 else torch.float32
 
 
-def _nothing_kept(hidden: Tensor, weight: Tensor) -> Tensor:
-    return hidden.new_empty((0, weight.shape[0]))
+def _nothing_kept(hidden: Tensor) -> Tensor:
+    return hidden.new_empty(0)
 
 
-# The CPU kernel's last chunk of logits, handed from a forward to its backward, which starts from them instead of
-# recomputing that chunk (csrc: one GEMM fewer, no extra memory). Private kernel state, not an op output: autograd
+# The CPU kernel's last tile of logits, handed from a forward to its backward, which starts from them instead of
+# recomputing that tile (csrc: one tile's GEMM fewer, no extra memory). Private kernel state, not an op output: autograd
 # would have to save it while the backward overwrites it, which breaks a second backward and AOT autograd. One
 # slot, keyed by the call's saved tensors: the next forward that keeps replaces it (its backward then recomputes),
 # the first backward of the matching call takes it (a second one recomputes). So at most one chunk outlives a
@@ -156,7 +162,7 @@ def _kept_key(hidden: Tensor, lse: Tensor, temperature: float, chunk_size: int) 
 def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
                         chunk_size: int, keep_last: bool) -> tuple[Tensor, Tensor, Tensor]:
     """hidden [N,H], weight [V,H], targets [N] -> (logp, entropy, lse) [N]; the generic (any device) kernel.
-    keep_last: a backward will follow, so the CPU kernel may keep its last chunk of logits for it."""
+    keep_last: a backward will follow, so the CPU kernel may keep its last tile of logits for it."""
     return tuple(reference.forward_chunks(hidden, weight, targets, temperature, chunk_size))
 
 
@@ -187,7 +193,7 @@ def linear_logprobs_bwd(hidden: Tensor, weight: Tensor, targets: Tensor, lse: Te
                         grad_logp: Tensor, grad_entropy: Tensor, temperature: float, chunk_size: int,
                         need_hidden: bool, need_weight: bool) -> tuple[Tensor, Tensor]:
     """(grad_hidden [N,H] or [0], grad_weight [V,H] or [0]), recomputing one chunk of logits at a time (the CPU
-    kernel: except the chunk its forward kept, whose logits become that chunk's gradient in place)."""
+    kernel: except the tile its forward kept, whose logits become that tile's gradient in place)."""
     return reference.backward_chunks(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy, temperature,
                                      chunk_size, need_hidden, need_weight)
 
@@ -208,7 +214,7 @@ def _bwd_device(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy, 
         return reference.backward_chunks(hidden, weight, targets, lse, entropy, grad_logp, grad_entropy,
                                          temperature, chunk_size, need_hidden, need_weight)
     if kept is None:
-        kept = _nothing_kept(hidden, weight)
+        kept = _nothing_kept(hidden)
     else:
         KEPT_USED["count"] += 1
     return tuple(_compiled_backward(ext, hidden, weight, targets, lse, entropy, grad_logp, grad_entropy,
@@ -269,7 +275,7 @@ def linear_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor, tem
     hidden [N, H] (or [B, T, H]), lm_head_weight [V, H] (any strides: a ZeRO-3 gathered or transposed view is
     fine), targets [N] (or [B, T]) int64 -> (logprobs, entropy), fp32 (fp64 for fp64 inputs), shaped like
     targets. Differentiable w.r.t. hidden and lm_head_weight. `chunk_size` tokens are scored at a time (default:
-    one chunk of fp32 logits <= 256 MiB). impl: "auto" (compiled if it builds and checks out, else the PyTorch
+    one chunk of fp32 logits <= 192 MiB). impl: "auto" (compiled if it builds and checks out, else the PyTorch
     fallback), "reference" (plain autograd PyTorch), "compiled" (the extension or an error).
     """
     if impl not in IMPLS:
@@ -294,7 +300,7 @@ def linear_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor, tem
         raise OgrpoError(f"linear_logprobs impl='compiled' is not available on {hidden.device.type}: "
                          f"{STATUS[hidden.device.type]['reason']}")
     h = hidden.reshape(-1, hidden.shape[-1])
-    # keep the last chunk's logits only when a backward will come to use them
+    # keep the last tile's logits only when a backward will come to use them
     keep = torch.is_grad_enabled() and (h.requires_grad or lm_head_weight.requires_grad)
     logp, ent, _ = linear_logprobs_fwd(h, lm_head_weight, targets.reshape(-1), float(temperature), chunk, keep)
     return logp.view(targets.shape), ent.view(targets.shape)

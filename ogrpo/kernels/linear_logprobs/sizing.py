@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-# One chunk of fp32 logits is at most this many bytes (256 MiB: at V = 151,936 that is 441 rows).
-CHUNK_BYTES = 256 << 20
+# One chunk of fp32 logits is at most this many bytes (192 MiB: at V = 151,936 that is 331 rows). Sized so that
+# at 1k tokens the op's whole working set (chunk, BLAS buffers) and the [V, H] head gradient every path returns
+# stay below half of TRL 1.9.2's full-logits peak with a margin (256 MiB measured 0.50x; 192 MiB 0.47x, 2% slower).
+CHUNK_BYTES = 192 << 20
+
+
+# The CPU kernel's tiles are at most this many tokens tall (and as wide in the vocabulary as one chunk allows):
+# the BLAS runs 10-20% faster on 1-4k rows against a vocabulary block than on a few hundred against the whole head.
+MAX_TILE_ROWS = 4096
 
 
 def default_chunk_size(vocab: int) -> int:

@@ -187,13 +187,14 @@ def test_vllm_gpus_override(basic_recipe):
 
 
 def test_strategy_escalates_with_memory(basic_recipe):
-    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.37 GiB chunk of logits and its gradient), no accumulation. DDP:
+    # 1.5B, B 8 x (512 + 1024) tokens, linear_logprobs on (one 0.37 GiB chunk of logits and its gradient), no
+    # accumulation. DDP:
     # fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B/param, 23.0 GiB) + the larger of the gradients
     # (4 B/param, 5.75) and activations + logits (1.95 + 0.37) + 1 = 29.75 GiB: fits an A40 (40.5), not a
     # V100-32G (28.8).
     assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
     # V100-32G and V100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 12 / 3) B/param (8.6 GiB) + the larger of the
-    # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.32) + 1 = 12.0 GiB.
+    # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.32) + 1 = 11.9 GiB.
     assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
     assert _plan(basic_recipe, "4xV100-16G").trainer["strategy"] == "zero2"
     # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.

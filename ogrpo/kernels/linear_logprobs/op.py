@@ -144,11 +144,11 @@ def _nothing_kept(hidden: Tensor) -> Tensor:
 
 
 # The CPU kernel's last tile of logits, handed from a forward to its backward, which starts from them instead of
-# recomputing that tile (csrc: one tile's GEMM fewer, no extra memory). Private kernel state, not an op output: autograd
-# would have to save it while the backward overwrites it, which breaks a second backward and AOT autograd. One
-# slot, keyed by the call's saved tensors: the next forward that keeps replaces it (its backward then recomputes),
-# the first backward of the matching call takes it (a second one recomputes). So at most one chunk outlives a
-# graph that never ran backward, until the next training forward.
+# recomputing that tile (csrc: one tile's GEMM fewer, no extra memory). Private kernel state, not an op output:
+# autograd would have to save it while the backward overwrites it, which breaks a second backward and AOT autograd.
+# One slot, keyed by the call's saved tensors: the next forward that keeps replaces it (its backward then
+# recomputes), the first backward of the matching call takes it (a second one recomputes). So at most one tile
+# outlives a graph that never ran backward, until the next training forward.
 _KEPT: dict[tuple, Tensor] = {}
 KEPT_USED = {"count": 0}  # backwards that started from a kept chunk (tests, benchmarks)
 

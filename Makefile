@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OGRPO := $(VENV)/bin/ogrpo
 
-.PHONY: setup setup-trl19 demo test test-fast bench clean
+.PHONY: setup setup-trl19 demo test test-fast test-gpu bench clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,12 @@ test: setup setup-trl19
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not integration and not slurm"
+
+# On a GPU machine: every `gpu`-marked test, `ogrpo selftest --gpu` and `ogrpo bench kernels|step|rollout`, one
+# report (gpu-report/gpu-report.json + .txt). Without CUDA it says "no GPU" and runs nothing.
+GPU_REPORT ?= gpu-report
+test-gpu: setup
+	$(PY) -m ogrpo.gpu_report --out $(GPU_REPORT)
 
 bench: setup
 	$(PY) -m ogrpo.bench.cli_timing

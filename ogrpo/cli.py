@@ -6,6 +6,8 @@ import time so that `ogrpo --help`, `plan` and `render` answer fast on a login n
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 
 import typer
@@ -51,14 +53,64 @@ def make_app(only: str | None = None) -> typer.Typer:
     return app
 
 
+# Commands whose --json promises one JSON object on stdout whatever happens: the command's own object on success,
+# {"errors": [...], "exit_code": N} when it fails (the one-line error still goes to stderr).
+_JSON_COMMANDS = ("plan", "render", "submit")
+
+
+def _json_errors(messages: list[str], code: int) -> None:
+    import json
+
+    sys.stdout.write(json.dumps({"errors": messages, "exit_code": code}) + "\n")
+    sys.stdout.flush()
+
+
+def _messages(exc: BaseException) -> list[str]:
+    from ogrpo.errors import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return [f"{exc.source}: {p}" for p in exc.problems]
+    return [str(exc)]
+
+
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else None
+    as_json = name in _JSON_COMMANDS and "--json" in sys.argv[2:]
+    # submit prints lines for people; with --json they are collected into its one object
+    capture = io.StringIO() if as_json and name == "submit" else None
+    try:
+        with contextlib.redirect_stdout(capture) if capture is not None else contextlib.nullcontext():
+            _main(name)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        failed = getattr(exc, "ogrpo_errors", None)
+        if as_json and failed is not None:
+            _json_errors(failed, code)
+        elif capture is not None:
+            import json
+
+            lines = capture.getvalue().splitlines()
+            sys.stdout.write(json.dumps({"exit_code": code, "output": lines}) + "\n")
+        raise
+    except Exception as exc:
+        if as_json:  # a bug, not bad input: the traceback follows on stderr
+            _json_errors([f"internal error: {type(exc).__name__}: {exc}"], 1)
+        raise
+
+
+def _exit(code: int, errors: list[str]):
+    exc = SystemExit(code)
+    exc.ogrpo_errors = errors  # type: ignore[attr-defined]
+    return exc
+
+
+def _main(name: str | None) -> None:
     app = make_app(name if name in _COMMANDS or name in _GROUPS else None)
     try:
         rc = app(standalone_mode=False)
     except OgrpoError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        raise _exit(exc.exit_code, _messages(exc)) from None
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -73,14 +125,14 @@ def main() -> None:
         hint = install_hint(exc.name)
         if hint is None:
             raise
-        typer.echo(f"error: `ogrpo {name}` needs {exc.name.split('.')[0]}, which is not installed here: {hint}",
-                   err=True)
-        sys.exit(2)
+        message = f"`ogrpo {name}` needs {exc.name.split('.')[0]}, which is not installed here: {hint}"
+        typer.echo(f"error: {message}", err=True)
+        raise _exit(2, [message]) from None
     except Exception as exc:
         # Usage errors (unknown option, bad value): typer may ship its own copy of click, so match both.
         if _is_click_exception(exc):
             exc.show()
-            sys.exit(2)
+            raise _exit(2, [exc.format_message()]) from None
         raise
     sys.exit(rc if isinstance(rc, int) else 0)
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
 from ogrpo.errors import ConfigError, OgrpoError
+from ogrpo.values import kinds_from_type
 
 DATA_DIR = Path(__file__).with_name("data")
 RECIPES_DIR = Path(__file__).with_name("recipes")
@@ -30,6 +32,7 @@ TRL_GROUPS = ("GRPOConfig", "GRPOScriptArguments", "DatasetMixtureConfig", "Mode
 # happens to each one.
 PROFILES = ("conservative", "balanced", "aggressive")
 STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategies ogrpo/plan.py knows
+OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/train/overlap.py)
 
 
 @dataclass
@@ -49,8 +52,11 @@ class OgrpoOptions:
     strategy: str | None = None  # ddp | zero2 | zero3 | zero3_offload (None: the cheapest that fits)
     kernels: bool | None = None  # O-GRPO's own kernels (ogrpo/kernels); None: the plan decides per profile
     step_time_s: float | None = None  # seconds per optimizer step, for the preemption policy (ogrpo.launch.grace)
+    sandbox: str | None = None  # code rewards: auto (an isolating level or refuse) | none (explicit opt-out)
+    overlap: str | None = None  # off | lossless | one-step: server and trainer at work together (None: the plan)
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None
+    gres_type: str | None = None  # the site's GRES type name for the plan's GPU (default: the catalog's; any: untyped)
     account: str | None = None
     qos: str | None = None
     time: str | None = None
@@ -69,7 +75,7 @@ class OgrpoOptions:
 _OGRPO_KINDS = {
     "gpus": ("str",), "profile": ("str",), "vllm_gpus": ("int",), "params": ("str", "int", "float"),
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
-    "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "step_time_s": ("int", "float"), "partition": ("str",), "account": ("str",),
+    "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "overlap": ("str",), "step_time_s": ("int", "float"), "sandbox": ("str",), "partition": ("str",), "gres_type": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),
 }
@@ -94,8 +100,11 @@ def _field_index() -> dict[str, dict]:
             index.setdefault(name, {**info, "group": group})
     image = json.loads((DATA_DIR / "trl_fields_1.9.json").read_text())["GRPOConfig"]
     for name, info in image.items():
-        index.setdefault(name, {"kinds": _kinds_from_type(info["type"]), "default": info["default"],
-                                "group": "GRPOConfig"})
+        kinds = kinds_from_type(info["type"])
+        if name in index:  # a value either line takes loads; the plan then checks the job's line (fields.py)
+            index[name] = {**index[name], "kinds": sorted(set(index[name]["kinds"]) | set(kinds))}
+        else:
+            index[name] = {"kinds": kinds, "default": info["default"], "group": "GRPOConfig"}
     for name, r in rules.RULES.items():
         if name not in index and r.kinds:
             index[name] = {"kinds": list(r.kinds), "default": r.default, "group": "other"}
@@ -161,17 +170,89 @@ def dump_yaml(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
-def _yaml_load(text: str, where: str):
+# Recipes nest three or four levels; a deeper document is not a recipe, and libyaml's recursive constructor
+# overflows the C stack (a segfault, not an exception) on tens of thousands of levels.
+MAX_DEPTH = 64
+
+
+def _loader():
+    """A SafeLoader (libyaml's when present) that refuses a key set twice to different values: YAML says keys are
+    unique, PyYAML keeps the last one silently, and one of the two lines would not be applied. The same value twice
+    (open-r1's recipes repeat `do_eval: false` for months) changes nothing and is only noted in `duplicates`."""
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        duplicates: list[str] = []
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue  # `<<` merges may be overridden by design; unhashable keys fail in the constructor
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue
+            line = key_node.start_mark.line + 1
+            if first is None:
+                seen[key] = (line, value_node)
+                continue
+            same = loader.construct_object(first[1], deep=True) == loader.construct_object(value_node, deep=True)
+            if not same:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} with another value (first set at line {first[0]}); keep one "
+                                "of the two", key_node.start_mark)
+            loader.duplicates.append(f"{key!r} is set twice to the same value (lines {first[0]} and {line})")
+        return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    Loader.duplicates = []
+    return Loader
+
+
+def _decode(raw: bytes, where: str) -> str:
+    """The file's text: UTF-8 (a BOM allowed), as YAML 1.1 files are and PyYAML reads them."""
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start:exc.start + 1].hex()
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError([f"not UTF-8 text (byte 0x{bad} at line {line}); save the file as UTF-8"], where) from None
+
+
+def _yaml_load(text: str, where: str, warnings: list[str] | None = None):
+    import yaml
+
+    loader = _loader()
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    raise ConfigError([f"nested deeper than {MAX_DEPTH} levels at line {mark.line + 1}; a recipe is "
+                                       "a mapping of keys, a few levels deep"], where)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        data = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+        if warnings is not None:
+            warnings.extend(loader.duplicates)
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["unreadable"])[0]
+        problem = " ".join(str(problem).split())
+        if problem.startswith("duplicate key"):
+            raise ConfigError([f"{problem}{at}"], where) from None
         raise ConfigError([f"malformed YAML{at}: {problem}; fix the YAML syntax"], where) from None
+    except (RecursionError, MemoryError, ValueError, OverflowError) as exc:
+        # PyYAML's constructors raise plain Python errors on some values (e.g. an out-of-range timestamp)
+        raise ConfigError([f"unreadable YAML ({type(exc).__name__}); fix the YAML syntax"], where) from None
 
 
 def recipe_path(name: str) -> Path | None:
@@ -183,7 +264,7 @@ def builtin_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
 
 
-def _read_source(source) -> tuple[dict, str]:
+def _read_source(source, notes: list[str] | None = None) -> tuple[dict, str]:
     if isinstance(source, dict):
         return copy.deepcopy(source), "<dict>"
     text_src = str(source)
@@ -199,10 +280,10 @@ def _read_source(source) -> tuple[dict, str]:
                               text_src)
         path = rp
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError([f"cannot read: {exc.strerror}; check the path"], str(path)) from None
-    data = _yaml_load(text, str(path))
+    data = _yaml_load(_decode(raw, str(path)), str(path), notes)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -212,38 +293,21 @@ def _read_source(source) -> tuple[dict, str]:
 
 
 def _kind_of(value) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    if isinstance(value, dict):
-        return "dict"
-    return type(value).__name__
+    from ogrpo.values import kind_of
+
+    return kind_of(value)
 
 
 def _accepts(kinds: list[str] | tuple[str, ...], value) -> bool:
-    k = _kind_of(value)
-    if "any" in kinds or k in kinds:
-        return True
-    if k == "int" and "float" in kinds:
-        return True
-    # HfArgumentParser parses strings for numbers/bools from YAML-less CLIs; YAML gives typed values, but a
-    # quoted number ("1e-6" is a str in YAML 1.1) is what recipes commonly contain, and TRL accepts it.
-    if k == "str" and ("float" in kinds or "int" in kinds):
-        try:
-            float(value)
-            return True
-        except ValueError:
-            return False
-    return False
+    """Whether TRL's parser takes this YAML value for a field of these kinds (a quoted number for a number field
+    included: it converts string values with the field's type, ogrpo/values.py)."""
+    from ogrpo.values import coerce
+
+    try:
+        coerce("", value, kinds)
+    except ValueError:
+        return False
+    return True
 
 
 def _merge_overrides(data: dict, overrides: dict | None) -> None:
@@ -253,15 +317,19 @@ def _merge_overrides(data: dict, overrides: dict | None) -> None:
         if value is None:
             continue
         if key == "ogrpo" and isinstance(value, dict):
-            section = data.setdefault("ogrpo", {}) or {}
-            if not isinstance(section, dict):
+            section = data.get("ogrpo")
+            if section is None:
                 section = {}
+            if not isinstance(section, dict):
+                continue  # the recipe's own `ogrpo:` is not a mapping: load_run_config reports it
             for k, v in value.items():
                 if v is not None:
                     section[k] = v
             data["ogrpo"] = section
         elif key.startswith("ogrpo."):
-            section = data.get("ogrpo") if isinstance(data.get("ogrpo"), dict) else {}
+            section = data.get("ogrpo") if data.get("ogrpo") is not None else {}
+            if not isinstance(section, dict):
+                continue
             section[key[len("ogrpo."):]] = value
             data["ogrpo"] = section
         else:
@@ -270,22 +338,25 @@ def _merge_overrides(data: dict, overrides: dict | None) -> None:
 
 def load_run_config(source, overrides: dict | None = None) -> RunConfig:
     """Load, merge overrides (flat TRL keys; `ogrpo` dict or `ogrpo.KEY` for O-GRPO options), validate."""
-    data, where = _read_source(source)
+    warnings: list[str] = []
+    data, where = _read_source(source, warnings)
     _merge_overrides(data, overrides)
     problems: list[str] = []
-    warnings: list[str] = []
 
     section = data.pop("ogrpo", None)
     if section is None:
         section = {}
     if not isinstance(section, dict):
-        problems.append(f"ogrpo: must be a mapping of O-GRPO options (got {_kind_of(section)})")
+        problems.append(f"ogrpo: must be a mapping of O-GRPO options (got {_kind_of(section)} {section!r:.40}); "
+                        "write `ogrpo:` then indented `key: value` lines")
         section = {}
 
     from ogrpo import fields as rules
+    from ogrpo.values import choice_problem, coerce, range_problem
 
     index = _field_index()
-    for key, value in data.items():
+    for key in list(data):
+        value = data[key]
         if not isinstance(key, str):
             problems.append(f"key {key!r} is not a string")
             continue
@@ -295,9 +366,18 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             hint = f"did you mean {close[0]}?" if close else "remove it or move O-GRPO options under `ogrpo:`"
             problems.append(f"unknown key {key!r}: {hint}")
             continue
-        if not _accepts(info["kinds"], value):
-            want = " or ".join(k for k in info["kinds"] if k != "none")
-            problems.append(f"{key}: expected {want}, got {_kind_of(value)} {value!r}")
+        if value is None and key in rules.NULL_MEANS:
+            value, why = rules.NULL_MEANS[key]
+            data[key] = value
+            warnings.append(f"{key}: null mapped to {value!r} ({why})")
+        try:
+            value = data[key] = coerce(key, value, info["kinds"])
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        out_of_range = range_problem(key, value) or choice_problem(key, value)
+        if out_of_range:
+            problems.append(out_of_range)
             continue
         r = rules.rule(key)
         if info["group"] == "other" and r is not None:
@@ -306,6 +386,8 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
                 warnings.append(f"{key}: a key of {origin}, not of TRL 1.16; mapped to {r.target}")
             elif value is not None and value != r.default:
                 warnings.append(f"{key}: a key of {origin}; not applied ({r.reason}); listed in the plan's changes")
+    if not problems:
+        _map_renamed(data, problems)
     _map_open_r1(data, section)
 
     opt_names = {f.name for f in fields(OgrpoOptions)}
@@ -316,10 +398,16 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             hint = f"did you mean ogrpo.{close[0]}?" if close else f"known: {', '.join(sorted(opt_names))}"
             problems.append(f"unknown key ogrpo.{key}: {hint}")
             continue
-        if value is not None and not _accepts(_OGRPO_KINDS[key], value):
-            problems.append(f"ogrpo.{key}: expected {' or '.join(_OGRPO_KINDS[key])}, got {_kind_of(value)} "
-                            f"{value!r}")
-            continue
+        if value is not None:
+            try:
+                value = coerce(f"ogrpo.{key}", value, _OGRPO_KINDS[key])
+            except ValueError as exc:
+                problems.append(str(exc))
+                continue
+            bad = range_problem(f"ogrpo.{key}", value) if isinstance(value, float) else None
+            if bad:
+                problems.append(bad)
+                continue
         opts[key] = value
 
     _check_values(data, opts, problems)
@@ -347,36 +435,47 @@ def _map_open_r1(data: dict, section: dict) -> None:
         data["dataset_config"] = configs[0] if isinstance(configs, list) else configs
 
 
-def _positive(data: dict, key: str, problems: list[str], minimum: int = 1) -> None:
-    v = data.get(key)
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-        return
-    if v < minimum:
-        problems.append(f"{key}: must be at least {minimum} (got {v})")
+def _map_renamed(data: dict, problems: list[str]) -> None:
+    """Older names (ogrpo/fields.py RENAMED) carried to today's key, so the planner, the checks and the trainer
+    read one key."""
+    from ogrpo import fields as rules
+
+    for old, new in rules.RENAMED.items():
+        # both set to different values: today's key is applied and the plan lists the older one as changed
+        if data.get(old) is not None and data.get(new) is None:
+            data[new] = data[old]
+    reentrant = data.get("gradient_checkpointing_use_reentrant")
+    if reentrant is not None:
+        kwargs = data.get("gradient_checkpointing_kwargs")
+        if kwargs is None:
+            data["gradient_checkpointing_kwargs"] = {"use_reentrant": reentrant}
+        elif isinstance(kwargs, dict) and kwargs.get("use_reentrant", reentrant) != reentrant:
+            problems.append("gradient_checkpointing_use_reentrant and gradient_checkpointing_kwargs.use_reentrant "
+                            "differ; keep gradient_checkpointing_kwargs only")
 
 
 def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length"):
-        _positive(data, key, problems)
-    if isinstance(data.get("num_generations"), int) and not isinstance(data.get("num_generations"), bool):
-        if data["num_generations"] < 2:
-            problems.append(f"num_generations: GRPO needs at least 2 generations per prompt (got "
-                            f"{data['num_generations']}); set num_generations: 2 or more")
+    """Rules across keys, and the ranges of O-GRPO's own options (each TRL key's range: ogrpo/values.py)."""
     if data.get("bf16") is True and data.get("fp16") is True:
         problems.append("bf16 and fp16 are both true; set only one (the plan picks per GPU when neither is set)")
-    lr = data.get("learning_rate")
-    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr <= 0:
-        problems.append(f"learning_rate: must be positive (got {lr})")
-    prof = opts.get("profile")
-    if prof is not None and prof not in PROFILES:
-        close = difflib.get_close_matches(str(prof), PROFILES, n=1)
-        problems.append(f"ogrpo.profile: {prof!r} is not one of {', '.join(PROFILES)}"
-                        + (f" (did you mean {close[0]}?)" if close else ""))
-    strategy = opts.get("strategy")
-    if strategy is not None and strategy not in STRATEGIES:
-        close = difflib.get_close_matches(str(strategy), STRATEGIES, n=1)
-        problems.append(f"ogrpo.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
-                        + (f" (did you mean {close[0]}?)" if close else ""))
+    for key, low in (("step_time_s", 0.0), ("cpus_per_gpu", 1), ("max_prompt_length", 1)):
+        v = opts.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (v > 0 if low == 0 else v >= low):
+            problems.append(f"ogrpo.{key}: must be {'positive' if low == 0 else f'at least {low}'} (got {v})")
+    rw = data.get("reward_weights")
+    if isinstance(rw, list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                        and math.isfinite(x) for x in rw):
+        problems.append(f"reward_weights: must be a list of finite numbers (got {rw!r:.60})")
+    for key, choices in (("profile", PROFILES), ("strategy", STRATEGIES), ("overlap", OVERLAPS)):
+        value = opts.get(key)
+        if value is not None and value not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            problems.append(f"ogrpo.{key}: {value!r} is not one of {', '.join(choices)}"
+                            + (f" (did you mean {close[0]}?)" if close else ""))
+    sandbox = opts.get("sandbox")
+    if sandbox is not None and sandbox not in ("auto", "none"):
+        problems.append(f"ogrpo.sandbox: {sandbox!r} is not one of auto, none (none runs model-written programs "
+                        "without isolation)")
     vg = opts.get("vllm_gpus")
     if vg is not None:
         try:
@@ -384,12 +483,10 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
                 problems.append(f"ogrpo.vllm_gpus: must be 0 or more (got {vg})")
         except (TypeError, ValueError):
             problems.append(f"ogrpo.vllm_gpus: expected an integer (got {vg!r})")
-    mpl = opts.get("max_prompt_length")
-    if isinstance(mpl, int) and mpl < 1:
-        problems.append(f"ogrpo.max_prompt_length: must be at least 1 (got {mpl})")
     rw = opts.get("reward_weights")
-    if isinstance(rw, list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rw):
-        problems.append("ogrpo.reward_weights: must be a list of numbers")
+    if isinstance(rw, list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                        and math.isfinite(x) for x in rw):
+        problems.append("ogrpo.reward_weights: must be a list of finite numbers")
     if "params" in opts and opts["params"] is not None:
         from ogrpo.models import parse_params
 
@@ -407,39 +504,6 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
 
 
 # --- the vendored TRL field table -------------------------------------------------------------------------
-
-
-def _kinds_from_type(type_text: str) -> list[str]:
-    """Map a dataclass field's annotation to the YAML value kinds it accepts."""
-    t = re.sub(r"<class '([\w.]+)'>", r"\1", type_text).replace("typing.", "")
-    kinds: set[str] = set()
-    tokens = re.split(r"[|\[\],\s]+|Union|Optional|Literal", t)
-    for tok in tokens:
-        tok = tok.strip().strip("'\"<>").replace("class ", "").strip("'")
-        if not tok:
-            continue
-        base = tok.split(".")[-1]
-        if base in ("bool", "False", "True"):
-            kinds.add("bool")
-        elif base == "int":
-            kinds.add("int")
-        elif base == "float":
-            kinds.add("float")
-        elif base == "str" or base.endswith(("Names", "Strategy", "Type", "Option")):
-            kinds.add("str")
-        elif base in ("list", "List", "tuple"):
-            kinds.add("list")
-        elif base in ("dict", "Dict"):
-            kinds.add("dict")
-        elif base in ("None", "NoneType"):
-            kinds.add("none")
-        elif base == "Any":
-            kinds.add("any")
-        elif base in ("DatasetConfig",):
-            continue
-        else:
-            kinds.add("any")
-    return sorted(kinds)
 
 
 def field_table_from_trl() -> dict:
@@ -466,7 +530,7 @@ def field_table_from_trl() -> dict:
                 json.dumps(default)
             except (TypeError, ValueError):
                 default = str(default)
-            table[f.name] = {"kinds": _kinds_from_type(f.type if isinstance(f.type, str) else str(f.type)),
+            table[f.name] = {"kinds": kinds_from_type(f.type if isinstance(f.type, str) else str(f.type)),
                              "default": default}
         out[name] = table
     return out

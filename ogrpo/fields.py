@@ -44,7 +44,7 @@ dataloader_pin_memory dataloader_prefetch_factor ddp_backend ddp_broadcast_buffe
 ddp_find_unused_parameters ddp_static_graph ddp_timeout debug delta disable_dropout disable_tqdm do_eval do_predict
 do_train ds3_gather_for_generation enable_jit_checkpoint entropy_coef entropy_coef_delta entropy_coef_max
 entropy_coef_min entropy_target epsilon epsilon_high eval_accumulation_steps eval_delay eval_do_concat_batches
-eval_on_start eval_steps eval_use_gather_object fp16_full_eval fsdp fsdp_config full_determinism
+eval_on_start eval_steps eval_use_gather_object fp16_full_eval full_determinism
 generation_batch_size generation_kwargs gradient_accumulation_steps greater_is_better hub_always_push hub_model_id
 hub_private_repo hub_revision hub_strategy hub_token ignore_data_skip importance_sampling_level include_for_metrics
 include_num_input_tokens_seen label_names label_smoothing_factor learning_rate length_column_name
@@ -90,6 +90,8 @@ _GRPO_PLANNED = {
     "vllm_server_host": "the job's own server",
     "vllm_server_port": "the job's own server",
     "deepspeed": "the plan's ZeRO stage (deepspeed.json) or DDP",
+    "fsdp": "the plan's strategy (DDP or DeepSpeed ZeRO in accelerate.yaml): FSDP is not planned",
+    "fsdp_config": "the plan's strategy (DDP or DeepSpeed ZeRO in accelerate.yaml): FSDP is not planned",
     "eval_strategy": "O-GRPO's trainer loads no eval split",
     "output_dir": "the job's run directory (--output-dir)",
 }
@@ -132,10 +134,10 @@ _MODEL_AND_SCRIPT = {
                                 default=False),
     "reward_funcs": Rule(MAPPED, "O-GRPO's reward registry or package.module:function (ogrpo/train/rewards.py)"),
     "reward_model_name_or_path": Rule(UNSUPPORTED, reason="reward models are not supported; use reward_funcs"),
-    # DatasetMixtureConfig
-    "datasets": Rule(UNSUPPORTED, reason="dataset mixtures are not supported: set dataset_name", default=[]),
+    # DatasetMixtureConfig: loaded by the trainer with TRL's own get_dataset (ogrpo/train/data.py)
+    "datasets": Rule(MAPPED, "the trainer's dataset: TRL's mixture (ogrpo/train/data.py)"),
     "streaming": Rule(UNSUPPORTED, reason="the trainer loads the dataset in memory (no streaming)", default=False),
-    "test_split_size": Rule(UNSUPPORTED, reason="O-GRPO's trainer loads no eval split"),
+    "test_split_size": Rule(MAPPED, "TRL's mixture split: the trainer trains on its train part"),
 }
 
 # ---- open-r1's GRPOScriptArguments / GRPOConfig extensions (src/open_r1/configs.py) ------------------------
@@ -143,9 +145,10 @@ _OPEN_R1 = {
     "dataset_prompt_column": Rule(MAPPED, "ogrpo.prompt_column", kinds=("str",)),
     "system_prompt": Rule(MAPPED, "ogrpo.system_prompt", kinds=("str", "none")),
     "dataset_configs": Rule(MAPPED, "dataset_config (the first entry)", kinds=("list", "str", "none")),
-    "dataset_mixture": Rule(UNSUPPORTED, reason="dataset mixtures are not supported: set dataset_name",
+    "dataset_mixture": Rule(MAPPED, "the trainer's dataset: open-r1's mixture (ogrpo/train/data.py)",
                             kinds=("dict", "none")),
-    "chat_template": Rule(UNSUPPORTED, reason="the tokenizer's own chat template is used", kinds=("str", "none")),
+    "chat_template": Rule(MAPPED, "the tokenizer's chat template (set by the trainer, as open-r1 does)",
+                          kinds=("str", "none")),
     "wandb_entity": Rule(MAPPED, "env WANDB_ENTITY", kinds=("str", "none")),
     "wandb_project": Rule(MAPPED, "env WANDB_PROJECT", kinds=("str", "none")),
     "wandb_run_group": Rule(MAPPED, "env WANDB_RUN_GROUP", kinds=("str", "none")),
@@ -177,7 +180,9 @@ for _name, _kinds in (
 for _name, _default, _kinds in (
         ("code_eval_test_batch_size", 1, ("int",)), ("code_eval_scoring_mode", "weighted_sum", ("str",)),
         ("code_provider", "e2b", ("str", "none")), ("e2b_router_url", None, ("str", "none")),
-        ("morph_router_url", None, ("str", "none")), ("ioi_provider", "piston", ("str", "none"))):
+        ("morph_router_url", None, ("str", "none")), ("ioi_provider", "piston", ("str", "none")),
+        # the codeforces work's first name for code_eval_scoring_mode (true: "partial", false: "pass_fail")
+        ("code_eval_partial_grading", False, ("bool",))):
     _OPEN_R1[_name] = Rule(UNSUPPORTED, reason=f"open-r1's remote code-execution setting {_name}: O-GRPO runs code "
                                                 "rewards in its local sandbox", default=_default, kinds=_kinds)
 
@@ -195,7 +200,32 @@ _OLDER = {
     "vllm_device": Rule(CHANGED, reason="current TRL has no vllm_device (gone with its vLLM server mode); the plan "
                                         "places the server",
                         kinds=("str", "none")),
+    # GRPOConfig fields of TRL 0.15-0.27 renamed since (RENAMED below carries the value to today's name)
+    "use_liger_loss": Rule(MAPPED, "use_liger_kernel (TRL 0.17-0.27's name for the Liger GRPO loss)", kinds=("bool",)),
+    "use_liger": Rule(MAPPED, "use_liger_kernel (transformers 4.45's name)", kinds=("bool",)),
+    "vllm_max_model_len": Rule(MAPPED, "vllm_max_model_length (TRL 0.15-0.17's name)", kinds=("int", "none")),
+    "vllm_guided_decoding_regex": Rule(MAPPED, "vllm_structured_outputs_regex (TRL 0.16-0.27's name)",
+                                       kinds=("str", "none")),
+    "gradient_checkpointing_use_reentrant": Rule(
+        MAPPED, "gradient_checkpointing_kwargs.use_reentrant (TRL 0.14-0.26 ScriptArguments)", kinds=("bool",)),
+    "vllm_dtype": Rule(UNSUPPORTED, reason="TRL 0.15-0.17's vLLM dtype: the plan gives vLLM the trainer's precision "
+                                           "(setting vllm.dtype)", default="auto", kinds=("str", "none")),
+    # open-r1's remote-generation experiments (faster-grpo-trainer recipes): a generation/reference server elsewhere
+    "remote_gen_model_url": Rule(UNSUPPORTED, reason="open-r1's remote-generation trainer: the job starts its own "
+                                                     "vLLM and generates there", kinds=("str", "none")),
+    "ref_model_url": Rule(UNSUPPORTED, reason="open-r1's remote reference model: the reference model (beta > 0) is "
+                                              "loaded inside the trainer", kinds=("str", "none")),
 }
+
+# Older names whose value the loader copies to today's key (unless that key is set too, to the same value): the
+# planner, the checks and the trainer then read one key. The older key stays in the config (it round-trips).
+RENAMED = {"use_liger_loss": "use_liger_kernel", "use_liger": "use_liger_kernel",
+           "vllm_max_model_len": "vllm_max_model_length",
+           "vllm_guided_decoding_regex": "vllm_structured_outputs_regex"}
+RENAME_NOTES = {"use_liger_loss": " (TRL 0.28 folded the Liger GRPO loss into use_liger_kernel: one switch for "
+                                   "Liger's model kernels and its loss)"}
+# Fields an older TRL typed Optional, where null had a meaning that today's non-optional field spells as a value.
+NULL_MEANS = {"top_k": (0, "TRL 0.16-0.2x's `top_k: null` (no top-k filtering) is today's 0")}
 
 RULES: dict[str, Rule] = {}
 RULES.update({k: Rule(PASS, "GRPOConfig") for k in _GRPO_PASS})
@@ -236,9 +266,79 @@ def grpo_fields(line: str) -> frozenset[str] | None:
     return frozenset(json.loads((Path(__file__).with_name("data") / name).read_text())["GRPOConfig"])
 
 
+# What TRL does when the recipe leaves a key unset, where the field's default is a placeholder: GRPOConfig turns
+# bf16 on unless fp16 is set; transformers loads with SDPA when attn_implementation is None.
+EFFECTIVE_DEFAULTS = {"bf16": True, "attn_implementation": "sdpa"}
+
+
+@lru_cache(maxsize=None)
+def _line_table(line: str) -> dict:
+    name = {CPU_LINE: "trl_fields.json", IMAGE_LINE: "trl_fields_1.9.json"}.get(line)
+    return json.loads((Path(__file__).with_name("data") / name).read_text()) if name else {}
+
+
+def line_default(line: str, key: str):
+    """The value `trl grpo` of this TRL line uses for a key the recipe does not set (GRPOConfig, else
+    ModelConfig); None when unknown."""
+    if key in EFFECTIVE_DEFAULTS:
+        return EFFECTIVE_DEFAULTS[key]
+    table = _line_table(line)
+    for group in ("GRPOConfig", "ModelConfig"):
+        if key in table.get(group, {}):
+            return table[group][key].get("default")
+    return None
+
+
+def line_kinds(line: str) -> dict[str, tuple[str, ...]]:
+    """Field of `trl grpo`'s dataclasses (GRPOConfig, ModelConfig, script arguments) -> the YAML kinds this TRL
+    line's field type takes (ogrpo/config.py's kinds); GRPOConfig first where two classes share a name."""
+    from ogrpo.values import kinds_from_type
+
+    out: dict[str, tuple[str, ...]] = {}
+    table = _line_table(line)
+    for group in ("GRPOConfig", "ModelConfig", "GRPOScriptArguments", "DatasetMixtureConfig"):
+        for name, info in table.get(group, {}).items():
+            if name not in out:
+                out[name] = tuple(info["kinds"]) if "kinds" in info else tuple(kinds_from_type(info["type"]))
+    for name, kinds in KIND_OVERRIDES.items():
+        if name in out:
+            out[name] = tuple(sorted(set(out[name]) | set(kinds)))
+    return out
+
+
+# Keys whose value never reaches GRPOConfig (the plan lists them as changed): their type on the job's line is moot.
+REPLACED_BY_PLAN = frozenset({"fsdp", "fsdp_config", "deepspeed", "output_dir"})
+
+
+def line_type_problems(trl: dict, line: str) -> list[str]:
+    """Values the loader accepted (typed by the union of both lines' fields) that the target line's own GRPOConfig
+    field type refuses: e.g. a JSON string for generation_kwargs, which TRL 1.16 parses and 1.9 does not."""
+    from ogrpo.values import choice_problem, coerce
+
+    kinds = line_kinds(line)
+    problems = []
+    for key, value in trl.items():
+        if key in kinds and key not in REPLACED_BY_PLAN:
+            try:
+                coerce(key, value, kinds[key])
+            except ValueError as exc:
+                problems.append(f"{exc} (TRL {line}, which this plan's job runs)")
+                continue
+            wrong = choice_problem(key, value, line)
+            if wrong:
+                problems.append(f"{wrong} (this plan's job runs TRL {line})")
+    return problems
+
+
 def config_changes(trl: dict, line: str) -> list[dict]:
     """Changes that follow from the keys alone (no hardware): unsupported values, keys O-GRPO replaces, and
-    GRPOConfig fields the target TRL line does not have."""
+    GRPOConfig fields the target TRL line does not have. Raises ConfigError for a value the line's own field
+    types refuse (line_type_problems)."""
+    problems = line_type_problems(trl, line)
+    if problems:
+        from ogrpo.errors import ConfigError
+
+        raise ConfigError(problems, "run config")
     out: list[dict] = []
     line_fields = grpo_fields(line) or frozenset()
     renames = LINE_RENAMES.get(line, {})
@@ -251,6 +351,10 @@ def config_changes(trl: dict, line: str) -> list[dict]:
             out.append(change(key, value, r.default, r.reason))
         elif r.kind == CHANGED and value is not False:
             out.append(change(key, value, None, r.reason))
+        elif key in RENAMED and trl.get(RENAMED[key]) is not None and trl[RENAMED[key]] != value:
+            new = RENAMED[key]
+            out.append(change(key, value, trl[new], f"an older name of {new}, which the recipe also sets: {new} is "
+                                                    f"applied{RENAME_NOTES.get(key, '')}"))
         elif key == "dataset_configs" and isinstance(value, list) and len(value) > 1:
             out.append(change(key, value, value[0], "TRL's ScriptArguments take one dataset_config: the first "
                                                     "entry is loaded"))

@@ -41,9 +41,17 @@ class GpuType:
     def fp16(self) -> bool:
         return not self.is_cpu
 
+    @property
+    def gres_type(self) -> str | None:
+        """The GRES type a job asks Slurm for (`--gres=gpu:a40:3`): the family in lower case, the name most sites
+        give their gres.conf `Type=` (a site that spells it otherwise says so: ogrpo.gres_type / --gres-type).
+        Both V100 sizes are one type: the plan's memory check at the step's start tells them apart."""
+        return None if self.is_cpu else GRES_TYPES.get(self.family, self.family.lower())
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["triton_tensor_cores"] = self.triton_tensor_cores
+        d["gres_type"] = self.gres_type
         return d
 
 
@@ -62,6 +70,10 @@ _CATALOG: tuple[GpuType, ...] = (
     GpuType("H100", "H100", 79.6, 90, bf16=True, tf32=True, fa2=True, interconnect="nvlink"),
     GpuType("H200", "H200", 139.8, 90, bf16=True, tf32=True, fa2=True, interconnect="nvlink"),
 )
+
+# GRES type per family where it is not the family's name in lower case (none so far: data, so a site's common
+# spelling can be added in one line).
+GRES_TYPES: dict[str, str] = {}
 
 # A family named without memory picks this variant (the larger/common one).
 _DEFAULT_VARIANT = {"V100": "V100-32G", "A100": "A100-80G"}

@@ -17,14 +17,21 @@ Trainer (per process/GPU), P parameters, N trainer processes:
   log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away, and O-GRPO's
   linear_logprobs kernel keeps one chunk (<= 2 x 192 MiB) whatever B·C.
 - reference model (beta > 0): a copy of the weights in the policy's load dtype under DDP (fp32 master
-  weights), in the half dtype under DeepSpeed (sharded under ZeRO-3).
+  weights), in the half dtype under DeepSpeed (sharded under ZeRO-3). LoRA has none: the base with its
+  adapters disabled is the reference.
+- LoRA: the frozen base carries no gradient or optimizer state; under DeepSpeed the base and adapters are in
+  the half dtype, ZeRO-3 shards the base too, and TRL gathers the whole model once per weight push to merge
+  the adapters (a phase of its own: `zero3_lora_full_gather`).
 - runtime: CUDA context + allocator slack, ~1 GiB per process (the interpreter on CPU); not a tensor, so not
   in what the calibration measures (`tensor_gib`).
 
 vLLM server (per GPU, tensor parallel size t): weights (half precision, /t), the profiled activation peak,
 CUDA graphs, and the KV cache that fills the rest of `gpu_memory_utilization` x memory; the plan checks it
-holds at least one max-length sequence and reports how many run at once. On CPU the KV cache is an explicit
-budget for the plan's max_num_seqs sequences (`kv_budget_bytes`), checked against the host-memory share.
+holds at least one max-length sequence and reports how many run at once. KV per token as vLLM lays it out:
+K and V per KV head and layer, or MLA's latent (DeepSeek V2/V3: kv_lora_rank + qk_rope_head_dim per layer, on
+every tensor-parallel rank); sliding-window layers reserve the window, not the sequence. On CPU the KV cache
+is an explicit budget for the plan's max_num_seqs sequences (`kv_budget_bytes`), checked against the
+host-memory share.
 """
 
 from __future__ import annotations
@@ -106,13 +113,23 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     P = model.params
     w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
     act_b = 4 if precision == "fp32" else 2
-    if lora:
-        if lora is True:
-            from ogrpo.train.peft_config import lora_spec
+    if lora is True:
+        from ogrpo.train.peft_config import lora_spec
 
-            lora = lora_spec({"use_peft": True}, precision)
+        lora = lora_spec({"use_peft": True}, precision)
+    if lora and strategy == "ddp":
         w_b = DTYPE_BYTES[lora.base_dtype]
         weights, grads, optim = lora_state_bytes(model, lora)
+    elif lora:
+        # DeepSpeed casts the whole module (frozen base and adapters) to its half dtype and keeps fp32 master
+        # weights and Adam moments for the trainable parameters only: the frozen base costs its half weights,
+        # sharded by ZeRO-3 like any parameter (ZeRO-2 leaves it whole); the adapters cost what a full fine-tune
+        # parameter costs under the same stage.
+        trainable = sum(lora_params(model, lora))
+        weights = P * w_b / (n if strategy.startswith("zero3") else 1) + trainable * w_b / (
+            n if strategy.startswith("zero3") else 1)
+        grads = trainable * g_b / n
+        optim = 0.0 if strategy == "zero3_offload" else trainable * o_b / n
     else:
         shard_w = n if strategy.startswith("zero3") else 1
         shard_g = n if strategy in ("zero2", "zero3", "zero3_offload") else 1
@@ -156,20 +173,30 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         # size of all trainable gradients beside param.grad, for the whole run.
         terms["ddp_buckets"] = grads / GiB
     backward_grads = grads
-    if strategy == "zero2" and not lora and deepspeed_cpu_terms:
-        # Backward computes every parameter's full gradient before ZeRO-2 reduces it into this process's
-        # partition; measured on CPU (gloo), the full set is held at the backward peak beside the partition.
-        terms["zero2_full_gradients"] = P * g_b / GiB
-        backward_grads += P * g_b
+    if strategy == "zero2" and deepspeed_cpu_terms:
+        # Backward computes every trainable parameter's full gradient before ZeRO-2 reduces it into this
+        # process's partition; measured on CPU (gloo), the full set is held at the backward peak beside the
+        # partition (LoRA: the adapters' only).
+        full = (sum(lora_params(model, lora)) if lora else P) * g_b
+        terms["zero2_full_gradients"] = full / GiB
+        backward_grads += full
     if grad_accumulation_steps == 1 and strategy in ("ddp", "zero2"):
         # Gradients are None when the forward starts (zero_grad(set_to_none) after each step) and appear as
         # backward frees the activations: the step peaks at the larger of the two, not at their sum. ZeRO-3
         # keeps its gradient partition allocated, and accumulation keeps gradients through the next forward.
         terms["grads_activations_overlap"] = -min(backward_grads, acts + logits) / GiB
-    if strategy.startswith("zero3") and not lora:
+    if strategy.startswith("zero3"):
         # ZeRO-3 gathers one layer (or the embedding) at a time, with one more prefetched.
         layer_params = (P - V * H * (1 if model.tie_word_embeddings else 2)) / max(1, L)
         terms["zero3_gather"] = 2 * max(layer_params, V * H) * w_b / GiB
+        if lora:
+            # TRL cannot merge adapters into a sharded base: before each weight push to vLLM (and around HF
+            # generation under ZeRO-3) it gathers every parameter at once, so each process holds the whole half
+            # model beside its partitions in that phase. Its own phase (after the optimizer step, activations
+            # freed): only what exceeds the loss step's activations, logits and layer gathers counts.
+            whole = (P + sum(lora_params(model, lora))) * w_b
+            terms["zero3_lora_full_gather"] = max(
+                0.0, whole - acts - logits - terms["zero3_gather"] * GiB) / GiB
         if ref and deepspeed_cpu_terms:
             # The reference model's no-grad scoring pass has no backward to release what it gathers: DeepSpeed
             # keeps gathered parameters live up to stage3_max_live_parameters (the whole model below 1e9), and
@@ -186,11 +213,12 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
 
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 
-# LoRA (DDP; a frozen base is never sharded by the plan). The base weights cost P x the dtype the trainer loads
-# them in and carry no gradient or optimizer state. Adapters: A (r x in) and B (out x r) per targeted linear
-# layer, r·(in + out) parameters (+ out for DoRA's magnitude vector), kept in fp32 by peft
-# (autocast_adapter_dtype), so 4 (weights) + 4 (grads) + 8 (Adam m, v) bytes each. `modules_to_save` keeps a
-# trainable copy of each named module in the base dtype b: b + b + 2b bytes per parameter.
+# LoRA under DDP: the base weights cost P x the dtype the trainer loads them in and carry no gradient or
+# optimizer state (under DeepSpeed, trainer_estimate: the engine's half dtype, sharded by ZeRO-3). Adapters: A
+# (r x in) and B (out x r) per targeted linear layer, r·(in + out) parameters (+ out for DoRA's magnitude
+# vector), kept in fp32 by peft (autocast_adapter_dtype), so 4 (weights) + 4 (grads) + 8 (Adam m, v) bytes
+# each. `modules_to_save` keeps a trainable copy of each named module in the base dtype b: b + b + 2b bytes per
+# parameter.
 
 
 def lora_linear_shapes(model: ModelFacts) -> dict[str, tuple[int, int]]:
@@ -277,10 +305,14 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     kv_tokens = int(kv_gib * GiB // kv_per_token) if kv_per_token else 0
     # vLLM hands out whole blocks: a sequence of max_model_len tokens takes ceil(len / block) of them, so the
     # concurrency it reports ("Maximum concurrency for N tokens per request") is blocks / blocks-per-sequence.
+    # Sliding-window layers need fewer (kv_window_tokens): the blocks per sequence average over the layers.
     block = KV_BLOCK_TOKENS if is_cpu else GPU_KV_BLOCK_TOKENS
-    blocks_per_seq = -(-max(1, max_model_len) // block)
+    full, sliding = kv_layer_split(model)
+    window_len = kv_window_tokens(model, max_model_len)
+    blocks_per_seq = (full * -(-max(1, max_model_len) // block)
+                      + sliding * (-(-window_len // block) + 1)) / max(1, full + sliding)
     concurrency = (kv_tokens // block) / blocks_per_seq
-    needed_one = max_model_len * kv_per_token / GiB
+    needed_one = (full * max_model_len + sliding * window_len) / max(1, full + sliding) * kv_per_token / GiB
     terms = {"weights": weights, "activations": acts, "cuda_graphs": graphs, "runtime": runtime,
              "kv_cache": max(kv_gib, needed_one)}
     notes = {"kv_cache_tokens": kv_tokens, "max_concurrent_seqs": int(concurrency),
@@ -291,6 +323,26 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
 
 
 def kv_bytes_per_token_per_gpu(model: ModelFacts, tp: int, dtype_bytes: int) -> float:
+    """Bytes one token costs vLLM's KV cache on one GPU over every layer, as if each attended fully."""
+    if model.is_mla:
+        # MLA caches one latent (kv_lora_rank) and one rope key (qk_rope_head_dim) per token and layer, not K and V
+        # per head, and every tensor-parallel rank holds all of it (the latent is not split by heads).
+        return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
     # KV heads split across tensor-parallel ranks; with more ranks than KV heads vLLM replicates them.
     heads = max(1.0, model.num_kv_heads / tp)
     return 2 * model.num_layers * heads * model.head_dim * dtype_bytes
+
+
+def kv_layer_split(model: ModelFacts) -> tuple[int, int]:
+    """(full-attention layers, sliding-window layers)."""
+    sliding = min(model.sliding_layers, model.num_layers) if model.sliding_window else 0
+    return model.num_layers - sliding, sliding
+
+
+def kv_window_tokens(model: ModelFacts, max_model_len: int) -> int:
+    """Tokens vLLM reserves per sequence in a sliding-window layer: the window's last tokens plus one scheduled
+    chunk of prefill (vLLM's SlidingWindowSpec.max_memory_usage_bytes), never more than the sequence. At GRPO's
+    usual lengths this is the whole sequence; only windows much shorter than max_model_len save memory."""
+    if not model.sliding_window:
+        return max_model_len
+    return min(model.sliding_window - 1 + VLLM_BATCHED_TOKENS, max_model_len)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -47,10 +48,19 @@ class ModelFacts:
     shared_intermediate_size: int = 0  # always-on shared expert(s) MLP width (Qwen2-MoE, DeepSeek)
     num_moe_layers: int = 0
     reference: str = ""  # where the built-in facts come from
+    # KV layout as vLLM allocates it. MLA (DeepSeek V2/V3): one compressed latent of kv_lora_rank plus a shared
+    # rope key of qk_rope_head_dim per token and layer, replacing K and V of every head (0: not MLA).
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    # Sliding-window attention: the window in tokens and how many of the layers use it (the rest attend fully).
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    warnings: tuple[str, ...] = ()  # what the plan must say about these facts (a --params count overriding one)
 
     def __post_init__(self):
         if not self.active_params:
             object.__setattr__(self, "active_params", self.params)
+        object.__setattr__(self, "warnings", tuple(self.warnings))  # a plan read back from JSON has a list
 
     @property
     def fp32_only(self) -> bool:
@@ -67,12 +77,20 @@ class ModelFacts:
             return self.intermediate_size
         return self.num_experts_per_tok * self.moe_intermediate_size + self.shared_intermediate_size
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V for every layer: what one cached token costs vLLM."""
+        """What one cached token costs vLLM over every layer on one GPU (sliding windows aside): MLA keeps the
+        latent and the rope key, other attention K and V of every KV head."""
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["warnings"] = list(self.warnings)
         d["fp32_only"] = self.fp32_only
         return d
 
@@ -180,6 +198,30 @@ def _vision_params(vc: dict, text_hidden: int) -> int:
     return L * layer + embed + 2 * h + head + (h * text_hidden + h)  # post-LN, projector (+ its input norm)
 
 
+def sliding_layout(cfg: dict, mtype: str) -> tuple[int, int]:
+    """(window, layers that use it) as vLLM reads a config: `layer_types` where the config has it; Gemma 2
+    alternates (even layers slide) and Gemma 3 keeps every `sliding_window_pattern`-th layer global; Qwen2/3 slide
+    only with `use_sliding_window`, from layer `max_window_layers` on; any other model with a `sliding_window`
+    slides in every layer (vLLM's model-wide window, e.g. Mistral-7B-v0.1, Phi-3 4k). (0, 0): none."""
+    window = _int(cfg, "sliding_window")
+    L = _int(cfg, "num_hidden_layers")
+    if not window or cfg.get("use_sliding_window") is False:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return window, sum(1 for t in types[:L] if t == "sliding_attention")
+    if mtype == "gemma2":
+        return window, (L + 1) // 2
+    if mtype in ("gemma3", "gemma3_text"):
+        pattern = _int(cfg, "sliding_window_pattern", 6) or 6
+        return window, sum(1 for i in range(L) if (i + 1) % pattern)
+    if mtype in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        if not cfg.get("use_sliding_window"):
+            return 0, 0
+        return window, max(0, L - _int(cfg, "max_window_layers", L))
+    return window, L
+
+
 FACTS_FILE = Path(__file__).with_name("data") / "model_facts.json"
 
 
@@ -195,20 +237,29 @@ def builtin_names() -> list[str]:
     return [m.name for m in builtin_table().values()]
 
 
+PARAMS_HINT = "give a positive parameter count such as 7B, 1.5B or 500M"
+MAX_PARAMS = 1e14  # 100T: beyond any model; a larger count is a typo, not a plan
+
+
 def parse_params(value) -> int:
-    """'7B', '1.5b', '500M', 7e9, '7000000000' -> parameter count."""
+    """'7B', '1.5b', '500M', 7e9, '7000000000' -> parameter count; zero, negative, non-finite or absurd counts
+    are refused (a 0-parameter plan "fits" anything)."""
     if isinstance(value, bool):
-        raise OgrpoError(f"--params {value!r}: give a parameter count such as 7B, 1.5B or 500M")
+        raise OgrpoError(f"--params {value!r}: {PARAMS_HINT}")
     if isinstance(value, (int, float)):
         n = float(value)
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*", str(value).lower())
         if not m:
-            raise OgrpoError(f"--params {value!r}: give a parameter count such as 7B, 1.5B or 500M")
+            raise OgrpoError(f"--params {value!r}: {PARAMS_HINT}")
         n = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2)]
+    if not math.isfinite(n) or n <= 0:
+        raise OgrpoError(f"--params {value!r}: {PARAMS_HINT}")
     if n < 1e3:
         # A bare small number is almost certainly billions ("--params 7").
         n *= 1e9
+    if n < 1 or n > MAX_PARAMS:
+        raise OgrpoError(f"--params {value!r}: {n:.3g} parameters; {PARAMS_HINT}")
     return int(n)
 
 
@@ -223,6 +274,10 @@ def from_config_dict(cfg: dict, name: str, source: str = "config.json", referenc
         raise OgrpoError(f"{name}: config.json lacks {exc}; pass --params to plan without it") from None
     kv = int(text.get("num_key_value_heads") or heads)
     hd = int(text.get("head_dim") or hidden // heads)
+    if text.get("kv_lora_rank"):
+        # MLA: a query/key head is qk_nope + qk_rope wide (transformers 5 writes head_dim as the rope part alone,
+        # the hub files have none); the KV cache does not use it (kv_bytes_per_token).
+        hd = _int(text, "qk_nope_head_dim") + _int(text, "qk_rope_head_dim") or hd
     inter = int(text.get("intermediate_size") or 4 * hidden)
     tied = bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
     max_pos = int(text.get("max_position_embeddings") or 2048)
@@ -235,9 +290,13 @@ def from_config_dict(cfg: dict, name: str, source: str = "config.json", referenc
         vision = _vision_params(cfg["vision_config"], hidden)
         total, active = total + vision, active + vision
     E, k, width, shared = moe_shape(text)
+    window, sliding = sliding_layout(text, text_type)
+    kv_rank = _int(text, "kv_lora_rank")
     return ModelFacts(name, total, hidden, layers, heads, kv, hd, vocab, inter, tied, max_pos, dtype, mtype, source,
                       active_params=active, num_experts=E, num_experts_per_tok=k, moe_intermediate_size=width,
-                      shared_intermediate_size=shared, num_moe_layers=moe_layers, reference=reference)
+                      shared_intermediate_size=shared, num_moe_layers=moe_layers, reference=reference,
+                      kv_lora_rank=kv_rank, qk_rope_head_dim=_int(text, "qk_rope_head_dim") if kv_rank else 0,
+                      sliding_window=window, sliding_layers=sliding)
 
 
 def _round_to(x: float, step: int) -> int:
@@ -277,13 +336,24 @@ def resolve_model(name_or_path: str | Path | None, params=None) -> ModelFacts:
             except OgrpoError:
                 base = None
         if base is not None:
-            # The user's count replaces the total; a dense model's active count is the same number.
+            # The user's count replaces the total; a dense model's active count is the same number. Said out loud:
+            # a known model's own count is usually the right one.
             active = base.active_params if base.is_moe else count
-            return replace(base, params=count, active_params=active, source="params")
+            where = {"builtin": "the built-in table", "config.json": "its config.json",
+                     "hf-cache": "its config.json in the HF cache"}.get(base.source, base.source)
+            warning = (f"--params {_billions(count)} overrides {base.name}'s {_billions(base.params)} parameters "
+                       f"(counted from {where}): --params wins for weights, gradients and optimizer states; "
+                       f"layers, widths and vocabulary stay the model's")
+            return replace(base, params=count, active_params=active, source="params",
+                           warnings=base.warnings + (warning,))
         return from_params(str(name_or_path or "model"), count)
     if not name_or_path:
         raise OgrpoError("no model: set model_name_or_path in the run config or pass --model (and --params)")
     return _resolve_known(str(name_or_path))
+
+
+def _billions(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e8 else f"{n / 1e6:.3g}M"
 
 
 def _resolve_known(name: str) -> ModelFacts:

@@ -52,6 +52,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     targs = _settings.trainer_args(d, place, vfit, tfit, precision, attn)
     _settings.replaced_by_job(d, targs, tfit.strategy)
     env = _settings.job_env(d)
+    _refuse_missing_packages(d, targs, attn, tfit.strategy)
     vargs, server_env = _settings.vllm_args(d, place, vfit, precision)
 
     n = place.num_processes
@@ -75,10 +76,21 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                 fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=place.mode,
                 vllm=vllm, trainer=trainer, trainer_args=targs, env=env, settings=d.settings.items,
                 batch=BatchPart(**batch),
-                warnings=d.warnings + ([] if model.exact_shapes else
+                warnings=d.warnings + list(model.warnings) + ([] if model.exact_shapes else
                                        [f"{model.name}: shapes extrapolated from --params; activations are rough"]),
                 changes=d.changes.items, fix_actions=[f.to_dict() for f in held],
                 kernels={name: on for name, (on, _) in tfit.kernels.items()})
+
+
+def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) -> None:
+    """Exit 2 (with the fix) when the run enables a feature whose package the target stack does not carry
+    (ogrpo/packages.py): such a job would fail at its first line, after its wait in the queue."""
+    from ogrpo import packages
+
+    stack = packages.stack_for(d.cluster.gpu)
+    lines = packages.refusals(stack, packages.enabled_features({**d.trl, **targs}, attn, strategy))
+    if lines:
+        raise OgrpoError("; ".join(lines))
 
 
 def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,

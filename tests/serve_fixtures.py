@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ogrpo.launch.procs import group_members  # noqa: F401 - what a role left behind after its teardown
+
 
 def build_tiny_model(out: Path, hidden: int = 128, layers: int = 2, heads: int = 2, kv_heads: int = 1,
                      intermediate: int = 256, seed: int = 0) -> Path:
@@ -52,17 +54,3 @@ def write_run_config(path: Path, model: Path, **trl) -> Path:
 
 def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`: what a role left behind after its teardown."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out

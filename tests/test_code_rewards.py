@@ -166,3 +166,65 @@ def test_code_format_reward():
     cpp = GOOD_FORMAT.replace("```python", "```cpp")
     assert code_format_reward([GOOD_FORMAT, cpp], language=["python", "cpp"]) == [1.0, 1.0]
     assert code_format_reward([cpp], language="cpp") == [1.0]
+
+
+# --- one completion's test cases in parallel (issue 21: 4 cases of 4.5 s took 18 s) ----------------------------
+
+
+def _launchers_under(root) -> list[int]:
+    """Sandbox launchers (and their reapers) still running for work dirs under `root`: the launcher's command
+    line carries its spec, which holds the work dir's path."""
+    import psutil
+
+    needle = str(root).encode().hex()
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(needle in a for a in proc.info["cmdline"] or []):
+            out.append(proc.pid)
+    return out
+
+
+def test_split_counts_share_idle_workers():
+    from ogrpo.train.code_rewards import split_counts
+
+    assert split_counts([4], 8) == [4]              # one completion: a job per test case
+    assert split_counts([4] * 8, 8) == [1] * 8      # a full pool: cases in turn, stopping at a timeout
+    assert split_counts([4, 1, 10], 8) == [2, 1, 5]  # spare workers to the longest chains
+    assert split_counts([3, 3], 1) == [1, 1] and split_counts([], 4) == []
+
+
+def test_one_completions_test_cases_run_in_parallel(tmp_path):
+    # Each run reports when it started and ended; with 4 workers the 4 cases of one completion overlap (they
+    # ran one after another before). Sleeping programs, so the check holds on a 2-core machine too.
+    program = ("```python\nimport sys, time\nt = time.time()\ntime.sleep(1.5)\nprint(input())\n"
+               "print(t, time.time(), file=sys.stderr)\n```")
+    info = {"test_cases": [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(4)]}
+    with Sandbox(max_workers=4, tmp_root=str(tmp_path)) as box:
+        submitted, results = [], []
+        run_jobs = box.run_jobs
+
+        def spy(jobs, limits=None):
+            submitted.append(len(jobs))
+            results.extend(run_jobs(jobs, limits=limits))
+            return results[-len(jobs):]
+
+        box.run_jobs = spy
+        assert code_reward([program], [info], sandbox=box, limits=Limits(cpu_s=5, wall_s=10.0)) == [1.0]
+    assert submitted == [4]
+    spans = [tuple(map(float, run.stderr.split())) for res in results for run in res.runs]
+    assert len(spans) == 4
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # all four ran at once
+    assert _launchers_under(tmp_path) == []
+
+
+@needs_gxx
+def test_split_c_programs_compile_in_each_part(tmp_path):
+    # Two workers, one C++ completion with two cases: two jobs, each compiling; the scores and the compile-error
+    # metric are those of a single job.
+    metrics = {}
+    with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
+        cpp = {**ADD, "language": "cpp"}
+        assert code_reward([CPP_OK], [cpp], sandbox=box) == [1.0]
+        assert code_reward([CPP_BROKEN], [cpp], sandbox=box, log_metric=metrics.__setitem__) == [0.0]
+    assert metrics["code/compile_error_frac"] == 1.0
+    assert _launchers_under(tmp_path) == []

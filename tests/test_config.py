@@ -170,4 +170,4 @@ def test_yaml_round_trip(basic_recipe, tmp_path):
 def test_quoted_numbers_are_accepted(write_recipe):
     # YAML 1.1 reads 1e-6 (no dot) as a string; TRL's parser accepts it, so do we.
     rc = load_run_config(write_recipe("learning_rate: 1e-6\n"))
-    assert rc.trl["learning_rate"] == "1e-6"
+    assert rc.trl["learning_rate"] == 1e-6 and isinstance(rc.trl["learning_rate"], float)

@@ -15,6 +15,7 @@ import pytest
 
 from ogrpo import fields as rules
 from ogrpo.config import DATA_DIR, load_run_config
+from ogrpo.errors import OgrpoError
 from ogrpo.plan import plan_from_config
 from ogrpo.train.settings import grpo_config_kwargs
 
@@ -78,8 +79,14 @@ def test_every_field_has_a_rule():
         assert r.target if r.kind in (rules.PASS, rules.PLANNED, rules.MAPPED) else r.reason, name
 
 
-def _value(info_kinds, default):
-    """A value of the field's kind that differs from its default (what a recipe that sets it would hold)."""
+def _value(info_kinds, default, key=""):
+    """A value of the field's kind that differs from its default (what a recipe that sets it would hold); for an
+    enum-typed field, another of the values both TRL lines' transformers accept."""
+    from ogrpo.values import _choices
+
+    both = [set(table.get(key, ())) for table in _choices().values()]
+    if all(both):
+        return sorted(set.intersection(*both) - {default})[0]
     kinds = set(info_kinds)
     if "bool" in kinds:
         return not default if isinstance(default, bool) else True
@@ -123,9 +130,13 @@ def test_every_grpo_config_field_reaches_the_trainer_or_is_listed(line, tiny_mod
                 else _image_grpo_fields())
     silent, wrong_pass = [], []
     for key, kinds in sorted(line_fields.items()):
-        value = _value(kinds, defaults[key].get("default"))
+        value = _value(kinds, defaults[key].get("default"), key)
         rc = load_run_config({"model_name_or_path": str(tiny_model_dir), key: value})
-        plan = plan_from_config(rc, gpus=LINES[line])
+        try:
+            plan = plan_from_config(rc, gpus=LINES[line])
+        except OgrpoError:
+            continue  # refused (a feature the line's image cannot run): not silent either
+
         kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run", fields=names)
         listed = any(c["key"] == key for c in plan.changes)
         if rules.rule(key).kind == rules.PASS:
@@ -168,10 +179,15 @@ def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
     assert plan.batch["prompt_length"] == 40
     assert plan.vllm["args"]["enable_prefix_caching"] is False
     assert (plan.env["WANDB_PROJECT"], plan.env["WANDB_ENTITY"], plan.env["WANDB_RUN_GROUP"]) == ("p", "e", "g")
-    for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "datasets", "dataset_mixture",
-                "chat_template", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split",
-                "code_provider"):
+    for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split", "code_provider"):
         assert key in changes and changes[key]["reason"], key
+    # the trainer loads both mixtures (ogrpo/train/data.py) and sets the recipe's chat template on the tokenizer:
+    # used, so not listed as dropped
+    assert "datasets" not in changes and "dataset_mixture" not in changes and "chat_template" not in changes
+    from ogrpo.train.run import load_tokenizer
+
+    assert load_tokenizer(str(tiny_model_dir), rc.trl).chat_template == "{{x}}"
+    assert not any("dataset_mixture" in w and "not applied" in w for w in rc.warnings)
 
 
 def test_open_r1_mapped_keys_reach_their_targets(tiny_model_dir):
@@ -204,3 +220,80 @@ def test_lora_fields_reach_the_peft_config():
         got = getattr(cfg, attr)
         got = sorted(got) if isinstance(got, (set, list)) else got
         assert got == (sorted(value) if isinstance(value, list) else value), key
+
+
+def _flat_plan_values(plan) -> dict:
+    targs = dict(plan.trainer_args)
+    mik = targs.pop("model_init_kwargs", None) or {}
+    return {**targs, **{k: v for k, v in mik.items() if k in ("attn_implementation", "dtype")}}
+
+
+@pytest.mark.parametrize("gpus", ["3xA40", "4xV100-32G", "cpu"])
+def test_changes_list_every_value_the_plan_sets(gpus, basic_recipe, open_r1_recipe):
+    """Each value the plan gives the trainer is the recipe's own, or (unset there) what `trl grpo` of the job's TRL
+    line would use, or a listed change. A recipe that sets none of them gets TF32, attention, fused AdamW and
+    dataloader workers listed too."""
+    for recipe in (basic_recipe, open_r1_recipe):
+        rc = load_run_config(recipe)
+        plan = plan_from_config(rc, gpus=gpus)
+        line = rules.CPU_LINE if gpus == "cpu" else rules.IMAGE_LINE
+        listed = {c["key"] for c in plan.changes}
+        aliases = {"dtype": ("dtype", "torch_dtype"), "attn_implementation": ("attn_implementation",)}
+        for key, value in _flat_plan_values(plan).items():
+            user = next((rc.trl[k] for k in aliases.get(key, (key,)) if rc.trl.get(k) is not None), None)
+            expected = user if user is not None else rules.line_default(line, key)
+            if value != expected:
+                assert set(aliases.get(key, (key,))) & listed, (recipe.name, gpus, key, value, expected)
+    basic = {c["key"]: c for c in plan_from_config(load_run_config(basic_recipe), gpus=gpus).changes}
+    if gpus == "3xA40":
+        assert basic["tf32"]["to"] is True and basic["optim"]["to"] == "adamw_torch_fused"
+        assert basic["attn_implementation"]["to"] == "flash_attention_2"
+        assert basic["dataloader_num_workers"]["to"] == 2
+        assert "not set in the recipe" in basic["tf32"]["reason"]
+    if gpus == "cpu":
+        assert basic["optim"] == {"key": "optim", "from": "adamw_torch_fused", "to": "adamw_torch",
+                                  "reason": basic["optim"]["reason"]}
+
+
+def test_strict_refuses_settings_for_unset_keys(run_cli, basic_recipe):
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", basic_recipe, "--strict")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    for key in ("tf32 would change", "optim would change", "attn_implementation would change",
+                "dataloader_num_workers would change"):
+        assert key in proc.stderr, key
+
+
+def test_fsdp_with_a_deepspeed_or_ddp_plan_is_a_change(tiny_model_dir, tmp_path):
+    """O-GRPO plans DDP or ZeRO via accelerate: the recipe's FSDP is listed as changed and kept out of
+    GRPOConfig (it would conflict with the DeepSpeed launch)."""
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "fsdp": "full_shard auto_wrap",
+                          "fsdp_config": {"min_num_params": 1}})
+    for gpus in ("cpu", "4xV100-32G"):
+        plan = plan_from_config(rc, gpus=gpus)
+        changes = {c["key"]: c for c in plan.changes}
+        assert changes["fsdp"]["from"] == "full_shard auto_wrap" and changes["fsdp"]["to"] is None
+        assert "not FSDP" in changes["fsdp"]["reason"] and "fsdp_config" in changes
+        kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run")
+        assert kwargs.get("fsdp") is None and kwargs.get("fsdp_config") is None
+
+
+def test_older_names_are_mapped_or_listed(tiny_model_dir, tmp_path):
+    base = {"model_name_or_path": str(tiny_model_dir)}
+    rc = load_run_config({**base, "use_liger_loss": True, "vllm_max_model_len": 2048,
+                          "vllm_guided_decoding_regex": "a+", "top_k": None, "gradient_checkpointing_use_reentrant":
+                          True})
+    assert rc.trl["use_liger_kernel"] is True and rc.trl["vllm_max_model_length"] == 2048
+    assert rc.trl["vllm_structured_outputs_regex"] == "a+" and rc.trl["top_k"] == 0
+    assert rc.trl["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
+    warned = " ".join(rc.warnings)
+    assert "use_liger_loss: a key of older TRL" in warned and "mapped to use_liger_kernel" in warned
+    assert "top_k: null mapped to 0" in warned
+    # both names set to different values: today's key wins and the older one is a listed change
+    rc = load_run_config({**base, "use_liger_loss": False, "use_liger_kernel": True,
+                          "code_eval_partial_grading": True, "remote_gen_model_url": "http://x",
+                          "vllm_dtype": "bfloat16"})
+    changes = {c["key"]: c for c in plan_from_config(rc, gpus="4xV100-32G").changes}
+    assert changes["use_liger_loss"]["to"] is True and "use_liger_kernel is applied" in changes[
+        "use_liger_loss"]["reason"]
+    for key in ("code_eval_partial_grading", "remote_gen_model_url", "vllm_dtype"):
+        assert changes[key]["reason"], key

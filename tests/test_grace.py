@@ -276,9 +276,11 @@ def test_strict_refuses_the_save_steps_change(tmp_path, monkeypatch):
     from ogrpo.errors import ConfigError
 
     rc, plan = _plan()
+    before = list(plan.changes)  # the plan's own changes (settings for keys the recipe left unset)
     monkeypatch.setattr(grace, "query", lambda partition=None: grace.grace_from(CONFIG, PARTITION))
     with pytest.raises(ConfigError, match=r"--strict refuses .*save_steps would change from 10 to 1"):
         grace.for_plan(rc, plan, strict=True)
-    assert rc.trl["save_steps"] == 10 and not plan.changes  # nothing applied
+    assert rc.trl["save_steps"] == 10 and plan.changes == before  # nothing applied
+    assert not any(c["key"] == "save_steps" for c in before)
     pol = grace.for_plan(rc, plan, job_dir=str(tmp_path))
     assert pol.save_steps == 1 and rc.trl["save_steps"] == 1 and pol.step_source.startswith("default for CPU")

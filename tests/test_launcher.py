@@ -110,12 +110,16 @@ def test_cancel_stops_a_detached_run_and_leaves_no_process(tmp_path):
     assert job.state() == "RUNNING" and rec["pgid"] == rec["pid"]  # its own session: cancel signals the group
     follow = subprocess.Popen([*OGRPO, "logs", str(tmp_path), "--follow", "--role", "supervisor"],
                               stdout=subprocess.PIPE, text=True)
+    manifest = tmp_path / "run" / "manifest.json"
+    manifest.write_text(json.dumps({"status": "running"}))  # what the trainer's rank 0 writes when it starts
     t0 = time.monotonic()
     out = ogrpo("cancel", tmp_path)
     assert out.returncode == 0 and f"cancelled job {tmp_path.name}" in out.stdout, out.stderr
     assert time.monotonic() - t0 < 30
     assert nothing_left(tmp_path, rec)
     assert job.state() == "CANCELLED" and job.exit_code() == 128 + signal.SIGTERM
+    assert json.loads(manifest.read_text())["status"] == "cancelled"
+    assert (tmp_path / "run" / "cancel.json").exists()  # what told the trainer it was a cancel, not a preemption
     # --follow ends with the run, after its last lines
     text, _ = follow.communicate(timeout=30)
     assert follow.returncode == 0 and "received SIGTERM" in text
@@ -200,3 +204,13 @@ def test_tiny_recipe_runs_detached_and_completes(tmp_path):
     assert info["state"] == "COMPLETED", (info, ogrpo("logs", job_dir).stdout[-3000:])
     assert info["last_checkpoint"] == "checkpoint-2" and info["last_metrics"]
     assert "train_runtime" in follow.stdout or "reward" in follow.stdout
+
+
+def test_a_failed_run_says_so_in_its_manifest(tmp_path):
+    """A trainer that dies without recording its end (a crash, a kill) leaves `failed`, not `running`."""
+    crash = ("import json, pathlib, sys; run = pathlib.Path(sys.argv[1]) / 'run'; run.mkdir(exist_ok=True); "
+             "(run / 'manifest.json').write_text(json.dumps({'status': 'running'})); sys.exit(3)")
+    spec = fake_job(tmp_path, trainer_argv=[sys.executable, "-c", crash, "{job_dir}"])
+    assert run_local(spec, follow=None) == 3
+    data = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert data["status"] == "failed" and "trainer exited with code 3" in data["error"]

@@ -156,3 +156,87 @@ def test_server_tensor_parallel_splits_weights_and_kv():
     # 4 KV heads over 2 ranks: 2 x 28 x 2 x 128 x 2 B = 28672 B per token per GPU.
     assert two.notes["kv_bytes_per_token"] == 28672
     assert two.notes["max_concurrent_seqs"] > 0
+
+
+# --- issue 23: KV layouts from config.json facts, LoRA under ZeRO ---------------------------------------------------
+
+
+def test_mla_kv_cache_is_the_latent_not_full_heads():
+    """DeepSeek-V2-Lite (27 layers, 16 heads, MLA: kv_lora_rank 512, qk_rope_head_dim 64): vLLM caches one 576-wide
+    latent per token and layer, 27 x 576 x 2 B = 31,104 B, on every tensor-parallel rank. Planned as full
+    attention it was K and V x 16 heads x 128 (hidden / heads) x 27 layers x 2 B = 221,184 B: 7.1x too big."""
+    from ogrpo.models import from_config_dict
+
+    # The hub config.json's fields (a local model directory reads the same way).
+    lite = from_config_dict({"model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27,
+                             "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 10944,
+                             "vocab_size": 102400, "max_position_embeddings": 163840, "torch_dtype": "bfloat16",
+                             "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+                             "num_experts_per_tok": 6, "first_k_dense_replace": 1, "q_lora_rank": None,
+                             "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                             "v_head_dim": 128}, "deepseek-ai/DeepSeek-V2-Lite")
+    args = dict(dtype_bytes=2, memory_gib=80.0, gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=256,
+                enforce_eager=False)
+    one = server_estimate(lite, tensor_parallel_size=1, **args)
+    assert one.notes["kv_bytes_per_token"] == 27 * (512 + 64) * 2 == 31104
+    assert one.notes["kv_cache_tokens"] == int(one.terms["kv_cache"] * GiB // 31104)
+    # Tensor parallel splits the weights, not the latent: each rank holds all of it.
+    two = server_estimate(lite, tensor_parallel_size=2, **args)
+    assert two.notes["kv_bytes_per_token"] == 31104
+    assert two.terms["weights"] == pytest.approx(one.terms["weights"] / 2)
+    # The shipped facts carry the same fields.
+    assert lite.params == resolve_model("deepseek-ai/DeepSeek-V2-Lite").params == 15_706_484_224
+    assert resolve_model("deepseek-ai/DeepSeek-V3").kv_bytes_per_token(2) == 61 * 576 * 2
+
+
+def test_sliding_window_layers_reserve_the_window_not_the_sequence():
+    """gemma-3-1b-it: 26 layers, every 6th global (4), 22 sliding with a 512-token window. vLLM reserves a sliding
+    layer min(window - 1 + max_num_batched_tokens, len) tokens plus a block per sequence (8703 of a 32768-token
+    sequence); full layers the whole sequence. At GRPO's usual lengths (1536) nothing is saved."""
+    gemma = resolve_model("google/gemma-3-1b-it")
+    assert (gemma.sliding_window, gemma.sliding_layers, gemma.num_layers) == (512, 22, 26)
+    per_layer = 2 * 1 * 256 * 2  # K and V x 1 KV head x head_dim 256 x 2 B
+    long = server_estimate(gemma, tensor_parallel_size=1, dtype_bytes=2, memory_gib=80.0, gpu_memory_utilization=0.9,
+                           max_model_len=32768, max_num_seqs=256, enforce_eager=False)
+    blocks = long.notes["kv_cache_tokens"] // 16  # the pool, in 16-token blocks of every layer
+    per_seq = (4 * 32768 // 16 + 22 * (-(-8703 // 16) + 1)) / 26  # blocks one sequence takes, averaged over layers
+    assert long.notes["max_concurrent_seqs"] == int(blocks / per_seq)
+    assert long.notes["kv_bytes_per_token"] == 26 * per_layer
+    as_full = blocks / (32768 // 16)
+    assert long.notes["max_concurrent_seqs"] > 2.5 * as_full  # 2.6x the sequences a full-attention plan allows
+    short = server_estimate(gemma, tensor_parallel_size=1, dtype_bytes=2, memory_gib=80.0,
+                            gpu_memory_utilization=0.9, max_model_len=1536, max_num_seqs=256, enforce_eager=False)
+    full_blocks, slide_blocks = 1536 // 16, 1536 // 16 + 1
+    assert short.notes["max_concurrent_seqs"] == int(
+        (short.notes["kv_cache_tokens"] // 16) / ((4 * full_blocks + 22 * slide_blocks) / 26))
+
+
+def test_lora_under_zero_shards_what_deepspeed_shards():
+    """Qwen2.5-7B, TRL's default LoRA (r 16 on q_proj, v_proj): A = 5,046,272 adapters, P = 7,615,616,512.
+    DeepSpeed casts the whole module to bf16 and keeps fp32 master + Adam (12 B) for the adapters only:
+    ZeRO-2 over 4: base and adapters whole (2P + 2A), adapter grads 2A / 4, optimizer 12A / 4;
+    ZeRO-3: also the base and adapters / 4. DDP (for contrast) keeps fp32 adapters and no sharding."""
+    from ogrpo.train.peft_config import lora_spec
+
+    P, A, n = 7_615_616_512, 28 * 16 * ((3584 + 3584) + (3584 + 512)), 4
+    lora = lora_spec({"use_peft": True}, "bf16")
+    common = dict(model=QWEN7, num_processes=n, precision="bf16", micro_batch=4, prompt_len=256, completion_len=512,
+                  gradient_checkpointing=True, beta=0.04, lora=lora, liger=True)
+    ddp, z2, z3 = (_trainer(strategy=s, **common) for s in ("ddp", "zero2", "zero3"))
+    assert ddp.terms["weights"] == pytest.approx((2 * P + 4 * A) / GiB)
+    assert z2.terms["weights"] == pytest.approx((2 * P + 2 * A) / GiB)
+    assert (z2.terms["gradients"], z2.terms["optimizer"]) == pytest.approx((2 * A / n / GiB, 12 * A / n / GiB))
+    assert z3.terms["weights"] == pytest.approx((2 * P + 2 * A) / n / GiB)
+    assert (z3.terms["gradients"], z3.terms["optimizer"]) == pytest.approx((2 * A / n / GiB, 12 * A / n / GiB))
+    # No reference copy (the base with adapters disabled is the reference) under any strategy.
+    assert ddp.terms["reference_model"] == z2.terms["reference_model"] == z3.terms["reference_model"] == 0
+    # ZeRO-3 gathers a layer at a time for the loss, and TRL gathers the whole model to merge the adapters before a
+    # weight push: that phase's excess over the loss step's activations and layer gathers counts.
+    whole = 2 * (P + A) / GiB
+    assert z3.terms["zero3_lora_full_gather"] == pytest.approx(
+        whole - z3.terms["activations"] - z3.terms["logits"] - z3.terms["zero3_gather"])
+    assert z2.total_gib < ddp.total_gib
+    # So ZeRO-3 with LoRA peaks at no less than the whole half model plus its partitions: it beats ZeRO-2 only where
+    # the loss step's activations and logits exceed the base's partition (here they do not: 1.1 GiB < 3.5 GiB).
+    state = sum(z3.terms[k] for k in ("weights", "gradients", "optimizer", "runtime"))
+    assert z3.total_gib == pytest.approx(state + whole) and z3.total_gib > z2.total_gib

@@ -272,7 +272,8 @@ def test_generator_round_trips_transformers_configs(tmp_path):
 
     shipped = json.loads(models.FACTS_FILE.read_text())["models"]
     names = ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.2-1B-Instruct",
-             "mistralai/Mixtral-8x7B-Instruct-v0.1", "microsoft/phi-4", "google/gemma-2-2b-it"]
+             "mistralai/Mixtral-8x7B-Instruct-v0.1", "microsoft/phi-4", "google/gemma-2-2b-it",
+             "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-3-1b-it", "mistralai/Mistral-7B-v0.1"]
     for name in names:
         cfg = dict(shipped[name]["config"])
         AutoConfig.for_model(cfg.pop("model_type"), **cfg).save_pretrained(tmp_path / "root" / name)
@@ -287,10 +288,12 @@ def test_generator_round_trips_transformers_configs(tmp_path):
         want = builtin_table()[name.lower()]
         assert (got.params, got.active_params, got.hidden_size, got.num_layers, got.num_heads, got.num_kv_heads,
                 got.head_dim, got.vocab_size, got.intermediate_size, got.tie_word_embeddings,
-                got.max_position_embeddings, got.torch_dtype, got.num_experts) == (
+                got.max_position_embeddings, got.torch_dtype, got.num_experts, got.kv_lora_rank, got.qk_rope_head_dim,
+                got.sliding_window, got.sliding_layers) == (
             want.params, want.active_params, want.hidden_size, want.num_layers, want.num_heads, want.num_kv_heads,
             want.head_dim, want.vocab_size, want.intermediate_size, want.tie_word_embeddings,
-            want.max_position_embeddings, want.torch_dtype, want.num_experts), name
+            want.max_position_embeddings, want.torch_dtype, want.num_experts, want.kv_lora_rank,
+            want.qk_rope_head_dim, want.sliding_window, want.sliding_layers), name
 
 
 def test_generator_reads_hf_cache_layout(tmp_path):
@@ -317,3 +320,69 @@ def test_moe_activations_use_the_active_width():
                          completion_len=100, gradient_checkpointing=False, beta=0.0)
     # 200 tokens x 32 layers x (10 x 4096 + 3 x 28672) values x 2 bytes
     assert e.terms["activations"] == pytest.approx(200 * 32 * (10 * 4096 + 3 * 28672) * 2 / GiB)
+
+
+# --- issue 23: DeepSeek (MLA) facts, sliding windows, --params ------------------------------------------------------
+
+# DeepSeek-V2-Lite's safetensors hold 15,706,484,224 parameters (a public dump of the Chat model, same shapes);
+# V2 and V3 as their model cards state them (236B / 21B active, 671B / 37B active; V3's multi-token-prediction
+# layer is not part of the transformers model).
+DEEPSEEK_SIZES = {"deepseek-ai/DeepSeek-V2-Lite": (15_706_484_224, 2.4e9), "deepseek-ai/DeepSeek-V2": (236e9, 21e9),
+                  "deepseek-ai/DeepSeek-V3": (671e9, 37e9)}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK_SIZES))
+def test_deepseek_mla_facts(name):
+    m = resolve_model(name)
+    total, active = DEEPSEEK_SIZES[name]
+    assert m.params == pytest.approx(total, rel=0.02) and m.active_params == pytest.approx(active, rel=0.12)
+    assert (m.kv_lora_rank, m.qk_rope_head_dim) == (512, 64) and m.is_mla and m.source == "builtin"
+    assert "huggingface.co/deepseek-ai/" in builtin_table()[name.lower()].reference
+    assert m.kv_bytes_per_token(2) == m.num_layers * 576 * 2
+    if name.endswith("Lite"):
+        assert m.params == 15_706_484_224
+
+
+@pytest.mark.parametrize("cfg, mtype, want", [
+    ({"num_hidden_layers": 26, "sliding_window": 4096}, "gemma2", (4096, 13)),  # even layers slide
+    ({"num_hidden_layers": 34, "sliding_window": 1024, "sliding_window_pattern": 6}, "gemma3_text", (1024, 29)),
+    ({"num_hidden_layers": 4, "sliding_window": 128,
+      "layer_types": ["sliding_attention", "full_attention"] * 2}, "gpt_oss", (128, 2)),
+    ({"num_hidden_layers": 28, "sliding_window": 131072, "use_sliding_window": False,
+      "max_window_layers": 21}, "qwen2", (0, 0)),  # Qwen2.5 ships the window switched off
+    ({"num_hidden_layers": 28, "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 21},
+     "qwen2", (4096, 7)),  # layers 21.. slide
+    ({"num_hidden_layers": 32, "sliding_window": 4096}, "mistral", (4096, 32)),  # model-wide window
+    ({"num_hidden_layers": 32, "sliding_window": None}, "mistral", (0, 0)),
+])
+def test_sliding_layout_as_vllm_reads_it(cfg, mtype, want):
+    from ogrpo.models import sliding_layout
+
+    assert sliding_layout(cfg, mtype) == want
+
+
+def test_shipped_facts_carry_sliding_windows():
+    table = builtin_table()
+    got = {n: (table[n.lower()].sliding_window, table[n.lower()].sliding_layers) for n in (
+        "google/gemma-2-9b-it", "google/gemma-3-4b-it", "google/gemma-3-1b-it", "mistralai/Mistral-7B-v0.1",
+        "microsoft/Phi-3-mini-4k-instruct", "mistralai/Mistral-7B-Instruct-v0.3", "Qwen/Qwen2.5-7B-Instruct")}
+    assert got == {"google/gemma-2-9b-it": (4096, 21), "google/gemma-3-4b-it": (1024, 29),
+                   "google/gemma-3-1b-it": (512, 22), "mistralai/Mistral-7B-v0.1": (4096, 32),
+                   "microsoft/Phi-3-mini-4k-instruct": (2047, 32), "mistralai/Mistral-7B-Instruct-v0.3": (0, 0),
+                   "Qwen/Qwen2.5-7B-Instruct": (0, 0)}
+
+
+@pytest.mark.parametrize("bad", ["0B", "0", 0, -3e9, "1e30", float("nan"), float("inf")])
+def test_parse_params_refuses_zero_negative_and_absurd(bad):
+    with pytest.raises(OgrpoError, match="positive parameter count") as err:
+        parse_params(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_params_on_a_known_model_says_which_count_wins():
+    m = resolve_model("Qwen/Qwen2.5-7B-Instruct", params="3B")
+    assert m.params == 3_000_000_000 and m.num_layers == 28
+    assert m.warnings == ("--params 3B overrides Qwen/Qwen2.5-7B-Instruct's 7.62B parameters (counted from the "
+                          "built-in table): --params wins for weights, gradients and optimizer states; layers, "
+                          "widths and vocabulary stay the model's",)
+    assert resolve_model("someone/unknown", params="3B").warnings == ()  # nothing to override

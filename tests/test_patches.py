@@ -34,6 +34,7 @@ MOVES = {
     "transformers_fused_sample": ("transformers.generation.utils", "GenerationMixin._sample"),
     "trl_vllm_client": ("@gen", "VLLMClient.init_communicator"),
     "trl_vllm_serve": ("trl.scripts.vllm_serve", "make_parser"),
+    "trl_overlap": ("trl.trainer.grpo_trainer", "GRPOTrainer._calculate_rewards"),
     "starlette_job_key": ("starlette.applications", "Starlette.__call__"),
 }
 

@@ -99,7 +99,10 @@ def test_vllm_settings_from_the_recipe(write_recipe):
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.35\n",
                            "c.yaml"), "3xA40")
     assert p.mode == "colocate" and p.trainer_args["vllm_gpu_memory_utilization"] == 0.35
-    assert p.vllm["args"]["gpu_memory_utilization"] == 0.35 and _changes(p) == {}
+    assert p.vllm["args"]["gpu_memory_utilization"] == 0.35
+    # the vLLM keys are kept; what is listed is what the plan sets for keys the recipe leaves unset (TF32 ...)
+    assert not {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"} & set(_changes(p))
+    assert all("not set in the recipe" in c["reason"] for c in p.changes)
     # Server share, tensor and data parallel sizes from the recipe (8 GPUs: 2 x 2 for the server, 4 trainers).
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_gpu_memory_utilization: 0.7\n"
                            "vllm_tensor_parallel_size: 2\nvllm_data_parallel_size: 2\nnum_processes: 4\n", "s.yaml"),
@@ -107,7 +110,7 @@ def test_vllm_settings_from_the_recipe(write_recipe):
     assert p.vllm["args"]["gpu_memory_utilization"] == 0.7
     assert (p.vllm["tensor_parallel_size"], p.vllm["data_parallel_size"], p.vllm["gpus"]) == (2, 2, [0, 1, 2, 3])
     assert p.vllm["args"]["data_parallel_size"] == 2 and p.trainer["num_processes"] == 4
-    assert _changes(p) == {}
+    assert all("not set in the recipe" in c["reason"] for c in p.changes)  # nothing the recipe set is changed
     # One that cannot be kept is listed with its reason: TP 5 does not divide 12 heads.
     ch = _changes(_plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_tensor_parallel_size: 5\n",
                                      "t.yaml"), "8xA40"))
@@ -234,13 +237,17 @@ def test_no_fit_names_fixes(basic_recipe):
     assert [f["text"] for f in p.fix_actions] == p.fixes
     # 7.6e9 params with TRL's own log-prob path (kernels off, as the conservative profile runs): logits of
     # 8 x 1024 completion tokens x 152k vocab (9.3 GiB) do not shrink with more GPUs, so the V100-16G answer
-    # needs micro-batch 1 as well.
+    # needs a smaller micro-batch as well: the largest that fits (4, with accumulation 2 keeping the batch).
     big = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False})
-    assert not big.fits and any("V100-16G with per_device_train_batch_size 1" in f for f in big.fixes)
+    assert not big.fits and any(
+        "xV100-16G with per_device_train_batch_size 4 and gradient_accumulation_steps 2" in f for f in big.fixes)
     # With linear_logprobs the logits are one 0.37 GiB chunk: more V100-16Gs alone are the answer.
     on = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not on.fits
     assert any(f["cli"].get("gpus", "").endswith("xV100-16G") and f["config"] == {} for f in on.fix_actions)
+    # Hardware fixes name the fewest GPUs first, of any type at least this large: one H100 (colocated, ZeRO-3 +
+    # offload) before seven V100-16Gs.
+    assert on.fixes[0] == "1xH100" and "7xV100-16G" in on.fixes
 
 
 def test_batch_arithmetic(write_recipe):
@@ -380,11 +387,12 @@ def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     # LoRA: the bf16 base (14.2 GiB) + 4.4 activations + one 0.37 GiB logits chunk + 1 fits 22.5 GiB alone.
     assert "LoRA (use_peft: true)" in p["fixes"]
     # TRL's own log-prob path (kernels off): LoRA alone leaves 8 x 1024 x 152k logits (9.3 GiB) over the
-    # budget, so it is offered only with micro-batch 1.
+    # budget, so it is offered with the largest micro-batch that fits: 4 (4.6 GiB of logits), accumulation 2.
     off = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False}).to_dict()
     assert off["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
     assert "LoRA (use_peft: true)" not in off["fixes"]
-    assert any(f.startswith("LoRA (use_peft: true) with per_device_train_batch_size 1") for f in off["fixes"])
+    assert ("LoRA (use_peft: true) with per_device_train_batch_size 4 and gradient_accumulation_steps 2"
+            in off["fixes"])
     assert _plan(basic_recipe, "1xA100-80G", model="Qwen/Qwen2.5-7B-Instruct").fits
 
 
@@ -430,3 +438,120 @@ def test_every_catalog_gpu_follows_its_facts(basic_recipe):
         assert p.attn_implementation == ("flash_attention_2" if gpu.fa2 else "sdpa"), name
         assert p.trainer_args.get("tf32", False) is gpu.tf32, name
         assert (p.trainer.num_gpus == 0) is gpu.is_cpu, name
+
+
+# --- issue 23: LoRA under ZeRO, the recipe's num_processes, fixes that are the smallest and sane ------------------
+
+LORA_MOE = ("model_name_or_path: Qwen/Qwen3-30B-A3B\nper_device_train_batch_size: 8\nnum_generations: 8\n"
+            "max_completion_length: 1024\nuse_peft: true\nlora_target_modules: all-linear\n")
+
+
+def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(write_recipe):
+    from ogrpo.memory import lora_params
+    from ogrpo.train.peft_config import lora_spec
+
+    # Qwen3-30B-A3B: P = 30,532,122,624 (bf16 base 56.9 GiB); LoRA r 16 on all linear layers (peft's MoE layout:
+    # attention + router + fused experts) T = 996,507,648 adapters. 2x8xA100-80G: the trainer's 8 GPUs keep
+    # 80 x 0.9 = 72 GiB each. It used to be DDP-only: "does not fit even with DDP".
+    P, T, n, GiB = 30_532_122_624, 996_507_648, 8, 2**30
+    model = resolve_model("Qwen/Qwen3-30B-A3B")
+    assert model.params == P and lora_params(model, lora_spec({"use_peft": True, "lora_target_modules": "all-linear"},
+                                                              "bf16")) == (T, 0)
+    ddp = _plan(write_recipe(LORA_MOE + "ogrpo:\n  strategy: ddp\n", "ddp.yaml"), "2x8xA100-80G")
+    # DDP: bf16 base 2P + fp32 adapters 4T, their grads 4T, Adam 8T, all-reduce buckets 4T: 76.4 GiB
+    assert not ddp.fits and ddp.trainer.memory_gib_per_gpu > 72
+    # The cheapest that fits: ZeRO-2. The whole base and half-precision adapters on each GPU (2P + 2T), the
+    # adapters' gradients (2T / 8) and fp32 master + Adam (12T / 8) sharded.
+    auto = _plan(write_recipe(LORA_MOE), "2x8xA100-80G")
+    assert auto.fits and auto.trainer.strategy == "zero2" and auto.trainer.num_processes == n
+    terms = auto.trainer.memory_terms["terms"]
+    assert terms["weights"] == pytest.approx((2 * P + 2 * T) / GiB, abs=1e-3)
+    assert terms["optimizer"] == pytest.approx(12 * T / n / GiB, abs=1e-3)
+    assert terms["gradients"] == pytest.approx(2 * T / n / GiB, abs=1e-3)
+    assert "LoRA" in next(s for s in auto.settings if s["name"] == "trainer.strategy")["reason"]
+    # ZeRO-3 (asked for: `--strategy zero3` with use_peft used to exit 2) shards the frozen base too: (2P + 2T) / 8
+    # = 7.3 GiB. TRL gathers the whole model to merge the adapters before each weight push, so that phase holds
+    # 2 (P + T) beside the partitions, less the loss step's activations, logits and layer gathers it replaces.
+    z3 = _plan(write_recipe(LORA_MOE + "ogrpo:\n  strategy: zero3\n", "z3.yaml"), "2x8xA100-80G")
+    t3 = z3.trainer.memory_terms["terms"]
+    assert z3.fits and z3.trainer.strategy == "zero3"
+    assert t3["weights"] == pytest.approx((2 * P + 2 * T) / n / GiB, abs=1e-3)
+    assert t3["zero3_lora_full_gather"] == pytest.approx(
+        2 * (P + T) / GiB - t3["activations"] - t3["logits"] - t3["zero3_gather"], abs=5e-3)
+    assert z3.trainer.memory_gib_per_gpu <= 72
+
+
+def test_recipe_num_processes_is_kept_or_the_change_explained(write_recipe):
+    base = ("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 16\nnum_generations: 16\n"
+            "gradient_accumulation_steps: 4\nnum_processes: 7\n")
+    # Two nodes: the server owns node 0, the trainer node 1's 8 GPUs: 7 processes as the recipe says (it used to
+    # become 8), one GPU idle and said so.
+    two = _plan(write_recipe(base), "2x8xA100-80G")
+    assert two.fits and two.trainer.num_processes == 7 and two.trainer.gpus == list(range(7))
+    assert "num_processes" not in _changes(two) and two.batch["num_processes"] == 7
+    assert any("num_processes 7" in w and "1 trainer device(s)" in w for w in two.warnings)
+    # One node of 8: one GPU for the server leaves exactly 7.
+    assert _plan(write_recipe(base, "one.yaml"), "8xA100-80G").trainer.num_processes == 7
+    # 4xA40 cannot hold 7: listed, with where the devices went and what keeps it.
+    small = _plan(write_recipe(base, "small.yaml"), "4xA40")
+    change = next(c for c in small.changes if c["key"] == "num_processes")
+    assert (change["from"], change["to"]) == (7, 3)
+    assert "the vLLM server takes 1" in change["reason"] and "--gpus 8xA40" in change["reason"]
+
+
+def test_hardware_fixes_are_the_fewest_gpus_that_fit(write_recipe):
+    from ogrpo.planner.fixes import Fix, apply_fix
+
+    # Qwen2.5-32B with 7 trainer processes on 8xV100-32G does not fit. The fixes used to be 6x8xV100-32G (48 GPUs)
+    # and 8xH100; now: the fewest GPUs of any type at least this large, then the fewest V100-32Gs (with the
+    # largest micro-batch that fits), each re-planning to a fit.
+    text = ("model_name_or_path: Qwen/Qwen2.5-32B-Instruct\nper_device_train_batch_size: 16\nnum_generations: 16\n"
+            "gradient_accumulation_steps: 4\nnum_processes: 7\n")
+    p = _plan(write_recipe(text), "8xV100-32G")
+    assert not p.fits
+    hw = [f for f in p.fix_actions if "gpus" in f["cli"]]
+    counts = [parse_gpus(f["cli"]["gpus"]).total_gpus for f in hw]
+    assert counts == sorted(counts) and counts[0] <= 8 and max(counts) <= 16, p.fixes
+    rc = load_run_config(write_recipe(text, "again.yaml"))
+    for f in hw:
+        fixed = apply_fix(rc, Fix(f["text"], f["config"], f["cli"]))
+        assert make_plan(parse_gpus(f["cli"]["gpus"]), resolve_model("Qwen/Qwen2.5-32B-Instruct"), fixed).fits, f
+    # The recipe as written (7 trainer processes + the server) fits 8xA100-80G.
+    a100 = _plan(write_recipe(text, "a100.yaml"), "8xA100-80G")
+    assert a100.fits and a100.trainer.num_processes == 7 and "num_processes" not in _changes(a100)
+
+
+def test_an_absurd_batch_is_refused_not_fixed_with_accumulation(write_recipe):
+    # per_device_train_batch_size 10**12 used to plan "does not fit" with a fix of gradient accumulation 4e12.
+    path = write_recipe("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\nper_device_train_batch_size: 1000000000000\n"
+                        "num_generations: 8\n")
+    with pytest.raises(ConfigError) as err:
+        _plan(path, "3xA40")
+    assert "\n" not in str(err.value)
+    assert "2,000,000,000,000 completions per generation on 2 trainer process(es)" in str(err.value)
+    # A large real batch still plans, and its micro-batch fix keeps the effective batch (B x accumulation).
+    big = _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 64\n"
+                             "num_generations: 8\nogrpo:\n  kernels: false\n", "big.yaml"), "3xA40")
+    micro = [f["config"] for f in big.fix_actions if "gradient_accumulation_steps" in f["config"]]
+    assert micro and all(c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] == 64 for c in micro)
+
+
+def test_params_on_a_known_model_warns_which_count_wins(write_recipe):
+    path = write_recipe("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\n")
+    p = plan_from_config(load_run_config(path), gpus="3xA40", params="3B")
+    assert p.model.params == 3_000_000_000 and p.model.hidden_size == 3584
+    assert any(w.startswith("--params 3B overrides Qwen/Qwen2.5-7B-Instruct's 7.62B parameters")
+               and "--params wins" in w for w in p.warnings), p.warnings
+    assert not any("--params" in w for w in _plan(path, "3xA40").warnings)
+
+
+@pytest.mark.parametrize("bad", ["0B", "-3B", "0", "nan", "1e30", "seven"])
+def test_params_zero_negative_or_nonsense_exit_2_in_one_line(tiny_recipe, bad):
+    import subprocess
+
+    from conftest import OGRPO_BIN
+
+    out = subprocess.run([str(OGRPO_BIN), "plan", "--gpus", "3xA40", "--config", str(tiny_recipe), f"--params={bad}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert [ln for ln in out.stderr.splitlines() if "--params" in ln] == [out.stderr.strip()], out.stderr

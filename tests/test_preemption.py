@@ -118,3 +118,54 @@ def test_checkpoint_rotation_still_applies(tmp_path):
     trainer.args.save_total_limit = 1
     trainer.train()
     assert [p.name for p in preemption.complete_checkpoints(tmp_path)] == [f"checkpoint-{MAX_STEPS}"]
+
+
+@pytest.mark.parametrize("marker", ["fresh", "stale"])
+def test_a_cancel_stops_at_once_without_a_checkpoint(tmp_path, monkeypatch, marker):
+    """`ogrpo cancel` marks the run before its SIGTERM: the trainer stops mid-step, saves nothing and records
+    `cancelled`. A marker older than the process (an earlier run in the directory) is no cancel: the SIGTERM is
+    then handled as a preemption."""
+    from ogrpo.launch import stopping
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "running"}))
+    stopping.request_cancel(tmp_path)
+    if marker == "stale":
+        path = stopping.marker_path(tmp_path)
+        path.write_text(json.dumps({**json.loads(path.read_text()), "time": 0}))
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(preemption, "_exit", exit_now)
+    trainer, cb = make_trainer(tmp_path, [SignalAt(5, signal.SIGTERM)])
+    manifest = tmp_path / "manifest.json"
+    if marker == "stale":
+        trainer.train()
+        assert cb.preempted and cb.saved_step == 6
+        assert json.loads(manifest.read_text())["status"] == "preempted"
+        return
+    with pytest.raises(SystemExit) as exc:
+        trainer.train()
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert [p.name for p in preemption.complete_checkpoints(tmp_path)] == ["checkpoint-4"]  # nothing new saved
+    assert not (tmp_path / preemption.MARKER).exists()  # no "preempted" marker: nothing is to be requeued
+    data = json.loads(manifest.read_text())
+    assert data["status"] == "cancelled" and data["stop_reason"].startswith("cancelled")
+
+
+def test_sigterm_reasons_as_slurm_reports_them():
+    """`scontrol show job -o` while the SIGTERM is delivered, as recorded on the test cluster (Slurm 22.05), for
+    an attempt that started as restart 0."""
+    from ogrpo.launch.stopping import CANCEL, REQUEUE, STEPS, TIMEOUT, classify, parse_show_job
+
+    seen = {
+        "JobId=7 JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 Restarts=0": CANCEL,  # scancel
+        "JobId=8 JobState=COMPLETING Reason=None Requeue=1 Restarts=1": REQUEUE,  # scontrol requeue
+        "JobId=9 JobState=COMPLETING Reason=TimeLimit Requeue=1 Restarts=0": TIMEOUT,
+        "JobId=3 JobState=RUNNING Reason=None Requeue=1 Restarts=0": STEPS,  # scancel --signal=TERM
+    }
+    for text, reason in seen.items():
+        assert classify(parse_show_job(text), 0) == reason, text
+    # the second attempt of a requeued job, cancelled: its own restart count is the baseline
+    assert classify(parse_show_job("JobState=COMPLETING Reason=None Restarts=1"), 1) == CANCEL

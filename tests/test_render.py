@@ -58,7 +58,7 @@ def test_sbatch_is_the_supervised_job(basic_recipe):
     text = files["job.sbatch"]
     lines = text.splitlines()
     assert "0.0.0.0" not in text and "hostname -I" not in text
-    assert text.count("#SBATCH --nodes=") == 1 and "#SBATCH --gres=gpu:3" in lines  # one allocation
+    assert text.count("#SBATCH --nodes=") == 1 and "#SBATCH --gres=gpu:a40:3" in lines  # one typed allocation
     # checkpoint before the time limit, requeue, one log across attempts
     for line in ("#SBATCH --signal=B:USR2@90", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  "#SBATCH --output=/jobs/x/logs/slurm-%j.out", "#SBATCH --chdir=/jobs/x"):
@@ -68,8 +68,8 @@ def test_sbatch_is_the_supervised_job(basic_recipe):
     assert mem > 0 and f"#SBATCH --mem={int(mem)}G" in lines
     # the body is the supervisor, nothing else: no step runs from bash
     body = [ln for ln in lines if ln and not ln.startswith("#")]
-    assert body == ["set -euo pipefail", "JOB_DIR=/jobs/x", 'cd "$JOB_DIR"',
-                    'exec "${OGRPO_PYTHON:-python3}" -m ogrpo.launch.slurm supervise "$JOB_DIR" \\',
+    assert body == ["set -euo pipefail", "JOB_DIR=/jobs/x", 'cd "$JOB_DIR"', f"RENDERED_PYTHON={sys.executable}",
+                    'exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$JOB_DIR" \\',
                     "  --max-requeues 3 \\", "  --signal-delay 90"]
 
 
@@ -202,6 +202,7 @@ def _examples():
 def test_examples_are_what_render_produces(tmp_path, run_cli, name, gpus, recipe, monkeypatch):
     """slurm/examples/<name> equals `ogrpo render` output (run slurm/examples/regen.sh after intended changes)."""
     monkeypatch.setenv("SLURM_CONF", "/nonexistent")  # as regen.sh: no test cluster's KillWait in the examples
+    monkeypatch.setenv("OGRPO_PYTHON", "/shared/ogrpo/.venv/bin/python")  # as regen.sh: the cluster's venv
     out = tmp_path / name
     run_cli("render", "--gpus", gpus, "--config", f"slurm/examples/recipes/{recipe}", "-o", str(out),
             "--job-dir", f"/shared/ogrpo-jobs/{name}", check_rc=0)
@@ -381,3 +382,39 @@ def test_cpu_trainer_step_starts_real_gloo_workers(tiny_recipe, tmp_path):
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     ranks = sorted(p.read_text().split() for p in tmp_path.glob("rank*.txt"))
     assert ranks == [["0", "2", "gloo"], ["1", "2", "gloo"]], out.stdout + out.stderr[-2000:]
+
+
+def test_sbatch_by_hand_needs_no_venv_on_path(basic_recipe, tmp_path):
+    """`sbatch job.sbatch` from a shell that never activated the venv: the job runs the Python that rendered it
+    (before, `python3` on PATH: a Python without ogrpo, and the job died at its first line)."""
+    import os
+
+    _, _, files = _render(basic_recipe, "3xA40", job_dir=str(tmp_path / "job"))
+    assert f"RENDERED_PYTHON={sys.executable}" in files["job.sbatch"].splitlines()
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
+                       ("ogrpo", FAKE_OGRPO.format(python=sys.executable)), ("accelerate", FAKE_ACCELERATE)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    job = tmp_path / "job"
+    write_job(files, job)
+    env = {k: v for k, v in os.environ.items() if k not in ("OGRPO_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")}
+    # python3 on this PATH is the system's, without ogrpo; the venv's bin dir comes last (so that the supervisor,
+    # which adds its own bin dir unless present, keeps the stand-ins first)
+    env.update(PATH=f"{fake}:/usr/bin:/bin:{Path(sys.executable).parent}", FAKE_DIR=str(fake), SLURM_JOB_ID="4243",
+               SLURM_JOB_NODELIST="localhost", SLURM_CPUS_PER_TASK="4")
+    no_ogrpo = subprocess.run(["python3", "-c", "import ogrpo"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    if no_ogrpo.returncode == 0:
+        pytest.skip("the system python3 has ogrpo installed: nothing to tell apart")
+    proc = subprocess.run(["bash", str(job / "job.sbatch")], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trainer finished; server stopped" in proc.stdout and (fake / "trainer.argv").exists()
+    pid = fake / "server.pid"
+    assert not pid.exists() or not _alive(int(pid.read_text()))  # nothing outlives the job
+    # OGRPO_PYTHON still wins: a Python that does not exist fails the job at once, naming it
+    env["OGRPO_PYTHON"] = str(tmp_path / "no-such-python")
+    proc = subprocess.run(["bash", str(job / "job.sbatch")], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 127 and "no-such-python" in proc.stderr

@@ -4,6 +4,7 @@ functions by import and file path, and the plan-time check (no import, one error
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -205,7 +206,7 @@ def test_plan_time_check_names_every_problem_at_once():
         check_rewards({"reward_funcs": ["acuracy", "ioi_code", "ogrpo.tiny:nope", "format"],
                        "repetition_max_penalty": "high"}, weights=[1.0])
     text = str(info.value)
-    for needle in ("unknown reward 'acuracy': did you mean 'accuracy'", "'ioi_code' (IOI problems",
+    for needle in ("unknown reward 'acuracy': did you mean 'accuracy'", "'ioi_code' needs a remote judge (IOI problems",
                    "module 'ogrpo.tiny' has no attribute 'nope'", "reward_weights has 1 entries for 4"):
         assert needle in text, needle
     # repetition_* is only checked when repetition_penalty is used
@@ -253,3 +254,347 @@ def test_math_rewards_run_off_the_main_thread():
     with ThreadPoolExecutor(1) as pool:
         got = pool.submit(reward, "accuracy", [r"\boxed{\frac{1}{2}}"], solution=["0.5"]).result()
     assert got == [1.0] and not math.isnan(got[0])
+
+
+# --- bounded time: linear layout scanners, math-verify in killable workers -------------------------------------
+
+# open-r1's patterns, verbatim from huggingface/open-r1 src/open_r1/rewards.py (format and code_format unchanged
+# from 7835979 to HEAD c1e1192; code_format pastes the language in unescaped), with the flags it uses. soft_format
+# is the GRPO demo's pattern this project ported (matched on the stripped text); extract_code open-r1's findall.
+OPEN_R1_FORMAT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+OPEN_R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+
+
+def open_r1_code_format(language: str):
+    return re.compile(rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{language}.*?```.*?\n</answer>$",
+                      re.DOTALL | re.MULTILINE)
+
+
+def open_r1_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
+
+
+# Pieces the patterns care about (and near misses), glued at random into completions short enough for the
+# backtracking regexes to finish.
+_PIECES = ["<think>", "</think>", "<answer>", "</answer>", "\n", "\n", " ", "\t", "\r", "\u00a0", "\u2028", "\x1c",
+           "```", "```python", "```cpp", "```c", "python", "x", "<", ">", "/", "answer", "think", "`", "1",
+           "<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>", "\n</think>\n<answer>\n", "```python\n"]
+_VALID = ["<think>\nplan\n</think>\n<answer>\n42\n</answer>",
+          "<think>\nplan\n</think>\n<answer>\nso:\n```python\nprint(1)\n```\n</answer>",
+          "<think>\nx\n</think>\n<answer>\n```cpp\nint main(){}\n```\n</answer>\ntrailing",
+          "<think>a</think>  \n<answer>b</answer>"]
+
+
+def _corpus(n: int = 4000, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    texts = ["", *_VALID]
+    for _ in range(n):
+        texts.append("".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14))))
+    for good in _VALID:  # every one-character deletion, and insertions of the characters that matter
+        for i in range(len(good) + 1):
+            texts.append(good[:i] + good[i + 1:])
+            for ch in ("\n", " ", "`", "<"):
+                texts.append(good[:i] + ch + good[i:])
+    return texts
+
+
+def test_layout_scanners_give_open_r1_regex_answers_on_a_generated_corpus():
+    from ogrpo.train.formats import fenced_blocks, is_code_format, is_format, is_soft_format
+
+    code_patterns = {lang: open_r1_code_format(lang) for lang in ("python", "cpp", "c")}
+    counts = {"format": 0, "code_format": 0, "soft": 0}
+    for text in _corpus():
+        assert is_format(text) == bool(OPEN_R1_FORMAT.match(text)), repr(text)
+        assert is_soft_format(text.strip()) == bool(OPEN_R1_SOFT.match(text.strip())), repr(text)
+        for lang, pattern in code_patterns.items():
+            assert is_code_format(text, lang) == bool(pattern.match(text)), (lang, repr(text))
+            assert fenced_blocks(text, lang) == open_r1_blocks(text, lang), (lang, repr(text))
+        counts["format"] += is_format(text)
+        counts["code_format"] += is_code_format(text, "python")
+        counts["soft"] += is_soft_format(text.strip())
+    assert min(counts.values()) > 50, counts  # the corpus has matches of each kind, not only misses
+
+
+def test_regex_whitespace_is_str_isspace():
+    # soft_format's `\s*` is scanned with str.isspace, think_format's `[\s\n]*` with str.lstrip: the same set of
+    # code points as re's `\s`.
+    import sys
+
+    every = "".join(map(chr, range(sys.maxunicode + 1)))
+    assert re.findall(r"\s", every) == [ch for ch in every if ch.isspace()]
+    assert re.findall(r"[\s\n]", every) == [ch for ch in every if (ch + "x").lstrip() == "x"]
+
+
+def test_layout_rewards_are_linear_on_pathological_completions(monkeypatch):
+    """The issue's cases: open-r1's code_format took 63 s on 8 KiB of this shape, format 3.3 s on 128 KiB. Here
+    64x longer inputs, with the regex engine switched off (so no backtracking can be involved), in well under
+    a second each (a 20x margin over the measured milliseconds)."""
+    import time
+
+    code = "<think>\n" + "\n</think>\n<answer>\n```python```" * (512 * 1024 // 30)
+    fmt = "<think>\n" + "\n</think>\n<answer>\n" * (8 * 1024 * 1024 // 19)
+    soft = "<think>" + "</think> <answer>" * (512 * 1024 // 17)
+    fence = "```python\n" * (512 * 1024 // 10)
+    think = "\u2028" * (4 * 1024 * 1024) + "<think>" + "<think</think" * (512 * 1024 // 13) + "</think>"
+
+    from ogrpo.train.code_rewards import extract_code
+
+    funcs = {name: resolve_reward(name) for name in ("code_format", "format", "soft_format", "think_format")}
+
+    def no_regex(*args, **kwargs):
+        raise AssertionError("a layout reward used the regex engine")
+
+    monkeypatch.setattr(re, "_compile", no_regex)
+    try:
+        t0 = time.perf_counter()
+        got = [funcs["code_format"]([code]), funcs["format"]([fmt]), funcs["soft_format"]([soft]),
+               extract_code(fence), funcs["think_format"]([think])]
+        elapsed = time.perf_counter() - t0
+    finally:
+        monkeypatch.undo()  # pytest itself needs `re` to report a failure
+    assert got == [[0.0], [0.0], [0.0], "", [1.0]]
+    assert elapsed < 5.0
+
+
+def _gone(pids) -> bool:
+    import psutil
+
+    return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _eventually_gone(pids, seconds: float = 15.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not _gone(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _gone(pids)
+
+
+DEEP_FRAC = "\\boxed{" + "\\frac{1}{" * 10_000 + "2" + "}" * 10_000 + "}"
+
+
+def test_deep_frac_in_a_worker_thread_is_stopped_and_its_worker_replaced(monkeypatch):
+    """math-verify's alarm is off outside the main thread: a `\\frac` nested 10,000 deep ran for minutes there.
+    Through the reward, called from a worker thread as TRL may, it scores 0 once the hard limit (1.5 s here)
+    kills its worker; the next completion of the batch is still scored, by a fresh worker."""
+    import threading
+
+    from ogrpo.train import math_rewards
+    from ogrpo.train.bounded import BoundedPool
+
+    pool = BoundedPool("ogrpo.train.math_rewards:check_one", workers=1, timeout_s=1.5,
+                       init="ogrpo.train.math_rewards:warm_worker")
+    monkeypatch.setattr(math_rewards, "_pool", pool)
+    try:
+        assert reward("accuracy", [r"\boxed{2}"], solution=["2"]) == [1.0]  # starts the worker
+        first = pool.pids()
+        metrics, out = {}, []
+        caller = threading.Thread(target=lambda: out.append(reward(
+            "accuracy", [DEEP_FRAC, r"\boxed{2}"], solution=["1/2", "2"], log_metric=metrics.__setitem__)),
+            daemon=True)
+        caller.start()
+        # ~3 s here, 25 s with the machine loaded (two worker start-ups); before, still running after 150 s.
+        caller.join(120)
+        assert not caller.is_alive(), "the reward did not return"
+        assert out == [[0.0, 1.0]]
+        assert metrics == {"math/timeout_frac": 0.5}
+        assert pool.timeouts == 1
+        assert _gone(first) and len(pool.pids()) == 1 and pool.pids() != first  # killed, reaped, replaced
+        alive = pool.pids()
+    finally:
+        pool.close()
+    assert _gone(alive)
+
+
+def test_bounded_pool_timeouts_crashes_reuse_and_start_errors():
+    """The pool on standard-library functions: an item past its limit, one that raises, one that kills its
+    worker; the others still scored, workers reused across calls, and none left after close."""
+    from ogrpo.train.bounded import FAILED, TIMED_OUT, BoundedPool
+
+    seen = set()
+    with BoundedPool("time:sleep", workers=2, timeout_s=3.0) as pool:  # generous: a loaded 2-core machine
+        assert pool.map([0, 60, 0, 0.05]) == [None, TIMED_OUT, None, None]
+        seen.update(pool.pids())
+        before = pool.pids()
+        assert pool.map([0] * 8) == [None] * 8 and pool.pids() == before  # persistent: no start-up per call
+        cmdline = " ".join(open(f"/proc/{before[0]}/cmdline").read().split("\0"))
+        assert "-m ogrpo.train.bounded time:sleep" in cmdline  # a fresh interpreter, not a fork of this one
+        assert pool.map(["x"], on_error="bad") == ["bad"]  # TypeError inside the worker; it survives
+        assert pool.pids() == before
+    assert _gone(seen)
+    with BoundedPool("os:_exit", workers=1, timeout_s=5.0) as pool:
+        assert pool.map([3, 4]) == [FAILED, FAILED]  # each kills its worker; the second runs on a replacement
+        seen.update(pool.pids())
+    assert _gone(seen)
+    with pytest.raises(OgrpoError, match="no_such_module") as info:
+        BoundedPool("no_such_module:f").map([1])
+    assert "\n" not in str(info.value)
+
+
+def test_bounded_pool_workers_die_with_their_trainer():
+    """A trainer that dies without cleanup (no atexit) while its workers are busy leaves none behind."""
+    import json
+
+    code = ("import json, os, threading, time\nfrom ogrpo.train.bounded import BoundedPool\n"
+            "p = BoundedPool('time:sleep', workers=2, timeout_s=300)\np.map([0, 0])\n"
+            "threading.Thread(target=p.map, args=([300, 300],), daemon=True).start()\ntime.sleep(0.5)\n"
+            "print(json.dumps(p.pids()), flush=True)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pids = json.loads(out.stdout)
+    assert len(pids) == 2
+    assert _eventually_gone(pids)
+
+
+# --- open-r1's zero-math-code branch: think_format, think_accuracy ---------------------------------------------
+
+# Faithful references of open-r1's functions at 296aa66 (branch zero-math-code, the commit of
+# tests/data/recipes/openr1_r1-zero-qwen-math-7b-math_config_v00.00.yaml; unchanged at the branch's head but for
+# whitespace): its start pattern and flags verbatim, its tag counts, its parse/verify settings, run in-process.
+OPEN_R1_THINK_START = re.compile(r"^[\s\n]*<think>", re.DOTALL | re.MULTILINE)
+
+
+def open_r1_think_format(completions) -> list[float]:
+    out = []
+    for completion in completions:
+        text = completion[0]["content"]
+        ok = OPEN_R1_THINK_START.match(text) and text.count("<think>") == 1 and text.count("</think>") == 1
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def open_r1_think_accuracy(completions, solution) -> list[float | None]:
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    out = []
+    for completion, sol in zip(completions, solution):
+        text = completion[0]["content"]
+        last = text.rfind("</think>")
+        answer = text[last + len("</think>"):].strip() if last != -1 else ""
+        gold = parse(sol, extraction_mode="first_match")
+        if not gold:
+            out.append(None)
+            continue
+        parsed = parse(answer, extraction_config=[LatexExtractionConfig(
+            normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                                     equations=True, boxed="all", units=True),
+            boxed_match_priority=0, try_extract_without_anchor=False)], extraction_mode="first_match")
+        try:
+            out.append(float(verify(gold, parsed)))
+        except Exception:
+            out.append(None)
+    return out
+
+
+# Whitespace of every kind `\s` knows (and look-alikes it does not: zero-width space, BOM), the tags and their
+# near misses.
+_THINK_PIECES = ["<think>", "</think>", "<think", "think>", "</think", "</ think>", "<THINK>", "<", ">", "/", "x",
+                 " ", "\n", "\t", "\r", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\u00a0", "\u2028", "\u3000",
+                 "\u200b", "\ufeff", "<answer>", r"\boxed{2}"]
+_THINK_VALID = ["<think>\nplan\n</think>\nanswer", "  \n \n<think>a</think>", "\u2028\t\x85<think></think>b",
+                "<think>\nplan\n</think>\n<answer>\n42\n</answer>"]
+
+
+def _think_corpus(n: int = 4000, seed: int = 1) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    texts = ["", " ", *_THINK_VALID]
+    for _ in range(n):
+        texts.append("".join(rng.choice(_THINK_PIECES) for _ in range(rng.randint(1, 12))))
+    for good in _THINK_VALID:
+        for i in range(len(good) + 1):
+            texts.append(good[:i] + good[i + 1:])
+            for piece in ("<think>", "</think>", "\u200b", "\u00a0", "y"):
+                texts.append(good[:i] + piece + good[i:])
+    return texts
+
+
+def test_think_format_gives_open_r1_answers_on_a_generated_corpus():
+    from ogrpo.train.formats import is_think_format
+
+    texts = _think_corpus()
+    want = open_r1_think_format([conv(t) for t in texts])
+    assert [1.0 if is_think_format(t) else 0.0 for t in texts] == want
+    assert reward("think_format", [conv(t) for t in texts]) == want
+    assert reward("think_format", texts) == want  # plain-text completions too
+    assert 50 < sum(want) < len(texts) - 50  # matches and misses both
+
+
+def test_think_format_on_open_r1_examples_and_near_misses():
+    texts = ["<think>\nThis is my reasoning.\n</think>\nThis is my answer.",  # open-r1's docstring examples
+             "\n<think>\nThis is my reasoning.\n</think>\nThis is my answer.",
+             "  \n \n<think>\nThis is my reasoning.\n</think>\nThis is my answer.",
+             "Some text <think>\nThis is my reasoning.\n</think>\nThis is my answer.",
+             "<think>\nThis is my reasoning.\n</think> Extra </think>\nThis is my answer.",
+             "\u00a0\u2028<think>r</think>",  # Unicode whitespace is `\s`
+             "\u200b<think>r</think>",  # a zero-width space is not
+             "<think>r",  # no closing tag
+             "<think>r</think><think>",  # two opening tags
+             "</think><think>r",  # the closing tag may come first: open-r1 only counts them
+             "<think></think>"]
+    want = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert open_r1_think_format([conv(t) for t in texts]) == want
+    assert reward("think_format", [conv(t) for t in texts]) == want
+
+
+THINK_ACCURACY_CASES = [
+    # (completion, gold, expected)
+    ("<think>\nreason: \\boxed{3}?\n</think>\nThe answer is \\boxed{2}", "2", 1.0),  # only after </think> counts
+    ("<think>\\boxed{2}</think> so \\boxed{3}", "2", 0.0),  # right inside the reasoning, wrong after
+    ("<think>\\boxed{2}</think>", "2", 0.0),  # nothing after </think>
+    ("\\boxed{2}", "2", 0.0),  # no </think>: nothing to check, even if right
+    ("<THINK>x</THINK>\\boxed{2}", "2", 0.0),  # tags are case-sensitive
+    ("<think>a</think>\n\\boxed{3}\n</think>\n\\boxed{2}", "2", 1.0),  # the last </think>
+    ("<think>a</think>\\boxed{2}</think >", "2", 1.0),  # `</think >` is not a tag
+    ("</think>\u2028\u00a0\\boxed{\\frac{1}{2}}\n", "0.5", 1.0),  # stripped of Unicode whitespace; LaTeX vs decimal
+    ("</think> The final answer is $\\frac{1}{2}$", "0.5", 1.0),  # $...$ after an answer phrase
+    ("</think> $\\frac{1}{2}$", "0.5", 0.0),  # a bare $...$ is not extracted with these settings
+    ("<think>x</think>\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+    ("<think>x</think>The answer is 2", "2", 0.0),  # not in LaTeX: not extracted
+    ("<think>x</think>\\boxed{7}", "the value is not written here", None),  # unparsable gold: skipped
+    ("</think>" * 20_000 + "\\boxed{2}", "2", 1.0),  # many closing tags
+]
+
+
+def test_think_accuracy_agrees_with_open_r1_on_normal_and_adversarial_completions():
+    completions = [conv(c) for c, _, _ in THINK_ACCURACY_CASES]
+    golds = [g for _, g, _ in THINK_ACCURACY_CASES]
+    want = [e for _, _, e in THINK_ACCURACY_CASES]
+    assert open_r1_think_accuracy(completions, golds) == want
+    assert reward("think_accuracy", completions, solution=golds) == want
+    assert reward("think_accuracy", [c for c, _, _ in THINK_ACCURACY_CASES], solution=golds) == want
+
+
+def test_think_accuracy_skips_a_pathological_reasoning_block():
+    """A `\\frac` nested 10,000 deep inside <think> never reaches math-verify (open-r1 cuts it off too): the answer
+    after </think> is scored in the usual time. The reference would take minutes on DEEP_FRAC itself."""
+    text = "<think>" + DEEP_FRAC + "</think>\n\\boxed{2}"
+    assert open_r1_think_accuracy([conv(text)], ["2"]) == [1.0]
+    assert reward("think_accuracy", [conv(text)], solution=["2"]) == [1.0]
+
+
+def test_think_rewards_are_registered_with_their_columns():
+    assert check_rewards({"reward_funcs": ["think_format", "think_accuracy"]}) == ["think_format", "think_accuracy"]
+    assert required_columns(["think_format", "think_accuracy"]) == {"solution": ["think_accuracy"]}
+    funcs, _ = resolve_rewards(["think_format", "think_accuracy"], [1.0, 1.0])
+    assert [f.__name__ for f in funcs] == ["think_format", "think_accuracy"]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("ioi_code", ("IOI problems", "C++", "ioi-test-cases", "Piston or Morph", "PISTON_ENDPOINTS", "MORPH_API_KEY")),
+    ("cf_code", ("Codeforces problems", "official_tests", "CF_TESTS_FOLDER", "Piston", "PISTON_ENDPOINTS")),
+])
+def test_remote_judges_are_refused_saying_why_and_what_to_use_instead(name, why):
+    for call in (lambda: check_rewards({"reward_funcs": [name]}), lambda: resolve_reward(name)):
+        with pytest.raises(OgrpoError) as info:
+            call()
+        text = str(info.value)
+        assert f"reward {name!r} needs a remote judge" in text and "\n" not in text
+        for needle in (*why, "neither runs nor calls", "`code`", "`binary_code`", "verification_info",
+                       "`package.module:function`"):
+            assert needle in text, needle

@@ -62,7 +62,7 @@ def test_sbatch_lines():
     assert not [x for x in lines if x.startswith("#SBATCH --mem")]
     script = sbatch_script(spec(), opts)
     # python replaces the batch shell so that the B: signal reaches the supervisor's handler
-    assert 'exec "${OGRPO_PYTHON:-python3}" -m ogrpo.launch.slurm supervise "$JOB_DIR"' in script
+    assert 'exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$JOB_DIR"' in script
     assert "--max-requeues 3" in script and "--signal-delay 30" in script
     assert not [x for x in script.splitlines() if x.startswith("srun")]  # steps are started by the supervisor
 
@@ -153,7 +153,8 @@ def fake_slurm(tmp_path, monkeypatch):
     sbatch --test-only: logs its arguments, fails when asked for more than 3 GPUs per node; sbatch --parsable
     FILE: keeps a copy of FILE (what Slurm would run) and its environment's OGRPO_PYTHON, prints job id 4242."""
     log = tmp_path / "sbatch.log"
-    _tool(tmp_path, "sinfo", 'case "$*" in *%P*) echo "debug*"; echo gpu;; *%G*) echo "gpu:a40:3(S:0)";; '
+    _tool(tmp_path, "sinfo", 'case "$*" in *"%P %G"*) echo "debug* gpu:a40:3(S:0)"; echo "gpu gpu:a40:3(S:0)";; '
+                             '*%P*) echo "debug*"; echo gpu;; *%G*) echo "gpu:a40:3(S:0)";; '
                              '*%c*) echo 16;; *%m*) echo ${FAKE_NODE_MB:-64000};; esac')
     _tool(tmp_path, "sacctmgr", "echo lab")
     _tool(tmp_path, "sbatch", f'echo "$*" >> {log}; case "$*" in *gres=gpu:[4-9]*) '
@@ -271,7 +272,7 @@ def test_render_dry_run_and_submit_are_the_same_job_sbatch(fake_slurm, tmp_path)
     assert (tmp_path / "submitted.sbatch").read_bytes() == rendered.encode() == (job / "job.sbatch").read_bytes()
     assert (job / "slurm" / "job_id").read_text() == "4242\n"
     assert (tmp_path / "submitted.python").read_text().strip() == sys.executable
-    for line in ("#SBATCH --gres=gpu:3", "#SBATCH --cpus-per-task=12", "#SBATCH --partition=gpu",
+    for line in ("#SBATCH --gres=gpu:a40:3", "#SBATCH --cpus-per-task=12", "#SBATCH --partition=gpu",
                  "#SBATCH --account=lab", "#SBATCH --time=02:00:00", "#SBATCH --signal=B:USR2@90",
                  "#SBATCH --requeue"):
         assert line in rendered.splitlines(), line

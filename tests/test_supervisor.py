@@ -256,3 +256,107 @@ def test_signal_to_the_supervisor_leaves_no_process_behind(tmp_path, sig):
             sup.kill()
     assert rc != 0  # stopped, not finished
     assert not any(_alive(p) for p in pids), f"left running after {signal.Signals(sig).name}"
+
+
+# A launcher like accelerate's one-process launcher: it dies of SIGTERM at once, while its worker (which got the
+# same SIGTERM) finishes its step and saves first.
+LAUNCHER = r"""
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]]).wait()
+"""
+WORKER = r"""
+import os, pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+(out / "worker.pid").write_text(str(os.getpid()))
+while not stop:
+    time.sleep(0.05)
+time.sleep(1.5)  # the end of the step, the checkpoint
+(out / "saved").write_text("ok")
+"""
+
+
+def _wait_file(path: Path, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+    time.sleep(0.1)
+    return path.read_text()
+
+
+def test_stop_waits_for_a_worker_that_outlives_its_launcher(tmp_path):
+    """Stopping a step waits for its whole process group, not only for the launcher that leads it (which
+    used to get the worker SIGKILLed at once, before it could save)."""
+    from ogrpo.launch.supervisor import Supervisor
+
+    spec = fake_job(tmp_path, trainer_argv=[sys.executable, "-c", LAUNCHER, WORKER, str(tmp_path)])
+    spec.steps = [s for s in spec.steps if s.role == "trainer"]
+    sup = Supervisor(spec, {"job_dir": str(tmp_path)}, out=io.StringIO())
+    sender = threading.Thread(target=lambda: (_wait_file(tmp_path / "worker.pid"), os.kill(os.getpid(),
+                                                                                           signal.SIGTERM)))
+    sender.start()
+    result = sup.run()
+    sender.join()
+    assert result.rc == 128 + signal.SIGTERM
+    assert (tmp_path / "saved").exists(), "the worker was killed before it could save"
+    assert not _alive(int((tmp_path / "worker.pid").read_text()))
+
+
+def _wrapper(tmp_path: Path, *cmd: str, stop_file: Path | None = None):
+    import subprocess
+
+    argv = [sys.executable, "-m", "ogrpo.launch.slurm", "step", "--role", "trainer", "--job-dir", str(tmp_path),
+            "--ignore-usr2", *(["--stop-file", str(stop_file)] if stop_file else []), "--", *cmd]
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_step_wrapper_keeps_a_launchers_orphans_and_returns_after_them(tmp_path):
+    """What Slurm does to a step on scancel: SIGTERM to every process of it. accelerate's launcher dies; its
+    worker must stay under the step (reparented to the wrapper, not PID 1, where Slurm's tracking loses it)
+    and the step must end only after the worker did."""
+    from ogrpo.launch.reaper import descendants
+
+    wrapper = _wrapper(tmp_path, sys.executable, "-c", LAUNCHER, WORKER, str(tmp_path))
+    try:
+        worker = int(_wait_file(tmp_path / "worker.pid"))
+        record = json.loads(_wait_file(tmp_path / "run" / "roles" / "trainer.step.json"))
+        assert record["pid"] == wrapper.pid and record["pgid"] == _ppid(worker) and record["boot_id"]
+        for pid in [wrapper.pid, *descendants(wrapper.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(record["pgid"]):  # the launcher dies at once
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _ppid(worker) == wrapper.pid  # adopted by the wrapper (child subreaper), inside the step
+        rc = wrapper.wait(timeout=60)
+        assert (tmp_path / "saved").exists() and not _alive(worker)  # it returned after the worker, not before
+        assert rc == 128 + signal.SIGTERM  # the launcher's death, as srun reports it
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+def test_step_wrapper_stop_file_ends_the_step_with_0_and_its_death_takes_the_command(tmp_path):
+    stop = tmp_path / "server.stop"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    wrapper = _wrapper(tmp_path, *sleeper, stop_file=stop)
+    record = json.loads(_wait_file(tmp_path / "run" / "roles" / "trainer.step.json"))
+    stop.write_text("now\n")  # what the supervisor writes once the trainer has finished
+    assert wrapper.wait(timeout=30) == 0 and not _alive(record["pgid"])
+
+    stop.unlink()
+    (tmp_path / "run" / "roles" / "trainer.step.json").unlink()
+    wrapper = _wrapper(tmp_path, *sleeper, stop_file=stop)
+    record = json.loads(_wait_file(tmp_path / "run" / "roles" / "trainer.step.json"))
+    wrapper.kill()  # PR_SET_PDEATHSIG: the command dies with its wrapper
+    wrapper.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(record["pgid"]):
+        assert time.monotonic() < deadline, "the command outlived its killed wrapper"
+        time.sleep(0.05)

@@ -36,12 +36,16 @@ def captured(monkeypatch):
     os.environ.update(saved)  # the plan's env (e.g. PYTORCH_CUDA_ALLOC_CONF) must not leak into other tests
 
 
-def _pretend_gpu(monkeypatch, tf32: bool, bf16: bool):
+def _pretend_gpu(monkeypatch, tf32: bool, bf16: bool, catalog: str, memory_gib: float):
     import transformers.training_args as ta
 
+    from ogrpo import device_check
     from ogrpo.train import settings
 
     monkeypatch.setattr(settings, "cuda_available", lambda: True)
+    # the trainer's start-up check sees the planned GPU model (it refuses a GPU plan without one)
+    monkeypatch.setattr(device_check, "visible_gpus", lambda: [
+        {"index": 0, "name": catalog, "catalog": catalog, "memory_gib": memory_gib}])
     monkeypatch.setattr(ta, "is_torch_tf32_available", lambda: tf32)
     monkeypatch.setattr(ta, "is_torch_bf16_gpu_available", lambda: bf16)
     monkeypatch.setattr(ta, "enable_tf32", lambda on: None)  # would flip torch.backends flags process-wide
@@ -69,7 +73,7 @@ def _train_until_trainer(config: str, out) -> None:
 
 
 def test_v100_plan_gives_fp16_sdpa_no_tf32(tmp_path, captured, monkeypatch):
-    _pretend_gpu(monkeypatch, tf32=False, bf16=False)
+    _pretend_gpu(monkeypatch, tf32=False, bf16=False, catalog="V100-32G", memory_gib=32.0)
     _train_until_trainer(_rendered_config(tmp_path, "2xV100"), tmp_path / "out")
     args = captured["args"]
     assert type(args).__name__ == "GRPOConfig"
@@ -80,7 +84,7 @@ def test_v100_plan_gives_fp16_sdpa_no_tf32(tmp_path, captured, monkeypatch):
 
 
 def test_a40_plan_gives_bf16_tf32_flash_attention(tmp_path, captured, monkeypatch):
-    _pretend_gpu(monkeypatch, tf32=True, bf16=True)
+    _pretend_gpu(monkeypatch, tf32=True, bf16=True, catalog="A40", memory_gib=45.0)
     _train_until_trainer(_rendered_config(tmp_path, "3xA40"), tmp_path / "out")
     args = captured["args"]
     assert args.bf16 is True and args.fp16 is False and args.tf32 is True

@@ -43,6 +43,9 @@ def submit(
     gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Slurm partition."),
+    gres_type: Optional[str] = typer.Option(None, "--gres-type", help="Slurm GRES type of the GPUs "
+                                            "(--gres=gpu:TYPE:N; default: the catalog's, e.g. a40, v100; 'any': "
+                                            "untyped). Also ogrpo.gres_type."),
     time_limit: Optional[str] = typer.Option(None, "--time", "-t", help="Time limit: minutes, HH:MM:SS or D-HH:MM."),
     account: Optional[str] = typer.Option(None, "--account", "-A", help="Slurm account to charge."),
     qos: Optional[str] = typer.Option(None, "--qos", help="Slurm QOS."),
@@ -63,12 +66,16 @@ def submit(
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="Trainer strategy: ddp | zero2 | zero3 | "
                                            "zero3_offload (default: the cheapest that fits; DDP on CPU)."),
+    overlap: Optional[str] = typer.Option(None, "--overlap", help="Server and trainer at work together on the "
+                                          "split placement: off | lossless | one-step (default: the plan's)."),
     force: bool = typer.Option(False, "--force", help="Submit even when the plan does not fit."),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2) when the run would differ from the "
                                 "recipe in any way, instead of listing the changes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
     detach: bool = typer.Option(False, "--detach", help="--backend local: run in the background and return "
                                 "(then: ogrpo status/logs/cancel RUN_DIR). Slurm jobs always run detached."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {exit_code, output: "
+                                 "[lines]}, or {errors: [...]} on failure (ogrpo/cli.py collects it)."),
 ) -> None:
     """Plan, render and submit a job (Slurm: `sbatch job.sbatch`, or run it here with --backend local)."""
     import os
@@ -99,9 +106,20 @@ def submit(
     def plan_for(devices):
         return load_and_plan(config, devices, model, params, profile, vllm_gpus,
                              extra={"partition": partition, "account": account, "qos": qos, "time": time_limit,
-                                    "container": container, "strategy": strategy}, strict=strict)
+                                    "container": container, "strategy": strategy, "overlap": overlap,
+                                    "gres_type": gres_type},
+                             strict=strict)
 
     rc, plan = plan_for(gpus)
+    if backend == "local":  # the job runs here: code rewards without an isolating level exit 2 now
+        from ogrpo.train.sandbox_policy import check_here
+
+        check_here(rc)
+        if not dry_run:  # a missing stack is the one line, before the plan's notes
+            from ogrpo.install_hints import require
+
+            require(("torch", "trl", "accelerate", *(("vllm",) if plan.mode == "server" else ())),
+                    "`ogrpo submit --backend local` (it runs the job on this machine)")
     opts_cfg = rc.ogrpo
     job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
     if backend == "slurm":
@@ -127,10 +145,6 @@ def submit(
             for s in spec.steps:
                 typer.echo(f"  {s.role}: {' '.join(s.argv)}")
             return
-        from ogrpo.install_hints import require
-
-        require(("torch", "trl", "accelerate", *(("vllm",) if plan.mode == "server" else ())),
-                "`ogrpo submit --backend local` (it runs the job on this machine)")
         _submit_local(files, spec, job_dir, summary, detach)
         return
 
@@ -231,7 +245,8 @@ def status(
         if "attempts" in info:  # Slurm's requeue bookkeeping
             typer.echo(f"attempts: {info.get('attempts', 0)}, {req}")
         for role, dev in info.get("devices", {}).items():
-            typer.echo(f"  {role} saw CUDA_VISIBLE_DEVICES={dev}")
+            typer.echo(f"  {role} saw CUDA_VISIBLE_DEVICES={dev}" if dev is not None else
+                       f"  {role}: CPU step (no GPU, CUDA_VISIBLE_DEVICES unset)")
         if info.get("last_checkpoint"):
             typer.echo(f"last checkpoint: {info['last_checkpoint']}")
         if info.get("last_metrics"):
@@ -262,9 +277,10 @@ def logs(
 def cancel(
     job: str = typer.Argument(..., help=JOB_HELP),
 ) -> None:
-    """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone."""
+    """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone (exit 1
+    naming any still alive after a bounded wait)."""
     from ogrpo.launch.handle import find
 
     handle = find(job)
     handle.cancel()
-    typer.echo(f"cancelled job {handle.job_id}")
+    typer.echo(f"cancelled job {handle.job_id}: no process of it is left")

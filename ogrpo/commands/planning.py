@@ -11,8 +11,12 @@ import typer
 
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
+GRES_TYPE_HELP = ("Slurm GRES type of the GPUs (--gres=gpu:TYPE:N; default: the catalog's, e.g. a40, v100; "
+                  "'any': untyped). Also ogrpo.gres_type.")
 STRICT_HELP = "Refuse (exit 2) when the run would differ from the recipe in any way, instead of listing the changes."
 STRATEGY_HELP = "Trainer strategy: ddp | zero2 | zero3 | zero3_offload (default: the cheapest that fits; DDP on CPU)."
+OVERLAP_HELP = ("Server and trainer at work together on the split placement: off | lossless | one-step "
+                "(default: the plan's; off where no separate server exists).")
 
 
 def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
@@ -40,6 +44,12 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
 
         if strategy not in STRATEGIES:
             raise OgrpoError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    overlap = (extra or {}).get("overlap")
+    if overlap is not None:
+        from ogrpo.config import OVERLAPS
+
+        if overlap not in OVERLAPS:
+            raise OgrpoError(f"--overlap {overlap!r}: choose one of {', '.join(OVERLAPS)}")
     if params is not None:
         from ogrpo.models import parse_params
 
@@ -52,6 +62,9 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
 
     rc.warnings.extend(check_inputs(rc))
     plan = plan_from_config(rc)
+    from ogrpo.train.sandbox_policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
+
+    plan_notes(rc, plan)
     if strict and plan.changes:
         from ogrpo.errors import ConfigError
 
@@ -60,13 +73,20 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     return rc, plan
 
 
+def _short(value, limit: int = 80) -> str:
+    """A value as the change line shows it: a chat template or a prompt is kept whole in the plan's JSON and
+    the manifest, not on the terminal."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} chars)"
+
+
 def warn(rc, plan) -> None:
     """Config and plan warnings, then every change from the recipe, on stderr (the plan carries the config's
     warnings since it was made from it)."""
     for w in dict.fromkeys(list(rc.warnings) + list(plan.warnings)):
         typer.echo(f"warning: {w}", err=True)
     for c in plan.changes:
-        typer.echo(f"change: {c['key']}: {c['from']!r} -> {c['to']!r} ({c['reason']})", err=True)
+        typer.echo(f"change: {c['key']}: {_short(c['from'])} -> {_short(c['to'])} ({c['reason']})", err=True)
 
 
 def require_fit(plan, force: bool, what: str) -> None:
@@ -85,12 +105,13 @@ def plan(
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
+    overlap: Optional[str] = typer.Option(None, "--overlap", help=OVERLAP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
-    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
-                          strict=strict)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
+                          extra={"strategy": strategy, "overlap": overlap}, strict=strict)
     preempt = None
     if not p.cluster.is_cpu:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
         from ogrpo.launch import grace
@@ -120,11 +141,15 @@ def render(
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
+    overlap: Optional[str] = typer.Option(None, "--overlap", help=OVERLAP_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the files instead of writing them."),
     force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit."),
     job_dir_opt: Optional[str] = typer.Option(
         None, "--job-dir", help="Path the job will have on the cluster (default: the absolute --output path)."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
+    gres_type: Optional[str] = typer.Option(None, "--gres-type", help=GRES_TYPE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the files (their text with "
+                                 "--dry-run), the changes and warnings; on failure {errors: [...]}."),
 ) -> None:
     """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
     import os
@@ -135,8 +160,8 @@ def render(
 
     if not output and not dry_run:
         raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
-    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra={"strategy": strategy},
-                          strict=strict)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
+                          extra={"strategy": strategy, "overlap": overlap, "gres_type": gres_type}, strict=strict)
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
     if not os.path.isabs(job_dir):
         raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
@@ -150,14 +175,24 @@ def render(
     spec = build_jobspec(p, rc, job_dir)
     files = render_job(p, rc, spec, slurm=options_for(p, rc, job_name=spec.name,
                                                       signal_delay_s=preempt.signal_delay_s))
+    if as_json:
+        import json
+
+        summary = {"fits": p.fits, "job_dir": job_dir, "changes": [dict(c) for c in p.changes],
+                   "warnings": list(dict.fromkeys(list(rc.warnings) + list(p.warnings)))}
     if dry_run:
+        if as_json:
+            typer.echo(json.dumps({**summary, "files": dict(files)}, indent=2))
+            return
         for name, text in files.items():
             typer.echo(f"==> {name} <==")
             typer.echo(text.rstrip("\n"))
             typer.echo("")
         return
     written = write_job(files, output)
-    for path in written:
+    if as_json:
+        typer.echo(json.dumps({**summary, "written": [str(path) for path in written]}, indent=2))
+    for path in written if not as_json else ():
         typer.echo(str(path))
     typer.echo(f"submit with: sbatch {os.path.join(job_dir, 'job.sbatch')}  (or: ogrpo submit)", err=True)
 

@@ -122,6 +122,9 @@ def bench_step(
     csv: str = typer.Option("bench/results/step.csv", help="CSV file rows are appended to."),
     png: str = typer.Option("bench/results/step.png", help="Bar chart of the per-stage seconds."),
     workdir: Optional[str] = typer.Option(None, help="Where the model and runs are written (default: temp)."),
+    placement: str = typer.Option("single", help="single: plain TRL vs O-GRPO in one process; split: a vLLM "
+                                                 "server on one core, the trainer on the other (2xcpu), with "
+                                                 "ogrpo.overlap off, lossless and one-step."),
 ) -> None:
     """The same GRPO steps as plain TRL (its defaults) and as O-GRPO's plan: per-stage seconds, memory, ratios."""
     from ogrpo.bench.rollout import RolloutShape
@@ -132,4 +135,19 @@ def bench_step(
                          vocab=vocab)
     with exit_on_signals():
         run_step_bench(shape, dtype=dtype, steps=steps, prompts=prompts, generations=generations, new_tokens=tokens,
-                       csv_path=csv, png_path=png, workdir=workdir)
+                       csv_path=csv, png_path=png, workdir=workdir, placement=placement)
+
+
+@bench_app.command("rewards")
+def bench_rewards(
+    old_cap: float = typer.Option(150.0, "--old-cap", help="Seconds after which an old path is stopped (shown as "
+                                                           "'> cap')."),
+    cases: Optional[str] = typer.Option(None, help="Comma list of case names (substrings) to run; default all."),
+    csv: str = typer.Option("bench/results/rewards.csv", help="CSV file rows are appended to."),
+) -> None:
+    """Reward stage before/after: open-r1's regexes vs linear scanners, math-verify in a thread vs killable
+    workers, one completion's test cases in turn vs in parallel."""
+    from ogrpo.bench.rewards import run_rewards_bench
+
+    picked = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else None
+    run_rewards_bench(old_cap_s=old_cap, csv_path=csv, cases=picked)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).with_name("model_facts.json")
 
-# Shapes, dtype and context of the decoder; MoE fields of Qwen2/3-MoE, Mixtral and DeepSeek V2/V3 (MLA included).
+# Shapes, dtype and context of the decoder; MoE fields of Qwen2/3-MoE, Mixtral and DeepSeek V2/V3; the KV layout
+# (MLA's latent, sliding windows).
 KEEP = (
     "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings", "torch_dtype", "dtype",
@@ -28,14 +29,19 @@ KEEP = (
     "decoder_sparse_step", "mlp_only_layers", "num_local_experts",
     "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    # Sliding-window attention as vLLM allocates it (ogrpo.models.sliding_layout).
+    "sliding_window", "layer_types", "sliding_window_pattern", "use_sliding_window", "max_window_layers",
 )
+# Fields whose explicit null means something else than the config class's default (DeepSeek-V2-Lite's q_lora_rank:
+# no q compression, not transformers' 1536; Mistral v0.2+'s sliding_window: none, not MistralConfig's 4096).
+KEEP_NULL = ("q_lora_rank", "sliding_window")
 VISION_KEEP = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "patch_size", "image_size",
                "num_channels", "vision_use_head")
 
 
 def extract(cfg: dict) -> dict:
     """The planner's subset of one config.json (nested `text_config` / `vision_config` kept as subsets)."""
-    out = {k: cfg[k] for k in KEEP if k in cfg and cfg[k] is not None}
+    out = {k: cfg[k] for k in KEEP if k in cfg and (cfg[k] is not None or k in KEEP_NULL)}
     # transformers 5 writes `dtype`; hub files written by 4.x say `torch_dtype`. Keep one spelling.
     if "dtype" in out:
         out.setdefault("torch_dtype", out.pop("dtype"))

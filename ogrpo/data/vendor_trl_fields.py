@@ -98,6 +98,11 @@ def build(trl_src: Path, transformers_src: Path, trl_version: str, transformers_
 
 
 def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["--choices"]:  # python ogrpo/data/vendor_trl_fields.py --choices ogrpo/data/trl_choices.json
+        write_choices(Path(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trl-src", type=Path, required=True, help="the unpacked wheel's trl/ directory")
     ap.add_argument("--transformers-src", type=Path, required=True, help="the unpacked wheel's transformers/")
@@ -107,6 +112,39 @@ def main() -> None:
     a = ap.parse_args()
     data = build(a.trl_src, a.transformers_src, a.trl_version, a.transformers_version)
     a.output.write_text(json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+
+
+
+# ---- enum-typed TrainingArguments fields: the values transformers' __post_init__ accepts -------------------
+# (field, module, enum class). TrainingArguments converts each with `Enum(value)` and raises on anything else, at
+# the job's first line; the plan checks the same lists (ogrpo/data/trl_choices.json, ogrpo/values.py).
+CHOICE_ENUMS = (
+    ("optim", "transformers.training_args", "OptimizerNames"),
+    ("lr_scheduler_type", "transformers.trainer_utils", "SchedulerType"),
+    ("eval_strategy", "transformers.trainer_utils", "IntervalStrategy"),
+    ("logging_strategy", "transformers.trainer_utils", "IntervalStrategy"),
+    ("save_strategy", "transformers.trainer_utils", "SaveStrategy"),
+    ("hub_strategy", "transformers.trainer_utils", "HubStrategy"),
+)
+
+
+def choices_from_transformers() -> dict[str, list[str]]:
+    """{field: sorted accepted values} from the transformers installed in this interpreter (imports it)."""
+    import importlib
+
+    return {name: sorted(m.value for m in getattr(importlib.import_module(mod), cls))
+            for name, mod, cls in CHOICE_ENUMS}
+
+
+def write_choices(path: Path) -> None:
+    """Add this interpreter's TRL line to the choices file (run once per environment: the CPU stack's .venv and
+    the images' line in .venv-trl19)."""
+    from importlib import metadata
+
+    line = ".".join(metadata.version("trl").split(".")[:2])
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[line] = choices_from_transformers()
+    path.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
 
 
 if __name__ == "__main__":

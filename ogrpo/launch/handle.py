@@ -42,8 +42,10 @@ class Job(ABC):
         """The supervisor's log and the steps' logs (one role's when given)."""
 
     @abstractmethod
-    def cancel(self, wait_s: float = 60) -> None:
-        """Stop the job and return once none of its processes is left (OgrpoError when it already ended)."""
+    def cancel(self, wait_s: float | None = None) -> None:
+        """Stop the job and return once none of its processes is left (OgrpoError when it already ended,
+        LaunchError naming the survivors when some are still alive after a bounded wait); the run's manifest
+        then says `cancelled`."""
 
     def done(self) -> bool:
         return self.state() in ENDED

@@ -28,7 +28,8 @@ from ogrpo.launch import local_state as ls
 from ogrpo.launch.handle import ENDED, Job
 from ogrpo.launch.local_state import STATE_FILE
 from ogrpo.launch.ports import free_ports, release_ports
-from ogrpo.launch.supervisor import JobResult, Supervisor, group_members, log_tail
+from ogrpo.launch.procs import group_members
+from ogrpo.launch.supervisor import JobResult, Supervisor, log_tail
 from ogrpo.launch.teardown import exit_on_signals
 
 LOOPBACK = "127.0.0.1"
@@ -145,8 +146,22 @@ def run_local(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | Non
             message = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            ls.write_state(job_dir, ls.ended_record(record, rc, (message.splitlines() or [""])[0]))
+            first = (message.splitlines() or [""])[0]
+            ls.write_state(job_dir, ls.ended_record(record, rc, first))
+            _record_run_end(job_dir, rc, first)
     return rc
+
+
+def _record_run_end(job_dir: Path, rc: int, message: str) -> None:
+    """The run manifest's status when the trainer could not write it itself (killed, or stopped first)."""
+    from ogrpo.train.rundir import record_status
+
+    if rc == 0:
+        return
+    if rc in ls.CANCEL_CODES:
+        record_status(layout.run_dir(job_dir), "cancelled", message)
+    else:
+        record_status(layout.run_dir(job_dir), "failed", message)
 
 
 def start_detached(job: JobSpec | str | os.PathLike, start_timeout_s: float = 60.0) -> "LocalJob":
@@ -293,9 +308,13 @@ class LocalJob(Job):
             while any(group_members(g) for g in groups) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
-    def cancel(self, wait_s: float = 60) -> None:
+    def cancel(self, wait_s: float | None = None) -> None:
         """SIGTERM the run (its supervisor stops the steps: the usual teardown), SIGKILL it after `wait_s`, then
-        kill any step group still alive; returns when none of the run's processes is left."""
+        kill any step group still alive; returns when none of the run's processes is left (LaunchError naming
+        the survivors otherwise) and records `cancelled` in the run's manifest."""
+        from ogrpo.launch import stopping
+        from ogrpo.train.rundir import record_status
+
         rec = self.record()
         if not ls.on_this_host(rec):
             raise OgrpoError(f"job {self.job_id} runs on {rec.get('host')}: run `ogrpo cancel` there")
@@ -306,9 +325,14 @@ class LocalJob(Job):
                 raise OgrpoError(f"job {self.job_id} already ended (LOST: its process died without recording "
                                  "an end); nothing to cancel")
             self._kill_groups(left)
+            self._check_gone(rec)
+            record_status(layout.run_dir(self.job_dir), "cancelled", "cancelled by ogrpo cancel")
             return
         if state in ENDED:
             raise OgrpoError(f"job {self.job_id} already ended ({state}); nothing to cancel")
+        # before any signal: the trainer then stops at once instead of checkpointing as for a preemption
+        stopping.request_cancel(layout.run_dir(self.job_dir))
+        wait_s = 60.0 if wait_s is None else wait_s
         self._signal(rec, signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         while ls.record_alive(rec) and time.monotonic() < deadline:
@@ -324,6 +348,21 @@ class LocalJob(Job):
         if (ls.read_state(self.job_dir) or {}).get("state") == "RUNNING":  # killed before it could record its end
             ls.write_state(self.job_dir, ls.ended_record(rec, 128 + signal.SIGKILL,
                                                          f"killed by ogrpo cancel after {wait_s:.0f} s"))
+        self._check_gone(rec)
+        from ogrpo.launch.ports import release_stale
+
+        release_stale()  # the claims of a run killed before it could release its ports
+        record_status(layout.run_dir(self.job_dir), "cancelled", "cancelled by ogrpo cancel")
+
+    def _check_gone(self, rec: dict) -> None:
+        """Nothing of the run may be left: its supervisor, or any member of its steps' process groups."""
+        alive = [int(rec["pid"])] if ls.record_alive(rec) else []
+        for g in self._leftover_groups(rec):
+            alive += group_members(g)
+        if alive:
+            from ogrpo.launch.procs import describe
+
+            raise LaunchError(f"job {self.job_id}: still alive after cancel: {describe(sorted(set(alive)))}")
 
 
 def _main(argv: list[str]) -> int:

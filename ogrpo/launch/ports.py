@@ -57,6 +57,21 @@ def release_ports(ports: list[int]) -> None:
             pass
 
 
+def release_stale() -> list[int]:
+    """Drop every claim whose owner is gone (a job killed before it could release its ports, e.g. by Slurm's
+    SIGKILL after a cancel); returns those ports. Such a claim is void anyway (`_claim` takes it over)."""
+    dropped = []
+    for lock in LOCK_DIR.glob("*.lock") if LOCK_DIR.is_dir() else ():
+        try:
+            holder = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if holder and not _pid_alive(holder):
+            lock.unlink(missing_ok=True)
+            dropped.append(lock.stem)
+    return [int(p) for p in dropped if p.isdigit()]
+
+
 def free_ports(n: int, host: str = "127.0.0.1", owner: int | None = None) -> list[int]:
     """`n` distinct ports that are free on `host` now and claimed for `owner` (default: this process).
 

@@ -31,6 +31,9 @@ class SlurmOptions:
     qos: str | None = None
     nodes: int | None = None  # None: the job spec's node count
     gpus_per_node: int = 0
+    # GRES type of the GPUs (`--gres=gpu:TYPE:N`): the catalog's for the plan's GPU (ogrpo.hardware), or the
+    # site's spelling (ogrpo.gres_type / --gres-type); None or "" asks for any GPU of the partition
+    gres_type: str | None = None
     cpus_per_task: int | None = None  # CPUs of the whole allocation per node (one batch task per node)
     cpus_from_config: bool = False  # the site said how many (ogrpo.cpus_per_gpu): preflight must not lower it
     mem_gib: int | None = None  # host RAM per node; None: the steps' host_mem_gib on the busiest node
@@ -105,11 +108,31 @@ def options_for(plan, run_config, *, nodes: int | None = None, time_min: int | N
     return SlurmOptions(
         partition=o.partition, time_min=time_min, account=o.account, qos=o.qos,
         nodes=nodes or int(cl.nodes), gpus_per_node=0 if is_cpu else int(cl.gpus_per_node),
+        gres_type=None if is_cpu else gres_type_for(cl.gpu, getattr(o, "gres_type", None)),
         cpus_per_task=per_device * devices, cpus_from_config=bool(o.cpus_per_gpu), mem_per_gpu=o.mem_per_gpu,
         extra=dict(extra or {}), signal_delay_s=max(MIN_SIGNAL_DELAY_S, int(signal_delay_s)),
         max_requeues=max_requeues, container_image=o.container, container_runtime=container_runtime,
         job_name=job_name or o.job_name or "ogrpo",
     )
+
+
+# `ogrpo.gres_type` values that ask for any GPU of the partition (a site without GRES types in gres.conf)
+UNTYPED = ("any", "none")
+_GRES_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def gres_type_for(gpu, override: str | None) -> str | None:
+    """The GRES type to ask for: OVERRIDE (the site's name for the type; 'any' for an untyped request), else the
+    catalog's for GPU."""
+    if override is not None and str(override).strip():
+        text = str(override).strip()
+        if text.lower() in UNTYPED:
+            return None
+        if not _GRES_TYPE_RE.match(text):
+            raise OgrpoError(f"--gres-type {text!r}: a GRES type is a name like a40 or v100 (sinfo -o '%P %G'), "
+                             "or 'any' for any GPU of the partition")
+        return text
+    return gpu.gres_type
 
 
 def job_nodes(spec) -> int:
@@ -134,7 +157,8 @@ def directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
         ("cpus-per-task", max(len(spec.steps), int(opts.cpus_per_task or len(spec.steps)))),
     ]
     if opts.gpus_per_node:
-        own.append(("gres", f"gpu:{opts.gpus_per_node}"))
+        typed = f"{opts.gres_type}:" if opts.gres_type else ""
+        own.append(("gres", f"gpu:{typed}{opts.gpus_per_node}"))
     if opts.mem_per_gpu:
         own.append(("mem-per-gpu", opts.mem_per_gpu))
     else:

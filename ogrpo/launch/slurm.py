@@ -12,13 +12,21 @@ pickled function and cannot submit an existing script, so a job submitted throug
 Signals: the job asks for `--signal=B:USR2@delay`, i.e. only the batch step is warned before the time limit.
 The batch shell `exec`s python, so the supervisor's USR2 handler receives it: it forwards USR2 to the trainer
 step only (vLLM would die of it), waits for the trainer to save a checkpoint and exit, stops the server, and
-runs `scontrol requeue` — at most `max_requeues` times (SLURM_RESTART_COUNT counts them). A forced requeue or a
-preemption (SIGTERM to every step) needs no help: the trainer saves at the end of its step if it can, and Slurm
-requeues. Either way the requeued job restarts every step and the trainer resumes with `--resume auto` from the
-last complete checkpoint, on the ports recorded in run/ports.json.
+runs `scontrol requeue` — at most `max_requeues` times (SLURM_RESTART_COUNT counts them). SIGTERM means
+different things (ogrpo.launch.stopping asks the controller which): a forced requeue or a preemption needs no
+help (the trainer saves at the end of its step if it can, and Slurm requeues); a SIGTERM to the steps only
+(`scancel --signal=TERM`, a site's warning) kills the server, so the supervisor has the trainer checkpoint and
+requeues as on USR2; a cancel stops everything at once, logged as a cancel. Either way the requeued job
+restarts every step and the trainer resumes with `--resume auto` from the last complete checkpoint, on the ports
+recorded in run/ports.json.
+
+Each step runs under `python -m ogrpo.launch.slurm step ...` (ogrpo.launch.reaper): a child subreaper that keeps
+every process the step starts inside it — accelerate's launcher dies of SIGTERM at once, and its worker would
+otherwise be reparented to PID 1, out of Slurm's reach — and that ends a server step with 0 when the supervisor
+asks it to stop after the trainer finished (COMPLETED in sacct, not CANCELLED).
 
 Module import is cheap: the same file is the per-step wrapper that runs inside each srun step
-(`python -m ogrpo.launch.slurm step ...`), recording which devices the step saw before exec'ing its command.
+(`python -m ogrpo.launch.slurm step ...`), recording which devices the step saw before running its command.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from pathlib import Path
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step, fill
+from ogrpo.launch import procs, stopping
 from ogrpo.launch.containers import Container, wrap
 from ogrpo.launch.ports import pick_slurm_ports, release_ports
 from ogrpo.launch.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
@@ -47,6 +56,9 @@ from ogrpo.launch.sbatch import (  # noqa: F401  (the options API, re-exported f
 
 # The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
+# The trainer's exit code after a checkpoint for requeue (ogrpo.train.preemption.EXIT_PREEMPTED, not imported:
+# that module needs transformers)
+EXIT_PREEMPTED = 75
 # A step's processes all receive the USR2 that srun forwards. vLLM and the accelerate/torchrun launcher would
 # die of it, so every step starts with USR2 ignored; only the trainer workers install a handler
 # (ogrpo.train.preemption), which replaces the inherited SIG_IGN.
@@ -109,8 +121,17 @@ def srun_argv(
     wrapper = [py, "-m", "ogrpo.launch.slurm", "step", "--role", step.role, "--job-dir", job_dir]
     if step.role in IGNORE_USR2_ROLES:
         wrapper.append("--ignore-usr2")
+    if step.role != MAIN_ROLE:
+        # the supervisor asks a server to stop through this file once the trainer has finished, so that the
+        # step ends with 0 (COMPLETED), not CANCELLED as a signal through srun would record it
+        wrapper += ["--stop-file", str(stop_file(job_dir, step.role))]
     extra_srun, cmd = wrap(container, [*wrapper, "--", *fill(step.argv if argv is None else argv, values)])
     return [*srun, *extra_srun, *cmd]
+
+
+def stop_file(job_dir: str | Path, role: str) -> Path:
+    """Where the supervisor asks a step to end normally (ogrpo.launch.reaper)."""
+    return layout.roles_dir(job_dir) / f"{role}.stop"
 
 
 def placeholder_values(spec: JobSpec, hosts: list[str], ports: dict[str, int],
@@ -189,6 +210,8 @@ class SlurmSupervisor:
         self.signal_delay_s = signal_delay_s
         self.container = container
         self._sup = None  # the running Supervisor
+        self._ports: dict[str, int] = {}
+        self._why: str | None = None  # why this batch step was told to stop (ogrpo.launch.stopping)
         self._preempting = False
         self._started = 0.0
         self._job_id = 0
@@ -241,7 +264,9 @@ class SlurmSupervisor:
         (job_dir / layout.SLURM).mkdir(parents=True, exist_ok=True)
         # what `ogrpo status/logs/cancel RUN_DIR` read, also for a job submitted with plain `sbatch job.sbatch`
         (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
-        ports = self.job_ports(job_id)
+        for step in self.spec.steps:  # an earlier attempt's stop requests
+            stop_file(job_dir, step.role).unlink(missing_ok=True)
+        ports = self._ports = self.job_ports(job_id)
         try:
             values, wrap_step = self.wrapper(hosts, ports, cpus, mem, addrs)
             _write_json(layout.ports_file(job_dir), {
@@ -250,12 +275,15 @@ class SlurmSupervisor:
             _write_json(job_dir / "slurm" / f"attempt-{restarts}.json", {
                 "job_id": job_id, "restart_count": restarts, "hosts": hosts, "addrs": addrs, "started": time.time(),
                 "ports": ports, "commands": self.commands(hosts, ports, cpus, mem, addrs),
+                "supervisor_pid": os.getpid(), "boot_id": procs.boot_id(),
             })
             _log(f"job {job_id} attempt {restarts} on {','.join(hosts)}; server {values['server_host']}:"
                  f"{ports['server']}, rendezvous {values['rendezvous_host']}:{ports['rendezvous']}, weight-sync "
                  f"group port {ports['group']}")
             self._sup = Supervisor(self.spec, {k: str(v) for k, v in values.items()}, wrap_step=wrap_step,
-                                   log_dir=layout.step_logs(job_dir), out=sys.stdout)
+                                   log_dir=layout.step_logs(job_dir), out=sys.stdout,
+                                   on_signal=self._on_stop_signal, on_server_exit=self._on_server_exit,
+                                   request_stop=self._request_stop)
             self._started = time.time()
             old = signal.signal(signal.SIGUSR2, self._on_usr2)
             try:
@@ -269,48 +297,109 @@ class SlurmSupervisor:
                 signal.signal(signal.SIGUSR2, old)
         finally:
             release_ports(list(ports.values()))
-        if (rc != 0 and not self._preempting and self._sup.signalled is None
-                and self._preempted_marker() is not None):
+        if (rc != 0 and not self._preempting and self._sup.signalled is None and self._why is None
+                and (rc == EXIT_PREEMPTED or self._preempted_marker() is not None)):
             # The trainer saved on a signal that reached the steps but not this batch step (a site that signals
-            # the steps only): requeue. When this step was signalled too, Slurm decides: `scontrol requeue` and
-            # preemption requeue by themselves, and `scancel` (state COMPLETING while the signals arrive, so it
-            # cannot be told apart here) must not be undone by a requeue.
+            # the steps only: `scancel --signal=TERM`) and exited before the server did: requeue. When this
+            # step was signalled too, `_on_stop_signal` knows why and Slurm decides.
             if self._requeue_allowed(rc):
                 subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
                 time.sleep(120)  # Slurm kills this batch step as part of the requeue
         _write_json(job_dir / "slurm" / "result.json", {"job_id": job_id, "restart_count": restarts, "rc": rc,
-                                                      "message": message, "finished": time.time()})
-        if rc != 0:
-            _log(f"job failed: {message.splitlines()[0] if message else rc}")
+                                                      "message": message, "stop_reason": self._why,
+                                                      "finished": time.time()})
+        if self._why in (stopping.CANCEL, stopping.REQUEUE):
+            _log("job cancelled: every step stopped" if self._why == stopping.CANCEL else
+                 "this attempt stopped for Slurm's requeue; the next resumes from the last complete checkpoint")
+        elif rc != 0:
+            first = message.splitlines()[0] if message else str(rc)
+            _log(f"job failed: {first}")
+            self._record("failed", first)
         return rc
+
+    # -- why the job ends, when this step did not decide it
+
+    def _record(self, status: str, reason: str) -> None:
+        """The run manifest's status (ogrpo.train.rundir), unless the trainer already wrote how it ended."""
+        from ogrpo.train.rundir import record_status
+
+        record_status(layout.run_dir(self.spec.job_dir), status, reason)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT/SIGHUP to the batch step (runs in the signal handler). Slurm's SIGKILL follows after
+        KillWait, possibly before the steps are down: free the ports and say why first."""
+        release_ports(list(self._ports.values()))
+        name = signal.Signals(signum).name
+        why = stopping.sigterm_reason(layout.run_dir(self.spec.job_dir), self._started) \
+            if signum == signal.SIGTERM else stopping.UNKNOWN
+        self._why = why
+        if why == stopping.CANCEL:
+            _log(f"{name}: the job was cancelled; stopping every step")
+            self._record("cancelled", "cancelled (scancel or ogrpo cancel)")
+        elif why == stopping.REQUEUE:
+            _log(f"{name}: Slurm is requeueing the job (scontrol requeue or a preemption); the trainer "
+                 "checkpoints if it can, the next attempt resumes")
+        else:
+            _log(f"{name}: {stopping.DESCRIBE[why] if why != stopping.UNKNOWN else 'stop'}; stopping every step")
+            if why in (stopping.TIMEOUT, stopping.PREEMPT):
+                self._record("failed", stopping.DESCRIBE[why])
+
+    def _on_server_exit(self, server) -> None:
+        """A server step ended mid-run. Of SIGTERM while the job runs on: the steps were signalled (`scancel
+        --signal=TERM`, a site's warning), and the trainer, which got it too, is checkpointing: requeue as on
+        USR2. Of SIGTERM because the job is ending (cancel, requeue, time limit): stop, not a server failure."""
+        if server.proc.returncode != 128 + signal.SIGTERM or self._preempting:
+            return
+        why = stopping.sigterm_reason(layout.run_dir(self.spec.job_dir), self._started)
+        if why in (stopping.STEPS, stopping.UNKNOWN):
+            _log(f"the {server.name} step got SIGTERM while the job runs on: a signal to the job's steps "
+                 "(scancel --signal=TERM), which the trainer got too")
+            self._checkpoint_and_requeue("SIGTERM")
+        self._why = why
+        raise _Ended(128 + signal.SIGTERM, f"stopped: {stopping.DESCRIBE[why]}")
+
+    def _request_stop(self, running) -> bool:
+        if running.step.role == MAIN_ROLE:
+            return False
+        path = stop_file(self.spec.job_dir, running.step.role)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{time.time()}\n")
+        return True
 
     def _on_usr2(self, signum, frame) -> None:
         if self._preempting:  # a second warning while the first is being handled
             return
-        trainer_rc = self.checkpoint()
+        self._checkpoint_and_requeue("USR2")
+
+    def _checkpoint_and_requeue(self, signal_name: str) -> None:
+        """Have the trainer checkpoint and exit, stop the server, requeue (bounded); ends the run by raising."""
+        trainer_rc = self.checkpoint(signal_name)
         if trainer_rc == 0 and self._preempted_marker() is None:
             _log("the trainer finished before the signal: nothing to resume")
             raise _Ended(0, "trainer finished")
         if not self._requeue_allowed(trainer_rc):
-            raise _Ended(trainer_rc or 1, f"stopped on USR2 and not requeued ({_restarts()} requeues used of "
-                                          f"{self.max_requeues}); resume by submitting the job again")
+            self._record("failed", f"stopped for a requeue and not requeued ({_restarts()} requeues used)")
+            raise _Ended(trainer_rc or 1, f"stopped on {signal_name} and not requeued ({_restarts()} "
+                                          f"requeues used of {self.max_requeues}); resume by submitting the job "
+                                          "again")
         out = subprocess.run(["scontrol", "requeue", str(self._job_id)], capture_output=True, text=True,
                              timeout=60)
         if out.returncode != 0:
             raise _Ended(1, f"scontrol requeue {self._job_id} failed: {out.stderr.strip()}")
         raise _Requeued()
 
-    def checkpoint(self) -> int | None:
-        """USR2 (time limit near, or preemption warning): the trainer saves and exits, the server is stopped.
-        Returns the trainer's exit code (None when it did not exit in time)."""
+    def checkpoint(self, signal_name: str = "USR2") -> int | None:
+        """USR2 (time limit near, or preemption warning), or a SIGTERM to the steps: the trainer saves and exits,
+        the server is stopped. Returns the trainer's exit code (None when it did not exit in time)."""
         self._preempting = True
-        _log(f"USR2: asking the trainer to checkpoint (attempt {_restarts()}, at most {self.max_requeues} requeues)")
+        _log(f"{signal_name}: asking the trainer to checkpoint (attempt {_restarts()}, at most {self.max_requeues} "
+             "requeues)")
         running = list(self._sup.running) if self._sup is not None else []
         trainer = next((r for r in running if r.step.role == MAIN_ROLE), None)
         trainer_rc = None
         if trainer is not None and trainer.alive:
             deadline = time.monotonic() + max(5, self.signal_delay_s - 10)
-            while trainer_rc is None and time.monotonic() < deadline:
+            while trainer_rc is None and time.monotonic() < deadline and self._sup.signalled is None:
                 # the srun client forwards it to every trainer task. Again every few seconds: a trainer still
                 # loading has no handler yet (USR2 is ignored until then) and would miss a single signal.
                 os.killpg(trainer.proc.pid, signal.SIGUSR2)
@@ -324,6 +413,7 @@ class SlurmSupervisor:
         elif trainer is not None:
             trainer_rc = trainer.proc.returncode
         if self._sup is not None:
+            self._sup.ask_to_stop([r for r in running if r.step.role != MAIN_ROLE])  # ends COMPLETED
             self._sup.stop([r for r in running if not r.log_file.closed])
         return trainer_rc
 
@@ -359,7 +449,9 @@ class SlurmSupervisor:
 
 
 def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    from ogrpo.launch.slurm_query import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
+
+    return run_slurm(cmd, timeout)
 
 
 def require_sbatch() -> None:
@@ -442,6 +534,9 @@ def preflight(spec: JobSpec, opts: SlurmOptions) -> SlurmOptions:
         if accounts is not None and opts.account not in accounts:
             raise OgrpoError(f"unknown account {opts.account!r} for this user: use one of "
                              f"{', '.join(accounts) or '(none)'} (sacctmgr show assoc user=$USER)")
+    from ogrpo.launch.gres import check_gres_type
+
+    check_gres_type(opts)  # a typed request (gpu:a40:3) on a partition without that type: name those with it
     have = max_gpus_per_node(opts.partition)
     if opts.gpus_per_node and have is not None and opts.gpus_per_node > have:
         where = f"partition {opts.partition}" if opts.partition else "this cluster"
@@ -495,8 +590,9 @@ def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None =
     # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
     # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
-    out = subprocess.run(["sbatch", "--parsable", str(path)], cwd=job_dir, env=env, capture_output=True, text=True,
-                         timeout=120)
+    from ogrpo.launch.slurm_query import run_slurm
+
+    out = run_slurm(["sbatch", "--parsable", str(path)], timeout=120, cwd=job_dir, env=env)
     if out.returncode != 0:
         raise OgrpoError(f"sbatch refused {path}: {_first_line(out.stderr) or out.returncode}")
     job_id = out.stdout.strip().split(";")[0]
@@ -522,20 +618,32 @@ def _first_line(text: str) -> str:
 # ------------------------------------------------------------------------------- the wrapper inside a step
 
 
-def _step_main(argv: list[str]) -> None:
-    """`python -m ogrpo.launch.slurm step --role R --job-dir D [--ignore-usr2] -- CMD...` (inside srun)."""
+def _step_main(argv: list[str]) -> int:
+    """`python -m ogrpo.launch.slurm step --role R --job-dir D [--ignore-usr2] [--stop-file F] -- CMD...`
+    (inside srun): record the devices the step sees, then run CMD under ogrpo.launch.reaper, which keeps every
+    process the command starts inside the step and returns once none is left."""
     import argparse
 
+    from ogrpo.launch import reaper
+
     if "--" not in argv:
-        raise SystemExit("usage: python -m ogrpo.launch.slurm step --role R --job-dir D [--ignore-usr2] -- CMD")
+        raise SystemExit("usage: python -m ogrpo.launch.slurm step --role R --job-dir D [--ignore-usr2] "
+                         "[--stop-file F] -- CMD")
     cut = argv.index("--")
     ap = argparse.ArgumentParser(prog="ogrpo.launch.slurm step")
     ap.add_argument("--role", required=True)
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--ignore-usr2", action="store_true")
+    ap.add_argument("--stop-file", default=None)
     args = ap.parse_args(argv[:cut])
-    cmd = argv[cut + 1:]
+    cmd = fill(argv[cut + 1:], {"node_rank": os.environ.get("SLURM_NODEID", "0")})
     procid = int(os.environ.get("SLURM_PROCID", "0") or 0)
+    run = reaper.Reaper(cmd, ignore_usr2=args.ignore_usr2, stop_file=args.stop_file)
+    try:
+        child = run.start()
+    except OSError as exc:
+        print(f"ogrpo: cannot run {cmd[0]}: {exc}", file=sys.stderr, flush=True)
+        return 127
     record = {
         "role": args.role,
         "host": socket.gethostname(),
@@ -545,18 +653,17 @@ def _step_main(argv: list[str]) -> None:
         "slurm_procid": procid,
         "slurm_nodeid": os.environ.get("SLURM_NODEID"),
         "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        # the wrapper, and the process group of everything the command starts (`ogrpo cancel` checks both)
         "pid": os.getpid(),
+        "pgid": child.pid,
+        "boot_id": procs.boot_id(),
         "argv": cmd,
     }
     # <role>.json is the Supervisor's record (written from the batch step, which sees every device); this one
     # is written inside the step, so it shows the devices Slurm gave the step
     name = f"{args.role}.step.json" if procid == 0 else f"{args.role}.step{procid}.json"
     _write_json(layout.roles_dir(args.job_dir) / name, record)
-    cmd = fill(cmd, {"node_rank": os.environ.get("SLURM_NODEID", "0")})
-    if args.ignore_usr2:
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SIG_IGN survives exec
-    sys.stdout.flush()
-    os.execvp(cmd[0], cmd)
+    return run.wait()
 
 
 def _supervise_main(argv: list[str]) -> int:
@@ -594,7 +701,7 @@ def _supervise_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "step":
-        _step_main(sys.argv[2:])
+        sys.exit(_step_main(sys.argv[2:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "supervise":
         sys.exit(_supervise_main(sys.argv[2:]))
     else:

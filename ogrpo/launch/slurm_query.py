@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ogrpo import layout
-from ogrpo.errors import OgrpoError
+from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch.handle import Job
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
@@ -50,8 +50,95 @@ def _from_index(job_id: str) -> str | None:
     return found
 
 
+# A Slurm command that has not answered after this long gets its configuration and controller checked: a
+# controller that is down makes squeue retry for ~18 s and sbatch ~9 s before they say so (Slurm 22.05), and a
+# SLURM_CONF naming no file makes them retry reading it for 60 s.
+PROBE_AFTER_S = 2.0
+PROBE_TIMEOUT_S = 2.0
+DEFAULT_CONF = "/etc/slurm/slurm.conf"
+
+
+def conf_problem() -> str | None:
+    """A SLURM_CONF that names no file (Slurm's commands would retry reading it for a minute)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return (f"SLURM_CONF={conf} does not exist: point it at the cluster's slurm.conf (or unset it), or run "
+                "this on a login node of the cluster")
+    return None
+
+
+def controllers(conf_text: str) -> tuple[list[str], int]:
+    """The controller addresses and port of a slurm.conf (`SlurmctldHost=name(addr)`, or the older
+    ControlMachine/ControlAddr/BackupController/BackupAddr; `SlurmctldPort=6817[-6818]`)."""
+    hosts, port, legacy = [], 6817, {}
+    for line in conf_text.splitlines():
+        key, sep, value = line.split("#", 1)[0].strip().partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or not value:
+            continue
+        if key == "slurmctldhost":
+            name, _, addr = value.partition("(")
+            hosts.append(addr.rstrip(")") or name)
+        elif key == "slurmctldport":
+            first = value.split("-")[0]
+            port = int(first) if first.isdigit() else port
+        elif key in ("controlmachine", "controladdr", "backupcontroller", "backupaddr"):
+            legacy[key] = value
+    if not hosts:
+        for name, addr in (("controlmachine", "controladdr"), ("backupcontroller", "backupaddr")):
+            if legacy.get(addr) or legacy.get(name):
+                hosts.append(legacy.get(addr) or legacy[name])
+    return hosts, port
+
+
+def controller_unreachable() -> str | None:
+    """Why no controller of this cluster accepts a connection, or None (one does, or slurm.conf cannot tell:
+    a configless site)."""
+    import socket
+
+    path = os.environ.get("SLURM_CONF") or DEFAULT_CONF
+    try:
+        hosts, port = controllers(Path(path).read_text())
+    except OSError:
+        return None
+    errors = []
+    for host in hosts:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+            return None
+        except OSError as exc:
+            errors.append(f"{host}:{port}: {exc.strerror or type(exc).__name__}")
+    if not errors:
+        return None
+    return (f"cannot reach the Slurm controller ({'; '.join(errors)}; SLURM_CONF={path}): check `scontrol ping` "
+            "and that this is a login node of the cluster")
+
+
+def run_slurm(cmd: list[str], timeout: float = 30, **popen) -> subprocess.CompletedProcess:
+    """Run a Slurm client command; OgrpoError (one line, exit 2) within seconds when the cluster cannot answer:
+    SLURM_CONF names no file, no controller accepts a connection, or the command hangs past `timeout`."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        try:
+            out, err = proc.communicate(timeout=min(PROBE_AFTER_S, timeout))
+        except subprocess.TimeoutExpired:
+            # only a command that is slow to answer is looked into: a healthy cluster answers in milliseconds
+            problem = conf_problem() or controller_unreachable()
+            if problem:
+                raise OgrpoError(problem) from None
+            out, err = proc.communicate(timeout=max(0.0, timeout - PROBE_AFTER_S))
+    except subprocess.TimeoutExpired:
+        raise OgrpoError(f"`{' '.join(cmd[:3])}` did not answer within {timeout:.0f} s: the Slurm controller is "
+                         "overloaded or unreachable (scontrol ping)") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return run_slurm(cmd, timeout)
 
 
 @dataclass
@@ -198,6 +285,52 @@ def is_finished(job_id: str) -> bool:
     return q.returncode != 0 or not q.stdout.strip()
 
 
+def has_ended(job_id: str) -> bool:
+    """Ended for good: not pending, running, or COMPLETING (Slurm still killing its processes)."""
+    q = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
+    state = q.stdout.strip().split()[0] if q.returncode == 0 and q.stdout.strip() else ""
+    return not state or state in FINAL_STATES
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def leftover_processes(job_id: str, job_dir: Path | None) -> list[int]:
+    """Processes of the job still alive on this machine: those with its SLURM_JOB_ID in their environment, and
+    the members of the process groups its steps recorded (run/roles/*.step*.json, written by the step wrapper
+    with this kernel's boot id when they ran here). Other nodes' processes are Slurm's to see."""
+    from ogrpo.launch import procs
+    from ogrpo.launch.procs import group_members
+
+    found = set(procs.of_slurm_job(str(job_id), os.environ.get("SLURM_CONF")))
+    here = procs.boot_id()
+    records = []
+    if job_dir is not None:
+        records = [*layout.roles_dir(job_dir).glob("*.step*.json"), *(job_dir / layout.SLURM).glob("attempt-*.json")]
+    for path in records:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not here or rec.get("boot_id") != here or str(rec.get("slurm_job_id", rec.get("job_id"))) != str(job_id):
+            continue
+        for key in ("pid", "supervisor_pid"):
+            if rec.get(key) and procs.alive(int(rec[key])):
+                found.add(int(rec[key]))
+        if rec.get("pgid"):
+            found.update(group_members(int(rec["pgid"])))
+    return sorted(found - _ancestors())
+
+
 class SlurmJob(Job):
     """The handle of a Slurm job (ogrpo.launch.handle.Job)."""
 
@@ -227,19 +360,48 @@ class SlurmJob(Job):
     def log_files(self, role: str | None = None) -> list[Path]:
         return log_files(self.ref, role)
 
-    def cancel(self, wait_s: float = 60) -> None:
-        """scancel the job and wait until Slurm reports it gone (its steps and processes killed)."""
+    def cancel(self, wait_s: float | None = None) -> None:
+        """scancel the job; return once Slurm has ended it and no process of it is left on this machine (a
+        process that escaped Slurm's tracking would be). LaunchError (exit 1) naming what is still alive after
+        `wait_s` (default: the cluster's KillWait + 60 s). Records `cancelled` in the run's manifest."""
+        from ogrpo.launch import ports, procs, stopping
+        from ogrpo.train.rundir import record_status
+
         _require("scancel")
         # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
         state = slurm_state(self.job_id)["state"]
         if state in FINAL_STATES:
             raise OgrpoError(f"job {self.job_id} already ended ({state}); nothing to cancel")
+        run = layout.run_dir(self.job_dir) if self.job_dir is not None else None
+        if run is not None:  # before the signals: the trainer then stops at once, not as for a requeue
+            stopping.request_cancel(run, self.job_id)
         out = _run(["scancel", self.job_id])
         if out.returncode != 0:
             raise OgrpoError(f"scancel {self.job_id} failed: {out.stderr.strip() or out.returncode}")
+        if wait_s is None:
+            from ogrpo.launch.grace import query
+
+            grace = query()
+            wait_s = (grace.kill_wait_s if grace else 30) + 60
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not is_finished(self.job_id):
+        while not has_ended(self.job_id):
+            if time.monotonic() > deadline:
+                left = leftover_processes(self.job_id, self.job_dir)
+                raise LaunchError(f"job {self.job_id} is still ending {wait_s:.0f} s after scancel (squeue -j "
+                                  f"{self.job_id})" + (f"; alive here: {procs.describe(left)}" if left else ""))
             time.sleep(0.5)
+        # Slurm has killed what it tracks; SIGKILLed processes take a moment to be gone
+        left = leftover_processes(self.job_id, self.job_dir)
+        settle = time.monotonic() + 10
+        while left and time.monotonic() < settle:
+            time.sleep(0.2)
+            left = leftover_processes(self.job_id, self.job_dir)
+        if left:
+            raise LaunchError(f"job {self.job_id} ended in Slurm, but processes of it are still alive on this "
+                              f"machine: {procs.describe(left)}")
+        ports.release_stale()  # claims of a batch step killed before it could release them (when it ran here)
+        if run is not None:
+            record_status(run, "cancelled", "cancelled by ogrpo cancel")
 
 
 # Entry points kept for callers that hold a Slurm id (tests/slurm, ogrpo.reproduce); `ogrpo status/logs/cancel`
@@ -252,7 +414,7 @@ def stream_logs(ref: str, role: str | None, follow: bool, write) -> None:
     SlurmJob.from_ref(ref).logs(role, follow, write)
 
 
-def cancel(ref: str, wait_s: float = 60) -> JobRef:
+def cancel(ref: str, wait_s: float | None = None) -> JobRef:
     job = SlurmJob.from_ref(ref)
     job.cancel(wait_s)
     return job.ref

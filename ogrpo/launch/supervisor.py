@@ -9,10 +9,16 @@ out (shared/anchors.md). Here:
 - when the server dies, the trainer is stopped (SIGTERM to its process group, SIGKILL after `kill_grace_s`)
   and the job exits 1 with the server's log tail and path.
 
-Backends plug in through two hooks, so that local and Slurm runs share this logic:
+Backends plug in through hooks, so that local and Slurm runs share this logic:
 - `wrap_step(step, argv) -> argv`: a launcher prefix; Slurm returns
   `["srun", "--exact", "--nodes", …, "--ntasks", …, "--gpus", …, *argv]`, local returns argv unchanged.
 - `step_env(step) -> dict`: per-step environment (local: `CUDA_VISIBLE_DEVICES` from `step.gpus`).
+- `on_signal(signum)`: called once, from the signal handler, when SIGTERM/SIGINT/SIGHUP arrives (Slurm: free
+  the job's ports and record why, before KillWait's SIGKILL can cut the stop short).
+- `on_server_exit(running)`: called when a server step ends mid-run, before the trainer is stopped; it may end
+  the run itself by raising (Slurm: a SIGTERM to the steps only → the trainer checkpoints → requeue).
+- `request_stop(running) -> bool`: asks a server step to end normally once the trainer finished (Slurm: a stop
+  file its step wrapper watches, so the step ends COMPLETED instead of CANCELLED); signals remain the fallback.
 `values` fills the JobSpec placeholders `{server_host} {server_port} {rendezvous_host} {rendezvous_port}
 {job_dir}` in argv and env.
 """
@@ -33,6 +39,7 @@ from typing import BinaryIO, Callable, TextIO
 
 from ogrpo import layout
 from ogrpo.jobspec import JobSpec, Step
+from ogrpo.launch.procs import group_members
 from ogrpo.placeholders import fill_text
 LOG_TAIL_LINES = 30
 
@@ -59,26 +66,6 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in a process group, from /proc (empty where /proc is missing)."""
-    out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(name))
-    return out
 
 
 @dataclass
@@ -117,6 +104,9 @@ class Supervisor:
         out: TextIO | None = None,
         follow: str | None = None,
         echo: BinaryIO | None = None,
+        on_signal: Callable[[int], None] | None = None,
+        on_server_exit: Callable[[Running], None] | None = None,
+        request_stop: Callable[[Running], bool] | None = None,
     ):
         self.job = jobspec
         self.values = {k: str(v) for k, v in values.items()}
@@ -139,6 +129,9 @@ class Supervisor:
         self.follow = follow
         self.echo = echo
         self._echo_pos: dict[str, int] = {}
+        self.on_signal = on_signal
+        self.on_server_exit = on_server_exit
+        self.request_stop = request_stop
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -195,11 +188,10 @@ class Supervisor:
         for r in procs:
             self._signal_group(r, signal.SIGTERM)
         deadline = time.monotonic() + self.kill_grace_s
-        for r in procs:
-            try:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        # the whole group, not only its leader: accelerate's one-process launcher dies of SIGTERM at once while
+        # its worker is still finishing the step it was told to stop after
+        while time.monotonic() < deadline and any(r.alive or group_members(r.proc.pid) for r in procs):
+            time.sleep(0.1)
         for r in procs:
             # The leader may be gone while children (vLLM's engine core) still hold the group: kill the group.
             self._signal_group(r, signal.SIGKILL)
@@ -244,7 +236,19 @@ class Supervisor:
         self.stop([r for r in self.running if not r.log_file.closed])
 
     def _on_signal(self, signum, frame) -> None:
+        first = self._stop_signal is None
         self._stop_signal = signum
+        if first and self.on_signal is not None:
+            self.on_signal(signum)
+
+    def ask_to_stop(self, procs: list[Running]) -> None:
+        """The job is over: let the steps that take a stop request end by themselves (up to kill_grace_s)."""
+        if self.request_stop is None:
+            return
+        asked = [r for r in procs if r.alive and self.request_stop(r)]
+        deadline = time.monotonic() + self.kill_grace_s
+        while any(r.alive for r in asked) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     # -- the job ---------------------------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -284,6 +288,8 @@ class Supervisor:
             dead_server = next((r for r in srv if not r.alive), None)
             if dead_server is not None:
                 rc = dead_server.proc.returncode
+                if self.on_server_exit is not None and self._stop_signal is None:
+                    self.on_server_exit(dead_server)
                 self.stop([r for r in self.running if r is not dead_server])
                 dead_server.log_file.close()
                 msg = (f"server exited with code {rc} {'before becoming healthy' if not healthy else 'mid-run'}; "
@@ -294,6 +300,7 @@ class Supervisor:
             if all(not r.alive for r in trn):
                 self._pump()
                 codes = {r.name: r.proc.returncode for r in trn}
+                self.ask_to_stop(srv)
                 # the trainer's own group too: a rank that outlived accelerate's launcher must not outlive the job
                 self.stop(srv + trn)
                 bad = {n: c for n, c in codes.items() if c != 0}

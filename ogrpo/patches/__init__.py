@@ -21,9 +21,11 @@ PATCHES = {
     "transformers_fused_sample": ("transformers", "generate's sampling through the fused_sample kernel"),
     "trl_vllm_client": ("trl", "VLLMClient: CPU/timed weight sync, job key, group address"),
     "trl_vllm_serve": ("trl", "`trl vllm-serve` on CPU: gloo weight-sync worker"),
+    "trl_overlap": ("trl", "GRPOTrainer pipelined on the split placement (ogrpo.overlap lossless/one-step)"),
     "starlette_job_key": ("starlette", "job-key guard around every Starlette app (trl vllm-serve)"),
 }
-REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",)}
+REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",),
+            "trl_overlap": ("vllm",)}
 
 
 def installed(dist: str) -> bool:

@@ -34,6 +34,18 @@ def wants_ids_only(request, params) -> bool:
                 and not getattr(request, "echo", False) and not params.stop)
 
 
+def spread_seed(request, params) -> None:
+    """A seeded request of TRL's client (ogrpo.serve.client.seeded_generation_kwargs): prompt i of the request
+    samples with seed + i x n, and vLLM gives completion j of it seed + i x n + j, so no two sequences of one
+    request share their random draws (vLLM's default hands every prompt the same seed). vLLM builds one
+    SamplingParams per prompt, in prompt order: the count of calls so far on this request is the prompt index."""
+    if params.seed is None:
+        return
+    index = getattr(request, "_ogrpo_prompt_index", 0)
+    object.__setattr__(request, "_ogrpo_prompt_index", index + 1)  # the pydantic model takes no new fields
+    params.seed = int(params.seed) + index * max(1, int(params.n or 1))
+
+
 def install() -> None:
     check()
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -46,6 +58,7 @@ def install() -> None:
         params = original(self, *args, **kwargs)
         if wants_ids_only(self, params):
             params.detokenize = False
+            spread_seed(self, params)
         return params
 
     to_sampling_params._ogrpo_ids_only = True

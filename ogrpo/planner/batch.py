@@ -11,6 +11,12 @@ from ogrpo.planner.fixes import Fix, set_key
 from ogrpo.planner.placement import Placement
 
 
+# Completions in one generation round (per_device_train_batch_size x processes x steps_per_generation): open-r1's
+# largest recipes generate a few thousand; a million is beyond any dataset a GRPO run steps through in one round
+# and beyond what vLLM could hold, so a larger batch is a typo to refuse, not a plan to fix with accumulation.
+MAX_GENERATION_BATCH = 2**20
+
+
 def eval_strategy(trl: dict) -> str:
     return str(trl.get("eval_strategy") or trl.get("evaluation_strategy") or "no")
 
@@ -75,9 +81,16 @@ def check_batch(d: Draft, p: Placement) -> dict:
     rule = batch_rules(B, ga, G, n, gbs_user, spg_user,
                        eval_batch=int(rc.get("per_device_eval_batch_size") or 8) if eval_active else None,
                        eval_generations=int(trl.get("num_generations_eval") or G))
+    spg, gbs = rule["steps_per_generation"], rule["generation_batch_size"]
+    if gbs > MAX_GENERATION_BATCH:
+        keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                "generation_batch_size")
+        set_ = ", ".join(f"{k} {rc.get(k)}" for k in keys if trl.get(k) is not None)
+        raise ConfigError([f"{set_}: {gbs:,} completions per generation on {n} trainer process(es), more than "
+                           f"{MAX_GENERATION_BATCH:,}; GRPO recipes generate a few thousand (e.g. "
+                           "per_device_train_batch_size 16 x 8 processes x 4 steps)"], rc.source)
     d.reasons += rule["reasons"]
     d.fixes += rule["fixes"]
-    spg, gbs = rule["steps_per_generation"], rule["generation_batch_size"]
     return {"per_device_train_batch_size": B, "gradient_accumulation_steps": ga, "num_generations": G,
             "steps_per_generation": spg, "generation_batch_size": gbs, "prompts_per_generation": gbs // G if G else 0,
             "num_processes": n, "prompt_length": p.prompt_len, "completion_length": p.completion_len,

@@ -139,7 +139,7 @@ class CpuRules(DeviceRules):
         host_left = memory_gib * (1 - headroom - colocate_util * num_processes) - server_gib
         return host_left / max(1, num_processes)
 
-    def strategy_reason(self, strategy: str, n: int, wanted: str | None) -> str:
+    def strategy_reason(self, strategy: str, n: int, wanted: str | None, lora: bool = False) -> str:
         if wanted is not None:
             return (f"set in the run config (ogrpo.strategy {wanted})"
                     + (f": {STRATEGY_NAMES[wanted]} over gloo on {n} CPU processes" if wanted != "ddp" else ""))
@@ -279,9 +279,15 @@ class GpuRules(DeviceRules):
                        server_gib: float) -> float:
         return memory_gib * (1 - headroom - colocate_util)
 
-    def strategy_reason(self, strategy: str, n: int, wanted: str | None) -> str:
+    def strategy_reason(self, strategy: str, n: int, wanted: str | None, lora: bool = False) -> str:
         if wanted is not None:
             return f"set in the run config (ogrpo.strategy {wanted})"
+        if lora:
+            return {"ddp": "LoRA: the frozen base and the adapters' state fit on each GPU unsharded (fastest)",
+                    "zero2": f"LoRA: the adapters' gradients and optimizer states sharded over {n} GPUs to fit",
+                    "zero3": f"LoRA: the frozen base sharded over {n} GPUs (with the adapters' state) to fit",
+                    "zero3_offload": "LoRA: even sharded, the adapters' optimizer does not fit: moved to host RAM"
+                    }[strategy]
         return {"ddp": "weights, gradients and optimizer fit on each GPU unsharded (fastest)",
                 "zero2": f"gradients and optimizer states sharded over {n} GPUs to fit",
                 "zero3": f"weights, gradients and optimizer sharded over {n} GPUs to fit",
@@ -334,31 +340,37 @@ class GpuRules(DeviceRules):
         return env
 
     def hardware_fix_specs(self, cluster: Cluster) -> list[list[str]]:
-        return [_more_gpus(cluster), _bigger_types(cluster)]
+        # The fewest GPUs of any type at least this large (a few big GPUs before many small ones), then the
+        # fewest of this type (what the user may have).
+        return [_fewest_gpus(cluster), _more_gpus(cluster)]
+
+
+def _layouts(gpn: int) -> list[tuple[int, str]]:
+    """(GPUs, layout) of one node (1-8 GPUs) and of 2-8 whole nodes of `gpn` GPUs."""
+    return [(c, f"{c}") for c in range(1, 9)] + [(n * gpn, f"{n}x{gpn}") for n in range(2, 9)]
 
 
 def _more_gpus(cluster: Cluster) -> list[str]:
-    """Specs of the same GPU type with more GPUs, smallest first: one node up to 8, then whole nodes."""
+    """Specs of the same GPU type with more GPUs, fewest first: one node up to 8, then whole nodes."""
     gpn = cluster.gpus_per_node if cluster.nodes > 1 else 8
-    specs: list[tuple[int, str]] = [(c, f"{c}x{cluster.gpu.name}") for c in range(cluster.total_gpus + 1, 9)
-                                    if cluster.nodes == 1]
-    specs += [(n * gpn, f"{n}x{gpn}x{cluster.gpu.name}") for n in range(2, 9) if n * gpn > cluster.total_gpus]
-    return [spec for _, spec in sorted(specs)]
+    return [f"{layout}x{cluster.gpu.name}" for count, layout in sorted(_layouts(gpn))
+            if count > cluster.total_gpus and (cluster.nodes == 1 or "x" in layout)]
 
 
-def _bigger_types(cluster: Cluster) -> list[str]:
-    """Same layout on each catalog GPU type with more memory, smallest memory first."""
+def _fewest_gpus(cluster: Cluster) -> list[str]:
+    """Specs on this GPU type (more GPUs) or on any catalog type with more memory (any count), fewest GPUs first,
+    then the smaller GPU."""
     from ogrpo.hardware import known_types, parse_gpus
 
-    out = []
+    gpn = cluster.gpus_per_node if cluster.nodes > 1 else 8
+    out = [(parse_gpus(spec).total_gpus, cluster.gpu.memory_gib, spec) for spec in _more_gpus(cluster)]
     for name in known_types():
         if name == "cpu":
             continue
         g = parse_gpus(name).gpu
         if g.memory_gib > cluster.gpu.memory_gib:
-            layout = f"{cluster.nodes}x{cluster.gpus_per_node}" if cluster.nodes > 1 else f"{cluster.gpus_per_node}"
-            out.append((g.memory_gib, f"{layout}x{g.name}"))
-    return [spec for _, spec in sorted(out)]
+            out += [(count, g.memory_gib, f"{layout}x{g.name}") for count, layout in _layouts(gpn)]
+    return [spec for _, _, spec in sorted(out)]
 
 
 def rules_for(gpu: GpuType) -> DeviceRules:

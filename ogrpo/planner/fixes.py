@@ -80,32 +80,58 @@ def _with(fix: Fix, other: Fix) -> Fix:
     return Fix(f"{fix.text} with {other.text}", config={**fix.config, **other.config}, cli={**fix.cli, **other.cli})
 
 
+def micro_batches(B: int, ga: int) -> list[Fix]:
+    """Smaller micro-batches that keep the effective batch through accumulation, largest first (the smallest
+    change): each divisor B/2, B/4 ... 1 of B with ga x B/b accumulation steps."""
+    out, b = [], B
+    while b > 1:
+        b //= 2
+        while B % b:
+            b -= 1
+        out.append(Fix(f"per_device_train_batch_size {b} and gradient_accumulation_steps {ga * (B // b)}",
+                       config={"per_device_train_batch_size": b, "gradient_accumulation_steps": ga * (B // b)}))
+    return out
+
+
 def fixes_that_hold(candidates: list[Fix], cluster, model, run_config, profile: str, rules) -> list[Fix]:
-    """The candidates that re-plan to a fit; one that does not hold alone is tried with micro-batch 1 (same
-    effective batch through accumulation), since full B·T·V logits often dominate. Then hardware, in the
-    groups the device rules name (GPUs: the fewest GPUs of this type, then the smallest bigger type; CPU: a
-    host with more RAM)."""
+    """The candidates that re-plan to a fit; one that does not hold alone is tried with smaller micro-batches
+    (same effective batch through accumulation, the largest micro-batch that fits), since full B·T·V logits
+    often dominate. Then hardware, in the groups the device rules name (GPUs: the fewest GPUs of any type at
+    least this large, then the fewest of this type; CPU: a host with more RAM)."""
     B = int(run_config.get("per_device_train_batch_size"))
     ga = int(run_config.get("gradient_accumulation_steps"))
-    micro = (Fix(f"per_device_train_batch_size 1 and gradient_accumulation_steps {ga * B}",
-                 config={"per_device_train_batch_size": 1, "gradient_accumulation_steps": ga * B})
-             if B > 1 and run_config.trl.get("generation_batch_size") is None else None)
+    micro = micro_batches(B, ga) if run_config.trl.get("generation_batch_size") is None else []
 
-    def first_holding(options: list[Fix]) -> Fix | None:
+    def first_holding(options) -> Fix | None:
         return next((f for f in options if _holds(f, cluster, model, run_config, profile)), None)
 
     held: list[Fix] = []
     for fix in dedupe(candidates):
-        options = [fix] + ([_with(fix, micro)] if micro and "per_device_train_batch_size" not in fix.config else [])
+        options = [fix] + ([_with(fix, m) for m in micro] if "per_device_train_batch_size" not in fix.config else [])
         found = first_holding(options)
         if found:
             held.append(found)
+    # A recipe's num_processes is kept on other hardware too; where only more trainer processes fit, the
+    # hardware fix says it drops it.
+    procs = run_config.trl.get("num_processes")
+    unpin = Fix(f"num_processes unset (was {procs})", config={"num_processes": None}) if procs is not None else None
     for specs in rules.hardware_fix_specs(cluster):
-        hw = [Fix(spec, cli={"gpus": spec}) for spec in specs]
-        found = first_holding(hw) or (first_holding([_with(f, micro) for f in hw]) if micro else None)
+        found = first_holding(_variants([Fix(spec, cli={"gpus": spec}) for spec in specs], micro, unpin))
         if found:
             held.append(found)
     return dedupe(held)
+
+
+def _variants(hw: list[Fix], micro: list[Fix], unpin: Fix | None):
+    """Each hardware option as is, then with each smaller micro-batch, then with num_processes unset (and the
+    micro-batches): the first that holds is the smallest change on the fewest GPUs."""
+    yield from hw
+    for m in micro:
+        yield from (_with(f, m) for f in hw)
+    if unpin:
+        yield from (_with(f, unpin) for f in hw)
+        for m in micro:
+            yield from (_with(_with(f, m), unpin) for f in hw)
 
 
 def dedupe(items: list[Fix]) -> list[Fix]:

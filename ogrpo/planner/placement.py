@@ -123,8 +123,29 @@ def place(d: Draft) -> Placement:
     else:
         p.trainer_nodes, p.trainer_gpus = list(range(cluster.nodes)), list(range(cluster.gpus_per_node))
         s.add("placement", "no vLLM: the trainer generates with transformers", "use_vllm is false")
+    _keep_num_processes(d, p)
     _sizes_changed(d, p)
     return p
+
+
+def _keep_num_processes(d: Draft, p: Placement) -> None:
+    """A recipe's num_processes (accelerate's trainer processes) is kept when the devices the placement leaves the
+    trainer can hold it: fewer processes leave devices idle (a warning); more than there are is a change the plan
+    lists with where the devices went (_sizes_changed)."""
+    want = d.trl.get("num_processes")
+    if isinstance(want, bool) or not isinstance(want, int) or want < 1 or want >= p.num_processes:
+        return
+    gpn, nodes = len(p.trainer_gpus), len(p.trainer_nodes)
+    if want <= gpn:
+        p.trainer_nodes, p.trainer_gpus = p.trainer_nodes[:1], p.trainer_gpus[:want]
+    elif want % gpn == 0:
+        p.trainer_nodes = p.trainer_nodes[:want // gpn]
+    else:
+        return  # a multi-node trainer fills whole nodes: _sizes_changed says so
+    idle = gpn * nodes - p.num_processes
+    d.settings.add("trainer.num_processes", want, f"num_processes {want} in the run config")
+    d.warnings.append(f"num_processes {want} in the run config leaves {idle} trainer device(s) of "
+                      f"{d.cluster.spec} idle")
 
 
 def _mode(d: Draft) -> str:
@@ -251,5 +272,16 @@ def _sizes_changed(d: Draft, p: Placement) -> None:
         ch.add("vllm_data_parallel_size", p.want_dp, p.dp, "no separate vLLM server in this placement"
                if p.mode != "server" else f"{p.tp} x {p.want_dp} server GPUs leave no trainer device on {spec}")
     n = p.num_processes
-    ch.adapt("num_processes", n, f"the plan's trainer processes on {spec}: "
-             f"{'one device goes to the vLLM server, ' if p.mode == 'server' else ''}the trainer gets {n}")
+    want = d.trl.get("num_processes")
+    server = len(p.server_nodes) * len(p.server_gpus) if p.mode == "server" else 0
+    if isinstance(want, int) and want > n and server and d.cluster.nodes == 1:
+        why = (f"{spec} has {d.cluster.total_gpus} devices and the vLLM server takes {server} (tensor parallel "
+               f"{p.tp} x data parallel {p.dp}): the trainer gets {n}; {want} trainer processes need "
+               f"{want + server} devices (--gpus {want + server}x{d.cluster.gpu.name})")
+    elif isinstance(want, int) and want > n:
+        why = (f"{spec} leaves the trainer {n} device(s)"
+               + (f" after the vLLM server's {server}" if server else "")
+               + ("; a multi-node trainer fills whole nodes" if d.cluster.nodes > 1 else ""))
+    else:
+        why = f"a multi-node trainer fills whole nodes of {spec}: the trainer gets {n}"
+    ch.adapt("num_processes", n, why)

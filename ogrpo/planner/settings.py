@@ -82,7 +82,9 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
     if not d.user_set("torch_compile"):
         targs["torch_compile"] = s.add("torch_compile", *r.torch_compile(d.profile))
     if not d.user_set("dataloader_num_workers"):
-        targs["dataloader_num_workers"] = r.dataloader_workers()
+        workers = r.dataloader_workers()
+        targs["dataloader_num_workers"] = s.add("dataloader_num_workers", workers, "loader processes prepare the "
+                                                "next prompts while the device steps") if workers else workers
     use_cpu = r.use_cpu(trl.get("use_cpu"))
     if use_cpu is not None:
         set_arg, value, why = use_cpu
@@ -104,8 +106,50 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         targs["vllm_max_model_length"] = ch.adapt("vllm_max_model_length", p.max_model_len,
                                                   "the prompt + completion budget the memory plan holds")
     if p.mode != "none" and not d.user_set("vllm_server_timeout"):
-        targs["vllm_server_timeout"] = 900.0
+        targs["vllm_server_timeout"] = s.add(
+            "vllm_server_timeout", 900.0, "the trainer waits for the vLLM engine to load the weights and warm up; "
+            "large models on shared filesystems take longer than TRL's 240 s")
+    overlap(d, p, targs)
     return targs
+
+
+# Where a separate server exists: lossless gives off's samples, losses and updates (tests/test_overlap.py and
+# tests/trl19/test_trl19_overlap.py compare them step by step) and only waits less.
+OVERLAP_DEFAULT = "lossless"
+
+
+def overlap(d: Draft, p: Placement, targs: dict) -> str:
+    """ogrpo.overlap (ogrpo/train/overlap.py): whether server and trainer work at the same time. Only the split
+    placement has two device sets to overlap; a mode that cannot apply runs as `off`, listed as a change when the
+    run config asked for it."""
+    trl, s, ch = d.trl, d.settings, d.changes
+    wanted = getattr(d.run_config.ogrpo, "overlap", None)
+    mode, why = (wanted, "set in the run config") if wanted else (
+        OVERLAP_DEFAULT, "the default on the split placement: the same samples, losses and updates as off; the "
+                         "weight push and the next request go out when the optimizer step ends, and the rewards "
+                         "run beside the log-prob passes")
+    blocked = None
+    if p.mode != "server":
+        blocked = ("generation runs inside the trainer (colocated or no vLLM): there is no separate server to "
+                   "work beside the trainer")
+    elif (trl.get("num_iterations") or 1) != 1:
+        blocked = f"num_iterations={trl['num_iterations']}: a batch trains over several policy versions"
+    elif trl.get("steps_per_generation") not in (None, trl.get("gradient_accumulation_steps") or 1):
+        blocked = ("steps_per_generation differs from gradient_accumulation_steps: the pipeline needs one "
+                   "generation per optimizer step")
+    if blocked and mode != "off":
+        if wanted:
+            ch.add("ogrpo.overlap", wanted, "off", blocked)
+        mode, why = "off", blocked
+    s.add("overlap", mode, why)
+    if mode == "one-step":
+        key, reason = ("vllm_importance_sampling_correction",
+                       "ogrpo.overlap one-step samples with weights one step old: TRL's importance-sampling "
+                       "correction on the server's log-probs corrects for the stale sampler")
+        if trl.get(key) is False:
+            ch.add(key, False, True, reason)
+        targs[key] = s.add(key, True, reason)
+    return mode
 
 
 def job_env(d: Draft) -> dict[str, str]:
@@ -184,3 +228,62 @@ def replaced_by_job(d: Draft, targs: dict, strategy: str) -> None:
     if trl.get("output_dir") is not None:
         ch.add("output_dir", trl["output_dir"], "<job dir>/run", "the job's run directory (--output-dir) holds "
                                                                  "checkpoints, logs and the manifest")
+    for key in ("fsdp", "fsdp_config"):
+        if trl.get(key) not in (None, "", [], {}, False):
+            # TrainingArguments' FSDP beside accelerate's DeepSpeed/DDP launch would conflict (or shard twice)
+            targs[key] = None
+            ch.add(key, trl[key], None, f"O-GRPO plans DDP or DeepSpeed ZeRO, not FSDP: this plan trains with "
+                                        f"{STRATEGY_NAMES[strategy]} (accelerate.yaml); FSDP is not applied")
+    list_plan_values(d, targs)
+
+
+def _recipe_value(trl: dict, key: str):
+    """The recipe's value for a key the plan sets (ModelConfig keys also as model_init_kwargs, older names)."""
+    mik = _user_mik(trl)
+    if key == "dtype":
+        return next((v for v in (trl.get("dtype"), trl.get("torch_dtype"), mik.get("dtype"), mik.get("torch_dtype"))
+                     if v is not None), None)
+    if key == "attn_implementation":
+        return trl.get(key) if trl.get(key) is not None else mik.get(key)
+    return trl.get(key)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return a.removeprefix("torch.") == b.removeprefix("torch.")
+    return a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(a, bool)
+                                              and isinstance(b, (int, float)) and not isinstance(b, bool) and a == b)
+
+
+def list_plan_values(d: Draft, targs: dict) -> None:
+    """Every value the plan gives the trainer that the recipe did not set, or set otherwise, is a change: `trl grpo`
+    with the same recipe would have used the recipe's value or the target TRL line's default. The steps above list
+    adaptations with their own reasons first (Changes keeps the first reason per key); this pass lists the rest
+    (TF32, attention, fused AdamW, dataloader workers, vLLM mode ...) with the setting's reason."""
+    from ogrpo.fields import line_default, rule
+
+    line, trl = d.rules.trl_line, d.trl
+    why = {}
+    for item in d.settings.items:
+        why.setdefault(item["name"].removeprefix("model_init_kwargs."), item["reason"])
+    values = {k: v for k, v in targs.items() if k != "model_init_kwargs"}
+    for k, v in (targs.get("model_init_kwargs") or {}).items():
+        if k in ("attn_implementation", "dtype"):
+            values[k] = v
+    aliases = {"dtype": ("dtype", "torch_dtype", "model_init_kwargs.dtype"),
+               "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation")}
+    for key, value in values.items():
+        if any(c["key"] in aliases.get(key, (key,)) for c in d.changes.items):
+            continue  # listed by the step that decided it
+        user = _recipe_value(trl, key)
+        if user is not None:
+            if not _same(user, value):
+                r = rule(key)
+                d.changes.add(key, user, value, why.get(key) or (r.target if r else "set by the plan"))
+            continue
+        default = line_default(line, key)
+        if _same(value, default):
+            continue
+        r = rule(key)
+        reason = why.get(key) or (r.target.removeprefix("GRPOConfig; ") if r and r.target else "set by the plan")
+        d.changes.add(key, default, value, f"not set in the recipe (TRL {line}'s default {default!r}); {reason}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ogrpo.errors import ConfigError
 from ogrpo.memory import Estimate, trainer_estimate
 from ogrpo.planner.device_rules import COLOCATE_UTIL_MAX, COLOCATE_UTIL_STEP, STRATEGY_NAMES
 from ogrpo.planner.draft import Draft
@@ -102,12 +101,12 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
                                 grad_accumulation_steps=ga * max(1, B // micro))
 
     want = getattr(d.run_config.ogrpo, "strategy", None)
-    if want is not None and lora and want != "ddp":
-        raise ConfigError([f"ogrpo.strategy {want} with use_peft: LoRA plans train with DDP (the frozen "
-                           "base is not worth sharding); drop one of them"], d.run_config.source)
     # An explicit strategy is honoured as is, on CPU too (DeepSpeed runs over gloo there): the plan still
-    # checks that it fits, and does not fall back to another one. LoRA's frozen base is not worth sharding.
-    strategies = (want,) if want is not None else ("ddp",) if lora else r.strategies
+    # checks that it fits, and does not fall back to another one. LoRA is chosen by memory like a full
+    # fine-tune (TRL trains a peft model under either stage): ZeRO-2 shards only the adapters' gradients and
+    # optimizer states, ZeRO-3 also the frozen base, though TRL gathers the whole model to merge the adapters
+    # before each weight push (memory.trainer_estimate's zero3_lora_full_gather).
+    strategies = (want,) if want is not None else r.strategies
     if gc_user is not None:
         gc_order = [bool(gc_user)]
     elif profile == "aggressive":
@@ -128,7 +127,7 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
                                                                and want_util > prof["colocate_util"]) else None))
     else:
         strategy, gc = chosen
-    s.add("trainer.strategy", strategy, r.strategy_reason(strategy, n, want))
+    s.add("trainer.strategy", strategy, r.strategy_reason(strategy, n, want, lora=bool(lora)))
     if gc_user is not None:
         s.add("gradient_checkpointing", gc, "set in the run config")
     else:

@@ -155,6 +155,14 @@ def _steps_comment(jobspec) -> list[str]:
     return lines
 
 
+def job_python() -> str:
+    """The job's default Python: OGRPO_PYTHON where the job is rendered, else the interpreter rendering it (the
+    venv's, not resolved: a venv's python is a link whose target lacks the venv's packages)."""
+    import sys
+
+    return os.environ.get("OGRPO_PYTHON") or sys.executable or "python3"
+
+
 def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = "") -> str:
     """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job."""
     from ogrpo.launch.sbatch import MIN_SIGNAL_DELAY_S, sbatch_lines
@@ -176,6 +184,7 @@ def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = ""
         "REQUEUES": str(int(slurm.max_requeues)),
         "STEPS": "\n".join(_steps_comment(jobspec)),
         "JOB_DIR": shlex.quote(jobspec.job_dir),
+        "PYTHON": shlex.quote(job_python()),
         "SUPERVISE_ARGS": "".join(" \\\n  " + a for a in args),
     }
     return fill_template(text, subs, "job.sbatch template")

@@ -221,15 +221,46 @@ def _dtype_name(d: Any) -> str:
             "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}.get(text, text)
 
 
+# Seeds stay below 2**31: vLLM passes them to torch.Generator.manual_seed and numpy, which take 32-bit values
+# (less room for the offsets the server adds per prompt and completion: ogrpo.patches.vllm_completions)
+_SEED_SPAN = 2**31 - 2**20
+
+
+def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call_index: int) -> dict:
+    """TRL's generation_kwargs with a vLLM sampling seed for generation call CALL_INDEX of a run seeded RUN_SEED.
+
+    Unseeded, the server samples from its engine-wide generator, whose draws depend on which requests share an
+    engine step (and on every request the server served before): two runs of one config differed from their first
+    step. A seed per request gives each its own generator. The server spreads it over the request's prompts and
+    completions (seed + prompt index x n + completion index), so no two sequences of a call share their draws, and
+    a new call gets a new base (different samples for a prompt seen again). A seed the recipe sets in
+    generation_kwargs is kept as it is.
+    """
+    kwargs = dict(generation_kwargs or {})
+    if kwargs.get("seed") is None:
+        kwargs["seed"] = (int(run_seed) * 1_000_003 + int(call_index) * 65_537) % _SEED_SPAN
+    return kwargs
+
+
 def _cpu_client_cls():
     from trl.generation.vllm_client import VLLMClient
 
     class CPUVLLMClient(VLLMClient):
-        """VLLMClient whose weight sync goes through the server's `cpu_shm` backend."""
+        """VLLMClient whose weight sync goes through the server's `cpu_shm` backend, and whose generation requests
+        carry a seed derived from the run's (`seeded_generation_kwargs`): server-mode CPU runs rerun identically."""
 
         expect: dict | None = None
+        run_seed: int | None = None
         server_dtype: str | None = None
         _files: WeightsFileServer | None = None  # set by init_communicator when the server is on another host
+        _generation_calls: int = 0
+
+        def generate(self, *args, **kwargs):
+            if self.run_seed is not None:
+                kwargs["generation_kwargs"] = seeded_generation_kwargs(kwargs.get("generation_kwargs"), self.run_seed,
+                                                                       self._generation_calls)
+                self._generation_calls += 1
+            return super().generate(*args, **kwargs)
 
         def init_communicator(self, device: Any = 0) -> None:
             info = self.get_server_info()
@@ -277,11 +308,12 @@ def _cpu_client_cls():
     return CPUVLLMClient
 
 
-def install_cpu_client(expect: dict | None = None):
+def install_cpu_client(expect: dict | None = None, seed: int | None = None):
     """Make TRL's server-mode generation use the CPU weight-sync client. Returns the class installed.
 
     `expect` (see `expected_from_run_config`) makes `init_communicator` refuse a server that serves another
-    model, revision, dtype or a shorter context than the trainer needs.
+    model, revision, dtype or a shorter context than the trainer needs. `seed`: the run's seed, from which each
+    generation request's sampling seed is derived (`seeded_generation_kwargs`); None leaves requests unseeded.
     """
     import trl
 
@@ -299,6 +331,7 @@ def install_cpu_client(expect: dict | None = None):
     install_client_key()  # every request carries the job key
     cls = _cpu_client_cls()
     cls.expect = dict(expect) if expect else None
+    cls.run_seed = seed
     trl_vllm_client.install_client_class(cls)
     return cls
 

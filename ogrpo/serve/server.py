@@ -333,6 +333,9 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     argv = build_server_argv(settings, host, port, flavor=flavor) + list(extra_args or [])
     if dry_run:
         return argv
+    from ogrpo.device_check import check_devices
+
+    check_devices(plan, "server")  # before vLLM's start-up: a GPU plan refuses a node without its GPUs
     if flavor == compat.TRL_VLLM_SERVE and trl_serve_unsupported(settings):
         sys.stderr.write("ogrpo serve: trl vllm-serve has no argument for "
                          + ", ".join(trl_serve_unsupported(settings)) + "; vLLM's defaults apply\n")

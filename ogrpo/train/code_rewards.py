@@ -20,27 +20,14 @@ completions are strings or chat lists (the last message's content is scored).
 from __future__ import annotations
 
 import json
-import re
-import threading
 
-from ogrpo.train.sandbox import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, Limits, Sandbox
+from ogrpo.train.formats import fenced_blocks, is_code_format
+from ogrpo.train.sandbox import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, JobResult, Limits, Sandbox
+from ogrpo.train.sandbox_policy import default_sandbox
 
 BINARY_THRESHOLD = 0.99  # open-r1's binary_code_reward
 _ALIASES = {"python": "python", "python3": "python", "py": "python", "c": "c", "cpp": "cpp", "c++": "cpp",
             "cxx": "cpp"}
-
-_default: Sandbox | None = None
-_default_lock = threading.Lock()
-
-
-def default_sandbox() -> Sandbox:
-    """One pool per trainer process, sized to its CPU affinity, created on the first code reward."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Sandbox()
-        return _default
-
 
 def _content(completion) -> str:
     if isinstance(completion, list):
@@ -58,9 +45,10 @@ def canonical_language(name: str) -> str:
 
 
 def extract_code(completion: str, language: str = "python") -> str:
-    """The last ```language fenced block (open-r1's extract_code), or "" when there is none."""
-    matches = re.findall(rf"```{re.escape(language)}\n(.*?)```", completion, re.DOTALL)
-    return matches[-1] if matches else ""
+    """The last ```language fenced block (open-r1's extract_code), or "" when there is none; found by a linear
+    scan with the regex's answer (open-r1's findall is quadratic in unclosed fences)."""
+    blocks = fenced_blocks(completion, language)
+    return blocks[-1] if blocks else ""
 
 
 def lines_match(stdout: str, expected: str) -> bool:
@@ -81,13 +69,59 @@ def _info(raw) -> dict:
     return raw if isinstance(raw, dict) else {}
 
 
+def split_counts(n_tests: list[int], workers: int) -> list[int]:
+    """How many jobs each program's test cases are split into: the pool's idle workers shared out, at most one
+    job per test case. A batch that fills the pool keeps one job per program, whose cases run in turn and stop
+    at the first timeout, so a looping program costs one wall limit of a worker, not one per case; a smaller
+    batch spreads its cases over the idle workers, so 4 cases of 4.5 s take ~4.5 s instead of 18 s. Each job
+    of a C/C++ program compiles it again: the price of running its cases in parallel, paid only when workers
+    would otherwise idle."""
+    import heapq
+
+    counts = [1] * len(n_tests)
+    # Each idle worker goes to the program with the longest chain of cases per job (ties: the earlier one).
+    heap = [(-t, i) for i, t in enumerate(n_tests) if t > 1]
+    heapq.heapify(heap)
+    for _ in range(max(0, workers - len(n_tests))):
+        if not heap:
+            break
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        if counts[i] < n_tests[i]:
+            chain = -(-n_tests[i] // counts[i])  # ceil: the most cases one of its jobs runs in turn
+            heapq.heappush(heap, (-chain, i))
+    return counts
+
+
+def _run_programs(sandbox: Sandbox, programs: list[tuple[str, str, list[str]]], limits: Limits | None):
+    """Each program's runs over its test inputs, in order, with its cases split over idle workers."""
+    counts = split_counts([len(inputs) for _, _, inputs in programs], int(getattr(sandbox, "max_workers", 1)))
+    jobs, owner = [], []
+    for p, ((code, lang, inputs), k) in enumerate(zip(programs, counts)):
+        size, extra = divmod(len(inputs), k)
+        start = 0
+        for c in range(k):  # contiguous parts, so the runs come back in the test cases' order
+            end = start + size + (c < extra)
+            jobs.append(Job(code, lang, inputs[start:end], stop_on=(TIMEOUT, CPU_LIMIT)))
+            owner.append(p)
+            start = end
+    merged = [JobResult(None, []) for _ in programs]
+    for p, res in zip(owner, sandbox.run_jobs(jobs, limits=limits)):
+        out = merged[p]
+        if res.compile is not None and (out.compile is None or (out.compile.ok and not res.compile.ok)):
+            out.compile = res.compile  # a part that failed to compile decides
+        out.runs.extend(res.runs)
+    return merged
+
+
 def code_reward(completions, verification_info=None, *, language="python", num_parallel: int | None = None,
                 enforce_same_language: bool = False, sandbox: Sandbox | None = None, limits: Limits | None = None,
                 log_metric=None, **kwargs) -> list[float]:
     """Fraction of `verification_info["test_cases"]` each completion's program passes (see module docstring).
 
     `num_parallel` (open-r1's parallel_code_exec_per_proc, the concurrency of its remote executor) is accepted
-    and not used: the local pool is sized to this process's CPU cores. `enforce_same_language` raises, as in
+    and not used: the local pool is sized to this process's CPU cores, and a completion's test cases run in
+    parallel on the workers the batch leaves idle (`split_counts`). `enforce_same_language` raises, as in
     open-r1, when the batch mixes languages.
     """
     from ogrpo.errors import OgrpoError
@@ -102,16 +136,16 @@ def code_reward(completions, verification_info=None, *, language="python", num_p
                          f"{sorted({str(info.get('language')) for info in infos})}")
     langs = [_ALIASES.get(str(info.get("language") or lang).strip().lower())
              for info, lang in zip(infos, _per_sample(language, n))]
-    jobs, index = [], []  # index[i]: position of completion i's job, or None when it scores 0 without running
+    programs, index = [], []  # index[i]: completion i's position in programs, or None when it scores 0 unrun
     for completion, info, lang in zip(completions, infos, langs):
         code = extract_code(_content(completion), lang) if lang else ""  # an unsupported language scores 0
         tests = info.get("test_cases") or []
         if not code.strip() or not tests:
             index.append(None)
             continue
-        index.append(len(jobs))
-        jobs.append(Job(code, lang, [str(t.get("input", "")) for t in tests], stop_on=(TIMEOUT, CPU_LIMIT)))
-    results = (sandbox or default_sandbox()).run_jobs(jobs, limits=limits) if jobs else []
+        index.append(len(programs))
+        programs.append((code, lang, [str(t.get("input", "")) for t in tests]))
+    results = _run_programs(sandbox or default_sandbox(), programs, limits) if programs else []
 
     # A sandbox that cannot start programs would read as a model scoring 0: its rate is logged separately.
     rewards, failures = [], {"compile_error": 0, "timeout": 0, "sandbox_error": 0}
@@ -150,8 +184,7 @@ def binary_code_reward(completions, verification_info=None, *, language="python"
 
 
 def code_format_reward(completions, *, language="python", **kwargs) -> list[float]:
-    """open-r1's get_code_format_reward: `<think>\\n…\\n</think>\\n<answer>\\n…```lang…```…\\n</answer>`."""
+    """open-r1's get_code_format_reward: `<think>\\n…\\n</think>\\n<answer>\\n…```lang…```…\\n</answer>`, by a
+    linear scan with the regex's answer (its backtracking took 63 s on one 8 KiB completion)."""
     langs = _per_sample(language, len(completions))
-    return [1.0 if re.match(rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{re.escape(str(lang))}.*?```.*?\n</answer>$",
-                            _content(c), re.DOTALL | re.MULTILINE) else 0.0
-            for c, lang in zip(completions, langs)]
+    return [1.0 if is_code_format(_content(c), str(lang)) else 0.0 for c, lang in zip(completions, langs)]

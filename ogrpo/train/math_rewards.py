@@ -1,21 +1,44 @@
-"""Answer-checking rewards with open-r1's meaning: answers parsed and verified symbolically by `math-verify`.
+"""Answer-checking rewards with open-r1's meaning: answers parsed and verified symbolically by `math-verify`
+(accuracy, length, cosine, and the zero-math-code branch's think_accuracy).
 
 The parse settings are open-r1's (src/open_r1/rewards.py): the gold solution is parsed as math-verify's default
 (LaTeX, then a plain expression, so both `\\boxed{\\frac12}` and `0.5` golds work, as in open-r1's HEAD and TRL
 1.16), the completion only from LaTeX with `\\boxed{}` tried first and no anchor-less guessing, so an answer
-written without `\\boxed{}`/`$...$` does not count. One answer setting serves all three rewards (open-r1's
+written without `\\boxed{}`/`$...$` does not count. One answer setting serves them all (open-r1's
 length/cosine use `boxed=True` instead of "all": the same result unless a completion has several boxes).
 A gold answer that does not parse gives None: TRL then leaves the sample out of that reward's mean instead of
 scoring it, which is what open-r1 does.
 
-math_verify costs ~0.3 s to import, so it is imported on first use, never at plan time.
+Parsing and verification run in worker processes (ogrpo/train/bounded.py), each completion under a hard time
+limit, wherever the reward is called from: math-verify's own timeout is a signal.alarm, off outside the main
+thread (TRL may call rewards from a worker thread) and unable to interrupt C code, and a `\\frac` nested 10,000
+deep ran for minutes without it. Inside a worker (its main thread) math-verify's alarms still give open-r1's
+behaviour: a parse that times out extracts nothing, so the answer is wrong. A completion that runs past
+MATH_TIMEOUT_S, or kills its worker, also scores as wrong (0, not skipped: skipping would let a model
+escape its score by writing pathological answers) and is counted in `math/timeout_frac`; the worker is replaced.
+
+math_verify costs ~0.3 s to import (with sympy, seconds on a loaded node): the workers import it once when they
+start, never at plan time and never in the trainer process.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from functools import lru_cache
+
+# math-verify's (and open-r1's) own limits, enforced by its alarms inside a worker.
+PARSE_TIMEOUT_S, VERIFY_TIMEOUT_S = 5, 5
+# The hard limit per completion: the gold parse (cached per worker), the answer parse and the verification,
+# each normally stopped by an alarm first; the worker is killed when C code ignores the alarm.
+MATH_TIMEOUT_S = 15.0
+# A worker's address space: a pathological expression ends in MemoryError (a wrong answer), not in the node's
+# OOM killer picking the trainer. An interpreter with sympy maps ~0.3 GiB.
+WORKER_MEMORY_BYTES = 4 * 1024**3
+
+_pool = None
+_pool_lock = threading.Lock()
 
 
 def completion_text(completion) -> str:
@@ -42,43 +65,96 @@ def _configs():
     return gold, answer
 
 
-def _timeouts() -> tuple[int | None, int | None]:
-    # math_verify times out with signal.alarm, which only the main thread may set; TRL can call reward functions
-    # from a worker thread, where the timeout must be off or math_verify raises.
-    if threading.current_thread() is threading.main_thread():
-        return 10, 5
+# --- worker side (a fresh interpreter started by BoundedPool) --------------------------------------------------
+
+
+def warm_worker() -> None:
+    """Imports and settings once per worker, before it takes completions (so they never count against one)."""
     import logging
+    import resource
 
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    return None, None
+    import math_verify  # noqa: F401
+
+    _configs()
+    # math-verify logs every timeout with the whole completion (megabytes of `\frac`); the count is reported
+    # as a metric instead.
+    for name in ("math_verify", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = WORKER_MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(hard, WORKER_MEMORY_BYTES)
+    if soft == resource.RLIM_INFINITY or soft > cap:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def check_answers(completions, solution) -> list[bool | None]:
-    """Per completion: True/False when its answer does / does not equal the gold one, None if gold is unparsable."""
+@lru_cache(maxsize=4096)
+def _gold(solution: str):
+    """A group's completions share their gold answer: parsed once per worker."""
+    from math_verify import parse
+
+    return parse(solution, extraction_config=_configs()[0], extraction_mode="first_match",
+                 parsing_timeout=PARSE_TIMEOUT_S)
+
+
+def check_one(pair) -> bool | None:
+    """[completion text, gold] -> True/False, None when the gold does not parse or sympy fails (open-r1 skips)."""
     from math_verify import parse, verify
 
-    gold_cfg, answer_cfg = _configs()
-    parse_timeout, verify_timeout = _timeouts()
-    out: list[bool | None] = []
-    for completion, sol in zip(completions, solution, strict=True):
-        gold = parse(str(sol), extraction_config=gold_cfg, extraction_mode="first_match",
-                     parsing_timeout=parse_timeout)
-        if not gold:
-            out.append(None)
-            continue
-        answer = parse(completion_text(completion), extraction_config=answer_cfg, extraction_mode="first_match",
-                       parsing_timeout=parse_timeout)
-        try:
-            out.append(bool(verify(gold, answer, timeout_seconds=verify_timeout)))
-        except Exception:  # sympy can fail on odd expressions; open-r1 skips the sample then
-            out.append(None)
-    return out
+    text, solution = pair
+    gold = _gold(solution)
+    if not gold:
+        return None
+    answer = parse(text, extraction_config=_configs()[1], extraction_mode="first_match",
+                   parsing_timeout=PARSE_TIMEOUT_S)
+    try:
+        return bool(verify(gold, answer, timeout_seconds=VERIFY_TIMEOUT_S))
+    except Exception:  # sympy can fail on odd expressions; open-r1 skips the sample then
+        return None
+
+
+# --- trainer side ----------------------------------------------------------------------------------------------
+
+
+def math_pool():
+    """The trainer process's workers (at most 4, fewer on a smaller CPU allocation), started on first use."""
+    global _pool
+    from ogrpo.train.bounded import BoundedPool
+
+    with _pool_lock:
+        if _pool is None:
+            workers = min(4, len(os.sched_getaffinity(0)))
+            _pool = BoundedPool("ogrpo.train.math_rewards:check_one", workers=workers, timeout_s=MATH_TIMEOUT_S,
+                                init="ogrpo.train.math_rewards:warm_worker")
+        return _pool
+
+
+def check_answers(completions, solution, *, pool=None, log_metric=None) -> list[bool | None]:
+    """Per completion: True/False when its answer does / does not equal the gold one, None if gold is unparsable.
+    One round trip to the workers for the whole batch; a completion past the time limit is False."""
+    from ogrpo.train.bounded import FAILED, TIMED_OUT
+
+    pairs = [[completion_text(c), str(s)] for c, s in zip(completions, solution, strict=True)]
+    got = (pool or math_pool()).map(pairs)
+    stopped = sum(r is TIMED_OUT or r is FAILED for r in got)
+    if callable(log_metric) and pairs:  # TRL passes log_metric: shown next to rewards/<name>/mean
+        log_metric("math/timeout_frac", stopped / len(pairs))
+    return [False if (r is TIMED_OUT or r is FAILED) else r for r in got]
 
 
 def accuracy_reward(completions, solution, **kwargs) -> list[float | None]:
     """1.0 when the completion's answer is mathematically equal to `solution`, 0.0 if not, None to skip."""
-    return [None if ok is None else float(ok) for ok in check_answers(completions, solution)]
+    oks = check_answers(completions, solution, log_metric=kwargs.get("log_metric"))
+    return [None if ok is None else float(ok) for ok in oks]
+
+
+def think_accuracy_reward(completions, solution, **kwargs) -> list[float | None]:
+    """open-r1's `think_accuracy` (branch zero-math-code): `accuracy` on the text after the completion's last
+    `</think>`, stripped, so an answer inside the reasoning does not count; no `</think>` scores 0.0 (nothing to
+    extract). Same parse settings, None for an unparsable gold, and worker pool as `accuracy`."""
+    from ogrpo.train.formats import after_last_think
+
+    answers = [after_last_think(completion_text(c)) for c in completions]
+    oks = check_answers(answers, solution, log_metric=kwargs.get("log_metric"))
+    return [None if ok is None else float(ok) for ok in oks]
 
 
 def len_reward(completions, solution, **kwargs) -> list[float]:
@@ -86,7 +162,8 @@ def len_reward(completions, solution, **kwargs) -> list[float]:
     character lengths; correct answers get lambda, wrong ones min(0, lambda); all 0 when every length is equal.
     An unparsable gold counts as correct (open-r1: "treat as correct to avoid penalizing")."""
     texts = [completion_text(c) for c in completions]
-    correct = [ok is not False for ok in check_answers(completions, solution)]
+    oks = check_answers(completions, solution, log_metric=kwargs.get("log_metric"))
+    correct = [ok is not False for ok in oks]
     lengths = [len(t) for t in texts]
     lo, hi = min(lengths, default=0), max(lengths, default=0)
     if hi == lo:
@@ -108,7 +185,8 @@ def get_cosine_scaled_reward(min_value_wrong: float = 0.0, max_value_wrong: floa
 
     def cosine_scaled_reward(completions, solution, **kwargs) -> list[float]:
         out = []
-        for completion, ok in zip(completions, check_answers(completions, solution)):
+        oks = check_answers(completions, solution, log_metric=kwargs.get("log_metric"))
+        for completion, ok in zip(completions, oks):
             if ok is None:
                 out.append(1.0)
                 continue

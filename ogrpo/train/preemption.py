@@ -1,9 +1,13 @@
 """Preemption and time limits: save a checkpoint on the signal, exit, and resume from the last complete one.
 
 Slurm warns a job before its time limit (`--signal=USR2@N`, forwarded to the trainer step by the supervisor)
-and sends SIGTERM on preemption or `scontrol requeue`. A signal can arrive mid-step, when the model and the
-optimizer are half updated, so the handler only raises a flag; the callback saves at the end of the current
-step and stops training. The trainer then exits with EXIT_PREEMPTED and the job is requeued.
+and sends SIGTERM on preemption, `scontrol requeue`, the time limit and `scancel`. A signal can arrive mid-step,
+when the model and the optimizer are half updated, so the handler only raises a flag; the callback saves at the
+end of the current step and stops training. The trainer then exits with EXIT_PREEMPTED and the job is requeued.
+
+A cancel is the exception: a SIGTERM that `ogrpo cancel` or `scancel` sent (ogrpo.launch.stopping tells them
+apart) stops the trainer at once, without a checkpoint (nothing resumes a cancelled job; its last periodic
+checkpoint stays on disk), and records `cancelled` in the run's manifest.
 
 SIGTERM comes with a deadline: SIGKILL follows after the cluster's KillWait (+ GraceTime on a preemption;
 ogrpo.launch.grace). When the running step cannot finish and be saved before it, and the last finished step is
@@ -181,9 +185,14 @@ class PreemptionCallback(_trainer_callback_base()):
     SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
     def __init__(self, output_dir: str | Path, trainer=None):
+        from ogrpo.launch.local_state import process_start
+
         self.output_dir = Path(output_dir)
         self.trainer = trainer  # for the cross-rank agreement; None in a single process
         self.signal_name: str | None = None
+        self.reason: str | None = None  # why SIGTERM came (ogrpo.launch.stopping); None for USR2
+        # a cancel marker older than this process belongs to an earlier run in the same directory
+        self.started = process_start(os.getpid()) or time.time()
         self.saved_step: int | None = None
         self._previous: dict[int, object] = {}
         # for the SIGTERM deadline: measured step and save times, and whether the last finished step is on disk
@@ -208,12 +217,53 @@ class PreemptionCallback(_trainer_callback_base()):
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
-        if signum == signal.SIGTERM and self.signal_name is None and self._leave_now():
+        if self.signal_name is not None:
             return
-        if self.signal_name is None:
-            self.signal_name = signal.Signals(signum).name
-            print(f"[ogrpo] {self.signal_name}: checkpoint at the end of this step, then exit for requeue",
-                  file=sys.stderr, flush=True)
+        if signum == signal.SIGTERM:
+            from ogrpo.launch import stopping
+
+            self.reason = stopping.sigterm_reason(self.output_dir, self.started)
+            if self.reason == stopping.CANCEL:
+                self._cancel_now()
+                return
+            if self._leave_now():
+                return
+        self.signal_name = signal.Signals(signum).name
+        print(f"[ogrpo] {self.signal_name}{self.why()}: checkpoint at the end of this step, then exit"
+              f"{self.then()}", file=sys.stderr, flush=True)
+
+    def why(self) -> str:
+        """What the signal meant, for the log: ` (Slurm is requeueing the job)`, or nothing when unknown."""
+        from ogrpo.launch import stopping
+
+        if self.signal_name == "SIGUSR2":
+            return " (time-limit or preemption warning)"
+        if self.reason in (None, stopping.UNKNOWN):
+            return ""
+        return f" ({stopping.DESCRIBE[self.reason]})"
+
+    def then(self) -> str:
+        """What follows the exit: a requeue only where one comes (USR2, Slurm's requeue, the supervisor's)."""
+        from ogrpo.launch import stopping
+
+        if self.signal_name == "SIGUSR2" or self.reason in (stopping.REQUEUE, stopping.STEPS):
+            return " for requeue"
+        return "; --resume auto continues from it"
+
+    def _cancel_now(self) -> None:
+        """The job was cancelled: stop now. Waiting for the step end and saving would only delay the stop the
+        user asked for (and Slurm's SIGKILL); the last periodic checkpoint stays for a resubmission."""
+        self.signal_name = "SIGTERM"
+        last = complete_checkpoints(self.output_dir)
+        kept = f"the last checkpoint is {last[-1].name}" if last else "no checkpoint was saved"
+        print(f"[ogrpo] SIGTERM: the job was cancelled; stopping now without a checkpoint ({kept})",
+              file=sys.stderr, flush=True)
+        if _is_main_process():
+            from ogrpo.train.rundir import record_status
+
+            record_status(self.output_dir, "cancelled", f"cancelled during step {self.step + 1}")
+        sys.stdout.flush()
+        _exit(128 + signal.SIGTERM)
 
     @property
     def preempted(self) -> bool:
@@ -289,8 +339,11 @@ class PreemptionCallback(_trainer_callback_base()):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.preempted and state.is_world_process_zero:
-            _write_marker(self.output_dir, self.signal_name, state.global_step,
-                          f"checkpoint-{self.saved_step}" if self.saved_step else None)
+            ckpt = f"checkpoint-{self.saved_step}" if self.saved_step else None
+            _write_marker(self.output_dir, self.signal_name, state.global_step, ckpt, reason=self.reason)
+            from ogrpo.train.rundir import record_status
+
+            record_status(self.output_dir, "preempted", f"{self.signal_name}{self.why()}; saved {ckpt}")
         self.restore_handlers()
         return control
 
@@ -307,6 +360,6 @@ def install(trainer, output_dir: str | Path | None = None) -> PreemptionCallback
 def exit_if_preempted(cb: PreemptionCallback) -> None:
     """After trainer.train(): leave with EXIT_PREEMPTED so the job requeues instead of finishing."""
     if cb.preempted:
-        print(f"[ogrpo] preempted ({cb.signal_name}); saved checkpoint-{cb.saved_step}; exiting for requeue",
-              file=sys.stderr, flush=True)
+        print(f"[ogrpo] stopped on {cb.signal_name}{cb.why()}; saved checkpoint-{cb.saved_step}; exiting"
+              f"{cb.then()}", file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)

@@ -11,6 +11,13 @@ and a TrainerCallback closes each optimizer step. Stages, in seconds per optimiz
 - train: loss + backward (training_step minus rollout/scoring time) + clip + optimizer step + zero_grad;
 - other: the rest of the step (padding, advantages, logging bookkeeping).
 
+On the split placement (a separate vLLM server) each row also says how much of the step each device set sat
+idle (`idle_share`: {"server": .., "trainer": ..}) from a Timeline of busy spans: the server is busy while it
+generates (a request in flight, whichever thread sent it) or receives weights (the push); the trainer is idle
+while its main thread waits on a generation request, busy otherwise (scoring, rewards, training, the push).
+With `ogrpo.overlap` (ogrpo/train/overlap.py) requests run beside the trainer and spans cross step boundaries;
+each step counts the part inside it.
+
 Memory, per step: the CUDA allocator's peak on GPU; resident set size (current and process peak) on CPU. Beside
 it, the plan's trainer estimate and a measurement of the same thing (the memory model's calibration, see
 docs/memory-calibration.md): `mem_estimate_gib` is the plan's per-process estimate without its runtime term
@@ -33,9 +40,11 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +69,8 @@ class StageProfiler:
         self._scoring_depth = 0
         self._scoring_s = 0.0  # time inside rollout scoring during the current training_step
         self._trainer = None
+        self.timeline: Timeline | None = None  # server mode only
+        self.step_start_ns: int | None = None
 
     def _reset(self) -> None:
         self.acc = dict.fromkeys(STAGES, 0.0)
@@ -81,8 +92,50 @@ class StageProfiler:
         self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_logps)
         self._wrap(trainer, "_generate_and_score_completions", self._on_scoring)
         self._wrap(trainer, "training_step", self._on_training_step)
+        self._attach_timeline(trainer)
         trainer.add_callback(self.callback())
         return self
+
+    def _attach_timeline(self, trainer) -> None:
+        """Server mode: busy spans of the push (trainer and server) and of the main thread's generation requests
+        (the trainer waits; the server generates, unless an overlap pipeline sent the request and records it)."""
+        vg = getattr(trainer, "vllm_generation", None)
+        if vg is None or getattr(vg, "mode", None) != "server":
+            return
+        self.timeline = getattr(trainer, "_ogrpo_timeline", None) or Timeline()
+        trainer._ogrpo_timeline = self.timeline
+        timeline = self.timeline
+        push = vg.sync_weights
+
+        @functools.wraps(push)
+        def sync_weights(*args, **kwargs):
+            t0 = time.time_ns()
+            try:
+                return push(*args, **kwargs)
+            finally:
+                t1 = time.time_ns()
+                timeline.record("trainer", "push", t0, t1)
+                timeline.record("server", "weights", t0, t1)
+
+        vg.sync_weights = sync_weights
+        client = getattr(vg, "vllm_client", None)
+        if client is None:  # ranks other than the main process send no requests
+            return
+        request = client.generate
+        server_side = getattr(client, "_ogrpo_overlap", None) is None
+
+        @functools.wraps(request)
+        def generate(*args, **kwargs):
+            t0 = time.time_ns()
+            try:
+                return request(*args, **kwargs)
+            finally:
+                t1 = time.time_ns()
+                timeline.record("trainer", "wait", t0, t1)
+                if server_side:
+                    timeline.record("server", "generate", t0, t1)
+
+        client.generate = generate
 
     @staticmethod
     def _wrap(trainer, name: str, make) -> None:
@@ -177,6 +230,7 @@ class StageProfiler:
                         prof._tensor_peak = TensorPeak().start()
                     prof._step_start_bytes = prof._tensor_peak.live
                 prof.step_start = time.perf_counter()  # after the baseline walk: not step time
+                prof.step_start_ns = time.time_ns()
 
             def on_step_end(self, args, state, control, **kwargs):
                 prof.close_step(state.global_step, state.is_world_process_zero)
@@ -208,6 +262,8 @@ class StageProfiler:
                "logprob_passes": self.logprob_passes,
                "gen_tokens_per_s": round(self.tokens / self.acc["generation"], 2) if self.acc["generation"] else 0.0,
                "tokens_per_s": round(self.tokens / total, 2) if total else 0.0}
+        if self.timeline is not None and self.step_start_ns is not None:
+            row.update(self.timeline.window(self.step_start_ns, time.time_ns()))
         row.update(memory_row())
         row.update(self.estimate)
         if row["device"] == "cuda":
@@ -225,6 +281,69 @@ class StageProfiler:
                 f.write(json.dumps(row) + "\n")
         self._reset()
         return row
+
+
+class Timeline:
+    """Busy spans of the split placement's two device sets, in unix ns, recorded from any thread: lane "server"
+    (generate, weights) and lane "trainer" (push, reward, and "wait": its main thread blocked on the server).
+    A span still open (a request in flight) counts up to the end of each window that asks."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.spans: list[tuple[str, str, int, int]] = []
+        self.open_spans: dict[int, tuple[str, str, int]] = {}
+        self.notes: dict = {}
+
+    def record(self, lane: str, stage: str, t0_ns: int, t1_ns: int) -> None:
+        with self._lock:
+            self.spans.append((lane, stage, t0_ns, t1_ns))
+
+    def open(self, lane: str, stage: str) -> int:
+        with self._lock:
+            span = next(self._ids)
+            self.open_spans[span] = (lane, stage, time.time_ns())
+            return span
+
+    def close(self, span: int) -> None:
+        with self._lock:
+            lane, stage, t0 = self.open_spans.pop(span)
+            self.spans.append((lane, stage, t0, time.time_ns()))
+
+    def note(self, **values) -> None:
+        """Per-step values for the next row (the overlap pipeline's staleness and sampled version)."""
+        self.notes.update(values)
+
+    def window(self, start_ns: int, end_ns: int) -> dict:
+        """The step [start_ns, end_ns]: seconds the server was busy, seconds the trainer waited on it, each set's
+        idle share, the notes; spans that ended inside it are dropped."""
+        with self._lock:
+            spans = self.spans + [(lane, stage, t0, end_ns) for lane, stage, t0 in self.open_spans.values()]
+            self.spans = [sp for sp in self.spans if sp[3] > end_ns]
+            notes, self.notes = self.notes, {}
+        total = max(end_ns - start_ns, 1)
+
+        def busy(keep) -> int:
+            return _union_ns([(max(a, start_ns), min(b, end_ns)) for lane, stage, a, b in spans
+                              if keep(lane, stage) and b > start_ns and a < end_ns])
+
+        server = busy(lambda lane, stage: lane == "server")
+        wait = busy(lambda lane, stage: lane == "trainer" and stage == "wait")
+        return {"server_busy_s": round(server / 1e9, 6), "trainer_wait_s": round(wait / 1e9, 6),
+                "idle_share": {"server": round(1 - server / total, 4), "trainer": round(wait / total, 4)},
+                **notes}
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
 
 
 def estimate_fields(memory_terms: dict | None) -> dict:
@@ -390,6 +509,9 @@ def summarize(rows: list[dict]) -> dict:
     toks = sum(r["completion_tokens"] for r in rows)
     out["gen_tokens_per_s"] = toks / gen if gen else 0.0
     out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
+    idle = [r["idle_share"] for r in rows if isinstance(r.get("idle_share"), dict)]
+    if idle:
+        out["idle_share"] = {lane: sum(i[lane] for i in idle) / len(idle) for lane in ("server", "trainer")}
     out["device"] = rows[-1].get("device")
     out.update(memory_calibration(rows))
     return out
@@ -428,3 +550,6 @@ def render_table(rows: list[dict], console=None) -> None:
     console.print(table)
     console.print(f"{mem} {s['peak_mem_gib']:.2f} GiB · generation {s['gen_tokens_per_s']:.0f} completion tok/s",
                   soft_wrap=True)
+    if "idle_share" in s:
+        console.print(f"idle share of the step: server {100 * s['idle_share']['server']:.1f}% · trainer "
+                      f"{100 * s['idle_share']['trainer']:.1f}%", soft_wrap=True)

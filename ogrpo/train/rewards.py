@@ -44,6 +44,10 @@ REWARDS: dict[str, Reward] = {
     "soft_format": Reward(f"{_T}:soft_format_reward"),
     "tag_count": Reward(f"{_T}:tag_count_reward"),
     "reasoning_steps": Reward(f"{_T}:reasoning_steps_reward"),
+    # open-r1's zero-math-code branch (R1-Zero recipes): a lone <think>...</think> block after optional
+    # whitespace, and `accuracy` on the text after the last </think>.
+    "think_format": Reward(f"{_T}:think_format_reward"),
+    "think_accuracy": Reward(f"{_M}:think_accuracy_reward", columns=("solution",)),
     "length": Reward(f"{_M}:len_reward", columns=("solution",)),
     "cosine": Reward(f"{_M}:get_cosine_scaled_reward", columns=("solution",), params={
         "min_value_wrong": "cosine_min_value_wrong", "max_value_wrong": "cosine_max_value_wrong",
@@ -92,8 +96,19 @@ RECIPE_PARAMS: dict[str, tuple[tuple[str, ...], object]] = {
 RECIPE_KEYS = frozenset(RECIPE_PARAMS)  # open-r1 keys this module gives their meaning (config.py: not "ignored")
 
 # open-r1 names whose only implementations call remote judges (Piston, Morph); a site plugs one in by path.
-REMOTE_ONLY = {"ioi_code": "IOI problems graded by a Piston/Morph service",
-               "cf_code": "Codeforces problems graded by a Piston service"}
+# Refused on purpose: what open-r1 does with each (src/open_r1/rewards.py and utils/competitive_programming).
+REMOTE_ONLY = {
+    "ioi_code": "IOI problems: open-r1 compiles each C++ submission and runs it on the subtask's tests (the "
+                "row's test_cases, else the open-r1/ioi-test-cases data set) on a Piston or Morph execution "
+                "service found through PISTON_ENDPOINTS or MORPH_API_KEY",
+    "cf_code": "Codeforces problems: open-r1 runs each submission on the row's official_tests plus the generated "
+               "tests in CF_TESTS_FOLDER on a Piston execution service found through PISTON_ENDPOINTS",
+}
+REMOTE_INSTEAD = ("O-GRPO neither runs nor calls such a service, so the name is refused; instead use `code` or "
+                  "`binary_code` (programs run in O-GRPO's local sandbox on test cases in a `verification_info` "
+                  "column, {\"test_cases\": [{\"input\": ..., \"output\": ...}]}, as in "
+                  "open-r1/verifiable-coding-problems-python), or name your own function that calls your judge "
+                  "as `package.module:function`")
 
 
 def _known() -> str:
@@ -143,9 +158,75 @@ def _defines(source: str, attr: str) -> bool | None:
             if any(a.name == "*" for a in node.names):
                 return None
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    lazy = _lazy_names(tree)
+    if lazy is not None:
+        return attr.split(".")[0] in names | lazy
     if "__getattr__" in names:
         return None
     return attr.split(".")[0] in names
+
+
+def _constants(node) -> set[str]:
+    import ast
+
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def _lazy_names(tree) -> set[str] | None:
+    """The attributes a lazy module resolves on access (transformers' and TRL's `_LazyModule` over
+    `_import_structure`: its submodules, the names listed for each, `extra_objects`, and what `if TYPE_CHECKING:`
+    imports); None when the module is not one. Read from the source: the module is not executed."""
+    import ast
+
+    if not any(isinstance(n, ast.Name) and n.id == "_LazyModule" for n in ast.walk(tree)):
+        return None
+
+    def is_structure(node) -> bool:
+        return isinstance(node, ast.Name) and node.id == "_import_structure"
+
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(is_structure(t) for t in node.targets):
+            names |= _constants(node.value)  # _import_structure = {"submodule": ["name", ...]}
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) and is_structure(t.value)
+                                                  for t in node.targets):
+            for t in node.targets:
+                names |= _constants(t.slice)
+            names |= _constants(node.value)  # _import_structure["submodule"] = ["name", ...]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("append", "extend") and isinstance(node.func.value, ast.Subscript)
+              and is_structure(node.func.value.value)):
+            names |= _constants(node.func.value.slice) | {c for a in node.args for c in _constants(a)}
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_LazyModule":
+            for kw in node.keywords:
+                if kw.arg == "extra_objects" and isinstance(kw.value, ast.Dict):
+                    names |= {k.value for k in kw.value.keys if isinstance(k, ast.Constant)}
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return names
+
+
+def _find_module(target: str):
+    """importlib's spec for a dotted module name without executing any package on the way: the top-level name
+    through the import system's finders, each submodule through its parent's __path__ (a package's __init__ may
+    import torch; `ogrpo plan` must not). Falls back to importlib.util.find_spec, which imports the parents, for
+    packages whose submodules a custom finder provides."""
+    from importlib.machinery import PathFinder
+
+    parts = target.split(".")
+    if parts[0] in sys.modules or any(not p.isidentifier() for p in parts):
+        return importlib.util.find_spec(target)
+    spec = importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            break
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), list(spec.submodule_search_locations))
+    else:
+        if spec is not None:
+            return spec
+    return importlib.util.find_spec(target)
 
 
 def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
@@ -165,7 +246,7 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
     else:
         sys.path.insert(0, os.getcwd())  # TRL's script does the same for dotted paths
         try:
-            found = importlib.util.find_spec(target)
+            found = _find_module(target)
         except Exception as exc:  # a parent package failed to import, or the name is malformed
             found, why = None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
         else:
@@ -231,8 +312,7 @@ def check_rewards(trl: dict, weights=None, base_dirs: list[Path] | None = None) 
             names.append(_canonical(spec))
             out.append(spec)
         elif spec in REMOTE_ONLY:
-            problems.append(f"reward {spec!r} ({REMOTE_ONLY[spec]}) needs a remote judge O-GRPO does not run; use "
-                            "code/binary_code (local sandbox) or give your own judge as `package.module:function`")
+            problems.append(f"reward {spec!r} needs a remote judge ({REMOTE_ONLY[spec]}): {REMOTE_INSTEAD}")
         elif is_path_spec(spec):
             spec, problem = _check_path(spec, base_dirs)
             out.append(spec)

@@ -99,6 +99,10 @@ def load_tokenizer(model_path: str, trl: dict):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise OgrpoError(f"model {model_path!r}: cannot load its tokenizer ({type(exc).__name__}: {first}); "
                          "check model_name_or_path") from None
+    if trl.get("chat_template"):
+        # open-r1's `chat_template`: the template its recipe trains with replaces the tokenizer's own (TRL
+        # applies the processing class's template to conversational prompts in every mode)
+        tok.chat_template = trl["chat_template"]
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -141,7 +145,13 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
                                      rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
                                      else rc.trl.get("reward_weights"), params=rc.trl)
+    from ogrpo.train import sandbox_policy  # code rewards fail closed here, at job start, not at the first reward
+
+    sandbox_policy.configure(rc)
     plan = plan_for(rc, model_path, gpus)
+    from ogrpo.device_check import check_devices
+
+    check_devices(plan, "trainer")  # a GPU plan refuses a process without its GPUs: one line, in seconds
     apply_env(plan)
     dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
     tokenizer = load_tokenizer(model_path, rc.trl)
@@ -178,7 +188,7 @@ def install_vllm_hooks(p: Prepared) -> None:
         client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.get("dtype") or _trainer_dtype(p))
         return
     if args.vllm_mode == "server":
-        client.install_cpu_client(expect)
+        client.install_cpu_client(expect, seed=args.seed)  # seeded requests: a rerun samples the same
     elif args.vllm_mode == "colocate":
         from ogrpo.patches import trl_colocate_cpu as colocate_cpu
 
@@ -205,6 +215,25 @@ def install_kernels(trainer, plan: dict) -> dict:
         out["fused_sample"] = {"installed": True, "implementation": implementation("cpu" if trainer.args.use_cpu
                                                                                   else "cuda")}
     return out
+
+
+def install_overlap(trainer, plan: dict, asked: str | None = None) -> dict | None:
+    """The plan's ogrpo.overlap (ogrpo/train/overlap.py) wired into the trainer; None when it is `off`, which
+    installs nothing. A mode the run config asked for (`asked`) that cannot apply to this trainer is an error; the
+    plan's default falls back to `off` with a note (what only the built trainer shows: tools, a rollout_func)."""
+    from ogrpo.train.overlap import OFF, plan_mode, unsupported
+
+    mode = plan_mode(plan)
+    if mode == OFF:
+        return None
+    problems = unsupported(trainer.args, trainer)
+    if problems and not asked:
+        print(f"note: ogrpo.overlap {mode} (the plan's default) does not apply: {'; '.join(problems)}; running off",
+              file=sys.stderr, flush=True)
+        return {"mode": OFF, "reason": "; ".join(problems)}
+    from ogrpo.patches import trl_overlap
+
+    return trl_overlap.install(trainer, mode)
 
 
 def _trainer_dtype(p: Prepared) -> str:
@@ -273,6 +302,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)
+    overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))  # before the profiler
+    if is_main and overlap:
+        rundir.update_manifest(run_dir, overlap=overlap)
     StageProfiler(run_dir / rundir.PROFILE if is_main else None,
                   memory_terms=(p.plan.get("trainer") or {}).get("memory_terms")).attach(trainer)
     for cb in default_callbacks(run_dir):
@@ -287,6 +319,10 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     except NonFiniteError as exc:
         if is_main:
             rundir.update_manifest(run_dir, status="failed", error=str(exc))
+        raise
+    except Exception as exc:  # the manifest says how the run ended, not "running" forever
+        if is_main:
+            rundir.record_status(run_dir, "failed", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise
     preemption.exit_if_preempted(preempt_cb)
     if trainer.accelerator.is_main_process:

@@ -74,16 +74,50 @@ def write_manifest(run_dir: Path, *, config: dict, plan: dict, seed, model_path:
     data = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "seed": seed,
             "model_path": model_path, "config": config, "plan": plan, "versions": versions(),
             "git_sha": git_sha(), "hardware": hardware(), **(extra or {})}
+    from ogrpo.train.sandbox_policy import summary  # the isolation code rewards run under (absent: none ran)
+
+    if summary() is not None:
+        data["sandbox"] = summary()
     path = run_dir / MANIFEST
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+# manifest.json's "status": running → finished | preempted (checkpointed on a signal and exited, to be requeued
+# or resubmitted) | cancelled | failed (with "error"). A requeued attempt writes running again.
+OPEN_STATUSES = ("running", "preempted")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    # the trainer, the supervisor and `ogrpo cancel` may all write it as a job ends: never a half-written file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def update_manifest(run_dir: Path, **fields) -> None:
     path = run_dir / MANIFEST
     data = json.loads(path.read_text())
     data.update(fields)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    _write_atomic(path, data)
+
+
+def record_status(run_dir: str | os.PathLike, status: str, reason: str | None = None) -> bool:
+    """Record how the run ended, unless it already says so (an ended status is never overwritten: the first
+    to know, usually the trainer itself, is the most precise). False when there is no manifest yet."""
+    path = Path(run_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if data.get("status") not in OPEN_STATUSES:
+        return False
+    data["status"] = status
+    if reason:
+        data["error" if status == "failed" else "stop_reason"] = reason
+    data["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    _write_atomic(path, data)
+    return True
 
 
 def metrics_callback(run_dir: Path):

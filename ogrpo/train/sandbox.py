@@ -3,51 +3,74 @@
 Process tree of one run (L = launcher, a fresh interpreter running this module; I = reaper; P = the program):
 
     trainer thread --Popen--> L (root or the trainer's uid, own session)
-        L: unshare(net, pid, mount, ipc, uts[, user]); /tmp, /var/tmp, /dev/shm, /run/lock <- bind of the work
-           dir; every other mount remounted read-only
+        L: [join a memory cgroup]; ["userns" as root: become the slot uid]; unshare(net, pid, mount, ipc, uts
+           [, user]); /tmp, /var/tmp, /dev/shm, /run/lock <- a size-capped tmpfs holding a copy of the program
+           (a compile run: the host work dir); every other mount remounted read-only; not dumpable
         L --fork--> I (pid 1 of the new pid namespace; dies with L through PDEATHSIG)
-            I: mounts a private /proc, reaps everything, reports P's status on fd 3
-            I --fork--> P: rlimits, no_new_privs, setuid to the slot's uid, chdir, execve(program)
+            I: mounts a private /proc, reaps everything, reports P's status on fd 3 as one JSON object
+            I --fork--> P: rlimits; ["userns": a nested user namespace where it is uid 1000] [root: the slot
+               uid]; empty capability bounding set, no_new_privs, SIGPIPE/SIGXFSZ to default, seccomp filter;
+               execve(program)
 
 Why this shape:
 - Containment comes from the kernel, not from the program's cooperation. When I exits (P finished, or the
   trainer SIGKILLs the process group on the wall-clock timeout) the kernel kills every process left in the pid
   namespace, so a fork bomb's descendants, daemons and setsid() escapes all go with it.
-- RLIMIT_NPROC counts processes per real uid and is not enforced for root. As root, each worker slot runs its
-  programs under its own unprivileged uid (`uid_base + slot`), so the limit applies and one program's fork bomb
-  cannot use up another's budget; the uid also keeps it out of root's files (the repository, 0755).
-- Writes: the work dir is the only writable place. It is bound over the usual world-writable dirs, and every
-  other mount of the private mount namespace is remounted read-only, which also covers a site's 1777 /scratch
-  and, at the "userns" level, everything the trainer's own uid could write.
-- A new network namespace has only a downed loopback: connect() to 127.0.0.1 fails with ENETUNREACH.
+- The program holds no privilege it can use. At the "root" level it runs as the slot's uid with no
+  capabilities; at the "userns" level the launcher must be root of its user namespace to mount, so the
+  program gets a nested user namespace mapping uid 1000 onto that root: its capabilities there are gone at
+  execve (non-zero uid), and the mount, pid and network namespaces belong to the outer namespace, where it
+  never had any. Remount, umount, a new /proc and a new user namespace fail with EPERM; the bounding set is
+  empty and no_new_privs is set, so nothing it execs gains one. The launcher and the reaper are not dumpable:
+  a program of the same host uid can neither ptrace them nor open their /proc/PID/fd (the status pipe).
+- The status report is parsed as data (JSON, each field type-checked), never unmarshalled.
+- RLIMIT_NPROC counts processes per real uid and is not enforced for host uid 0. As root, each worker slot
+  runs its programs under its own unprivileged uid (`uid_base + slot`) at every level ("userns" maps it into
+  the namespace), so the limit applies and one program's fork bomb cannot use up another's budget; the uid also
+  keeps it out of root's files. For an unprivileged trainer, Linux 5.14+ counts NPROC per user namespace.
+- Writes: the run's tmpfs is the only writable place (64 MiB, 8,192 inodes by default: what a program writes
+  costs no disk and needs no cleanup, since the tmpfs goes with its mount namespace). Every other mount of the
+  private mount namespace is remounted read-only, which also covers a site's 1777 /scratch and everything the
+  trainer's own uid could write. Compile runs write their binary to the host work dir (the compiler is not the
+  model's code); host work dirs are removed by ogrpo/train/sandbox_cleanup.py's background thread.
+- A new network namespace has only a downed loopback: connect() to 127.0.0.1 fails with ENETUNREACH. The
+  seccomp filter (ogrpo/train/sandbox_seccomp.py) refuses AF_UNIX and every other non-IP socket, which a
+  network namespace does not cover (a filesystem socket such as a session D-Bus is reachable from any netns),
+  plus ptrace, mounts, new namespaces, keyrings, bpf, io_uring and the like. RLIMIT_NOFILE (64) bounds the
+  kernel memory a program can pin in socket buffers and pipes.
+- Memory: RLIMIT_AS per process, and where this process may create cgroup v2 children with the memory
+  controller (a delegated subtree, a container's own cgroup namespace), a cgroup per run whose memory.max
+  covers the whole tree, kernel memory and tmpfs included (`Sandbox.memory_limit`).
 - The trainer process never forks Python: a bounded ThreadPoolExecutor whose threads only call subprocess.Popen
   (fork immediately followed by exec in C, no Python code in between), so no CUDA context, NCCL state or held
-  lock is copied into a child that could use it. multiprocessing's fork start method after CUDA init is exactly
-  what this avoids; spawn/forkserver would also be correct but cost a Python interpreter per worker for nothing,
-  since the work is in the child programs, not in Python. Without preexec_fn/user/group, CPython (3.10+) starts
-  the launcher with vfork, so a trainer with tens of GiB mapped pays no page-table copy per program; that is why
+  lock is copied into a child that could use it. Without preexec_fn/user/group, CPython (3.10+) starts the
+  launcher with vfork, so a trainer with tens of GiB mapped pays no page-table copy per program; that is why
   the uid change and the rlimits happen in the launcher, not through Popen's arguments.
-- stdin/stdout/stderr are files outside the work dir, so output is bounded by RLIMIT_FSIZE (SIGXFSZ past it)
-  instead of being read into the trainer's memory, and there are no pipes to deadlock on.
+- stdin/stdout/stderr are files outside the work dir, so output is bounded by RLIMIT_FSIZE (SIGXFSZ past it,
+  reset from Python's "ignored" before execve) instead of being read into the trainer's memory, and there are
+  no pipes to deadlock on.
 
-Isolation levels, chosen once per Sandbox by probing (`isolation="auto"`):
+Isolation levels (`Sandbox.isolation`):
 - "root": all of the above (needs CAP_SYS_ADMIN, e.g. the tests here, containers run as root).
-- "userns": an unprivileged user namespace gives the same net/pid/mount namespaces without root (the usual case
-  on a cluster). The program keeps the trainer's uid: it can write nothing (read-only mounts) but can read what
-  the trainer's user can read, e.g. a token under $HOME. RLIMIT_NPROC still bounds it: since Linux 5.14 it is
-  counted per user namespace (measured on 6.18: a program limited to 16 forked 13 children while its uid ran 40
-  other processes). The pid namespace kills leftovers.
-- "none": rlimits, the process-group kill and, as root (e.g. a container that forbids unshare), the slot uid
-  plus a kill of all its processes afterwards. Python programs get an audit hook that refuses sockets,
-  subprocesses and ctypes; C/C++ programs have no network containment at this level (a site needs user
-  namespaces, a seccomp filter or a container runtime for that), which `Sandbox.isolation` reports.
+- "userns": the same through an unprivileged user namespace (the usual case on a cluster). The program can
+  read what the trainer's user can read (e.g. a token under $HOME), but write nothing outside its tmpfs.
+- "none": no namespaces; only with an explicit opt-in (`Sandbox(isolation="none")`, the recipe's
+  `ogrpo.sandbox: none`): rlimits, the seccomp filter with every socket family refused, a kill of the program's
+  process tree (a child subreaper; as root also the slot uid's processes), the slot uid when root, Landlock
+  where the kernel has it (ogrpo/train/sandbox_landlock.py: writes only in the work dir; from ABI 6 no signals
+  to processes outside its tree; no ptrace or /proc/PID/mem of them), and for Python programs an audit hook
+  refusing subprocesses, ctypes and _posixsubprocess. The program runs as the trainer's user when the trainer
+  is not root: it can read that user's files (and write them on a kernel without Landlock) and sees the
+  node's processes. `isolation="auto"` probes "root" then "userns" and raises SandboxUnavailable when neither
+  works: it never falls back to "none" silently.
 
 Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one plugs it in as a reward function
 (`my_pkg.rewards:score` in `reward_funcs`) calling its client; the helpers in code_rewards.py (`extract_code`,
 `lines_match`) are plain functions it can reuse to score the same way.
 
 This module is also the launcher (`python -P -S -m ogrpo.train.sandbox SPEC`, SPEC a hex-encoded marshal of the
-run), so it imports only the standard library, and the launcher part runs before the trainer-side imports.
+run written by the trainer), so it imports only the standard library (and its sandbox_* siblings), and the
+launcher part runs before the trainer-side imports.
 """
 
 from __future__ import annotations
@@ -61,10 +84,12 @@ import signal
 import sys
 import time
 
-# Writable by everyone on a stock Linux: each becomes the run's own work dir inside its mount namespace.
-# /tmp last: the work dir itself usually lives under /tmp and must still be reachable by path until then.
-_SHARED_TMP = ("/var/tmp", "/dev/shm", "/run/lock", "/tmp")
+# Writable by everyone on a stock Linux: inside the mount namespace each becomes the run's own directory.
+_SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The program's ids inside its own (nested) user namespace at the "userns" level: any non-zero id works; this
+# one maps to the launcher's namespace root, i.e. to the trainer's uid (or the slot uid) on the host.
+SANDBOX_ID = 1000
 
 # ====================================== launcher (the child interpreter) ======================================
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
@@ -74,16 +99,20 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 # A read-only bind remount must restate these or the kernel refuses it (they are locked in a user namespace).
 _KEEP_FLAGS = {b"nosuid": MS_NOSUID, b"nodev": MS_NODEV, b"noexec": MS_NOEXEC, b"noatime": 1024,
                b"nodiratime": 2048, b"relatime": 1 << 21}
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
 
-# Installed before a Python program's first line at the "none" level only (there is no network namespace).
-# Audit hooks cannot be removed from Python; ctypes is refused too since it could call connect() directly.
+# Installed before a Python program's first line at the "none" level only (there is no namespace). Audit hooks
+# cannot be removed from Python; ctypes is refused since it could call anything, and so is importing
+# _posixsubprocess, whose fork_exec starts a process without raising any audit event. The seccomp filter is
+# under it at every level (sockets of every family are refused at this one, for C programs too).
 _AUDIT_PRELUDE = """\
 import sys
 def _ogrpo_deny(event, args):
-    if event.startswith(("socket.", "subprocess.", "os.exec", "os.posix_spawn", "os.fork", "os.system",
-                         "ctypes.")) and event != "socket.gethostname":
-        raise PermissionError("sandbox: " + event + " is not allowed")
+    if (event.startswith(("socket.", "subprocess.", "os.exec", "os.posix_spawn", "os.fork", "os.system",
+                          "ctypes.")) and event != "socket.gethostname") or (
+            event == "import" and args[0] in ("_posixsubprocess", "_ctypes", "_xxsubinterpreters")):
+        raise PermissionError("sandbox: " + event + " " + str(args[0] if args else "") + " is not allowed")
 sys.addaudithook(_ogrpo_deny)
 del _ogrpo_deny
 sys.argv = sys.argv[1:]
@@ -106,30 +135,52 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _write_id_maps(inside: int, outside_uid: int, outside_gid: int) -> None:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{inside} {outside_uid} 1"),
+                       ("gid_map", f"{inside} {outside_gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
 def _launcher_main(spec: dict) -> int:
+    # Everything the launcher needs is imported now: at the "userns" level under a root trainer it soon runs as
+    # the slot uid, which may not read the interpreter's library directory (a pyenv under /root).
+    import codecs  # noqa: F401 - used by _read_only_except
+    import json
+    import resource  # noqa: F401 - used by _exec_program
+
+    from ogrpo.train import sandbox_landlock, sandbox_seccomp  # noqa: F401 - used by _exec_program
+
     status_fd = int(os.environ["OGRPO_SBX_STATUS_FD"])
-    report = lambda d: os.write(status_fd, marshal.dumps(d))  # noqa: E731
-    limits = spec["limits"]
+    report = lambda d: os.write(status_fd, json.dumps(d).encode())  # noqa: E731
+    isolation, uid = spec["isolation"], spec["uid"]
     try:
         libc = _libc()
-        isolation = spec["isolation"]
+        if spec.get("cgroup"):  # before any uid change: joining needs the trainer's write access to it
+            with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
+                f.write("0")
+        # The work dir is reached through the cwd from here on: it survives the uid change whatever its parents'
+        # modes, and unshare(CLONE_NEWNS) moves it onto the new namespace's copy of the mount (an fd would keep
+        # pointing into the host's namespace, which the kernel refuses as a bind source).
+        os.chdir(spec["work"])
         if isolation in ("root", "userns"):
             flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+            if isolation == "userns" and uid is not None:
+                # A root trainer: the namespace maps the slot uid, not 0, so RLIMIT_NPROC applies (it is never
+                # enforced for host uid 0) and nothing of the program is host root.
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the uid change cleared it: /proc/self/*_map must be ours
             outer_uid, outer_gid = os.getuid(), os.getgid()
             _check(libc.unshare(flags | (CLONE_NEWUSER if isolation == "userns" else 0)), "unshare")
-            if isolation == "userns":  # map ourselves to root inside, so mounts are allowed
-                for name, text in (("setgroups", "deny"), ("uid_map", f"0 {outer_uid} 1"),
-                                   ("gid_map", f"0 {outer_gid} 1")):
-                    with open(f"/proc/self/{name}", "w") as f:
-                        f.write(text)
+            if isolation == "userns":  # root of this namespace: it may mount; the program will not be (below)
+                _write_id_maps(0, outer_uid, outer_gid)
             # Nothing mounted here may leak back to the host's mount namespace.
             _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-            binds = [d.encode() for d in _SHARED_TMP if os.path.isdir(d)]
-            for d in binds:
-                _check(libc.mount(spec["work"].encode(), d, None, MS_BIND, None), f"bind {d.decode()}")
-            _read_only_except(libc, set(binds))
+            _private_dirs(libc, spec)
     except Exception as exc:
-        report({"error": f"sandbox setup ({spec['isolation']}): {exc}"})
+        report({"error": f"sandbox setup ({isolation}): {exc}"})
         return 125
 
     # The trainer's wall-clock timeout arrives as SIGTERM: SIGKILL the reaper and wait for it. The exit of a pid
@@ -144,8 +195,12 @@ def _launcher_main(spec: dict) -> int:
             os.kill(reaper, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)
-    if spec["isolation"] == "none":
+    if isolation == "none":
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Not dumpable (reset by every uid change above, so set last): a program of the same host uid (the "userns"
+    # level maps it to ours; the "none" level shares it) may then neither ptrace the launcher or the reaper nor
+    # open their /proc/PID/fd entries, e.g. the status pipe.
+    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
     t0 = time.monotonic()
     reaper = os.fork()
     if reaper and killed:  # SIGTERM came before the fork
@@ -154,22 +209,58 @@ def _launcher_main(spec: dict) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-            if spec["isolation"] in ("root", "userns"):
-                libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)  # best effort
-            os._exit(_reap(spec, limits, status_fd, t0))
+            if isolation in ("root", "userns"):  # the node's processes and their command lines stay hidden
+                _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+            os._exit(_reap(spec, status_fd, t0, report))
         except BaseException as exc:  # noqa: BLE001 - whatever happens here, the parent must get a report
             try:
                 report({"error": f"sandbox reaper: {exc}"})
             finally:
                 os._exit(125)
     _, status = os.waitpid(reaper, 0)
-    if spec["isolation"] == "none":
-        _sweep(spec["uid"])
+    if isolation == "none":
+        _sweep(uid)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 125
 
 
+def _private_dirs(libc, spec: dict) -> None:
+    """/tmp and the other world-writable dirs become the run's own; every other mount turns read-only.
+
+    A program run gets a fresh tmpfs capped in bytes and inodes, holding a copy of its source or binary: what it
+    writes there costs the host no disk and needs no cleanup (it goes with the mount namespace), and a tree
+    built to defeat removal never reaches the host. A compile run gets the host work dir itself, where the
+    compiler's output must stay for the runs that follow."""
+    if spec["tmpfs"]:
+        owner = spec["uid"] if spec["isolation"] == "root" and spec["uid"] is not None else 0
+        lim = spec["limits"]
+        opts = f"size={lim['disk_bytes']},nr_inodes={lim['inodes']},mode=0700,uid={owner},gid={owner}"
+        _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()), "mount tmpfs /tmp")
+        for name in spec["copy"]:
+            src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)  # relative to the cwd, the work dir
+            dst = os.open(os.path.join("/tmp", name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)
+            try:
+                while True:
+                    chunk = os.read(src, 1 << 20)
+                    if not chunk:
+                        break
+                    os.write(dst, chunk)
+                if owner:
+                    os.fchown(dst, owner, owner)
+            finally:
+                os.close(src)
+                os.close(dst)
+        source = b"/tmp"
+    else:
+        source = b"."
+    binds = [d.encode() for d in _SHARED_TMP if os.path.isdir(d)]
+    for d in binds:
+        if not (spec["tmpfs"] and d == b"/tmp"):
+            _check(libc.mount(source, d, None, MS_BIND, None), f"bind {d.decode()}")
+    _read_only_except(libc, set(binds))
+
+
 def _read_only_except(libc, writable: set[bytes]) -> None:
-    """Remount every mount of this (private) mount namespace read-only except the work-dir binds: the program
+    """Remount every mount of this (private) mount namespace read-only except the run's own dirs: the program
     can then write nowhere else, including world-writable dirs of a site (/scratch) and, at the "userns" level,
     everything the trainer's uid owns. Device nodes (/dev/null) still work on a read-only /dev."""
     import codecs
@@ -235,7 +326,7 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def _reap(spec: dict, limits: dict, status_fd: int, t0: float) -> int:
+def _reap(spec: dict, status_fd: int, t0: float, report) -> int:
     # Close-on-exec pipe: EOF means execve succeeded; a message means the sandbox, not the program, failed
     # (exit 127 alone could be either).
     exec_r, exec_w = os.pipe()
@@ -243,7 +334,7 @@ def _reap(spec: dict, limits: dict, status_fd: int, t0: float) -> int:
     if program == 0:
         os.close(exec_r)
         try:
-            _exec_program(spec, limits, status_fd)
+            _exec_program(spec, status_fd)
         except BaseException as exc:  # noqa: BLE001
             os.write(exec_w, f"cannot start the program: {exc}".encode())
         os._exit(127)
@@ -260,46 +351,81 @@ def _reap(spec: dict, limits: dict, status_fd: int, t0: float) -> int:
             else:
                 code = os.WEXITSTATUS(status)
             break
-    report = {"returncode": code, "signal": sig, "cpu_s": round(cpu, 4), "wall_s": round(time.monotonic() - t0, 4)}
+    out = {"returncode": code, "signal": sig, "cpu_s": round(cpu, 4), "wall_s": round(time.monotonic() - t0, 4)}
     if failed:
-        report["error"] = f"sandbox: {failed}"
-    os.write(status_fd, marshal.dumps(report))
+        out["error"] = f"sandbox: {failed}"
+    report(out)
     # Returning ends pid 1 of the namespace, and the kernel SIGKILLs whatever the program left behind.
     return 0
 
 
-def _exec_program(spec: dict, limits: dict, status_fd: int) -> None:
+def _drop_bounding_set(libc) -> None:
+    """Empty the capability bounding set: nothing the program execs can gain a capability, file caps included."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"prctl(CAPBSET_DROP, {cap})")
+
+
+def _exec_program(spec: dict, status_fd: int) -> None:
     import resource
 
+    from ogrpo.train import sandbox_landlock, sandbox_seccomp
+
     os.close(status_fd)
+    limits, isolation, uid = spec["limits"], spec["isolation"], spec["uid"]
     for res, value in ((resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
                        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
                        (resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2),
                        (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
+                       (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),  # also bounds socket-buffer memory
                        (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(res, value)
     libc = _libc()
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")  # setuid binaries stay unprivileged
-    uid = spec["uid"]
-    # Before the uid change: the work dir's parents (e.g. a 0700 pytest or Slurm tmp dir) need not be searchable.
-    os.chdir("/tmp" if spec["isolation"] in ("root", "userns") else spec["work"])
-    if uid is not None:
+    # The launcher's cwd is already the work dir (the "none" level's working dir), entered before any uid change.
+    if isolation in ("root", "userns"):
+        os.chdir("/tmp")
+    if isolation == "userns":
+        # The launcher is root of its namespace (it had to mount); the program gets a nested namespace where it
+        # is SANDBOX_ID, mapped onto that root. A non-zero uid loses every capability at execve, and the mount,
+        # pid and network namespaces belong to the outer namespace, where it never had any: remount, umount,
+        # a new /proc or ptrace of the (non-dumpable) reaper all fail.
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # our own /proc/self/uid_map must be ours to write
+        _check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
+        _write_id_maps(SANDBOX_ID, 0, 0)
+        os.setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+        os.setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID)
+        _drop_bounding_set(libc)  # permitted while the new namespace's capabilities last (until execve)
+    elif uid is not None:  # real root ("root" level, or "none" in a container that forbids unshare)
+        _drop_bounding_set(libc)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")  # setuid binaries stay unprivileged
     # After the uid change (which clears it): the program dies with its reaper even without a pid namespace.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    # Python ignores these, and ignored signals stay ignored across execve: a C program writing past
+    # RLIMIT_FSIZE or into a closed pipe must die, not loop on EFBIG/EPIPE.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    if isolation == "none":  # no mount namespace: Landlock keeps writes in the work dir (the cwd), where it exists
+        sandbox_landlock.restrict(libc, ".")
     argv = list(spec["argv"])
     if spec["audit_hook"]:  # argv is [python, -I, -B, main.py]
         argv = [argv[0], "-I", "-B", "-c", _AUDIT_PRELUDE, argv[-1]]
+    families = () if isolation == "none" else (sandbox_seccomp.AF_INET, sandbox_seccomp.AF_INET6)
+    sandbox_seccomp.install(libc, families)  # last: from here on only execve
     os.execve(argv[0], argv, spec["env"])
 
 
 if __name__ == "__main__":
+    if not __package__:  # run as a file (Python < 3.11, see _launcher_cmd): the package is three levels up
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(_launcher_main(marshal.loads(bytes.fromhex(sys.argv[1]))))
 
 # ========================================= trainer side ========================================================
 
+import json  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
 import stat  # noqa: E402
@@ -308,6 +434,9 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
+
+from ogrpo.errors import OgrpoError  # noqa: E402
+from ogrpo.train.sandbox_cleanup import CLEANER  # noqa: E402
 
 MIB = 1024**2
 GIB = 1024**3
@@ -320,6 +449,10 @@ OK, ERROR, SIGNALED, CPU_LIMIT, TIMEOUT, COMPILE_ERROR, SANDBOX_ERROR = (
     "ok", "error", "signal", "cpu_limit", "timeout", "compile_error", "sandbox_error")
 
 
+class SandboxUnavailable(OgrpoError):
+    """No isolating level works here and none was opted out of: code rewards refuse to run."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-process limits of one run. Defaults follow open-r1's evaluation script (5 s per test case)."""
@@ -329,6 +462,9 @@ class Limits:
     memory_bytes: int = 1 * GIB     # RLIMIT_AS: a Python interpreter maps ~30 MiB, a C program far less
     file_bytes: int = 16 * MIB      # RLIMIT_FSIZE: any file, stdout/stderr included
     nproc: int = 16                 # RLIMIT_NPROC (processes + threads of the slot's uid)
+    nofile: int = 64                # RLIMIT_NOFILE: open files, sockets and pipes (socket buffers are kernel memory)
+    disk_bytes: int = 64 * MIB      # the size of a program run's private tmpfs (its /tmp and working dir)
+    inodes: int = 8192              # files and directories it may hold
     output_bytes: int = 1 * MIB     # how much of stdout/stderr is read back
 
 
@@ -398,10 +534,24 @@ class Sandbox:
         self._slots_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self.isolation = self._probe() if isolation == "auto" else isolation
-        # Root runs programs as the slot's uid at every level but "userns" (whose only mapped uid is root).
-        self.drop_uid = os.geteuid() == 0 and self.isolation != "userns"
+        # Root runs programs as the slot's uid at every level ("userns" maps it into the namespace).
+        self.drop_uid = os.geteuid() == 0
         self.python = python or _python_for(self.drop_uid)
+        self.probe_errors: dict[str, str] = {}
+        from ogrpo.train.sandbox_landlock import abi
+
+        self.landlock = abi()  # the "none" level's write and signal confinement (0: the kernel has none)
+        self.cgroup_parent = _memory_cgroup()
+        self._cgroup_seq = 0
+        self.isolation = self._probe() if isolation == "auto" else isolation
+        if self.isolation == "unavailable":
+            why = "; ".join(f"{k}: {v}" for k, v in self.probe_errors.items())
+            raise SandboxUnavailable(
+                f"sandbox: no isolating level works on this node ({why}); model-written programs are not run "
+                "without one. Allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+                "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0, no seccomp "
+                "profile denying unshare) or opt in to running "
+                "them unisolated with `ogrpo: {sandbox: none}` in the recipe")
 
     # --- public API ------------------------------------------------------------------------------------------
     def run(self, source: str, language: str = "python", stdin: str = "", limits: Limits | None = None) -> RunResult:
@@ -419,6 +569,28 @@ class Sandbox:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        CLEANER.drain()  # the work dirs of this pool's runs are gone when close() returns
+
+    @property
+    def memory_limit(self) -> str:
+        """"cgroup" (one memory.max for the run's whole process tree, kernel memory and tmpfs included) where
+        this process may create cgroup v2 children with the memory controller, else "rlimit" (RLIMIT_AS per
+        process)."""
+        return "cgroup" if self.cgroup_parent else "rlimit"
+
+    def describe(self) -> dict:
+        """The isolation in force, as logged once per run and recorded in the manifest."""
+        detail = {
+            "root": "namespaces, programs as a slot uid, empty capability bounding set, no_new_privs, seccomp",
+            "userns": "user namespace; programs as uid 1000 of a nested one (no capabilities), no_new_privs, seccomp",
+            "none": "no namespaces: rlimits, seccomp (no sockets), Python audit hook"
+                    + (", a slot uid" if self.drop_uid else "; programs run as the trainer's user")
+                    + (f", Landlock ABI {self.landlock} (writes only in the work dir)" if self.landlock
+                       else ", no Landlock: programs can write what that user can"),
+        }[self.isolation]
+        return {"isolation": self.isolation, "detail": detail, "memory": self.memory_limit,
+                "landlock": self.landlock if self.isolation == "none" else None,
+                "slot_uids": bool(self.drop_uid), "max_workers": self.max_workers}
 
     def uids(self) -> list[int]:
         """The uids programs run under (empty when they keep the trainer's uid)."""
@@ -432,14 +604,22 @@ class Sandbox:
             return self._pool
 
     def _probe(self) -> str:
-        """The strongest level that actually runs a program here (the kernel or a container may forbid some)."""
+        """The strongest level that actually runs a program here (the kernel or a container may forbid some);
+        "unavailable" when none isolates. "none" is never chosen by probing: only by the caller's opt-in."""
         candidates = (["root"] if os.geteuid() == 0 else []) + ["userns"]
         for level in candidates:
-            self.isolation, self.drop_uid = level, level == "root"
-            res = self._run_job(Job("", "exec:/bin/true"), Limits(wall_s=10.0))
-            if res.runs and res.runs[0].ok:
-                return level
-        return "none"
+            self.isolation = level
+            for _ in range(2 if self.cgroup_parent else 1):
+                res = self._run_job(Job("", "exec:/bin/true"), Limits(wall_s=10.0))
+                run = res.runs[0] if res.runs else res.compile
+                if run is not None and run.ok:
+                    return level
+                why = ((run.stderr if run else "") or "no result").strip().splitlines()[-1]
+                self.probe_errors[level] = why
+                if self.cgroup_parent:  # a cgroup the kernel would not let us use must not cost the level
+                    self.probe_errors["cgroup"] = why
+                    self.cgroup_parent = None
+        return "unavailable"
 
     def _run_job(self, job: Job, limits: Limits) -> JobResult:
         with self._slots_lock:
@@ -466,15 +646,40 @@ class Sandbox:
             if compile_res is not None and not compile_res.ok:
                 compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
                 return JobResult(compile_res, [])
+            # At the namespace levels a program run works on its own tmpfs, holding a copy of what it runs.
+            copy = [argv[-1].removeprefix("./")] if self.isolation != "none" and not job.language.startswith(
+                "exec:") else None
             runs = []
             for stdin in job.inputs:
-                res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python")
+                cgroup = self._cgroup(limits)
+                try:
+                    res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python",
+                                  copy, cgroup)
+                finally:
+                    _remove_cgroup(cgroup)
                 runs.append(res)
                 if res.status in job.stop_on:
                     break
             return JobResult(compile_res, runs)
         finally:
-            _remove_tree(top)
+            CLEANER.submit(top)  # off the trainer's path: a hostile tree can take seconds to remove
+
+    def _cgroup(self, limits: Limits) -> str | None:
+        if not self.cgroup_parent:
+            return None
+        with self._slots_lock:
+            self._cgroup_seq += 1
+            path = os.path.join(self.cgroup_parent, f"ogrpo-sbx-{os.getpid()}-{self._cgroup_seq}")
+        os.mkdir(path)
+        for name, value in (("memory.max", limits.memory_bytes), ("memory.swap.max", 0),
+                            ("pids.max", limits.nproc * 4)):
+            try:
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(str(value))
+            except FileNotFoundError:  # swap accounting or the pids controller off: memory.max is what counts
+                if name == "memory.max":
+                    raise
+        return path
 
     def _build(self, job: Job, work: str, io: str, uid: int | None) -> tuple[RunResult | None, list[str]]:
         lang = job.language
@@ -492,8 +697,12 @@ class Sandbox:
             return None, [self.python, "-I", "-B", name]
         compiler, flags = (self.cc, self.c_flags) if lang == "c" else (self.cxx, self.cxx_flags)
         compiler = shutil.which(compiler, path=_SAFE_PATH) or compiler
-        res = _launch([compiler, name, "-o", "prog", *flags], "", work, io, uid, self.compile_limits,
-                      self.isolation, False)
+        cgroup = self._cgroup(self.compile_limits)
+        try:
+            res = _launch([compiler, name, "-o", "prog", *flags], "", work, io, uid, self.compile_limits,
+                          self.isolation, False, None, cgroup)
+        finally:
+            _remove_cgroup(cgroup)
         return res, ["./prog"]
 
     def __enter__(self) -> "Sandbox":
@@ -503,17 +712,39 @@ class Sandbox:
         self.close()
 
 
-def _remove_tree(top: str) -> None:
-    """rmtree that also removes what the program made unlistable (a mode-000 dir stops a non-root rmtree)."""
-    shutil.rmtree(top, ignore_errors=True)
-    if os.path.lexists(top):
-        for dirpath, dirnames, _ in os.walk(top):  # top-down: a dir is opened after its parent chmod-ed it
-            for d in dirnames:
-                try:
-                    os.chmod(os.path.join(dirpath, d), 0o700, follow_symlinks=False)
-                except OSError:
-                    pass
-        shutil.rmtree(top, ignore_errors=True)
+def _memory_cgroup() -> str | None:
+    """This process's cgroup v2 directory when children made in it get the memory controller and this process
+    may create them (a delegated subtree, or the root cgroup of a container's own cgroup namespace)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split(" - ")[0].split()[4] for line in f if " - cgroup2 " in line]
+        if rel is None or not mounts:
+            return None
+        path = os.path.join(mounts[0], rel.lstrip("/"))
+        with open(os.path.join(path, "cgroup.subtree_control")) as f:
+            enabled = f.read().split()
+        if "memory" in enabled and os.access(path, os.W_OK) and os.access(os.path.join(path, "cgroup.procs"),
+                                                                        os.W_OK):
+            return path
+    except OSError:
+        pass
+    return None
+
+
+def _remove_cgroup(path: str | None) -> None:
+    """The launcher has exited and the pid namespace (or the sweep) has taken every process: it is empty."""
+    if path is None:
+        return
+    for _ in range(100):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY while the last exits are accounted
+            time.sleep(0.01)
 
 
 def _python_for(drop_uid: bool) -> str:
@@ -547,13 +778,14 @@ def _env(isolation: str) -> dict[str, str]:
 
 
 def _launch(argv: list[str], stdin: str, work: str, io: str, uid: int | None, limits: Limits,
-            isolation: str, python_program: bool) -> RunResult:
+            isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None) -> RunResult:
     """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result."""
     stdin_path, out_path, err_path = (os.path.join(io, n) for n in ("stdin", "stdout", "stderr"))
     with open(stdin_path, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(stdin)
     spec = {"argv": argv, "work": work, "uid": uid, "isolation": isolation, "limits": asdict(limits),
-            "env": _env(isolation), "audit_hook": isolation == "none" and python_program}
+            "env": _env(isolation), "audit_hook": isolation == "none" and python_program,
+            "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup}
     status_r, status_w = os.pipe()
     launcher, env = _launcher_cmd()
     env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w))
@@ -642,10 +874,28 @@ def _read_report(fd: int) -> dict:
         if not chunk:
             break
         chunks.append(chunk)
-    try:  # written by the reaper (our code) before the program starts or after it ended; never by the program
-        return marshal.loads(b"".join(chunks)) if chunks else {}
-    except (ValueError, EOFError, TypeError):
+    return parse_report(b"".join(chunks))
+
+
+_REPORT_KEYS = {"returncode": (int, type(None)), "signal": (int, type(None)), "cpu_s": (int, float),
+                "wall_s": (int, float), "error": (str,)}
+
+
+def parse_report(data: bytes) -> dict:
+    """The launcher's or reaper's one JSON object, checked field by field; anything else is an error report.
+
+    The program cannot reach this pipe (it closes its copy before execve; the launcher and reaper are not
+    dumpable), and it is parsed as data anyway: no unmarshalling of bytes a compromised writer could shape."""
+    if not data:
         return {}
+    try:
+        report = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return {"error": "sandbox: malformed status report"}
+    if not isinstance(report, dict) or any(k not in _REPORT_KEYS or isinstance(v, bool)
+                                           or not isinstance(v, _REPORT_KEYS[k]) for k, v in report.items()):
+        return {"error": "sandbox: malformed status report"}
+    return report
 
 
 def _read_capped(path: str, cap: int) -> str:

@@ -1,31 +1,40 @@
 """Rewards on the completion's text alone, with open-r1's meaning (src/open_r1/rewards.py): format, tag count,
-reasoning steps, n-gram repetition, overlong punishment (code_format lives with the code rewards); plus
-`soft_format`, the lenient format check of the GRPO demo open-r1 adapted its tag_count from (tags in order, any
-whitespace between them).
+reasoning steps, n-gram repetition, overlong punishment, and the zero-math-code branch's think_format
+(code_format lives with the code rewards); plus `soft_format`, the lenient format check of the GRPO demo open-r1
+adapted its tag_count from (tags in order, any whitespace between them).
 
-Pure Python (re only), so these run anywhere; parameterised ones are factories taking the recipe's values.
+Pure Python, so these run anywhere; parameterised ones are factories taking the recipe's values. The layout
+checks are linear-time scanners with the regexes' exact answers (ogrpo/train/formats.py): the regexes backtrack
+for seconds on long model-written text. `_STEPS` stays a regex: it is linear already, since each alternative is
+a literal or `Step ` plus one digit run that only that occurrence scans.
 """
 
 from __future__ import annotations
 
 import re
 
+from ogrpo.train.formats import is_format, is_soft_format, is_think_format
 from ogrpo.train.math_rewards import completion_text
 
-_FORMAT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
-_SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
 _STEPS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
 
 
 def format_reward(completions, **kwargs) -> list[float]:
-    """1.0 for exactly `<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`, else 0.0. With re.MULTILINE the `$`
-    also matches before a newline, as in open-r1 (so trailing lines after `</answer>` on its own line pass)."""
-    return [1.0 if _FORMAT.match(completion_text(c)) else 0.0 for c in completions]
+    """1.0 for exactly `<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`, else 0.0. As open-r1's `$` under
+    re.MULTILINE, `</answer>` may also end a line before the text's end (trailing lines after it pass)."""
+    return [1.0 if is_format(completion_text(c)) else 0.0 for c in completions]
 
 
 def soft_format_reward(completions, **kwargs) -> list[float]:
     """1.0 when a `<think>...</think>` block is followed by an `<answer>...</answer>` block, newlines optional."""
-    return [1.0 if _SOFT_FORMAT.match(completion_text(c).strip()) else 0.0 for c in completions]
+    return [1.0 if is_soft_format(completion_text(c).strip()) else 0.0 for c in completions]
+
+
+def think_format_reward(completions, **kwargs) -> list[float]:
+    """open-r1's `think_format` (branch zero-math-code): 1.0 when the completion is only whitespace before its
+    `<think>` and has exactly one `<think>` and one `</think>` (anything may follow), else 0.0. Not TRL's
+    `think_format_reward`, which differs."""
+    return [1.0 if is_think_format(completion_text(c)) else 0.0 for c in completions]
 
 
 def tag_count_reward(completions, **kwargs) -> list[float]:

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The examples are for a cluster that is not this one: render asks no Slurm controller for its KillWait
 export SLURM_CONF=/nonexistent
+# ... and the job's Python is the cluster's shared venv, not this machine's (tests/test_render.py sets the same)
+export OGRPO_PYTHON=/shared/ogrpo/.venv/bin/python
 while read -r name gpus recipe; do
   [[ -z "$name" || "$name" == \#* ]] && continue
   new="slurm/examples/.$name.new"

@@ -1,11 +1,13 @@
 #!/bin/bash
 # A throw-away Slurm on localhost for the `slurm` tests: munge, mariadb + slurmdbd (sacct, account
-# enforcement), slurmctld, slurmd `localhost` with 3 fake A40s (character devices: Slurm only stats them, and
-# plain files would give no CUDA_VISIBLE_DEVICES), and, as root where `ip netns` works, a second CPU-only node
-# `node2`: its own slurmd in network namespace $NETNS behind a veth pair, so that it has its own address and
-# a job spanning both nodes talks across a real (virtual) link. Adapted from shared/slurm-ci.
+# enforcement), slurmctld, slurmd `localhost` with 3 fake A40s (GRES type a40; character devices: Slurm only
+# stats them, and plain files would give no CUDA_VISIBLE_DEVICES), and, as root where `ip netns` works, a second
+# node `node2` with 2 fake V100s (GRES type v100; CPU jobs use it as a CPU node): its own slurmd in network
+# namespace $NETNS behind a veth pair, so that it has its own address and a job spanning both nodes talks across
+# a real (virtual) link. Adapted from shared/slurm-ci.
 #
-# Partitions: `debug` (default) = localhost only, so no existing test lands on node2; `two` = both nodes.
+# Partitions: `debug` (default) = localhost only (A40s), so no existing test lands on node2; `two` = both nodes;
+# `v100` = node2 only (the typed-GRES tests: a V100 plan is refused on debug and accepted there).
 #
 #   tests/slurm/cluster.sh up     install (apt-get) if needed, start from a fresh state dir, wait until idle
 #   tests/slurm/cluster.sh down   cancel jobs, stop exactly the daemons `up` started (pid files), in reverse order
@@ -96,11 +98,12 @@ up() {
   if can_node2; then netns_up; two=1; ctl=$NET.1; fi
   rm -rf "$ROOT"; mkdir -p "$ROOT"/{etc,run,log,state/ctld,state/d,munge/key,dev,mysql}
   chmod 755 "$ROOT/munge"; chmod 700 "$ROOT/munge/key"
-  for i in 0 1 2; do mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done   # never opened, only stat'ed by slurmd
+  for i in 0 1 2 3 4; do mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done   # never opened, only stat'ed by slurmd
   mungekey --create --keyfile="$ROOT/munge/key/munge.key"
   cat > "$ROOT/etc/gres.conf" <<EOT
 AutoDetect=off
 NodeName=localhost Name=gpu Type=a40 File=$ROOT/dev/nvidia[0-2]
+NodeName=node2 Name=gpu Type=v100 File=$ROOT/dev/nvidia[3-4]
 EOT
   local mem; mem=$(( $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) * 8 / 10 ))
   # At least 8 CPUs as Slurm sees them (config_overrides: slurmd takes the configured count), so that two jobs of
@@ -161,10 +164,11 @@ EOT
     # A job's node list comes sorted by name: in a two-node plan node 0 (the vLLM server) is localhost and
     # node 1 (the trainer) node2.
     cat >> "$ROOT/etc/slurm.conf" <<EOT
-NodeName=node2 NodeAddr=$NET.2 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=node2 NodeAddr=$NET.2 CPUs=$cpus RealMemory=$mem Gres=gpu:v100:2 State=UNKNOWN
 NodeName=localhost NodeAddr=$NET.1 CPUs=$cpus RealMemory=$mem Gres=gpu:a40:3 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName=two Nodes=node2,localhost MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=v100 Nodes=node2 MaxTime=INFINITE State=UP OverSubscribe=NO
 EOT
   else
     cat >> "$ROOT/etc/slurm.conf" <<EOT

@@ -3,8 +3,8 @@ Slurm allocates the GPUs per step, the steps run the CPU plan of the same layout
 
 - An open-r1 recipe written for A40s (bf16, flash-attention 2), shrunk to the tiny model, is submitted unchanged
   with `--gpus 2xV100-32G`: the job Slurm ran is the one `--dry-run` shows, and its manifest lists the V100
-  adaptations. The job asks for GPUs without a type (`--gres=gpu:N`), so the cluster's A40 devices serve a V100
-  plan as any GPU of the partition would; a `v100` GRES type on the cluster would be no more exercised.
+  adaptations. The job asks for its GPU type (`--gres=gpu:v100:2`), so it runs on the `v100` partition (node2's
+  fake V100s; tests/slurm/test_slurm_gres.py: the A40 partition refuses it).
 - LoRA in server mode: the server serves the merged weights (log-prob gap against the trainer < 1e-4 after each
   push) and only the adapters trained — the same run and checks as tests/test_lora.py's local job.
 """
@@ -40,8 +40,8 @@ TINY = {"model_name_or_path": "ogrpo:tiny", "dataset_name": "ogrpo:tiny", "rewar
 DROPPED = ("dataset_configs", "system_prompt", "hub_model_id", "hub_strategy", "output_dir", "overwrite_output_dir")
 
 
-def submit(cfg: Path, job_dir: Path, gpus: str) -> str:
-    out = ogrpo("submit", "--config", str(cfg), "-o", str(job_dir), "--gpus", gpus, "--time", "10",
+def submit(cfg: Path, job_dir: Path, gpus: str, *extra: str) -> str:
+    out = ogrpo("submit", "--config", str(cfg), "-o", str(job_dir), "--gpus", gpus, "--time", "10", *extra,
                 env=fake_gpus.env(), check=True)
     line = out.stdout.splitlines()[0]
     assert line.startswith("submitted job "), out.stdout
@@ -66,9 +66,13 @@ def test_a40_recipe_runs_unchanged_on_v100(slurm_cluster, tmp_path):
     cfg.write_text(yaml.safe_dump(recipe))
     job_dir = tmp_path / "job"
 
+    import subprocess
+
+    if "v100" not in subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split():
+        pytest.skip("no V100 partition: node2 needs root and `ip netns` (tests/slurm/cluster.sh)")
     dry = ogrpo("submit", "--dry-run", "--config", str(cfg), "-o", str(job_dir), "--gpus", "2xV100-32G",
-                "--time", "10", check=True).stdout
-    job = submit(cfg, job_dir, "2xV100-32G")
+                "--time", "10", "--partition", "v100", check=True).stdout
+    job = submit(cfg, job_dir, "2xV100-32G", "--partition", "v100")
     finished(job, job_dir, 420)
 
     # what --dry-run showed is the file written, and the file written is the script Slurm ran

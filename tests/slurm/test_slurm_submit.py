@@ -58,7 +58,7 @@ def test_dry_run_submits_nothing(slurm_cluster, tmp_path):
     before = newest_job_id()
     out = ogrpo("submit", "--config", str(cfg), "--gpus", "3xA40", "--dry-run", "-o", str(tmp_path / "job"),
                 "--slurm", "mail-type=END", check=True)
-    assert "#SBATCH --gres=gpu:3" in out.stdout and "#SBATCH --mail-type=END" in out.stdout
+    assert "#SBATCH --gres=gpu:a40:3" in out.stdout and "#SBATCH --mail-type=END" in out.stdout
     assert "#SBATCH --signal=B:USR2@90" in out.stdout and "#SBATCH --requeue" in out.stdout
     assert "server: srun --exact" in out.stdout and "--gres=gpu:1" in out.stdout and "--gres=gpu:2" in out.stdout
     assert not (tmp_path / "job").exists()

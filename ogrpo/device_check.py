@@ -1,0 +1,69 @@
+"""A GPU plan's step refuses to start on devices it was not planned for.
+
+A job that asks Slurm for GPUs can still land where the plan does not hold: a site that ignores the GPU type, a
+mixed partition, a container without the driver, a node whose GPUs are not visible. Without this check such a
+job trained on the CPU with fp16 settings to COMPLETED, or ran a bf16 + flash-attention plan on V100s until
+its first kernel failed. The trainer and the server call `check_devices(plan, role)` before their heavy imports;
+it raises OgrpoError (one line, exit 2) in the seconds torch's import takes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ogrpo.errors import OgrpoError
+
+
+def planned_gpu(plan: dict | None) -> dict | None:
+    """The catalog GPU a plan (dict form) was made for; None for a CPU plan or no plan."""
+    gpu = ((plan or {}).get("cluster") or {}).get("gpu") or {}
+    if not gpu or gpu.get("is_cpu", False) or str(gpu.get("name", "cpu")).lower() == "cpu":
+        return None
+    return gpu
+
+
+def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | None:
+    """Why ROWS (this process's CUDA devices, ogrpo.doctor's rows: name, catalog, memory_gib) cannot run a plan
+    made for GPU; None when they can. Pure, for tests."""
+    from ogrpo.hardware import CATALOG
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not rows:
+        return (f"{role}: the plan is for {spec} but this process sees no CUDA device (CUDA_VISIBLE_DEVICES="
+                f"{visible if visible is not None else 'unset'}): run it where Slurm gives it those GPUs "
+                f"(--gres=gpu:TYPE:N) with their driver, or plan for this machine (--gpus cpu)")
+    want = CATALOG.get(str(gpu.get("name", "")).upper())
+    family = want.family if want else gpu.get("family")
+    for row in rows:
+        got = CATALOG.get(str(row.get("catalog") or "").upper())
+        if got is None or got.family != family:
+            return (f"{role}: the plan is for {spec} but CUDA device {row.get('index', 0)} is {row.get('name')} "
+                    f"({row.get('memory_gib')} GiB): its precision, attention and memory settings do not hold there; "
+                    f"re-plan with --gpus for these GPUs, or ask Slurm for {gpu.get('name')} (--gres-type)")
+        planned = float(gpu.get("memory_gib") or 0.0)
+        if float(row.get("memory_gib") or 0.0) < planned - 1.0:
+            return (f"{role}: the plan is for {spec} ({planned:g} GiB each) but CUDA device {row.get('index', 0)} "
+                    f"({row.get('name')}) has {row.get('memory_gib')} GiB: re-plan with --gpus "
+                    f"for {got.name}")
+    return None
+
+
+def visible_gpus() -> list[dict]:
+    """This process's CUDA devices as `ogrpo doctor`/`selftest` read them (name, catalog, memory_gib)."""
+    import torch
+
+    from ogrpo.doctor import _gpu_rows
+
+    return _gpu_rows(torch) if torch.cuda.is_available() else []
+
+
+def check_devices(plan: dict | None, role: str) -> None:
+    """Raise OgrpoError when a GPU plan finds no CUDA device, or devices of another model than planned."""
+    gpu = planned_gpu(plan)
+    if gpu is None:
+        return
+    rows = visible_gpus()
+    spec = ((plan or {}).get("cluster") or {}).get("spec") or gpu.get("name")
+    problem = device_problem(gpu, rows, spec, role)
+    if problem:
+        raise OgrpoError(problem)

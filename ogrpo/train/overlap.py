@@ -1,0 +1,270 @@
+"""Server and trainer at work at the same time on the split placement (`ogrpo.overlap`).
+
+On the split placement (a vLLM server on its own devices, the trainer on others) TRL makes the two take turns:
+the trainer pushes weights, asks for a batch, waits for it, scores and trains while the server waits. The modes:
+
+- `off`: TRL's order, untouched (nothing here is installed).
+- `lossless`: the same requests in the same order with the same weights, so the same samples, losses and updates
+  as `off`; only waiting changes. The weight push starts when the optimizer step ends (a callback, before logging
+  and checkpointing) and the next batch is requested the moment the server has the weights; the reward functions
+  run in a thread while the trainer computes the reference/old-policy log-probs (their cross-rank gather is put
+  back on the main thread, in TRL's order, so no two threads ever drive a collective at once).
+- `one-step`: the server generates batch k+1 with the weights of step k while the trainer scores and trains on
+  batch k (generated with step k-1's weights). Weights are pushed only between generations (a push waits for the
+  request in flight), so no sample is more than one policy version old; every batch carries the version that
+  generated it and the staleness is checked (never above 1) and logged. TRL's importance-sampling correction on
+  the server's sampling log-probs (`vllm_importance_sampling_correction`) corrects for the stale sampler; the
+  plan turns it on for this mode.
+
+Both non-`off` modes need the next batch's prompts before the training loop asks for them: `Lookahead` takes
+them from the trainer's own epoch iterator ahead of time and hands the same batches back in the same order, so
+the batch stream is the one `off` sees. The trainer-side wiring into TRL lives in ogrpo.patches.trl_overlap; this
+module holds what does not touch TRL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+OFF, LOSSLESS, ONE_STEP = "off", "lossless", "one-step"
+MODES = (OFF, LOSSLESS, ONE_STEP)
+MAX_STALENESS = {LOSSLESS: 0, ONE_STEP: 1}
+
+
+class OverlapError(RuntimeError):
+    """The pipeline would train on something other than what it was asked for (a broken invariant)."""
+
+
+def unsupported(args, trainer=None) -> list[str]:
+    """Why an overlap mode cannot run with these GRPOConfig args (and trainer); empty when it can."""
+    out = []
+    if not getattr(args, "use_vllm", False) or getattr(args, "vllm_mode", None) != "server":
+        out.append("generation does not run on a separate vLLM server (use_vllm with vllm_mode=server)")
+    if getattr(args, "num_iterations", 1) != 1:
+        out.append(f"num_iterations={args.num_iterations}: a batch would train over several policy versions")
+    spg, ga = getattr(args, "steps_per_generation", None), getattr(args, "gradient_accumulation_steps", 1)
+    if spg not in (None, ga):
+        out.append(f"steps_per_generation={spg} differs from gradient_accumulation_steps={ga}: one generation per "
+                   "optimizer step is what keeps samples at most one version old")
+    if trainer is not None:
+        if getattr(trainer, "rollout_func", None) is not None:
+            out.append("a custom rollout_func generates the batches")
+        if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None):
+            out.append("tools or environments rewrite prompts and completions during generation")
+    return out
+
+
+def _spawn(fn: Callable[[], Any], name: str) -> Future:
+    """fn() on a daemon thread: a request still in flight when the process ends never holds its exit."""
+    fut: Future = Future()
+
+    def run():
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+class Lookahead:
+    """The trainer's epoch iterator, read ahead. `take` stands in for Trainer.get_batch_samples' reads (queued
+    batches first, then the iterator); `peek` returns the first batch of the next optimizer step without taking
+    it, or None at the end of the epoch (a new epoch's iterator starts afresh: nothing is read across epochs, so
+    each epoch's sampler state is what `off` gives it)."""
+
+    def __init__(self):
+        self._iterator = None
+        self._queue: deque = deque()
+
+    def take(self, epoch_iterator, n: int) -> list:
+        if epoch_iterator is not self._iterator:
+            self._iterator, self._queue = epoch_iterator, deque()
+        out = []
+        while len(out) < n:
+            if self._queue:
+                out.append(self._queue.popleft())
+                continue
+            try:
+                out.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        return out
+
+    def peek(self):
+        if self._iterator is None:
+            return None
+        if not self._queue:
+            try:
+                self._queue.append(next(self._iterator))
+            except StopIteration:
+                return None
+        return self._queue[0]
+
+
+class Ticket:
+    """One generation request: its prompts and sampling parameters, the policy version the server held when it
+    was sent, and its result (a Future)."""
+
+    def __init__(self, prompts: list, sampling: dict, version: int | None, future: Future):
+        self.prompts, self.sampling, self.version, self.future = prompts, sampling, version, future
+
+
+class Pipeline:
+    """The main process's side: hooks around its VLLMClient instance that send staged requests ahead and hand
+    their results to the trainer's own `generate` call.
+
+    - before a weight push: wait for every request in flight (a push never lands in the middle of a generation);
+    - after the prefix-cache reset that ends a push: the server holds version `version_fn()`; a staged request is
+      sent now (lossless: always; one-step: when the current batch was already requested, i.e. the pipeline is
+      primed);
+    - generate(prompts, **sampling): the oldest ticket's result when it was for these prompts (an OverlapError if
+      it was for others: the lookahead and the loop disagree), else a real request (the first batch, or after an
+      epoch's end), after which one-step sends the staged next batch.
+    `timeline` (ogrpo.train.profiler.Timeline) gets the server's busy spans."""
+
+    def __init__(self, mode: str, version_fn: Callable[[], int], timeline=None):
+        if mode not in MAX_STALENESS:
+            raise ValueError(f"overlap mode {mode!r}: one of {', '.join(MAX_STALENESS)}")
+        self.mode, self.version_fn, self.timeline = mode, version_fn, timeline
+        self.staged: list | None = None
+        self.tickets: deque[Ticket] = deque()
+        self.sampling: dict | None = None
+        self.server_version: int | None = None
+        self.consumed_version: int | None = None
+        self.active = False  # inside a training generation (eval requests pass straight through)
+        self.sent = 0
+        self._real: Callable | None = None
+
+    # ---- wiring onto one client instance -------------------------------------------------------------------
+    def attach(self, client) -> None:
+        self._real = client.generate
+        client.generate = self.generate
+        for name in ("update_named_params", "update_named_param"):
+            push = client.__dict__.get(name) or getattr(client, name, None)
+            if push is not None:
+                setattr(client, name, self._before(push))
+        client.reset_prefix_cache = self._after(client.reset_prefix_cache)
+        client._ogrpo_overlap = self
+
+    def _before(self, push):
+        def wrapper(*args, **kwargs):
+            self.drain()
+            return push(*args, **kwargs)
+
+        return wrapper
+
+    def _after(self, reset):
+        def wrapper(*args, **kwargs):
+            out = reset(*args, **kwargs)
+            self.server_version = self.version_fn()
+            if self.staged is not None and (self.mode == LOSSLESS or self.tickets):
+                self._send()
+            return out
+
+        return wrapper
+
+    # ---- requests ------------------------------------------------------------------------------------------
+    def stage(self, prompts: list | None) -> None:
+        """The unique prompt ids of the next training batch (rank 0's view of every rank's), or None."""
+        self.staged = prompts
+
+    def drain(self) -> None:
+        """Wait for every request in flight; their results stay queued for the trainer."""
+        for ticket in self.tickets:
+            ticket.future.exception()  # waits; an error surfaces when the trainer takes the result
+
+    def _request(self, prompts: list, sampling: dict):
+        span = self.timeline.open("server", "generate") if self.timeline is not None else None
+        try:
+            return self._real(prompts=prompts, **sampling)
+        finally:
+            if span is not None:
+                self.timeline.close(span)
+
+    def _send(self) -> None:
+        prompts, self.staged = self.staged, None
+        if self.sampling is None:  # no real request yet to learn TRL's sampling parameters from
+            return
+        sampling = dict(self.sampling)
+        future = _spawn(lambda: self._request(prompts, sampling), "ogrpo-overlap-generate")
+        self.tickets.append(Ticket(prompts, sampling, self.server_version, future))
+        self.sent += 1
+
+    def generate(self, prompts, **sampling):
+        if not self.active:  # evaluation: after what is in flight, straight through
+            self.drain()
+            return self._request(list(prompts), sampling)
+        if self.tickets:
+            ticket = self.tickets.popleft()
+            if ticket.prompts != list(prompts) or ticket.sampling != sampling:
+                ticket.future.exception()  # never leave a request running behind the error
+                what = "prompts" if ticket.prompts != list(prompts) else "sampling parameters"
+                raise OverlapError(f"overlap: the batch requested ahead has other {what} than the one the trainer "
+                                   "asks for; the lookahead and the training loop disagree")
+            self.consumed_version = ticket.version
+            return ticket.future.result()
+        out = self._request(list(prompts), sampling)
+        self.sampling = dict(sampling)
+        self.consumed_version = self.server_version
+        if self.mode == ONE_STEP and self.staged is not None:
+            self._send()
+        return out
+
+    def close(self) -> None:
+        self.staged = None
+        self.drain()
+        self.tickets.clear()
+
+
+def check_staleness(mode: str, trained_version: int, sampled_version: int | None) -> int:
+    """trained - sampled policy version; AssertionError beyond the mode's bound (lossless 0, one-step 1)."""
+    if sampled_version is None:
+        raise AssertionError("overlap: a training batch carries no policy version")
+    staleness = trained_version - sampled_version
+    if not 0 <= staleness <= MAX_STALENESS[mode]:
+        raise AssertionError(f"overlap {mode}: batch generated with policy version {sampled_version} trained at "
+                             f"version {trained_version} (staleness {staleness}, at most {MAX_STALENESS[mode]})")
+    return staleness
+
+
+def ratio_counts(old_logps, sampling_logps, mask, clip_min: float | None, clip_max: float | None,
+                 sequence_level: bool) -> list[float]:
+    """Importance ratio trainer/sampler, exp(old - sampling log-prob), over the completion tokens (per sequence:
+    the summed log-ratio), before TRL caps or masks it, as [sum, count, min, max, count outside [clip_min,
+    clip_max]] (what TRL's truncation or masking changes), to be summed/min/maxed across ranks by
+    `ratio_stats`. NaN sampling log-probs count as ratio 1, as in TRL."""
+    import torch
+
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    ratio = torch.exp(diff.sum(dim=-1)) if sequence_level else torch.exp(diff)[mask.bool()]
+    ratio = ratio.double()
+    if ratio.numel() == 0:
+        return [0.0, 0.0, float("inf"), float("-inf"), 0.0]
+    lo = clip_min if clip_min is not None else float("-inf")
+    hi = clip_max if clip_max is not None else float("inf")
+    return [ratio.sum().item(), float(ratio.numel()), ratio.min().item(), ratio.max().item(),
+            ((ratio < lo) | (ratio > hi)).sum().item()]
+
+
+def ratio_stats(rows: list[list[float]]) -> dict[str, float]:
+    """mean, min, max and the share clipped from every rank's `ratio_counts`."""
+    n = sum(r[1] for r in rows)
+    if not n:
+        return {}
+    return {"mean": sum(r[0] for r in rows) / n, "min": min(r[2] for r in rows), "max": max(r[3] for r in rows),
+            "clipped": sum(r[4] for r in rows) / n}
+
+
+def plan_mode(plan: dict | None) -> str:
+    """The overlap mode a plan chose (its `overlap` setting); `off` for plans made before the option existed."""
+    for item in (plan or {}).get("settings") or []:
+        if item.get("name") == "overlap":
+            return item.get("value") or OFF
+    return OFF

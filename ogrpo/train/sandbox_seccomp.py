@@ -1,0 +1,120 @@
+"""The seccomp filter the sandbox's launcher installs right before it execs a model-written program.
+
+Standard library only (the launcher imports it): the classic-BPF program is packed with `struct` and installed
+with `prctl(PR_SET_SECCOMP)` through ctypes. No privilege is needed: `no_new_privs`, which the launcher sets
+anyway, is what the kernel asks for. The filter is inherited by every child and survives execve, so compilers,
+interpreters and whatever they start stay under it.
+
+What it does (errno EPERM unless said otherwise):
+- any architecture but the one this interpreter runs on (x86_64 or aarch64) kills the process: an i386
+  `int 0x80` has other syscall numbers and would walk past every rule below; x32 calls are refused.
+- socket(): at the namespace levels only AF_INET/AF_INET6, which reach nothing but the namespace's downed
+  loopback; AF_UNIX (a session D-Bus, a systemd user manager, an X server or ssh-agent socket on a read-only but
+  still connectable path), netlink, packet sockets and the rest are refused. At the "none" level every family is
+  refused: there is no network namespace there. socketpair() stays allowed: a connected pair reaches no one but
+  the program itself, and asyncio's event loop needs one.
+- calls a scoring program has no use for and an escape would: ptrace and process_vm_readv/writev (the reaper,
+  the trainer at the "none" level), mount/umount2/pivot_root/chroot and the new mount API, unshare/setns and
+  clone() with a CLONE_NEW* flag (a fresh user namespace gives back every capability), keyrings, bpf,
+  perf_event_open, userfaultfd and io_uring (kernel attack surface; io_uring also bypasses this filter),
+  kexec, modules, swap, reboot, syslog, acct, quotactl, open_by_handle_at, kcmp, pidfd_getfd.
+- clone3() returns ENOSYS: its flags sit in a struct the filter cannot read, and glibc (2.34+) falls back to
+  clone() on ENOSYS, whose flags it can.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+EPERM, ENOSYS = 1, 38
+AF_INET, AF_INET6 = 2, 10
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (0x80, NEWTIME, is clone()'s exit signal
+# byte, so it can only come through clone3/unshare, both refused).
+CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+X32_SYSCALL_BIT = 0x40000000
+
+_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (little endian: args[0]'s low word at 16)
+
+# Denied calls by name; the numbers come from the kernel's tables (arch/x86/entry/syscalls/syscall_64.tbl,
+# include/uapi/asm-generic/unistd.h for aarch64); tests/test_sandbox_seccomp.py checks them against the
+# installed headers.
+DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
+          "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr", "unshare", "setns",
+          "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+          "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+          "delete_module", "swapon", "swapoff", "reboot", "syslog", "acct", "quotactl", "open_by_handle_at",
+          "name_to_handle_at", "kcmp", "pidfd_getfd", "lookup_dcookie", "vhangup")
+SYSCALLS = {
+    "x86_64": {
+        "socket": 41, "clone": 56, "clone3": 435, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+        "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "unshare": 272,
+        "setns": 308, "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
+        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+        "swapon": 167, "swapoff": 168, "reboot": 169, "syslog": 103, "acct": 163, "quotactl": 179,
+        "open_by_handle_at": 304, "name_to_handle_at": 303, "kcmp": 312, "pidfd_getfd": 438,
+        "lookup_dcookie": 212, "vhangup": 153},
+    "aarch64": {
+        "socket": 198, "clone": 220, "clone3": 435, "ptrace": 117, "process_vm_readv": 270,
+        "process_vm_writev": 271, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430,
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
+        "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
+        "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
+        "finit_module": 273, "delete_module": 106, "swapon": 224, "swapoff": 225, "reboot": 142, "syslog": 116,
+        "acct": 89, "quotactl": 60, "open_by_handle_at": 265, "name_to_handle_at": 264, "kcmp": 272,
+        "pidfd_getfd": 438, "lookup_dcookie": 18, "vhangup": 58},
+}
+
+
+def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def build(arch: str, socket_families: tuple[int, ...]) -> bytes:
+    """The filter for `arch` as packed struct sock_filter entries (see the module docstring)."""
+    if arch not in SYSCALLS:
+        raise OSError(f"seccomp: no syscall table for {arch}")
+    nr = SYSCALLS[arch]
+    deny = _op(_RET_K, RET_ERRNO | EPERM)
+    prog = [_op(_LD_W_ABS, _ARCH), _op(_JEQ_K, AUDIT_ARCH[arch], jt=1), _op(_RET_K, RET_KILL_PROCESS),
+            _op(_LD_W_ABS, _NR)]
+    if arch == "x86_64":
+        prog += [_op(_JSET_K, X32_SYSCALL_BIT, jf=1), deny]
+    for name in DENIED:
+        prog += [_op(_JEQ_K, nr[name], jf=1), deny]
+    prog += [_op(_JEQ_K, nr["clone3"], jf=1), _op(_RET_K, RET_ERRNO | ENOSYS)]
+    m = len(socket_families)
+    prog += [_op(_JEQ_K, nr["socket"], jf=m + 3), _op(_LD_W_ABS, _ARG0)]
+    prog += [_op(_JEQ_K, fam, jt=m - j) for j, fam in enumerate(socket_families)]
+    prog += [deny, _op(_RET_K, RET_ALLOW)]
+    prog += [_op(_JEQ_K, nr["clone"], jf=3), _op(_LD_W_ABS, _ARG0), _op(_JSET_K, CLONE_NEW_FLAGS, jf=1), deny,
+             _op(_RET_K, RET_ALLOW)]
+    return b"".join(prog)
+
+
+def machine() -> str:
+    m = os.uname().machine  # not the platform module: ~10 ms of imports in every launcher
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m.lower(), m)
+
+
+def install(libc, socket_families: tuple[int, ...]) -> None:
+    """Install the filter on the calling thread (no_new_privs must already be set); raises OSError."""
+    import ctypes
+
+    code = build(machine(), socket_families)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter: {os.strerror(err)}")

@@ -1,0 +1,328 @@
+"""ogrpo.overlap: the pipeline's invariants (ogrpo/train/overlap.py), the plan's choice, the profiler's idle shares,
+and real server-mode jobs on the split placement (`ogrpo serve` + `ogrpo train` under the local supervisor):
+`lossless` gives the same completions and losses as `off`; `one-step` trains each batch at most one policy version
+after the one that sampled it, logs it, and sees the same batch stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from ogrpo.train import overlap
+from ogrpo.train.overlap import LOSSLESS, ONE_STEP, Lookahead, OverlapError, Pipeline
+
+
+# ---- Lookahead ------------------------------------------------------------------------------------------------
+def test_lookahead_hands_back_every_batch_in_order():
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(list(range(10)), batch_size=2)
+    la = Lookahead()
+    it = iter(loader)
+    got = la.take(it, 2)
+    assert la.peek().tolist() == [4, 5]  # the next step's first batch, not taken
+    assert la.peek().tolist() == [4, 5]  # peeking twice reads nothing more
+    got += la.take(it, 2) + la.take(it, 5)  # the last step is short, as at an epoch's end
+    assert [b.tolist() for b in got] == [b.tolist() for b in DataLoader(list(range(10)), batch_size=2)]
+    assert la.peek() is None  # the epoch is over: nothing is read across epochs
+    it2 = iter(loader)
+    assert la.take(it2, 1)[0].tolist() == [0, 1]  # a new epoch's iterator starts afresh
+
+
+# ---- Pipeline, against a client that records what the server would see ----------------------------------------
+class RecordingClient:
+    """The three client calls the pipeline wraps; a generation takes `gen_s`, during which a push is an error
+    (the server would reload weights in the middle of a batch)."""
+
+    def __init__(self, gen_s=0.2):
+        self.gen_s, self.events, self.weights, self.busy = gen_s, [], None, False
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, **sampling):
+        with self._lock:
+            self.busy = True
+            self.events.append(("generate", tuple(map(tuple, prompts)), self.weights))
+        time.sleep(self.gen_s)
+        with self._lock:
+            self.busy = False
+        return {"completion_ids": [[p[0] + 100] for p in prompts], "weights": self.weights}
+
+    def update_named_params(self, metadata, named_params):
+        assert not self.busy, "weights pushed while a generation was in flight"
+        self.events.append(("push", None, None))
+        self.pending = metadata
+
+    def reset_prefix_cache(self):
+        self.weights = self.pending
+        self.events.append(("reset", None, self.weights))
+
+
+def _push(client, version):
+    client.update_named_params(version, iter(()))
+    client.reset_prefix_cache()
+
+
+def test_one_step_pipeline_pushes_between_generations_and_serves_one_version_old_batches():
+    step = {"v": 0}
+    client = RecordingClient()
+    pipe = Pipeline(ONE_STEP, lambda: step["v"])
+    pipe.attach(client)
+    pipe.active = True
+    b0, b1, b2 = [[1]], [[2]], [[3]]
+    # step 0: the next batch is staged, weights v0 pushed, the first batch generated for real, then b1 sent
+    pipe.stage(b1)
+    _push(client, 0)
+    assert not pipe.tickets  # not primed: b1 waits for the real request of b0
+    out = client.generate(prompts=b0, n=4)
+    assert out["weights"] == 0 and pipe.consumed_version == 0 and len(pipe.tickets) == 1
+    # step 1: b2 staged; the push waits for b1 (generated with v0), then b2 goes out with v1
+    step["v"] = 1
+    pipe.stage(b2)
+    _push(client, 1)
+    out = client.generate(prompts=b1, n=4)
+    assert out == {"completion_ids": [[102]], "weights": 0} and pipe.consumed_version == 0
+    assert overlap.check_staleness(ONE_STEP, 1, pipe.consumed_version) == 1
+    step["v"] = 2
+    _push(client, 2)
+    out = client.generate(prompts=b2, n=4)
+    assert out["weights"] == 1 and pipe.consumed_version == 1
+    kinds = [e[0] for e in client.events]
+    assert kinds == ["push", "reset", "generate", "generate", "push", "reset", "generate", "push", "reset"]
+    assert [e[2] for e in client.events if e[0] == "generate"] == [0, 0, 1]  # b0, b1 with v0; b2 with v1
+    assert pipe.sent == 2
+
+
+def test_pipeline_refuses_a_batch_other_than_the_one_requested_ahead():
+    client = RecordingClient(gen_s=0.0)
+    pipe = Pipeline(LOSSLESS, lambda: 3)
+    pipe.attach(client)
+    pipe.active = True
+    client.generate(prompts=[[1]], n=4)  # the first batch: a real request teaches the sampling parameters
+    pipe.stage([[2]])
+    _push(client, 3)  # lossless: sent the moment the server has the weights
+    assert len(pipe.tickets) == 1 and pipe.tickets[0].version == 3
+    with pytest.raises(OverlapError, match="other prompts"):
+        client.generate(prompts=[[9]], n=4)
+    pipe.stage([[2]])
+    _push(client, 3)
+    with pytest.raises(OverlapError, match="other sampling parameters"):
+        client.generate(prompts=[[2]], n=8)
+
+
+def test_evaluation_requests_pass_through_after_what_is_in_flight():
+    client = RecordingClient(gen_s=0.2)
+    pipe = Pipeline(ONE_STEP, lambda: 0)
+    pipe.attach(client)
+    pipe.active = True
+    pipe.stage([[2]])
+    client.generate(prompts=[[1]], n=4)  # sends [[2]] ahead
+    pipe.active = False
+    client.generate(prompts=[[7]], n=1)  # an eval request: not matched against the ticket
+    assert len(pipe.tickets) == 1 and pipe.tickets[0].future.done()
+
+
+def test_staleness_beyond_the_mode_bound_is_an_assertion_error():
+    assert overlap.check_staleness(ONE_STEP, 5, 4) == 1
+    assert overlap.check_staleness(LOSSLESS, 5, 5) == 0
+    with pytest.raises(AssertionError, match="staleness 2"):
+        overlap.check_staleness(ONE_STEP, 5, 3)
+    with pytest.raises(AssertionError, match="staleness 1"):
+        overlap.check_staleness(LOSSLESS, 5, 4)
+    with pytest.raises(AssertionError, match="no policy version"):
+        overlap.check_staleness(ONE_STEP, 5, None)
+
+
+def test_importance_ratio_statistics_before_the_cap():
+    import math
+
+    import torch
+
+    # token ratios exp(old - sampling): 1, 4, 0.5 and a padded position (mask 0) that must not count
+    old = torch.tensor([[0.0, math.log(4.0)], [math.log(0.5), 7.0]])
+    sampling = torch.zeros(2, 2)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    row = overlap.ratio_counts(old, sampling, mask, None, 3.0, sequence_level=False)
+    stats = overlap.ratio_stats([row])
+    assert stats == pytest.approx({"mean": 5.5 / 3, "min": 0.5, "max": 4.0, "clipped": 1 / 3})
+    # sequence level: the summed log-ratio per sequence (4 and 0.5); two ranks combine by count
+    seq = overlap.ratio_counts(old, sampling, mask, None, 3.0, sequence_level=True)
+    assert overlap.ratio_stats([seq, row]) == pytest.approx(
+        {"mean": (4.5 + 5.5) / 5, "min": 0.5, "max": 4.0, "clipped": 2 / 5})
+
+
+# ---- the profiler's timeline ----------------------------------------------------------------------------------
+def test_timeline_idle_shares_clip_spans_to_the_step():
+    from ogrpo.train.profiler import Timeline
+
+    t = Timeline()
+    s = 10**9
+    t.record("server", "generate", 0, 6 * s)  # began one step earlier: 4 of its seconds fall in this step
+    t.record("server", "weights", 5 * s, 7 * s)  # overlaps the generation: counted once
+    t.record("trainer", "wait", 3 * s, 4 * s)
+    row = t.window(2 * s, 12 * s)
+    assert row["server_busy_s"] == pytest.approx(5.0) and row["trainer_wait_s"] == pytest.approx(1.0)
+    assert row["idle_share"] == {"server": 0.5, "trainer": 0.1}
+    assert t.window(12 * s, 13 * s)["idle_share"]["server"] == 1.0  # ended spans are gone
+    span = t.open("server", "generate")  # in flight: counts up to the window's end
+    start = time.time_ns()
+    assert t.window(start - s, start + s)["server_busy_s"] > 0.9
+    t.close(span)
+
+
+def test_bench_split_summary_reports_idle_shares_and_the_ideal_overlap():
+    from ogrpo.bench.step import split_ratios, summarize
+
+    def row(step, busy, wait):
+        return {"step_s": step, "server_busy_s": busy, "trainer_wait_s": wait, "peak_mem_gib": 1.0,
+                "idle_share": {"server": 1 - busy / step, "trainer": wait / step}}
+
+    # off: the trainer waits 3 of 5 s while the server generates; one-step: both busy, 3.2 s a step
+    off = summarize([row(9.0, 1.0, 1.0)] + [row(5.0, 3.0, 3.0)] * 2)  # the first step is a warm-up
+    one = summarize([row(9.0, 1.0, 1.0)] + [row(3.2, 3.0, 0.0)] * 2)
+    assert off["ideal_step"] == 3.0 and off["server_idle"] == pytest.approx(0.4) and off["trainer_idle"] == 0.6
+    r = split_ratios({"split-off": off, "split-one-step": one})
+    assert r["one-step_step_over_off"] == pytest.approx(0.64)
+    assert r["one-step_step_over_ideal"] == pytest.approx(3.2 / 3.2)  # trainer busy 3.2 s > server 3.0 s
+    assert r["off_step_over_ideal"] == pytest.approx(5.0 / 3.0)
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------
+def _plan(tmp_path, gpus, **ogrpo_opts):
+    import yaml
+
+    from ogrpo.config import load_run_config
+    from ogrpo.plan import plan_from_config
+
+    trl = ogrpo_opts.pop("trl", {})
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump({"model_name_or_path": "ogrpo:tiny", "dataset_name": "ogrpo:tiny",
+                                   "reward_funcs": ["tiny_letter"], **trl, "ogrpo": {"use_vllm": True,
+                                                                                    **ogrpo_opts}}))
+    return plan_from_config(load_run_config(str(cfg)), gpus=gpus).to_dict()
+
+
+def _setting(plan, name):
+    return next((s for s in plan["settings"] if s["name"] == name), None)
+
+
+def test_plan_one_step_on_the_split_placement_turns_the_correction_on(tmp_path):
+    plan = _plan(tmp_path, "3xcpu", overlap="one-step", trl={"vllm_importance_sampling_correction": False})
+    assert _setting(plan, "overlap")["value"] == "one-step"
+    assert overlap.plan_mode(plan) == ONE_STEP
+    assert plan["trainer_args"]["vllm_importance_sampling_correction"] is True
+    change = next(c for c in plan["changes"] if c["key"] == "vllm_importance_sampling_correction")
+    assert change["from"] is False and change["to"] is True and "one step old" in change["reason"]
+
+
+def test_plan_uses_off_where_no_separate_server_exists(tmp_path):
+    plan = _plan(tmp_path, "cpu", overlap="lossless")  # one device: vLLM colocated in the trainer
+    assert _setting(plan, "overlap")["value"] == "off" and overlap.plan_mode(plan) == "off"
+    change = next(c for c in plan["changes"] if c["key"] == "ogrpo.overlap")
+    assert change["from"] == "lossless" and change["to"] == "off" and "no separate server" in change["reason"]
+    plan = _plan(tmp_path, "3xcpu", overlap="one-step", trl={"num_iterations": 2})
+    assert _setting(plan, "overlap")["value"] == "off"
+    assert any(c["key"] == "ogrpo.overlap" and "num_iterations=2" in c["reason"] for c in plan["changes"])
+    default = _plan(tmp_path, "cpu")
+    assert _setting(default, "overlap")["value"] == "off"
+    assert not any(c["key"] == "ogrpo.overlap" for c in default["changes"])  # not asked for: nothing changed
+
+
+def test_plan_default_is_lossless_where_a_separate_server_exists(tmp_path):
+    plan = _plan(tmp_path, "3xcpu")
+    assert _setting(plan, "overlap")["value"] == "lossless" and "same samples" in _setting(plan, "overlap")["reason"]
+    assert "vllm_importance_sampling_correction" not in plan["trainer_args"]  # lossless changes no training key
+    plan = _plan(tmp_path, "3xcpu", trl={"num_iterations": 2})  # cannot apply: off, and no change listed
+    assert _setting(plan, "overlap")["value"] == "off" and "num_iterations" in _setting(plan, "overlap")["reason"]
+    assert not any(c["key"] == "ogrpo.overlap" for c in plan["changes"])
+
+
+def test_bad_overlap_value_is_one_line_exit_2(run_cli, tmp_path):
+    proc = run_cli("plan", "--config", "tiny", "--gpus", "3xcpu", "--overlap", "one_step")
+    assert proc.returncode == 2 and "--overlap 'one_step'" in proc.stderr and "Traceback" not in proc.stderr
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                   "ogrpo:\n  overlap: onestep\n")
+    proc = run_cli("plan", "--config", str(cfg), "--gpus", "3xcpu")
+    assert proc.returncode == 2 and "ogrpo.overlap: 'onestep'" in proc.stderr
+    assert "did you mean one-step" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- real jobs: a vLLM server and the trainer on the split placement -----------------------------------------
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def off_run(tmp_path_factory):
+    from overlap_jobs import run_job
+
+    return run_job(tmp_path_factory.mktemp("off"), "off", steps=STEPS)
+
+
+@pytest.mark.integration
+def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path):
+    from overlap_jobs import completions, metrics, requests, run_job
+
+    run = run_job(tmp_path, "lossless", steps=STEPS)
+    for step in range(1, STEPS + 1):
+        a, b = completions(run, step), completions(off_run, step)
+        assert a["prompt"].tolist() == b["prompt"].tolist(), step
+        assert a["completion"].tolist() == b["completion"].tolist(), step
+    ours, theirs = metrics(run), metrics(off_run)
+    assert len(ours) == len(theirs) == STEPS
+    for x, y in zip(ours, theirs):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
+        assert x["overlap/staleness"] == 0.0
+    assert requests(run) == requests(off_run) == STEPS  # nothing was requested that was not trained on
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["overlap"]["mode"] == "lossless"
+
+
+@pytest.mark.integration
+def test_one_step_samples_are_at_most_one_version_old_and_logged(off_run, tmp_path):
+    from overlap_jobs import completions, metrics, requests, run_job
+
+    run = run_job(tmp_path, "one-step", steps=STEPS)
+    rows = metrics(run)
+    assert [r["overlap/staleness"] for r in rows] == [0.0, 1.0, 1.0]  # the first batch has nothing to overlap
+    assert [r["overlap/sampled_version"] for r in rows] == [0.0, 0.0, 1.0]
+    for r in rows:
+        assert 0 < r["overlap/importance_ratio/min"] <= r["overlap/importance_ratio/mean"] \
+            <= r["overlap/importance_ratio/max"]
+        assert 0.0 <= r["overlap/importance_ratio/clipped"] <= 1.0
+    # sampled with the previous weights: the trainer/sampler gap is far above the fp32 noise of step 1
+    assert rows[0]["sampling/sampling_logp_difference/mean"] < 1e-4
+    assert rows[1]["sampling/sampling_logp_difference/mean"] > 1e-3
+    for step in range(1, STEPS + 1):  # the batch stream is off's
+        assert completions(run, step)["prompt"].tolist() == completions(off_run, step)["prompt"].tolist()
+    assert requests(run) == STEPS
+    profile = [json.loads(x) for x in (run / "profile.jsonl").read_text().splitlines()]
+    assert len(profile) == STEPS and [p["staleness"] for p in profile] == [0, 1, 1]
+    assert all(0.0 <= p["idle_share"][k] <= 1.0 for p in profile for k in ("server", "trainer"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["overlap"] == {"mode": "one-step", "max_staleness": 1, "importance_sampling_correction": True}
+    assert "idle_share" in manifest["profile"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_one_step_with_two_trainer_processes(tmp_path, strategy):
+    """3xcpu: the server and two gloo trainer processes (DDP, or DeepSpeed ZeRO-3 whose weight push gathers the
+    partitions on every rank); the prompts are gathered across ranks for the request sent ahead and the sampled
+    version is broadcast back."""
+    from overlap_jobs import metrics, requests, run_job
+
+    run = run_job(tmp_path, "one-step", gpus="3xcpu", steps=STEPS, ogrpo={"strategy": strategy})
+    rows = metrics(run)
+    assert [r["overlap/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all("overlap/importance_ratio/mean" in r for r in rows)
+    assert rows[0]["sampling/sampling_logp_difference/mean"] < 1e-4  # the push reached the server whole
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["distributed"]["num_processes"] == 2
+    if strategy == "zero3":
+        assert manifest["distributed"]["deepspeed"]["zero_stage"] == 3
+    assert requests(run) == STEPS

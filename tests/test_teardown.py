@@ -16,7 +16,9 @@ from tests.test_bench_rollout import TINY
 
 def _is_server(proc: psutil.Process) -> bool:
     try:
-        return proc.cmdline()[1:4] == ["-m", "ogrpo", "serve"]
+        argv = proc.cmdline()
+        # `ogrpo serve` execs into vLLM's server (`-m ogrpo.serve.vllm_api`): either form is the server
+        return argv[1:4] == ["-m", "ogrpo", "serve"] or argv[1:3] == ["-m", "ogrpo.serve.vllm_api"]
     except psutil.Error:  # a short-lived child that ended while we looked
         return False
 

@@ -17,6 +17,8 @@ every thread's stack and exits, and the supervisor tears the job down.
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 import os
 import tempfile
@@ -255,6 +257,8 @@ def _cpu_client_cls():
         _files: WeightsFileServer | None = None  # set by init_communicator when the server is on another host
         _generation_calls: int = 0
 
+        # TRL's signature kept (functools.wraps): callers that pass only the keywords a TRL line takes read it
+        @functools.wraps(VLLMClient.generate)
         def generate(self, *args, **kwargs):
             if self.run_seed is not None:
                 kwargs["generation_kwargs"] = seeded_generation_kwargs(kwargs.get("generation_kwargs"), self.run_seed,

@@ -121,7 +121,7 @@ def test_level_is_logged_once_and_recorded_in_the_manifest(tmp_path, monkeypatch
     from ogrpo.config import load_run_config
     from ogrpo.train import code_rewards, rundir
 
-    monkeypatch.setattr(code_rewards, "_default", None)
+    monkeypatch.setattr(sandbox_policy, "_default", None)
     monkeypatch.setattr(sandbox_policy, "_summary", None)
     rc = load_run_config("tiny-code")
     summary = sandbox_policy.configure(rc)

@@ -72,27 +72,42 @@ def release_stale() -> list[int]:
     return [int(p) for p in dropped if p.isdigit()]
 
 
+def _below_ephemeral() -> range:
+    """Ports the kernel never hands out on its own: below the ephemeral range (ip_local_port_range). A port
+    taken from the ephemeral range is free when we look, but any outgoing connection (an HTTP client, a gloo
+    rank) may be given it before the server that was meant to listen there binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12000), max(1025, low))
+
+
 def free_ports(n: int, host: str = "127.0.0.1", owner: int | None = None) -> list[int]:
-    """`n` distinct ports that are free on `host` now and claimed for `owner` (default: this process).
+    """`n` distinct ports below the ephemeral range that are free on `host` now and claimed for `owner`
+    (default: this process).
 
     Call `release_ports` when the job ends; a crashed owner's claims expire by themselves.
     """
+    import random
+
     owner = owner or os.getpid()
+    candidates = _below_ephemeral()
+    rng = random.SystemRandom()
     ports: list[int] = []
-    held: list[socket.socket] = []
-    try:
-        for _ in range(n * 20):
-            if len(ports) == n:
-                break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-            held.append(s)  # keep it bound so the kernel does not hand it out again inside this loop
-            if port not in ports and _claim(port, owner):
-                ports.append(port)
-    finally:
-        for s in held:
-            s.close()
+    for _ in range(n * 50):
+        if len(ports) == n:
+            break
+        port = rng.choice(candidates)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # in use
+                continue
+        if _claim(port, owner):
+            ports.append(port)
     if len(ports) < n:
         release_ports(ports)
         raise OSError(f"could not reserve {n} free ports on {host}")

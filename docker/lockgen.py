@@ -184,6 +184,26 @@ def _applies(req, extras: set[str], env: dict = TARGET_ENV) -> bool:
     return req.marker is None or any(req.marker.evaluate(dict(env, extra=e)) for e in extras)
 
 
+def resolve_until_met(requirements: list[str], prefer: dict[str, str], for_what: str, pip=pip_base,
+                      source: str = "cpu.lock", env: dict = TARGET_ENV,
+                      also_pinned: dict[str, str] | None = None) -> tuple[dict, dict[str, str]]:
+    """`resolve`, again with whatever the target interpreter needs beyond what pip evaluated for itself (pip
+    reads dependency markers for the interpreter running it, not for the target's), until nothing is unmet.
+    REQUIREMENTS grows by what was added; ALSO_PINNED: packages pinned outside the resolution."""
+    for _ in range(5):
+        report, prefer = resolve(requirements, prefer, pip, source=source)
+        metadata = [it["metadata"] for it in report["install"]]
+        resolved = {normalize_name(m["name"]): m["version"] for m in metadata}
+        resolved.update(also_pinned or {})
+        missing = unmet(metadata, resolved, env=env)
+        if not missing:
+            return report, prefer
+        for problem in missing:
+            print(f"  re-resolving for {for_what}: {problem}", file=sys.stderr)
+            requirements.append(problem.split(": ", 1)[1].rsplit(" (lock:", 1)[0].split(";")[0].strip())
+    raise SystemExit("requirements still unmet after re-resolving: " + "; ".join(missing))
+
+
 def unmet(metadata: list[dict], pins: dict[str, str], skip: set[str] = frozenset(),
           env: dict = TARGET_ENV) -> list[str]:
     """Requirements of the pinned packages (METADATA: their core metadata as pip's report gives it) that the
@@ -239,17 +259,7 @@ def generate(name: str) -> str:
         prefer.update({n: v for n, v in read_lock(own).items() if n not in pinned})
     # pip evaluates dependency markers for the interpreter running it, not for --python-version: re-resolve
     # with whatever the image's interpreter (3.12) needs beyond that until nothing is unmet
-    for _ in range(5):
-        report, prefer = resolve(requirements, prefer)
-        resolved = {normalize_name(it["metadata"]["name"]): it["metadata"]["version"] for it in report["install"]}
-        missing = unmet([it["metadata"] for it in report["install"]], resolved)
-        if not missing:
-            break
-        for problem in missing:
-            print(f"  re-resolving for the image's python: {problem}", file=sys.stderr)
-            requirements.append(problem.split(": ", 1)[1].rsplit(" (lock:", 1)[0].split(";")[0].strip())
-    else:
-        raise SystemExit("requirements still unmet after re-resolving: " + "; ".join(missing))
+    report, _kept = resolve_until_met(requirements, prefer, "the image's python")
     via = requirement_edges(report, roots)
     versions = {normalize_name(it["metadata"]["name"]): it["metadata"]["version"] for it in report["install"]}
     for pkg, _extras, version, _reason in rows:
@@ -399,19 +409,11 @@ def generate_cpu() -> str:
     if not find_links and any("+" in r[2] for r in rows):
         print("  no find-links in this machine's pip configuration: the local (+) builds cpu.in pins "
               "must lie in one (requirements/install.sh installs them from there)", file=sys.stderr)
-    for _ in range(5):
-        report, kept = resolve(requirements, prefer, pip, source="cpu.lock (previous)")
-        metadata = [it["metadata"] for it in report["install"]]
-        resolved = {normalize_name(m["name"]): m["version"] for m in metadata}
-        resolved.update({k: pinned[k][2] for k in own_requires})
-        missing = unmet(metadata, resolved, env=CPU_ENV)
-        if not missing:
-            break
-        for problem in missing:
-            print(f"  re-resolving for CI's python: {problem}", file=sys.stderr)
-            requirements.append(problem.split(": ", 1)[1].rsplit(" (lock:", 1)[0].split(";")[0].strip())
-    else:
-        raise SystemExit("requirements still unmet after re-resolving: " + "; ".join(missing))
+    own_pins = {k: pinned[k][2] for k in own_requires}
+    report, kept = resolve_until_met(requirements, prefer, "CI's python", pip=pip, source="cpu.lock (previous)",
+                                     env=CPU_ENV, also_pinned=own_pins)
+    metadata = [it["metadata"] for it in report["install"]]
+    resolved = {**{normalize_name(m["name"]): m["version"] for m in metadata}, **own_pins}
     dropped = sorted(set(prefer) - set(kept))
     if dropped:
         print(f"  versions moved from the previous cpu.lock: {', '.join(dropped)}", file=sys.stderr)

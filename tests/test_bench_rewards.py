@@ -23,6 +23,10 @@ def test_old_path_is_timed_or_stopped_at_the_cap():
     assert _children_for("format:262145") == []
 
 
-def test_cli_entry(run_cli):
-    proc = run_cli("bench", "rewards", "--help")
-    assert proc.returncode == 0 and "--old-cap" in proc.stdout
+def test_cli_refuses_a_cap_that_stops_nothing_in_one_line(run_cli, tmp_path):
+    csv = tmp_path / "r.csv"
+    for cap in ("0", "-1", "nan"):
+        proc = run_cli("bench", "rewards", "--old-cap", cap, "--csv", str(csv))
+        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+        assert "--old-cap" in proc.stderr and "Traceback" not in proc.stderr
+    assert not csv.exists()  # refused before anything ran

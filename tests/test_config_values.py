@@ -86,30 +86,15 @@ def test_strings_trls_parser_refuses_are_refused():
 def test_conversions_match_trls_own_parser():
     """The same YAML values through TRL's TrlParser (the dataclasses `trl grpo` parses): equal results, and the
     strings it refuses are the ones the loader refuses."""
-    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser
-    from trl.scripts.grpo import GRPOScriptArguments
+    from trl_parser_checks import Refused, converts_like_trl, trl_parser
 
-    class Refused(Exception):
-        pass
-
-    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
-
-    def fail(message):
-        raise Refused(message)
-
-    parser.error = fail  # argparse exits on a bad value; here it raises
+    parser = trl_parser()
     dests = {a.dest for a in parser._actions}
     ints = [k for k in _by_kind("int") if k in dests]
     floats = [k for k in _by_kind("float") if k in dests]
     bools = [k for k in _by_kind("bool") if k in dests]
     assert len(ints) >= 30 and len(floats) >= 30 and len(bools) >= 50
-    recipe = {**{k: "7" for k in ints}, **{k: "0.5" for k in floats}, **{k: "no" for k in bools},
-              "learning_rate": "1e-6"}
-    parser.set_defaults_with_config(**recipe)
-    ns, _ = parser.parse_known_args([])
-    ours = load_run_config({**MODEL, **recipe}).trl
-    for k in recipe:
-        assert getattr(ns, k) == ours[k] and type(getattr(ns, k)) is type(ours[k]), k
+    recipe = converts_like_trl(parser, ints, floats, bools)
     for k in ints[:: max(1, len(ints) // 8)]:  # a sample: each refusal is one parse
         parser.set_defaults_with_config(**{**recipe, k: "7.5"})
         with pytest.raises(Refused):

@@ -267,15 +267,21 @@ exit "${FAKE_TRAIN_RC:-0}"
 """
 
 
-def _run_sbatch(tmp_path, files, job_id=4242, **env):
-    import os
-
+def _stand_ins(tmp_path) -> Path:
+    """srun, scontrol, ogrpo and accelerate stand-ins in one directory, for the front of PATH."""
     fake = tmp_path / "fake"
     fake.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
                        ("ogrpo", FAKE_OGRPO.format(python=sys.executable)), ("accelerate", FAKE_ACCELERATE)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
+    return fake
+
+
+def _run_sbatch(tmp_path, files, job_id=4242, **env):
+    import os
+
+    fake = _stand_ins(tmp_path)
     job = tmp_path / "job"
     write_job(files, job)
     # the supervisor puts its own Python's bin dir on PATH unless there already: after the stand-ins
@@ -391,12 +397,7 @@ def test_sbatch_by_hand_needs_no_venv_on_path(basic_recipe, tmp_path):
 
     _, _, files = _render(basic_recipe, "3xA40", job_dir=str(tmp_path / "job"))
     assert f"RENDERED_PYTHON={sys.executable}" in files["job.sbatch"].splitlines()
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
-                       ("ogrpo", FAKE_OGRPO.format(python=sys.executable)), ("accelerate", FAKE_ACCELERATE)):
-        (fake / name).write_text(text)
-        (fake / name).chmod(0o755)
+    fake = _stand_ins(tmp_path)
     job = tmp_path / "job"
     write_job(files, job)
     env = {k: v for k, v in os.environ.items() if k not in ("OGRPO_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")}

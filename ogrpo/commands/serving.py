@@ -147,7 +147,12 @@ def bench_rewards(
 ) -> None:
     """Reward stage before/after: open-r1's regexes vs linear scanners, math-verify in a thread vs killable
     workers, one completion's test cases in turn vs in parallel."""
-    from ogrpo.bench.rewards import run_rewards_bench
+    import math
 
+    from ogrpo.bench.rewards import run_rewards_bench
+    from ogrpo.errors import OgrpoError
+
+    if not (math.isfinite(old_cap) and old_cap > 0):
+        raise OgrpoError(f"--old-cap {old_cap}: give the seconds after which an old path is stopped (> 0)")
     picked = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else None
     run_rewards_bench(old_cap_s=old_cap, csv_path=csv, cases=picked)

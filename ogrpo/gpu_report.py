@@ -3,7 +3,8 @@
     python -m ogrpo.gpu_report [--out DIR] [--timeout S]
 
 On a CUDA machine it runs, each as its own process with a time limit, in this order: every `gpu`-marked test
-(pytest -m gpu), `ogrpo selftest --gpu`, and `ogrpo bench kernels`, `bench step`, `bench rollout`; each part's
+(pytest -m gpu), `ogrpo selftest --gpu`, and `ogrpo bench kernels` (CPU build) and its CUDA side
+(`python -m ogrpo.bench.kernels_cuda`), `bench step`, `bench rollout`; each part's
 command, exit code, seconds, outcome and a short summary (test counts, the self-test's checks, the device each
 benchmark row was measured on) go to DIR/gpu-report.json and DIR/gpu-report.txt, and the table is printed. So the
 first GPU machine that comes along measures everything in minutes.
@@ -31,6 +32,7 @@ PARTS = (
                    "tests"]),
     ("selftest --gpu", ["-m", "ogrpo", "selftest", "--gpu", "--out", "{out}/selftest.json"]),
     ("bench kernels", ["-m", "ogrpo", "bench", "kernels", "--csv", "{out}/kernels.csv"]),
+    ("bench kernels cuda", ["-m", "ogrpo.bench.kernels_cuda", "--csv", "{out}/kernels-cuda.csv"]),
     ("bench step", ["-m", "ogrpo", "bench", "step", "--csv", "{out}/step.csv", "--png", "{out}/step.png"]),
     ("bench rollout", ["-m", "ogrpo", "bench", "rollout", "--csv", "{out}/rollout.csv"]),
 )
@@ -86,6 +88,7 @@ def bench_summary(path: Path) -> str:
 SUMMARIES = {"gpu tests": lambda out: junit_summary(out / "gpu-tests.xml"),
              "selftest --gpu": lambda out: selftest_summary(out / "selftest.json"),
              "bench kernels": lambda out: bench_summary(out / "kernels.csv"),
+             "bench kernels cuda": lambda out: bench_summary(out / "kernels-cuda.csv"),
              "bench step": lambda out: bench_summary(out / "step.csv"),
              "bench rollout": lambda out: bench_summary(out / "rollout.csv")}
 
@@ -125,11 +128,10 @@ def table(report: dict) -> str:
     if not report["cuda"]["cuda"]:
         lines.append(f"no GPU: nothing run ({report['cuda'].get('reason')})")
         return "\n".join(lines) + "\n"
-    rows = [("part", "outcome", "rc", "seconds", "summary")]
-    rows += [(p["part"], p["outcome"], str(p["rc"]), f"{p['seconds']:.1f}", p["summary"]) for p in report["parts"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+    from ogrpo.tables import format_table
+
+    rows = [(p["part"], p["outcome"], str(p["rc"]), f"{p['seconds']:.1f}", p["summary"]) for p in report["parts"]]
+    lines.append(format_table(["part", "outcome", "rc", "seconds", "summary"], rows, right=(2, 3)))
     lines.append(f"overall: {report['status']}")
     return "\n".join(lines) + "\n"
 

@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -70,7 +72,7 @@ def test_tiny_bench_rows_tables_and_ratios(tmp_path):
 
 def test_trl_copies_match_the_installed_trl():
     # the copies stand for TRL 1.9.2's functions; TRL 1.16's own (CPU branch) must compute the same numbers
-    torch = pytest.importorskip("torch")
+    import torch
     from trl.trainer import utils as trl_utils
 
     gen = torch.Generator().manual_seed(0)
@@ -111,3 +113,23 @@ def test_missing_stack_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "needs torch, which is not installed here: pip install 'ogrpo[train]'" in proc.stderr
     assert not (tmp_path / "k.csv").exists()
+
+
+def test_cuda_bench_without_cuda_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "ogrpo.bench.kernels_cuda", "--tokens", "64"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: no CUDA device here (torch.cuda.is_available() is False)"], proc.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_bench_rows_and_ratios(tmp_path):
+    out = tmp_path / "k.csv"
+    proc = subprocess.run([sys.executable, "-m", "ogrpo.bench.kernels_cuda", "--tokens", "256", "--vocab", "4099",
+                           "--hidden", "64", "--repeats", "2", "--csv", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(out.open()))
+    by = {(r["path"], r["metric"]): float(r["value"]) for r in rows}
+    assert by[("trl_1_9_2", "time_ratio")] == 1.0 and by[("ogrpo", "ms")] > 0
+    assert by[("ogrpo", "time_ratio")] == pytest.approx(by[("ogrpo", "ms")] / by[("trl_1_9_2", "ms")])

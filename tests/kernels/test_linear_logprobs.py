@@ -11,7 +11,8 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is part of the test environment (.venv, the train extra): its absence is a failure, not a skip.
+import torch  # noqa: E402
 
 from ogrpo.errors import OgrpoError  # noqa: E402
 from ogrpo.kernels.linear_logprobs import op, reference  # noqa: E402
@@ -45,7 +46,8 @@ def _inputs(n, hid, vocab, dtype, seed=0, batch_shape=None):
 def _grads(fn, h, w, t, temp, seed=1):
     logp, ent = fn(h, w, t, temp)
     gen = torch.Generator().manual_seed(seed)
-    g1, g2 = torch.randn(t.shape, generator=gen), torch.randn(t.shape, generator=gen)
+    # drawn on the CPU generator, then moved: the same weights for a CUDA run as for the CPU reference
+    g1, g2 = (torch.randn(t.shape, generator=gen).to(t.device) for _ in range(2))
     gh, gw = torch.autograd.grad((logp * g1).sum() + (ent * g2).sum(), (h, w))
     return logp, ent, gh, gw
 

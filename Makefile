@@ -34,7 +34,13 @@ $(VENV_TRL19)/.installed: requirements/trl19-cpu.lock requirements/install.sh py
 	$(VENV_TRL19)/bin/python -m ogrpo.kernels build
 	touch $@
 
-demo: setup
+# The installers' output goes to build/setup.log (a line here says so); the run shows O-GRPO's lines, the training
+# bar and the stage table, the libraries' output staying in the run's log (ogrpo/train/quiet.py).
+demo:
+	@$(MAKE) -s -q setup 2>/dev/null || { mkdir -p build && \
+	  echo "setting up $(VENV): seconds with uv, minutes with pip (log: build/setup.log)" && \
+	  $(MAKE) -s --no-print-directory setup > build/setup.log 2>&1 || { tail -n 20 build/setup.log; \
+	  echo "make demo: setup failed; the full log is build/setup.log" >&2; exit 1; }; }
 	$(OGRPO) submit --backend local --gpus cpu --config tiny
 
 test: setup setup-trl19

@@ -16,7 +16,7 @@ from ogrpo.patches import typer_options
 
 typer_options.install()
 
-from ogrpo.commands import jobs, planning, reproducing, selftesting, serving, training  # noqa: E402
+from ogrpo.commands import jobs, planning, reproducing, selftesting, serving, sweeping, training  # noqa: E402
 from ogrpo.errors import OgrpoError  # noqa: E402
 
 _SETTINGS = dict(
@@ -32,6 +32,7 @@ _COMMANDS = {
     "plan": planning.plan, "render": planning.render, "doctor": planning.doctor, "train": training.train,
     "serve": serving.serve, "supervise": serving.supervise, "submit": jobs.submit, "status": jobs.status,
     "logs": jobs.logs, "cancel": jobs.cancel, "reproduce": reproducing.reproduce, "selftest": selftesting.selftest,
+    "sweep": sweeping.sweep,
 }
 _HIDDEN = {"supervise"}
 _GROUPS = {"bench": serving.bench_app}

@@ -127,8 +127,9 @@ def model_dtype_key() -> str:
     """transformers >= 4.56 takes `dtype`; older releases only `torch_dtype`."""
     import transformers
 
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    from ogrpo.stacks import in_range
+
+    return "dtype" if in_range(transformers.__version__, ">=4.56") else "torch_dtype"
 
 
 def vllm_generation_module():

@@ -23,7 +23,7 @@ def planned_gpu(plan: dict | None) -> dict | None:
 
 
 def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | None:
-    """Why ROWS (this process's CUDA devices, ogrpo.doctor's rows: name, catalog, memory_gib) cannot run a plan
+    """Why ROWS (this process's CUDA devices, `gpu_rows`: name, catalog, memory_gib) cannot run a plan
     made for GPU; None when they can. Pure, for tests."""
     from ogrpo.hardware import CATALOG
 
@@ -48,13 +48,32 @@ def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | N
     return None
 
 
+def gpu_rows(torch) -> list[dict]:
+    """This process's CUDA devices (index, name, catalog entry, sm, memory, bf16/TF32/FA2 by arch), as `doctor`,
+    `selftest` and the device check read them; `torch` is passed in so this module imports it only when asked."""
+    from ogrpo.hardware import match_device
+
+    rows = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        major, minor = props.major, props.minor
+        sm = major * 10 + minor
+        name = props.name
+        known = match_device(name, props.total_memory / 2**30)
+        known = known.name if known else None
+        rows.append({
+            "index": i, "name": name, "catalog": known, "sm": sm,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "bf16": bool(sm >= 80), "tf32": bool(sm >= 80), "fa2_arch": bool(sm >= 80),
+        })
+    return rows
+
+
 def visible_gpus() -> list[dict]:
     """This process's CUDA devices as `ogrpo doctor`/`selftest` read them (name, catalog, memory_gib)."""
     import torch
 
-    from ogrpo.doctor import _gpu_rows
-
-    return _gpu_rows(torch) if torch.cuda.is_available() else []
+    return gpu_rows(torch) if torch.cuda.is_available() else []
 
 
 def check_devices(plan: dict | None, role: str) -> None:

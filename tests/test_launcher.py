@@ -16,7 +16,7 @@ import pytest
 
 from ogrpo.errors import OgrpoError
 from ogrpo.launch import local_state as ls
-from ogrpo.launch.handle import find, submit
+from ogrpo.launch.executor import find, submit
 from ogrpo.launch.local import LocalJob, run_local, start_detached
 from ogrpo.launch.supervisor import group_members
 from test_supervisor import fake_job

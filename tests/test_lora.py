@@ -7,7 +7,8 @@ import pytest
 from ogrpo.errors import OgrpoError
 from ogrpo.memory import GiB, lora_params, trainer_estimate
 from ogrpo.models import resolve_model
-from ogrpo.train.peft_config import PEFT_DEFAULT_TARGETS, lora_spec, peft_config
+from ogrpo.planner.lora import PEFT_DEFAULT_TARGETS, lora_spec
+from ogrpo.train.peft_config import peft_config
 
 RECIPES = [
     {"use_peft": True},  # TRL's defaults: r 16, alpha 32, dropout 0.05, peft's targets for the model type
@@ -22,7 +23,7 @@ RECIPES = [
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_same_lora_config_as_trl(recipe):
     """The mapping TRL's own scripts use (trl.trainer.utils.get_peft_config over ModelConfig)."""
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
     from trl import ModelConfig
     from trl.trainer.utils import get_peft_config
 
@@ -45,7 +46,7 @@ def test_bad_values_are_one_line_errors(bad, word):
 
 
 def test_default_targets_are_peft_defaults():
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_map
 
     for model_type, targets in PEFT_DEFAULT_TARGETS.items():
@@ -84,7 +85,7 @@ def _peft_trainable(model_type: str, extra: dict, recipe: dict) -> tuple[int, ob
 @pytest.mark.parametrize("recipe", RECIPES[1:])
 def test_adapter_count_matches_peft(model_type, extra, recipe):
     """r·(in + out) per targeted linear layer (+ out for DoRA), per layer, against what peft really builds."""
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
     targets = recipe["lora_target_modules"]
     if model_type == "phi3" and targets != "all-linear":
         recipe = {**recipe, "lora_target_modules": ["qkv_proj", "o_proj", "gate_up_proj"]}
@@ -156,8 +157,8 @@ def test_plan_loads_the_base_it_counts(write_recipe):
 def test_two_grpo_steps_change_only_the_adapters(tmp_path, monkeypatch):
     """A real 2-step GRPO run on the tiny model with use_peft: every base weight is bit-identical to the
     checkpoint it was loaded from, every LoRA B matrix (zero at init) has moved."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    import torch
+    import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
     from safetensors.torch import load_file
 
     from ogrpo.train.run import build_trainer, prepare
@@ -191,7 +192,7 @@ def test_two_grpo_steps_change_only_the_adapters(tmp_path, monkeypatch):
 def test_weight_file_holds_the_merged_weights(tmp_path):
     """TRL's PEFT sync yields the merged weights and unmerges them in place when the iteration ends, before
     the CPU client writes its file: the file must hold what was yielded, not what the tensors hold later."""
-    torch = pytest.importorskip("torch")
+    import torch
     from safetensors.torch import load_file
 
     from ogrpo.serve.client import write_weights_file

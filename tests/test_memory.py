@@ -44,7 +44,7 @@ def test_ddp_terms_qwen_1_5b():
 
 def test_terms_measured_on_cpu_and_which_count_on_gpu():
     P = 1_543_714_304
-    acts, logits = 12288 * 85248 * 2, 8 * 1024 * 151936 * 8  # as in test_ddp_terms_qwen_1_5b
+    acts = 12288 * 85248 * 2  # as in test_ddp_terms_qwen_1_5b
     # DDP's buckets are torch's, on every device, but only with something to all-reduce.
     assert "ddp_buckets" not in _trainer(num_processes=1).terms
     # ZeRO-2's full gradients (2 B/param at the backward peak) and ZeRO-3's reference gather were measured over
@@ -216,7 +216,7 @@ def test_lora_under_zero_shards_what_deepspeed_shards():
     DeepSpeed casts the whole module to bf16 and keeps fp32 master + Adam (12 B) for the adapters only:
     ZeRO-2 over 4: base and adapters whole (2P + 2A), adapter grads 2A / 4, optimizer 12A / 4;
     ZeRO-3: also the base and adapters / 4. DDP (for contrast) keeps fp32 adapters and no sharding."""
-    from ogrpo.train.peft_config import lora_spec
+    from ogrpo.planner.lora import lora_spec
 
     P, A, n = 7_615_616_512, 28 * 16 * ((3584 + 3584) + (3584 + 512)), 4
     lora = lora_spec({"use_peft": True}, "bf16")

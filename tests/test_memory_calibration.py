@@ -38,7 +38,7 @@ OGRPO = str(Path(sys.executable).with_name("ogrpo"))
 
 
 def test_live_tensor_peak_counts_known_allocations_exactly():
-    torch = pytest.importorskip("torch")
+    import torch
     kept = torch.ones(1 << 20)  # 4 MiB alive before and after
     view = kept[:10]  # a view: its storage is counted once
     peak = TensorPeak().start()
@@ -57,7 +57,7 @@ def test_live_tensor_peak_counts_known_allocations_exactly():
 def test_a_measurement_left_recording_does_not_crash_the_process():
     # torch.profiler still recording at interpreter teardown segfaults (rc 139); and a second one started over
     # it corrupts both. The process must end cleanly either way.
-    pytest.importorskip("torch")
+    import torch  # noqa: F401  (the train extra is part of the test environment: missing fails)
     code = ("import torch\nfrom ogrpo.train.profiler import TensorPeak\n"
             "a = TensorPeak().start()\nb = TensorPeak().start()\nassert not a.running and b.running\n"
             "x = torch.empty(1 << 20)\nprint('left running')\n")
@@ -80,7 +80,7 @@ def test_profile_rows_carry_estimate_and_measurement():
 
 
 def test_profiler_measures_the_first_steps_only(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     prof = StageProfiler(tmp_path / "p.jsonl", memory_terms={"terms": {"weights": 0.01, "runtime": 0.5}},
                          measure_steps=1)
     cb = prof.callback()
@@ -201,7 +201,7 @@ def test_vllm_cpu_kv_cache_matches_the_plan(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, gc, beta", [("ddp", False, 0.0), ("ddp", True, 0.04)])
 def test_gpu_estimate_within_20_percent_of_max_memory_allocated(tmp_path, strategy, gc, beta):
-    torch = pytest.importorskip("torch")
+    import torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from ogrpo.hardware import match_device

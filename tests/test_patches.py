@@ -36,6 +36,7 @@ MOVES = {
     "trl_vllm_serve": ("trl.scripts.vllm_serve", "make_parser"),
     "trl_overlap": ("trl.trainer.grpo_trainer", "GRPOTrainer._calculate_rewards"),
     "starlette_job_key": ("starlette.applications", "Starlette.__call__"),
+    "submitit_adapter": ("submitit.slurm.slurm", "_make_sbatch_string"),
 }
 
 

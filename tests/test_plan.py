@@ -448,7 +448,7 @@ LORA_MOE = ("model_name_or_path: Qwen/Qwen3-30B-A3B\nper_device_train_batch_size
 
 def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(write_recipe):
     from ogrpo.memory import lora_params
-    from ogrpo.train.peft_config import lora_spec
+    from ogrpo.planner.lora import lora_spec
 
     # Qwen3-30B-A3B: P = 30,532,122,624 (bf16 base 56.9 GiB); LoRA r 16 on all linear layers (peft's MoE layout:
     # attention + router + fused experts) T = 996,507,648 adapters. 2x8xA100-80G: the trainer's 8 GPUs keep

@@ -10,8 +10,9 @@ import signal
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# torch and transformers are part of the test environment (.venv, the train extra): a failure if missing.
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from ogrpo.train import preemption  # noqa: E402
 

@@ -15,7 +15,7 @@ from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.jobspec import build_jobspec, fill
 from ogrpo.plan import plan_from_config
-from ogrpo.render import accelerate_config, deepspeed_config, render_job, write_job
+from ogrpo.render import deepspeed_config, render_job, write_job
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "slurm" / "examples"
@@ -66,9 +66,11 @@ def test_sbatch_is_the_supervised_job(basic_recipe):
     # host memory per node: the server's and the trainer's figures (ogrpo.host_memory) added up
     mem = sum(s.host_mem_gib for s in spec.steps)
     assert mem > 0 and f"#SBATCH --mem={int(mem)}G" in lines
-    # the body is the supervisor, nothing else: no step runs from bash
+    # the body is the supervisor, nothing else: no step runs from bash (submitit's rendering marks its jobs with
+    # SUBMITIT_EXECUTOR, which nothing of O-GRPO reads)
     body = [ln for ln in lines if ln and not ln.startswith("#")]
     assert body == ["set -euo pipefail", "JOB_DIR=/jobs/x", 'cd "$JOB_DIR"', f"RENDERED_PYTHON={sys.executable}",
+                    "export SUBMITIT_EXECUTOR=slurm",
                     'exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$JOB_DIR" \\',
                     "  --max-requeues 3 \\", "  --signal-delay 90"]
 

@@ -31,6 +31,19 @@ def test_gpu_flag_without_cuda_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_selftest_reads_gpus_with_the_one_parser():
+    """`selftest --gpus` goes through hardware.parse_gpus: a CPU spec with a memory suffix is a CPU plan like
+    `cpu`, and one GPU of a type, however it is written, is planned as two of it (one for the vLLM server)."""
+    from ogrpo.selftest import selftest_plan
+
+    _, sized = selftest_plan("tiny", "cpu-32G", None, 0)
+    _, plain = selftest_plan("tiny", "cpu", None, 0)
+    assert sized.cluster.is_cpu and (sized.mode, sized.vllm.num_gpus) == (plain.mode, plain.vllm.num_gpus)
+    for spec in ("A40", "1xA40", "1x a40"):
+        _, p = selftest_plan("tiny", spec, None, 1)
+        assert (p.cluster.spec, p.mode, p.vllm.num_gpus, p.trainer.num_gpus) == ("2xA40", "server", 1, 1), spec
+
+
 @pytest.fixture(scope="module")
 def overflowing_model(tmp_path_factory):
     """The tiny model with layer 1's MLP output scaled past fp16's range (what Qwen2.5's largest activations do)."""

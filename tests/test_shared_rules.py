@@ -6,7 +6,7 @@ import pytest
 
 from ogrpo import dtypes, layout, lengths
 from ogrpo.errors import OgrpoError
-from ogrpo.placeholders import PLACEHOLDERS, fill_argv, fill_template, fill_text
+from ogrpo.placeholders import PLACEHOLDERS, fill_argv, fill_text
 
 
 @pytest.mark.parametrize("spelling,torch_name,precision,vllm", [
@@ -48,14 +48,6 @@ def test_step_placeholders_fill_only_their_names():
                                                                    "{unknown}"]
     assert fill_text("{job_dir}/run", {}) == "{job_dir}/run"  # no value: left for a later filler
     assert "job_dir" in PLACEHOLDERS
-
-
-def test_template_placeholders_are_strict():
-    assert fill_template("a @@X@@ b", {"X": "1"}) == "a 1 b"
-    with pytest.raises(ValueError, match="without a value \\['Y'\\]"):
-        fill_template("@@X@@ @@Y@@", {"X": "1"})
-    with pytest.raises(ValueError, match="without a placeholder \\['Z'\\]"):
-        fill_template("@@X@@", {"X": "1", "Z": "2"})
 
 
 def test_layout_paths(tmp_path):

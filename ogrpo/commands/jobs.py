@@ -23,11 +23,13 @@ def _default_job_dir(name: str) -> str:
 
 def _is_cpu_spec(gpus: str | None, config: str) -> bool:
     """Whether the cluster a submit targets is this machine's CPU (from --gpus, else the config's ogrpo.gpus)."""
+    from ogrpo.hardware import parse_gpus
+
     if gpus is None:
         from ogrpo.config import load_run_config
 
         gpus = load_run_config(config).ogrpo.gpus
-    return gpus is None or str(gpus).strip().lower().split("-")[0].lstrip("0123456789x") == "cpu"
+    return gpus is None or parse_gpus(str(gpus)).is_cpu
 
 
 def _summary(p, spec) -> list[str]:
@@ -78,12 +80,37 @@ def submit(
                                  "[lines]}, or {errors: [...]} on failure (ogrpo/cli.py collects it)."),
 ) -> None:
     """Plan, render and submit a job (Slurm: `sbatch job.sbatch`, or run it here with --backend local)."""
-    import os
+    from ogrpo.jobspec import build_jobspec
+    from ogrpo.render import render_job, write_job
+
+    backend = _backend(backend, dry_run, gpus, config)
+    rc, plan, job_dir, signal_delay = _plan(
+        backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
+        extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
+               "strategy": strategy, "overlap": overlap, "gres_type": gres_type})
+    spec = build_jobspec(plan, rc, job_dir)
+    executor = _executor(backend, plan, rc, spec, detach, nodes=nodes, time_limit=time_limit, slurm=slurm,
+                         signal_delay=signal_delay, max_requeues=max_requeues, container_runtime=container_runtime)
+    # the one job.sbatch: what --dry-run shows, what `render` writes for the same inputs, what sbatch gets
+    files = render_job(plan, rc, spec, **({"slurm": executor.opts} if backend == "slurm" else {}))
+    summary = _summary(plan, spec)
+    if dry_run:
+        typer.echo("\n".join([*summary, *executor.dry_run(spec, files)]))
+        return
+    write_job(files, job_dir)
+    if backend == "local" and not detach:
+        typer.echo("\n".join(summary) + f"\nrunning locally in {job_dir}")
+    job = executor.submit(spec)
+    if backend == "local" and not detach:
+        raise typer.Exit(job.exit_code() or 0)
+    typer.echo("\n".join(_submitted(job, spec, summary)))
+
+
+def _backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) -> str:
+    """--backend, checked; by default slurm where sbatch is on PATH, else local (for this machine's own plan)."""
     import shutil
 
     from ogrpo.errors import OgrpoError
-    from ogrpo.jobspec import build_jobspec
-    from ogrpo.render import render_job, write_job
 
     if backend is None:
         if shutil.which("sbatch") is None and not dry_run and not _is_cpu_spec(gpus, config):
@@ -97,20 +124,23 @@ def submit(
     if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:
         raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node "
                          "(or load the slurm module), or use --backend local")
+    return backend
+
+
+def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay,
+          slurm_items, extra):
+    """The run config and the plan for it, with what the backend needs checked: (run config, plan, run dir,
+    signal delay)."""
+    import os
+
+    from ogrpo.commands.planning import load_and_plan, require_fit, warn
+    from ogrpo.errors import OgrpoError
     from ogrpo.launch import slurm as sl
 
-    extra = sl.parse_passthrough(slurm)
-    minutes = sl.parse_time(time_limit) if time_limit else None
-    from ogrpo.commands.planning import load_and_plan, require_fit, warn
-
-    def plan_for(devices):
-        return load_and_plan(config, devices, model, params, profile, vllm_gpus,
-                             extra={"partition": partition, "account": account, "qos": qos, "time": time_limit,
-                                    "container": container, "strategy": strategy, "overlap": overlap,
-                                    "gres_type": gres_type},
-                             strict=strict)
-
-    rc, plan = plan_for(gpus)
+    sl.parse_passthrough(slurm_items)  # bad --slurm or --time input is the one line before any planning
+    if extra.get("time"):
+        sl.parse_time(extra["time"])
+    rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict)
     if backend == "local":  # the job runs here: code rewards without an isolating level exit 2 now
         from ogrpo.train.sandbox_policy import check_here
 
@@ -120,104 +150,73 @@ def submit(
 
             require(("torch", "trl", "accelerate", *(("vllm",) if plan.mode == "server" else ())),
                     "`ogrpo submit --backend local` (it runs the job on this machine)")
-    opts_cfg = rc.ogrpo
-    job_dir = os.path.abspath(output) if output else _default_job_dir(opts_cfg.job_name or "ogrpo")
+    job_dir = os.path.abspath(output) if output else _default_job_dir(rc.ogrpo.job_name or "ogrpo")
     if backend == "slurm":
         from ogrpo.launch import grace
 
         # KillWait/GraceTime and the step time → signal lead time and save_steps (warnings and changes shown)
-        preempt = grace.for_plan(rc, plan, job_dir=job_dir, partition=partition, signal_delay_s=signal_delay,
-                                 strict=strict)
-        signal_delay = preempt.signal_delay_s
+        signal_delay = grace.for_plan(rc, plan, job_dir=job_dir, partition=extra.get("partition"),
+                                      signal_delay_s=signal_delay, strict=strict).signal_delay_s
     warn(rc, plan)
     require_fit(plan, force, "submit anyway")
     if backend == "local" and plan.cluster.nodes > 1:
         raise OgrpoError(f"--backend local runs on this machine; the {plan.cluster.spec} plan spans "
                          f"{plan.cluster.nodes} nodes: submit it to Slurm (--backend slurm)")
-    spec = build_jobspec(plan, rc, job_dir)
-    summary = _summary(plan, spec)
+    return rc, plan, job_dir, signal_delay
+
+
+def _executor(backend, plan, rc, spec, detach, *, nodes, time_limit, slurm, signal_delay, max_requeues,
+              container_runtime):
+    """The executor with its options; Slurm's checked against the cluster (preflight) before anything is written."""
+    import shutil
+
+    from ogrpo.launch import slurm as sl
+    from ogrpo.launch.executor import LocalExecutor, SlurmExecutor
 
     if backend == "local":
-        files = render_job(plan, rc, spec)
-        if dry_run:
-            typer.echo("\n".join(summary))
-            typer.echo(f"would run locally in {job_dir}:")
-            for s in spec.steps:
-                typer.echo(f"  {s.role}: {' '.join(s.argv)}")
-            return
-        _submit_local(files, spec, job_dir, summary, detach)
-        return
-
+        return LocalExecutor(detach=detach)
     if container_runtime is not None:
         from ogrpo.launch.containers import make_container
 
-        make_container(opts_cfg.container, container_runtime, [job_dir])  # refuses a bad runtime before submitting
-    opts = sl.options_for(plan, rc, nodes=nodes, time_min=minutes, extra=extra, signal_delay_s=signal_delay,
-                          max_requeues=max_requeues, container_runtime=container_runtime, job_name=spec.name)
-    if shutil.which("sbatch"):
-        sl.preflight(spec, opts)  # checks the request against the cluster before anything is written or submitted
-    # the one job.sbatch: what --dry-run shows, what `render` writes for the same inputs, what sbatch gets
-    files = render_job(plan, rc, spec, slurm=opts)
-    if dry_run:
-        typer.echo("\n".join(summary))
-        typer.echo(f"==> {job_dir}/job.sbatch (submitted with: sbatch job.sbatch) <==")
-        typer.echo(files["job.sbatch"].rstrip())
-        typer.echo("==> steps (started by the supervisor in the batch step; ports and addresses are picked when "
-                   "the job starts) <==")
-        from ogrpo.launch.ports import slurm_ports
-
-        hosts = [f"NODE{i}" for i in range(sl.job_nodes(spec))]
-        sup = sl.SlurmSupervisor(spec, max_requeues=max_requeues, signal_delay_s=signal_delay)
-        cmds = sup.commands(hosts, slurm_ports(0), opts.cpus_per_task or 1, None)
-        import shlex
-
-        for role, argv in cmds.items():
-            typer.echo(f"{role}: {shlex.join(argv)}")
-        return
-    write_job(files, job_dir)
-    sub = sl.submit(spec, opts)
-    typer.echo(f"submitted job {sub.job_id}")
-    typer.echo(f"run dir:    {sub.job_dir}")
-    typer.echo(f"job:        {os.path.join(sub.job_dir, 'job.sbatch')}")
-    typer.echo(f"supervisor: {sub.supervisor_log}")
-    for role, path in sub.logs.items():
-        typer.echo(f"{role + ':':11} {path}")
-    typer.echo("\n".join(summary))
-    typer.echo(f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})")
+        make_container(rc.ogrpo.container, container_runtime, [spec.job_dir])  # refuses a bad runtime first
+    opts = sl.options_for(plan, rc, nodes=nodes, time_min=sl.parse_time(time_limit) if time_limit else None,
+                          extra=sl.parse_passthrough(slurm), signal_delay_s=signal_delay, max_requeues=max_requeues,
+                          container_runtime=container_runtime, job_name=spec.name)
+    return SlurmExecutor(sl.preflight(spec, opts) if shutil.which("sbatch") else opts)
 
 
-def _submit_local(files: dict, spec, job_dir: str, summary: list[str], detach: bool = False) -> None:
-    import json
-    from pathlib import Path
-
-    from ogrpo.launch.local import run_local, start_detached
-    from ogrpo.render import write_job
-
-    write_job(files, job_dir)
-    (Path(job_dir) / "jobspec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-    typer.echo("\n".join(summary))
-    if detach:
-        job = start_detached(job_dir)
-        typer.echo(f"started job {job.job_id} in the background (pid {job.record()['pid']})")
-        typer.echo(f"run dir:    {job_dir}")
-        for role in ("supervisor", *dict.fromkeys(s.role for s in spec.steps)):
-            typer.echo(f"{role + ':':11} {' '.join(str(p) for p in job.log_files(role))}")
-        typer.echo(f"follow with: ogrpo logs {job_dir} --follow   (status: ogrpo status {job_dir}, "
-                   f"stop: ogrpo cancel {job_dir})")
-        return
-    typer.echo(f"running locally in {job_dir}")
-    rc = run_local(job_dir)
-    raise typer.Exit(rc)
+def _submitted(job, spec, summary: list[str]) -> list[str]:
+    """What `submit` prints for a job it started in the background."""
+    if job.backend == "local":
+        rec = job.record()
+        return [*summary, f"started job {job.job_id} in the background (pid {rec['pid']})",
+                f"run dir:    {job.job_dir}",
+                *(f"{role + ':':11} {' '.join(str(p) for p in job.log_files(role))}"
+                  for role in ("supervisor", *dict.fromkeys(s.role for s in spec.steps))),
+                f"follow with: ogrpo logs {job.job_dir} --follow   (status: ogrpo status {job.job_dir}, "
+                f"stop: ogrpo cancel {job.job_dir})"]
+    sub = job.submitted
+    return [f"submitted job {sub.job_id}", f"run dir:    {sub.job_dir}",
+            f"job:        {sub.job_dir}/job.sbatch", f"supervisor: {sub.supervisor_log}",
+            *(f"{role + ':':11} {path}" for role, path in sub.logs.items()), *summary,
+            f"follow with: ogrpo logs {sub.job_id} --follow   (status: ogrpo status {sub.job_id})"]
 
 
 def status(
     job: str = typer.Argument(..., help=JOB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """State of a job: Slurm state and steps, requeues, devices each role saw, last checkpoint and metrics."""
+    """State of a job: Slurm state and steps, requeues, devices each role saw, last checkpoint and metrics. A sweep
+    (its directory or id): one row per point."""
     import json
 
-    from ogrpo.launch.handle import find
+    from ogrpo.sweep.manifest import find as find_sweep
+
+    if (sweep := find_sweep(job)) is not None:
+        from ogrpo.commands.sweeping import print_status
+
+        return print_status(sweep, as_json)
+    from ogrpo.launch.executor import find
 
     info = find(job).status()
     if as_json:
@@ -262,7 +261,7 @@ def logs(
     import sys
 
     from ogrpo.errors import OgrpoError
-    from ogrpo.launch.handle import find
+    from ogrpo.launch.executor import find
 
     if role not in (None, "server", "trainer", "supervisor"):
         raise OgrpoError(f"--role {role!r}: use server, trainer or supervisor")
@@ -278,8 +277,14 @@ def cancel(
     job: str = typer.Argument(..., help=JOB_HELP),
 ) -> None:
     """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone (exit 1
-    naming any still alive after a bounded wait)."""
-    from ogrpo.launch.handle import find
+    naming any still alive after a bounded wait). A sweep (its directory or id): every point."""
+    from ogrpo.sweep.manifest import find as find_sweep
+
+    if (sweep := find_sweep(job)) is not None:
+        from ogrpo.commands.sweeping import cancel_sweep
+
+        return cancel_sweep(sweep)
+    from ogrpo.launch.executor import find
 
     handle = find(job)
     handle.cancel()

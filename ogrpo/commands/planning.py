@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from ogrpo.load_plan import load_and_plan  # noqa: F401  (its home, below the commands; submit, sweep use it)
+
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 GRES_TYPE_HELP = ("Slurm GRES type of the GPUs (--gres=gpu:TYPE:N; default: the catalog's, e.g. a40, v100; "
@@ -17,60 +19,6 @@ STRICT_HELP = "Refuse (exit 2) when the run would differ from the recipe in any 
 STRATEGY_HELP = "Trainer strategy: ddp | zero2 | zero3 | zero3_offload (default: the cheapest that fits; DDP on CPU)."
 OVERLAP_HELP = ("Server and trainer at work together on the split placement: off | lossless | one-step "
                 "(default: the plan's; off where no separate server exists).")
-
-
-def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
-                  strict: bool = False):
-    """Run config + command-line options → (RunConfig, Plan); shared by plan, render and submit. `strict`:
-    every change from the recipe (plan.changes) is an error, all of them reported together."""
-    from ogrpo.config import load_run_config
-    from ogrpo.errors import OgrpoError
-    from ogrpo.hardware import parse_gpus
-    from ogrpo.plan import plan_from_config
-
-    if not config:
-        raise OgrpoError("--config is required: a TRL recipe YAML or a built-in recipe name (e.g. --config tiny)")
-
-    # Options given on the command line are reported under their flag names, not as config problems.
-    if gpus is not None:
-        parse_gpus(gpus)
-    if profile is not None and profile not in ("conservative", "balanced", "aggressive"):
-        raise OgrpoError(f"--profile {profile!r}: choose one of conservative, balanced, aggressive")
-    if vllm_gpus is not None and vllm_gpus < 0:
-        raise OgrpoError(f"--vllm-gpus {vllm_gpus}: must be 0 (colocate) or more")
-    strategy = (extra or {}).get("strategy")
-    if strategy is not None:
-        from ogrpo.config import STRATEGIES
-
-        if strategy not in STRATEGIES:
-            raise OgrpoError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    overlap = (extra or {}).get("overlap")
-    if overlap is not None:
-        from ogrpo.config import OVERLAPS
-
-        if overlap not in OVERLAPS:
-            raise OgrpoError(f"--overlap {overlap!r}: choose one of {', '.join(OVERLAPS)}")
-    if params is not None:
-        from ogrpo.models import parse_params
-
-        parse_params(params)
-
-    overrides = {"ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
-                           "model": model, **(extra or {})}}
-    rc = load_run_config(config, overrides)
-    from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
-
-    rc.warnings.extend(check_inputs(rc))
-    plan = plan_from_config(rc)
-    from ogrpo.train.sandbox_policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
-
-    plan_notes(rc, plan)
-    if strict and plan.changes:
-        from ogrpo.errors import ConfigError
-
-        raise ConfigError([f"{c['key']} would change from {c['from']!r} to {c['to']!r} ({c['reason']})"
-                           for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
-    return rc, plan
 
 
 def _short(value, limit: int = 80) -> str:
@@ -205,8 +153,15 @@ def doctor(
 ) -> None:
     """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers, patch targets."""
     from ogrpo.doctor import print_report, run_checks
+    from ogrpo.kernels._build import cache_root
+    from ogrpo.train.quiet import libraries_note, libraries_to_log
 
-    report = run_checks(patches=patches)
+    # the patch checks import TRL and vLLM, which warn and log at import: kept in a log, named in one line
+    with libraries_to_log(cache_root().parent / "logs" / "doctor.log") as counts:
+        report = run_checks(patches=patches)
+    note = libraries_note(counts)
+    if note:
+        typer.echo(note, err=True)
     if as_json:
         import json
 

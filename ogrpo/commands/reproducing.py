@@ -8,7 +8,8 @@ import typer
 
 
 def reproduce(
-    run: str = typer.Argument(..., help="Job/run directory of the run to repeat, or its Slurm job id."),
+    run: str = typer.Argument(..., help="Job/run directory of the run to repeat, or its Slurm job id; a sweep's "
+                              "directory or id (the whole sweep), or SWEEP/points/I (one point)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Run directory of the new run."),
     backend: Optional[str] = typer.Option(None, "--backend", help="slurm | local (default: the original's)."),
     strict: bool = typer.Option(False, "--strict", help="Refuse when versions, code or the plan differ."),
@@ -20,6 +21,12 @@ def reproduce(
     import sys
     import tempfile
 
+    from ogrpo.sweep.manifest import find as find_sweep
+
+    if (sweep := find_sweep(run)) is not None:  # a whole sweep; one point of it is a job directory (points/I)
+        from ogrpo.commands.sweeping import reproduce_sweep
+
+        raise typer.Exit(reproduce_sweep(sweep, output, backend, strict, dry_run))
     from ogrpo.config import dump_yaml, load_run_config
     from ogrpo.errors import OgrpoError
     from ogrpo.plan import plan_from_config

@@ -108,34 +108,56 @@ def bench_kernels(
 
 @bench_app.command("step")
 def bench_step(
-    hidden: int = typer.Option(512, help="Hidden size."),
-    layers: int = typer.Option(8, help="Decoder layers."),
-    heads: int = typer.Option(8, help="Attention heads."),
-    kv_heads: int = typer.Option(2, help="Key/value heads."),
-    intermediate: int = typer.Option(2048, help="MLP width."),
-    vocab: int = typer.Option(4096, help="Vocabulary size."),
+    shape: str = typer.Option("default", help="Preset of model, batch and completion length: default (32.5M, "
+                                              "4x8x64) or generation-heavy (256-token completions); the options "
+                                              "below override it."),
+    hidden: Optional[int] = typer.Option(None, help="Hidden size."),
+    layers: Optional[int] = typer.Option(None, help="Decoder layers."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    kv_heads: Optional[int] = typer.Option(None, help="Key/value heads."),
+    intermediate: Optional[int] = typer.Option(None, help="MLP width."),
+    vocab: Optional[int] = typer.Option(None, help="Vocabulary size."),
     dtype: str = typer.Option("fp32", help="fp32 | bf16."),
     steps: int = typer.Option(4, help="GRPO steps per path (the first is a warm-up)."),
-    prompts: int = typer.Option(4, help="Prompts per step."),
-    generations: int = typer.Option(8, help="Completions per prompt."),
-    tokens: int = typer.Option(64, help="New tokens per completion."),
+    prompts: Optional[int] = typer.Option(None, help="Prompts per step."),
+    generations: Optional[int] = typer.Option(None, help="Completions per prompt."),
+    tokens: Optional[int] = typer.Option(None, help="New tokens per completion (at most, on the split placement)."),
     csv: str = typer.Option("bench/results/step.csv", help="CSV file rows are appended to."),
     png: str = typer.Option("bench/results/step.png", help="Bar chart of the per-stage seconds."),
     workdir: Optional[str] = typer.Option(None, help="Where the model and runs are written (default: temp)."),
     placement: str = typer.Option("single", help="single: plain TRL vs O-GRPO in one process; split: a vLLM "
                                                  "server on one core, the trainer on the other (2xcpu), with "
-                                                 "ogrpo.overlap off, lossless and one-step."),
+                                                 "plain TRL's server mode and ogrpo.overlap off, lossless and "
+                                                 "one-step."),
 ) -> None:
     """The same GRPO steps as plain TRL (its defaults) and as O-GRPO's plan: per-stage seconds, memory, ratios."""
-    from ogrpo.bench.rollout import RolloutShape
-    from ogrpo.bench.step import run_step_bench
+    from ogrpo.bench.step import preset, run_step_bench
     from ogrpo.launch.teardown import exit_on_signals
 
-    shape = RolloutShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
-                         vocab=vocab)
+    model, batch = preset(shape, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+                          intermediate=intermediate, vocab=vocab, prompts=prompts, generations=generations,
+                          tokens=tokens)
     with exit_on_signals():
-        run_step_bench(shape, dtype=dtype, steps=steps, prompts=prompts, generations=generations, new_tokens=tokens,
-                       csv_path=csv, png_path=png, workdir=workdir, placement=placement)
+        run_step_bench(model, dtype=dtype, steps=steps, prompts=batch["prompts"], generations=batch["generations"],
+                       new_tokens=batch["tokens"], csv_path=csv, png_path=png, workdir=workdir,
+                       placement=placement, shape_name=shape)
+
+
+@bench_app.command("overlap")
+def bench_overlap(
+    seeds: int = typer.Option(3, help="Seeds per mode."),
+    steps: int = typer.Option(30, help="GRPO steps per run."),
+    csv: str = typer.Option("bench/results/overlap.csv", help="CSV file of the reward curves (replaced)."),
+    png: str = typer.Option("bench/results/overlap.png", help="Reward-vs-time plot."),
+    workdir: Optional[str] = typer.Option(None, help="Where the jobs run (default: temp)."),
+) -> None:
+    """tiny-math with ogrpo.overlap off and one-step on the split placement: reward (mean ± std over seeds) at
+    fixed steps and wall-clock times, and whether one-step is within 2 std of off."""
+    from ogrpo.bench.overlap import run_overlap_bench
+    from ogrpo.launch.teardown import exit_on_signals
+
+    with exit_on_signals():
+        run_overlap_bench(seeds=seeds, steps=steps, workdir=workdir, csv_path=csv, png_path=png)
 
 
 @bench_app.command("rewards")

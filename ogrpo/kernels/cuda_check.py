@@ -303,7 +303,7 @@ def run_check(archs=ARCHS, files: list[Path] | None = None) -> dict:
 
 
 def format_report(report: dict) -> str:
-    from ogrpo.bench.harness import format_table
+    from ogrpo.tables import format_table
 
     rows = [[k["demangled"], k["arch"], str(k["registers"]), str(k["budget"] if k["budget"] is not None else "-"),
              str(k["max_threads"] or "-"), f"{k['spill_stores']}/{k['spill_loads']}", str(k["stack_bytes"]),

@@ -1,20 +1,19 @@
 """One handle for a job, whatever runs it: `status()`, `logs()`, `cancel()`, `wait()`.
 
-Like submitit's Job: a backend submits a JobSpec and returns a handle; `find(ref)` gets the same handle back
-later from a run directory (or a Slurm job id), so `ogrpo status/logs/cancel` need not know the backend.
-Backends: ogrpo.launch.local (LocalJob: a supervisor process on this machine, its state in JOB_DIR/local/) and
-ogrpo.launch.slurm_query (SlurmJob: squeue/sacct, its id in JOB_DIR/slurm/job_id).
+Like submitit's Job: an executor (ogrpo.launch.executor) submits a JobSpec and returns a handle; `find(ref)` there
+gets the same handle back later from a run directory (or a Slurm job id), so `ogrpo status/logs/cancel` need not
+know the backend. Handles: ogrpo.launch.local (LocalJob: a supervisor process on this machine, its state in
+JOB_DIR/local/) and ogrpo.launch.slurm_query (SlurmJob: submitit's, its id in JOB_DIR/slurm/job_id). This module
+imports neither: it is the interface they implement.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
-from ogrpo import layout
 from ogrpo.errors import OgrpoError
 
 # States a job ends in (Slurm's names; LOST: a local supervisor that vanished without recording how it ended).
@@ -93,41 +92,3 @@ class Job(ABC):
             time.sleep(poll_s)
             drain()
         drain()
-
-
-def submit(spec, backend: str = "local", slurm_options=None) -> Job:
-    """Start a JobSpec and return its handle: `local` runs it detached on this machine, `slurm` runs sbatch with
-    `slurm_options` (ogrpo.launch.sbatch.SlurmOptions)."""
-    if backend == "local":
-        from ogrpo.launch.local import start_detached
-
-        return start_detached(spec)
-    if backend == "slurm":
-        from ogrpo.launch import slurm
-        from ogrpo.launch.slurm_query import JobRef, SlurmJob
-
-        sub = slurm.submit(spec, slurm_options)
-        return SlurmJob(JobRef(sub.job_id, Path(sub.job_dir)))
-    raise OgrpoError(f"backend {backend!r}: use local or slurm")
-
-
-def find(ref: str | os.PathLike) -> Job:
-    """The handle of a job from its run directory (any backend) or a Slurm job id."""
-    from ogrpo.launch import local, local_state, slurm_query
-
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        if not (local_state.has_state(path) or (path / layout.SLURM / "job_id").exists()) and path.name == layout.RUN:
-            path = path.parent  # the trainer's output dir inside the job dir
-        local_mark = local_state.state_path(path)
-        slurm_mark = path / "slurm" / "job_id"
-        if local_mark.exists() and slurm_mark.exists():  # the same directory ran both ways: the latest wins
-            return (local.LocalJob(path) if local_mark.stat().st_mtime >= slurm_mark.stat().st_mtime
-                    else slurm_query.SlurmJob.from_ref(str(path)))
-        if local_mark.exists():
-            return local.LocalJob(path)
-        if slurm_mark.exists():
-            return slurm_query.SlurmJob.from_ref(str(path))
-        raise OgrpoError(f"{ref} is not the run directory of a submitted job (it has neither {local_state.STATE_FILE} "
-                         "nor slurm/job_id): pass the directory `ogrpo submit` printed as `run dir`")
-    return slurm_query.SlurmJob.from_ref(str(ref))

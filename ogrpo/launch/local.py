@@ -221,7 +221,7 @@ class LocalJob(Job):
         return self.record().get("exit_code")
 
     def status(self) -> dict:
-        from ogrpo.launch.slurm_query import run_dir_state
+        from ogrpo.launch.run_state import run_dir_state
 
         rec = self.record()
         state = self.state()

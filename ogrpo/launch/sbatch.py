@@ -1,14 +1,20 @@
-"""The job-level Slurm request of one job as data (`SlurmOptions`) and as `#SBATCH` lines (pure, no Slurm calls).
+"""The job-level Slurm request of one job as data (`SlurmOptions`), and the one renderer of job.sbatch (pure, no
+Slurm calls).
 
-`ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit` all write job.sbatch from these, so the header a user
-reads is the request Slurm gets. What only the cluster knows (its CPUs per node) is checked by
-`ogrpo.launch.slurm.preflight`, which may lower `cpus_per_task` before the file is written.
+`render_script` is the only producer of job.sbatch: `ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit`
+all write its text, so the header a user reads is the request Slurm gets and `sbatch job.sbatch` by hand runs what
+`ogrpo submit` runs. The text is submitit's rendering (ogrpo.launch.submitit_adapter) of the supervisor command.
+What only the cluster knows (its CPUs per node) is checked by `ogrpo.launch.slurm.preflight`, which may lower
+`cpus_per_task` before the file is written.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import shlex
+import sys
 from dataclasses import dataclass, field
 
 from ogrpo.errors import OgrpoError
@@ -191,8 +197,99 @@ def directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
 
 
 def sbatch_lines(spec, opts: SlurmOptions) -> list[str]:
-    return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in directives(spec, opts)
-            if v is not None and v is not False]
+    """The `#SBATCH` lines of the job's script, as render_script writes them."""
+    return [ln for ln in render_script(spec, opts).splitlines() if ln.startswith("#SBATCH")]
+
+
+def job_python() -> str:
+    """The job's default Python: OGRPO_PYTHON where the job is rendered, else the interpreter rendering it (the
+    venv's, not resolved: a venv's python is a link whose target lacks the venv's packages)."""
+    return os.environ.get("OGRPO_PYTHON") or sys.executable or "python3"
+
+
+def _q(tok: str) -> str:
+    """Shell quoting that leaves {placeholders} readable."""
+    return tok if re.fullmatch(r"[\w@%+=:,./{}-]+", tok) else shlex.quote(tok)
+
+
+def _wrap_comment(tokens: list[str], indent: str, width: int = 116) -> list[str]:
+    """Tokens as `#` comment lines of at most `width` characters, continuation lines indented."""
+    rows, cur = [], ""
+    for tok in tokens:
+        if cur and len(cur) + 1 + len(tok) > width - len(indent) - 2:
+            rows.append(cur)
+            cur = tok
+        else:
+            cur = f"{cur} {tok}" if cur else tok
+    if cur:
+        rows.append(cur)
+    return [f"#   {rows[0]}"] + [f"#   {indent}{r}" for r in rows[1:]]
+
+
+def _steps_comment(spec) -> list[str]:
+    """The job's steps as the supervisor runs them, placeholders unfilled: what a reader needs to know."""
+    lines = ["# Steps ({placeholders} are filled when the job starts):"]
+    if spec.env:
+        lines += _wrap_comment(["every", "step:"] + [f"{k}={_q(str(v))}" for k, v in sorted(spec.env.items())], "  ")
+    for step in spec.steps:
+        devices = f"GPUs {step.gpus}" if step.gpus else "CPU"
+        mem = f", {step.host_mem_gib:g} GiB host RAM" if step.host_mem_gib else ""
+        head = [f"{step.role}:", f"(nodes {step.nodes}, {devices}, {step.ntasks} task(s){mem})"]
+        own = [f"{k}={_q(str(v))}" for k, v in sorted(step.env.items()) if spec.env.get(k) != v]
+        lines += _wrap_comment(head + own + [_q(a) for a in step.argv], "    ")
+    return lines
+
+
+_ABOUT = """\
+# {title}
+# Written by `ogrpo render` and `ogrpo submit` (ogrpo {version}): both write this same file, and
+# `sbatch job.sbatch` runs exactly what `ogrpo submit` runs. Change the run config and re-render instead of editing.
+# Plan: {summary}
+#
+# The batch step becomes O-GRPO's Slurm supervisor (ogrpo/launch/slurm.py), which
+#   1. picks the job's ports (server, rendezvous, weight-sync group) below the ephemeral range, checks that they
+#      are free on the node and records them in run/ports.json (a requeued job takes its own again); the server's
+#      address is the node's as Slurm knows it (NodeAddr in `scontrol show node`);
+#   2. starts the steps below together, each an `srun --exact` step with its own GPUs, CPUs and memory; the
+#      trainer loads while the server starts, and its first generation waits until the server answers {health};
+#   3. stops every step when one dies (the job fails with that step's log tail) and ends with the trainer;
+#   4. on USR2 (--signal above: {delay} s before the time limit, or a preemption warning) asks the trainer to
+#      checkpoint, stops the server and requeues the job, at most {requeues} times; the trainer resumes from its
+#      last complete checkpoint (--resume auto).
+# Logs: logs/slurm-<job id>.out (the supervisor), run/logs/<role>.log (the steps). Follow: ogrpo logs <job id> -f
+#"""
+
+_BODY = """\
+set -euo pipefail
+JOB_DIR={job_dir}
+cd "$JOB_DIR"
+# The Python that has ogrpo installed: the one that rendered this job, so that `sbatch job.sbatch` works from any
+# shell (no venv to activate); OGRPO_PYTHON in the submitting environment overrides it. The steps run in this
+# Python too, or in the image's python3 when the job has a container (--container).
+RENDERED_PYTHON={python}
+# exec: the supervisor replaces this shell, so the warning signal (B: the batch step only) reaches it."""
+
+
+def render_script(spec, opts: SlurmOptions, *, title: str | None = None, summary: str = "") -> str:
+    """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job, whose batch
+    step `exec`s the supervisor."""
+    from ogrpo import __version__
+    from ogrpo.launch.submitit_adapter import render_sbatch
+
+    delay = max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))
+    args = [f"--max-requeues {int(opts.max_requeues)}", f"--signal-delay {delay}"]
+    if opts.container_image:
+        args.append(f"--container {shlex.quote(opts.container_image)}")
+        if opts.container_runtime:
+            args.append(f"--container-runtime {shlex.quote(opts.container_runtime)}")
+    command = ('exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$JOB_DIR"'
+               + "".join(" \\\n  " + a for a in args))
+    about = _ABOUT.format(title=title or f"O-GRPO job {spec.name}", version=__version__, summary=summary or spec.name,
+                          health=spec.health_path, delay=delay, requeues=int(opts.max_requeues))
+    setup = [*about.splitlines(), *_steps_comment(spec), "",
+             *_BODY.format(job_dir=shlex.quote(spec.job_dir), python=shlex.quote(job_python())).splitlines()]
+    params = dict(directives(spec, opts))
+    return render_sbatch(command, spec.job_dir, job_name=str(params.pop("job-name")), params=params, setup=setup)
 
 
 def request_flags(spec, opts: SlurmOptions) -> list[str]:

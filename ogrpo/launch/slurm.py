@@ -1,13 +1,11 @@
 """Slurm backend: job.sbatch's batch step runs the supervisor, which starts one `srun --exact` step per role.
 
 One batch script: `ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit` write the same job.sbatch
-(ogrpo.render.sbatch_script), and `ogrpo submit` hands that file to `sbatch`, so `sbatch job.sbatch` by hand runs
-exactly the same job. Its body `exec`s `python -m ogrpo.launch.slurm supervise JOB_DIR`: the shared
-`ogrpo.launch.supervisor.Supervisor` (server and trainer started together, health wait, watchdog, teardown), with
-each step's command wrapped in `srun --exact` and its own GPU count, so Slurm hands each step disjoint devices
-and sets CUDA_VISIBLE_DEVICES. submitit is not used: it submits only the sbatch text it generates around a
-pickled function and cannot submit an existing script, so a job submitted through it could never be the file
-`render` writes.
+(ogrpo.launch.sbatch.render_script: submitit's rendering of the supervisor command), and `submit` here hands that
+file to `sbatch`, so `sbatch job.sbatch` by hand runs exactly the same job. Its body `exec`s
+`python -m ogrpo.launch.slurm supervise JOB_DIR`: the shared `ogrpo.launch.supervisor.Supervisor` (server and
+trainer started together, health wait, watchdog, teardown), with each step's command wrapped in `srun --exact`
+and its own GPU count, so Slurm hands each step disjoint devices and sets CUDA_VISIBLE_DEVICES.
 
 Signals: the job asks for `--signal=B:USR2@delay`, i.e. only the batch step is warned before the time limit.
 The batch shell `exec`s python, so the supervisor's USR2 handler receives it: it forwards USR2 to the trainer
@@ -449,7 +447,7 @@ class SlurmSupervisor:
 
 
 def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    from ogrpo.launch.slurm_query import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
+    from ogrpo.launch.slurm_cli import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
 
     return run_slurm(cmd, timeout)
 
@@ -568,9 +566,10 @@ def supervisor_log(job_dir: str | Path, job_id: str | int) -> Path:
     return layout.slurm_output(job_dir, job_id)
 
 
-def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None = None) -> Submitted:
-    """`sbatch JOB_DIR/job.sbatch` (after `preflight`): the file `render` wrote, or `script` written there first.
-    A job dir without manifest.json (a JobSpec built in code) gets jobspec.json, which the supervisor reads."""
+def submit(spec: JobSpec, *, script: str | None = None) -> Submitted:
+    """`sbatch JOB_DIR/job.sbatch` (after `preflight`): the file `render` wrote, or `script` written there first
+    (ogrpo.launch.executor.SlurmExecutor renders it for a job dir that has none). A job dir without manifest.json
+    (a JobSpec built in code) gets jobspec.json, which the supervisor reads."""
     job_dir = Path(spec.job_dir)
     for sub in layout.JOB_SUBDIRS:
         (job_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -579,9 +578,7 @@ def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None =
     secret.ensure(job_dir)  # the job's key, before the job exists (its supervisor hands it to the steps)
     path = job_dir / layout.SBATCH
     if script is None and not path.exists():
-        from ogrpo.render import sbatch_script
-
-        script = sbatch_script(spec, opts or SlurmOptions(job_name=spec.name))
+        raise OgrpoError(f"{path} does not exist: render the job first (ogrpo render)")
     if script is not None:
         path.write_text(script)
         path.chmod(0o755)
@@ -590,7 +587,7 @@ def submit(spec: JobSpec, opts: SlurmOptions | None = None, script: str | None =
     # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
     # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
-    from ogrpo.launch.slurm_query import run_slurm
+    from ogrpo.launch.slurm_cli import run_slurm
 
     out = run_slurm(["sbatch", "--parsable", str(path)], timeout=120, cwd=job_dir, env=env)
     if out.returncode != 0:

@@ -1,26 +1,27 @@
-"""The Slurm backend's job handle (SlurmJob): find a job by id or run directory, read Slurm (squeue, sacct) and
-its run dir, cancel it.
+"""The Slurm backend's job handle (SlurmJob): find a job by id or run directory, follow it through submitit
+(ogrpo.launch.submitit_adapter: its SlurmJob and batched sacct watcher), add what O-GRPO knows on top (requeue
+count, steps, the run directory's records), cancel it.
 
-A job id maps to its run directory three ways, first hit wins: the run dir itself (`slurm/job_id`), the job's
-working directory in squeue/sacct (submit sets `--chdir` to the run dir), and a small index written at submit.
+A job id maps to its run directory three ways, first hit wins: the run dir itself (`slurm/job_id`), a small index
+written at submit, and the job's working directory in sacct (submit sets `--chdir` to the run dir).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
-from ogrpo.launch.handle import Job
+from ogrpo.launch import submitit_adapter
+from ogrpo.launch.handle import ENDED, Job
+from ogrpo.launch.run_state import run_dir_state
+from ogrpo.launch.slurm_cli import require, run_slurm
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED"}
+__all__ = ["SlurmJob", "JobRef", "resolve", "remember", "run_slurm", "status", "stream_logs", "cancel", "interrupt"]
 
 
 def _index_path() -> Path:
@@ -50,97 +51,6 @@ def _from_index(job_id: str) -> str | None:
     return found
 
 
-# A Slurm command that has not answered after this long gets its configuration and controller checked: a
-# controller that is down makes squeue retry for ~18 s and sbatch ~9 s before they say so (Slurm 22.05), and a
-# SLURM_CONF naming no file makes them retry reading it for 60 s.
-PROBE_AFTER_S = 2.0
-PROBE_TIMEOUT_S = 2.0
-DEFAULT_CONF = "/etc/slurm/slurm.conf"
-
-
-def conf_problem() -> str | None:
-    """A SLURM_CONF that names no file (Slurm's commands would retry reading it for a minute)."""
-    conf = os.environ.get("SLURM_CONF")
-    if conf and not os.path.isfile(conf):
-        return (f"SLURM_CONF={conf} does not exist: point it at the cluster's slurm.conf (or unset it), or run "
-                "this on a login node of the cluster")
-    return None
-
-
-def controllers(conf_text: str) -> tuple[list[str], int]:
-    """The controller addresses and port of a slurm.conf (`SlurmctldHost=name(addr)`, or the older
-    ControlMachine/ControlAddr/BackupController/BackupAddr; `SlurmctldPort=6817[-6818]`)."""
-    hosts, port, legacy = [], 6817, {}
-    for line in conf_text.splitlines():
-        key, sep, value = line.split("#", 1)[0].strip().partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or not value:
-            continue
-        if key == "slurmctldhost":
-            name, _, addr = value.partition("(")
-            hosts.append(addr.rstrip(")") or name)
-        elif key == "slurmctldport":
-            first = value.split("-")[0]
-            port = int(first) if first.isdigit() else port
-        elif key in ("controlmachine", "controladdr", "backupcontroller", "backupaddr"):
-            legacy[key] = value
-    if not hosts:
-        for name, addr in (("controlmachine", "controladdr"), ("backupcontroller", "backupaddr")):
-            if legacy.get(addr) or legacy.get(name):
-                hosts.append(legacy.get(addr) or legacy[name])
-    return hosts, port
-
-
-def controller_unreachable() -> str | None:
-    """Why no controller of this cluster accepts a connection, or None (one does, or slurm.conf cannot tell:
-    a configless site)."""
-    import socket
-
-    path = os.environ.get("SLURM_CONF") or DEFAULT_CONF
-    try:
-        hosts, port = controllers(Path(path).read_text())
-    except OSError:
-        return None
-    errors = []
-    for host in hosts:
-        try:
-            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-            return None
-        except OSError as exc:
-            errors.append(f"{host}:{port}: {exc.strerror or type(exc).__name__}")
-    if not errors:
-        return None
-    return (f"cannot reach the Slurm controller ({'; '.join(errors)}; SLURM_CONF={path}): check `scontrol ping` "
-            "and that this is a login node of the cluster")
-
-
-def run_slurm(cmd: list[str], timeout: float = 30, **popen) -> subprocess.CompletedProcess:
-    """Run a Slurm client command; OgrpoError (one line, exit 2) within seconds when the cluster cannot answer:
-    SLURM_CONF names no file, no controller accepts a connection, or the command hangs past `timeout`."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-    try:
-        try:
-            out, err = proc.communicate(timeout=min(PROBE_AFTER_S, timeout))
-        except subprocess.TimeoutExpired:
-            # only a command that is slow to answer is looked into: a healthy cluster answers in milliseconds
-            problem = conf_problem() or controller_unreachable()
-            if problem:
-                raise OgrpoError(problem) from None
-            out, err = proc.communicate(timeout=max(0.0, timeout - PROBE_AFTER_S))
-    except subprocess.TimeoutExpired:
-        raise OgrpoError(f"`{' '.join(cmd[:3])}` did not answer within {timeout:.0f} s: the Slurm controller is "
-                         "overloaded or unreachable (scontrol ping)") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return run_slurm(cmd, timeout)
-
-
 @dataclass
 class JobRef:
     job_id: str
@@ -158,114 +68,29 @@ def resolve(ref: str) -> JobRef:
     if not ref.split("_")[0].isdigit():
         raise OgrpoError(f"{ref!r} is neither a Slurm job id nor a run directory")
     job_dir = _from_index(ref)
-    if job_dir is None and shutil.which("squeue"):
-        out = _run(["squeue", "-h", "-j", ref, "-o", "%Z"])
-        job_dir = out.stdout.strip() or None if out.returncode == 0 else None
-    if job_dir is None and shutil.which("sacct"):
-        out = _run(["sacct", "-n", "-P", "-X", "-j", ref, "-o", "WorkDir"])
-        job_dir = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    if job_dir is None:
+        job_dir = submitit_adapter.job(".", ref).info().get("WorkDir") or None
+    if job_dir is None:  # not in the accounting database yet (or the site has none): the controller may know it
+        job_dir = (_controller(ref) or ("", ""))[1] or None
     return JobRef(ref, Path(job_dir) if job_dir and Path(job_dir).is_dir() else None)
 
 
-def _require(tool: str) -> None:
-    if shutil.which(tool) is None:
-        raise OgrpoError(f"`{tool}` is not on PATH: run this on a Slurm login node")
-
-
-def slurm_state(job_id: str) -> dict:
-    """{state, reason, elapsed, exit_code, nodes, steps: [{id, name, state}]} from squeue, else sacct."""
-    _require("squeue")
-    info: dict = {"job_id": job_id, "state": "UNKNOWN", "steps": []}
-    # -t all: the controller keeps ended jobs for MinJobAge and its state is final at once, while slurmdbd
-    # records asynchronously (sacct can say RUNNING for a moment after the job has ended)
-    q = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%M|%N"])
-    if q.returncode != 0 and _unreachable(q.stderr):
-        raise OgrpoError(f"cannot reach the Slurm controller ({_first_line(q.stderr)}); check `scontrol ping` "
-                         "and that this is a login node of the cluster")
-    if q.returncode == 0 and q.stdout.strip():
-        state, reason, elapsed, nodes = q.stdout.strip().splitlines()[0].split("|")
-        info.update(state=state, reason=reason, elapsed=elapsed, nodes=nodes, source="squeue")
-        restarts = _restarts(job_id)
-        if restarts is not None:
-            info["restarts"] = restarts
-    if shutil.which("sacct"):
-        a = _run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,State,ExitCode,Elapsed,NodeList"])
-        if a.returncode == 0:
-            for line in a.stdout.strip().splitlines():
-                jid, name, state, exit_code, elapsed, nodes = line.split("|")
-                if jid == job_id:
-                    if info.get("source") != "squeue":
-                        info.update(state=state.split()[0], exit_code=exit_code, elapsed=elapsed, nodes=nodes,
-                                    source="sacct")
-                    else:
-                        info["exit_code"] = exit_code
-                elif jid.startswith(job_id + "."):
-                    info["steps"].append({"id": jid, "name": name, "state": state.split()[0],
-                                          "exit_code": exit_code})
-    if info.get("source") is None:
-        raise OgrpoError(f"job {job_id} is not known to Slurm (neither the controller nor the accounting "
-                         "database has it); check the id with `squeue --me` or `sacct`")
-    return info
-
-
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or ["no output"])[0]
-
-
-def _unreachable(stderr: str) -> bool:
-    return any(w in stderr for w in ("Unable to contact slurm controller", "Connection refused",
-                                     "Socket timed out", "Zero Bytes were transmitted"))
+def _controller(job_id: str) -> tuple[str, str] | None:
+    """(state, working directory) of the job as the controller has it; None once it has forgotten the job
+    (MinJobAge)."""
+    out = run_slurm(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%Z"])
+    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    return tuple(line.split("|", 1)) if "|" in line else None
 
 
 def _restarts(job_id: str) -> int | None:
     """How often Slurm restarted (requeued) the job: scontrol's Restarts, which counts requeues of every kind
     (time limit, preemption, `scontrol requeue`), unlike the run directory's own records."""
-    out = _run(["scontrol", "show", "job", "-o", job_id])
+    out = run_slurm(["scontrol", "show", "job", "-o", job_id])
     for word in out.stdout.split() if out.returncode == 0 else ():
         if word.startswith("Restarts="):
             return int(word.split("=", 1)[1])
     return None
-
-
-def run_dir_state(job_dir: Path | None) -> dict:
-    """Attempts, requeues, role device records, checkpoints and the last metrics line from the run dir."""
-    if job_dir is None:
-        return {}
-    out: dict = {"job_dir": str(job_dir)}
-    sl = job_dir / "slurm"
-    out["attempts"] = len(list(sl.glob("attempt-*.json")))
-    requeues = [json.loads(p.read_text()) for p in sorted(sl.glob("requeue-*.json"))]
-    out["requeues"] = sum(1 for r in requeues if r.get("requeued"))
-    if requeues:
-        out["max_requeues"] = requeues[-1].get("max_requeues")
-    if (sl / "result.json").exists():
-        out["result"] = json.loads((sl / "result.json").read_text())
-    run = layout.run_dir(job_dir)
-    roles = {}
-    # <role>.step.json: written inside each srun step, so it holds the devices Slurm gave that step
-    for p in sorted(layout.roles_dir(job_dir).glob("*.step*.json")):
-        try:
-            rec = json.loads(p.read_text())
-        except ValueError:
-            continue
-        role, task = p.name[: -len(".json")].split(".step")
-        roles[role + (f".{task}" if task else "")] = rec.get("cuda_visible_devices")
-    out["devices"] = roles
-    ckpts = sorted((p for p in run.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
-                   key=lambda p: int(p.name.split("-")[-1]))
-    if ckpts:
-        out["last_checkpoint"] = ckpts[-1].name
-    if layout.preempted_file(job_dir).exists():
-        out["preempted"] = json.loads(layout.preempted_file(job_dir).read_text())
-    metrics = run / layout.METRICS
-    if metrics.exists():
-        lines = metrics.read_text().strip().splitlines()
-        if lines:
-            try:
-                out["last_metrics"] = json.loads(lines[-1])
-            except ValueError:
-                pass
-    return out
 
 
 def log_files(job: JobRef, role: str | None) -> list[Path]:
@@ -278,18 +103,6 @@ def log_files(job: JobRef, role: str | None) -> list[Path]:
     if role:
         return [logs / f"{role}.log"]
     return [supervisor, *sorted(logs.glob("*.log"))]
-
-
-def is_finished(job_id: str) -> bool:
-    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    return q.returncode != 0 or not q.stdout.strip()
-
-
-def has_ended(job_id: str) -> bool:
-    """Ended for good: not pending, running, or COMPLETING (Slurm still killing its processes)."""
-    q = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
-    state = q.stdout.strip().split()[0] if q.returncode == 0 and q.stdout.strip() else ""
-    return not state or state in FINAL_STATES
 
 
 def _ancestors() -> set[int]:
@@ -332,7 +145,8 @@ def leftover_processes(job_id: str, job_dir: Path | None) -> list[int]:
 
 
 class SlurmJob(Job):
-    """The handle of a Slurm job (ogrpo.launch.handle.Job)."""
+    """The handle of a Slurm job (ogrpo.launch.handle.Job) on submitit's: state from its watcher (one `sacct`
+    for every job this process follows), `scancel` through its `cancel`."""
 
     backend = "slurm"
 
@@ -340,21 +154,38 @@ class SlurmJob(Job):
         self.ref = ref
         self.job_id = ref.job_id
         self.job_dir = ref.job_dir
+        self._job = submitit_adapter.job(ref.job_dir or ".", ref.job_id)
 
     @classmethod
     def from_ref(cls, ref: str) -> "SlurmJob":
         return cls(resolve(ref))
 
     def state(self) -> str:
-        return slurm_state(self.job_id)["state"]
-
-    def done(self) -> bool:
-        return is_finished(self.job_id)
+        state, self.source = self._job.state(), "sacct"
+        if state not in ENDED:
+            # slurmdbd records asynchronously: a moment after the controller has a new job, and after it ended
+            # (sacct may still say RUNNING); the controller's word, while it has the job, is current
+            queued = _controller(self.job_id)
+            if queued:
+                state, self.source = queued[0], "squeue"
+        return state
 
     def status(self) -> dict:
-        info = {**slurm_state(self.job_id), **run_dir_state(self.job_dir)}
-        if info.get("restarts") is not None:
-            info["requeues"] = max(info["restarts"], info.get("requeues", 0))  # Slurm's count, as Slurm reports it
+        state = self.state()
+        if state == "UNKNOWN":
+            raise OgrpoError(f"job {self.job_id} is not known to Slurm (neither the controller nor the accounting "
+                             "database has it); check the id with `squeue --me` or `sacct`")
+        row = self._job.info(fresh=False)
+        info = {"job_id": self.job_id, "backend": self.backend, "state": state, "source": self.source,
+                "reason": row.get("Reason"),
+                "elapsed": row.get("Elapsed"), "exit_code": row.get("ExitCode"), "nodes": row.get("NodeList"),
+                "steps": self._job.steps()}
+        info = {k: v for k, v in info.items() if v is not None}
+        restarts = _restarts(self.job_id)  # None once the controller has forgotten the job (MinJobAge)
+        info.update(run_dir_state(self.job_dir))
+        if restarts is not None:
+            info["restarts"] = restarts
+            info["requeues"] = max(restarts, info.get("requeues", 0))  # Slurm's count, as Slurm reports it
         return info
 
     def log_files(self, role: str | None = None) -> list[Path]:
@@ -367,24 +198,22 @@ class SlurmJob(Job):
         from ogrpo.launch import ports, procs, stopping
         from ogrpo.train.rundir import record_status
 
-        _require("scancel")
+        require("scancel")
         # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
-        state = slurm_state(self.job_id)["state"]
-        if state in FINAL_STATES:
+        state = self.status()["state"]
+        if state in ENDED:
             raise OgrpoError(f"job {self.job_id} already ended ({state}); nothing to cancel")
         run = layout.run_dir(self.job_dir) if self.job_dir is not None else None
         if run is not None:  # before the signals: the trainer then stops at once, not as for a requeue
             stopping.request_cancel(run, self.job_id)
-        out = _run(["scancel", self.job_id])
-        if out.returncode != 0:
-            raise OgrpoError(f"scancel {self.job_id} failed: {out.stderr.strip() or out.returncode}")
+        self._job.cancel()
         if wait_s is None:
             from ogrpo.launch.grace import query
 
             grace = query()
             wait_s = (grace.kill_wait_s if grace else 30) + 60
         deadline = time.monotonic() + wait_s
-        while not has_ended(self.job_id):
+        while self.state() not in ENDED:
             if time.monotonic() > deadline:
                 left = leftover_processes(self.job_id, self.job_dir)
                 raise LaunchError(f"job {self.job_id} is still ending {wait_s:.0f} s after scancel (squeue -j "
@@ -404,8 +233,8 @@ class SlurmJob(Job):
             record_status(run, "cancelled", "cancelled by ogrpo cancel")
 
 
-# Entry points kept for callers that hold a Slurm id (tests/slurm, ogrpo.reproduce); `ogrpo status/logs/cancel`
-# go through ogrpo.launch.handle.find, which also knows local runs.
+# Entry points for callers that hold a Slurm id (tests/slurm, ogrpo.reproduce); `ogrpo status/logs/cancel` go
+# through ogrpo.launch.executor.find, which also knows local runs.
 def status(ref: str) -> dict:
     return SlurmJob.from_ref(ref).status()
 
@@ -422,4 +251,4 @@ def cancel(ref: str, wait_s: float | None = None) -> JobRef:
 
 def interrupt(job_id: str) -> None:
     """Send what Slurm sends near the time limit (USR2 to the batch step): checkpoint, then requeue."""
-    _run(["scancel", "--batch", "--signal=USR2", job_id]).check_returncode()
+    run_slurm(["scancel", "--batch", "--signal=USR2", job_id]).check_returncode()

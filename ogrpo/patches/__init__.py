@@ -23,7 +23,10 @@ PATCHES = {
     "trl_vllm_serve": ("trl", "`trl vllm-serve` on CPU: gloo weight-sync worker"),
     "trl_overlap": ("trl", "GRPOTrainer pipelined on the split placement (ogrpo.overlap lossless/one-step)"),
     "starlette_job_key": ("starlette", "job-key guard around every Starlette app (trl vllm-serve)"),
+    "submitit_adapter": ("submitit", "Slurm batch scripts and job state through submitit's private renderer"),
 }
+# checks that live beside the code they guard rather than in this package (module -> its import path)
+ELSEWHERE = {"submitit_adapter": "ogrpo.launch.submitit_adapter"}
 REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",),
             "trl_overlap": ("vllm",)}
 
@@ -33,7 +36,7 @@ def installed(dist: str) -> bool:
 
 
 def module(name: str):
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(ELSEWHERE.get(name) or f"{__name__}.{name}")
 
 
 def run_checks(names=None) -> dict[str, dict]:

@@ -10,6 +10,7 @@ The planner's steps (ogrpo/planner/*) ask these objects instead of testing `is_c
 
 from __future__ import annotations
 
+from ogrpo import dtypes
 from ogrpo.config import STRATEGIES
 from ogrpo.hardware import Cluster, GpuType
 
@@ -19,6 +20,12 @@ CPU_VLLM_UTIL = 0.2
 # The colocated vLLM's share of a GPU grows in these steps up to this ceiling until one sequence fits.
 COLOCATE_UTIL_STEP = 0.05
 COLOCATE_UTIL_MAX = 0.7
+
+# On CPU the server's engine runs the model in its own process, with every core of the server's device set.
+# vLLM's CPU platform otherwise splits it into an EngineCore process that busy-polls one core and a worker
+# bound to the other(s): on 2 cores that halves generation throughput. The OpenAI server keeps its EngineCore
+# in a separate process either way. `ogrpo serve` sets the same default for a CPU server started by hand.
+CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero3_offload": "ZeRO-3 with optimizer offload"}
@@ -52,7 +59,7 @@ class DeviceRules:
 class CpuRules(DeviceRules):
     is_cpu = True
     unit = "process"
-    dtype_bytes = 4
+    dtype_bytes = dtypes.BYTES["float32"]
     kv_policy = "kv_bytes"
     server_placement = "one_process"
     # An explicit ogrpo.strategy is honoured (DeepSpeed runs over gloo), but none is picked for memory.
@@ -126,8 +133,6 @@ class CpuRules(DeviceRules):
 
     def server_env(self, total: int) -> list[tuple[str, str, str | None]]:
         """(variable, value, setting reason or None) for the server step."""
-        from ogrpo.serve import CPU_SERVER_ENV
-
         return [(k, v, "CPU: the engine computes on all the server's cores in one process instead of busy-polling "
                        "one (1.8x tokens/s)") for k, v in CPU_SERVER_ENV.items()]
 
@@ -187,7 +192,7 @@ class CpuRules(DeviceRules):
 class GpuRules(DeviceRules):
     is_cpu = False
     unit = "GPU"
-    dtype_bytes = 2
+    dtype_bytes = dtypes.BYTES["bfloat16"]  # bf16 or fp16 (vllm_dtype): 2 bytes either way
     kv_policy = "utilization"
     server_placement = "tensor_parallel"
     strategies = STRATEGIES

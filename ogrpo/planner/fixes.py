@@ -64,14 +64,13 @@ def apply_fix(run_config, fix: Fix):
     return dataclasses.replace(run_config, trl=trl, ogrpo=opts, warnings=[])
 
 
-def _holds(fix: Fix, cluster, model, run_config, profile: str) -> bool:
+def _holds(fix: Fix, cluster, model, run_config, profile: str, replan) -> bool:
     """Re-plan with the fix applied: it holds when that plan fits (memory and TRL's batch rules)."""
     from ogrpo.hardware import parse_gpus
-    from ogrpo.plan import make_plan
 
     try:
         target = parse_gpus(fix.cli["gpus"]) if "gpus" in fix.cli else cluster
-        return make_plan(target, model, apply_fix(run_config, fix), profile, check_fixes=False).fits
+        return replan(target, model, apply_fix(run_config, fix), profile).fits
     except OgrpoError:
         return False
 
@@ -93,17 +92,18 @@ def micro_batches(B: int, ga: int) -> list[Fix]:
     return out
 
 
-def fixes_that_hold(candidates: list[Fix], cluster, model, run_config, profile: str, rules) -> list[Fix]:
+def fixes_that_hold(candidates: list[Fix], cluster, model, run_config, profile: str, rules, replan) -> list[Fix]:
     """The candidates that re-plan to a fit; one that does not hold alone is tried with smaller micro-batches
     (same effective batch through accumulation, the largest micro-batch that fits), since full B·T·V logits
     often dominate. Then hardware, in the groups the device rules name (GPUs: the fewest GPUs of any type at
-    least this large, then the fewest of this type; CPU: a host with more RAM)."""
+    least this large, then the fewest of this type; CPU: a host with more RAM). `replan(cluster, model,
+    run_config, profile) -> Plan` is the planner itself, handed in by its caller: the steps sit below it."""
     B = int(run_config.get("per_device_train_batch_size"))
     ga = int(run_config.get("gradient_accumulation_steps"))
     micro = micro_batches(B, ga) if run_config.trl.get("generation_batch_size") is None else []
 
     def first_holding(options) -> Fix | None:
-        return next((f for f in options if _holds(f, cluster, model, run_config, profile)), None)
+        return next((f for f in options if _holds(f, cluster, model, run_config, profile, replan)), None)
 
     held: list[Fix] = []
     for fix in dedupe(candidates):

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from ogrpo.errors import ConfigError
 from ogrpo.planner.draft import Draft
-from ogrpo.planner.placement import Placement
+from ogrpo.planner.placement import Placement, bf16_server
 from ogrpo.planner.strategy import STRATEGY_NAMES, TrainerFit, VllmFit
-from ogrpo.train.peft_config import BASE_DTYPE_REASON as LORA_BASE_REASON
+from ogrpo.planner.lora import BASE_DTYPE_REASON as LORA_BASE_REASON
+
+# vLLM options every O-GRPO server gets from its plan (the reasons are the settings below): the offline `LLM`
+# that TRL's own vllm-serve wraps has the same defaults.
+SERVER_ARGS = {"disable_log_stats": True}
 
 
 def _user_mik(trl: dict) -> dict:
@@ -110,12 +114,20 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
             "vllm_server_timeout", 900.0, "the trainer waits for the vLLM engine to load the weights and warm up; "
             "large models on shared filesystems take longer than TRL's 240 s")
     overlap(d, p, targs)
+    if bf16_server(p):  # a bf16 server samples off the fp32 trainer's log-probs: the correction covers the gap
+        targs["vllm_importance_sampling_correction"] = s.add("vllm_importance_sampling_correction", True,
+                                                             bf16_server(p))
     return targs
 
 
 # Where a separate server exists: lossless gives off's samples, losses and updates (tests/test_overlap.py and
 # tests/trl19/test_trl19_overlap.py compare them step by step) and only waits less.
 OVERLAP_DEFAULT = "lossless"
+# The aggressive profile trades exact on-policy sampling for time: a step costs about max(generation, training)
+# instead of their sum, with samples at most one policy version old and the importance-sampling correction on.
+AGGRESSIVE_OVERLAP = ("the aggressive profile: the server generates the next batch while the trainer trains on this "
+                      "one (a step costs about max(generation, training), not their sum); samples are at most one "
+                      "policy version old, corrected by TRL's importance sampling")
 
 
 def overlap(d: Draft, p: Placement, targs: dict) -> str:
@@ -141,6 +153,9 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
         if wanted:
             ch.add("ogrpo.overlap", wanted, "off", blocked)
         mode, why = "off", blocked
+    elif not wanted and d.profile == "aggressive":
+        mode, why = "one-step", AGGRESSIVE_OVERLAP
+        ch.add("ogrpo.overlap", OVERLAP_DEFAULT, mode, why)
     s.add("overlap", mode, why)
     if mode == "one-step":
         key, reason = ("vllm_importance_sampling_correction",
@@ -172,7 +187,10 @@ def vllm_args(d: Draft, p: Placement, v: VllmFit, precision: str) -> tuple[dict,
     r, trl, s = d.rules, d.trl, d.settings
     if p.mode not in ("server", "colocate"):
         return {}, {}
-    vdtype = s.add("vllm.dtype", *r.vllm_dtype(precision))
+    bf16 = bf16_server(p)
+    vdtype = s.add("vllm.dtype", *(("bfloat16", bf16) if bf16 else r.vllm_dtype(precision)))
+    if bf16:
+        d.changes.add("vllm.dtype", r.vllm_dtype(precision)[0], vdtype, bf16)
     if r.kv_policy == "kv_bytes":
         memory_arg = {"kv_cache_memory_bytes": s.add("vllm.kv_cache_memory_bytes",
                                                      v.estimate.notes["kv_cache_memory_bytes"],
@@ -196,8 +214,6 @@ def vllm_args(d: Draft, p: Placement, v: VllmFit, precision: str) -> tuple[dict,
           "TRL's importance-sampling correction compares against the sampler's processed log-probs")
     env: dict[str, str] = {}
     if p.mode == "server":
-        from ogrpo.serve import SERVER_ARGS
-
         args["disable_log_stats"] = s.add(
             "vllm.disable_log_stats", SERVER_ARGS["disable_log_stats"],
             "per-step engine statistics run on the engine's critical path (-12 % tokens/s on CPU, ogrpo bench "

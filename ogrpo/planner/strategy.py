@@ -11,7 +11,7 @@ from ogrpo.planner.draft import Draft
 from ogrpo.planner.fixes import Fix, set_key, trainer_fixes
 from ogrpo.planner.kernels import plan_kernels
 from ogrpo.planner.placement import Placement, valid_tp_sizes
-from ogrpo.train.peft_config import lora_spec
+from ogrpo.planner.lora import lora_spec
 
 
 @dataclass

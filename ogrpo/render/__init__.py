@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import tempfile
 from pathlib import Path
 
 from ogrpo import __version__, layout
-from ogrpo.placeholders import fill_template
 from ogrpo.errors import OgrpoError
 
-TEMPLATES = Path(__file__).with_name("templates")
 
 def _plan(plan):
     """The Plan (a manifest or run.yaml may hand its dict form)."""
@@ -121,73 +117,11 @@ def run_yaml(plan, run_config) -> str:
     return head + dump_yaml(d)
 
 
-def _q(tok: str) -> str:
-    """Shell quoting that leaves {placeholders} readable."""
-    return tok if re.fullmatch(r"[\w@%+=:,./{}-]+", tok) else shlex.quote(tok)
-
-
-def _wrap_comment(tokens: list[str], indent: str, width: int = 116) -> list[str]:
-    """Tokens as `#` comment lines of at most `width` characters, continuation lines indented."""
-    rows, cur = [], ""
-    for tok in tokens:
-        if cur and len(cur) + 1 + len(tok) > width - len(indent) - 2:
-            rows.append(cur)
-            cur = tok
-        else:
-            cur = f"{cur} {tok}" if cur else tok
-    if cur:
-        rows.append(cur)
-    return [f"#   {rows[0]}"] + [f"#   {indent}{r}" for r in rows[1:]]
-
-
-def _steps_comment(jobspec) -> list[str]:
-    """The job's steps as the supervisor runs them, placeholders unfilled: what a reader needs to know."""
-    lines = ["# Steps ({placeholders} are filled when the job starts):"]
-    if jobspec.env:
-        lines += _wrap_comment(["every", "step:"] + [f"{k}={_q(str(v))}" for k, v in
-                                                       sorted(jobspec.env.items())], "  ")
-    for step in jobspec.steps:
-        devices = f"GPUs {step.gpus}" if step.gpus else "CPU"
-        mem = f", {step.host_mem_gib:g} GiB host RAM" if step.host_mem_gib else ""
-        head = [f"{step.role}:", f"(nodes {step.nodes}, {devices}, {step.ntasks} task(s){mem})"]
-        own = [f"{k}={_q(str(v))}" for k, v in sorted(step.env.items()) if jobspec.env.get(k) != v]
-        lines += _wrap_comment(head + own + [_q(a) for a in step.argv], "    ")
-    return lines
-
-
-def job_python() -> str:
-    """The job's default Python: OGRPO_PYTHON where the job is rendered, else the interpreter rendering it (the
-    venv's, not resolved: a venv's python is a link whose target lacks the venv's packages)."""
-    import sys
-
-    return os.environ.get("OGRPO_PYTHON") or sys.executable or "python3"
-
-
 def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = "") -> str:
-    """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job."""
-    from ogrpo.launch.sbatch import MIN_SIGNAL_DELAY_S, sbatch_lines
+    """job.sbatch for a JobSpec and its SlurmOptions: the launch layer's one renderer (ogrpo.launch.sbatch)."""
+    from ogrpo.launch.sbatch import render_script
 
-    args = [f"--max-requeues {int(slurm.max_requeues)}",
-            f"--signal-delay {max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))}"]
-    if slurm.container_image:
-        args.append(f"--container {shlex.quote(slurm.container_image)}")
-        if slurm.container_runtime:
-            args.append(f"--container-runtime {shlex.quote(slurm.container_runtime)}")
-    text = (TEMPLATES / "job.sbatch").read_text()
-    subs = {
-        "TITLE": title or f"O-GRPO job {jobspec.name}",
-        "VERSION": __version__,
-        "SUMMARY": summary or jobspec.name,
-        "SBATCH": "\n".join(sbatch_lines(jobspec, slurm)),
-        "HEALTH": jobspec.health_path,
-        "DELAY": str(max(MIN_SIGNAL_DELAY_S, int(slurm.signal_delay_s))),
-        "REQUEUES": str(int(slurm.max_requeues)),
-        "STEPS": "\n".join(_steps_comment(jobspec)),
-        "JOB_DIR": shlex.quote(jobspec.job_dir),
-        "PYTHON": shlex.quote(job_python()),
-        "SUPERVISE_ARGS": "".join(" \\\n  " + a for a in args),
-    }
-    return fill_template(text, subs, "job.sbatch template")
+    return render_script(jobspec, slurm, title=title, summary=summary)
 
 
 def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:

@@ -6,12 +6,12 @@ client (client.py). Nothing here imports vLLM at package import."""
 CPU_BACKEND = "cpu_shm"
 CPU_EXTENSION_CLS = "ogrpo.serve.cpu_transfer.CPUWeightSyncExtension"
 
-# On CPU the server's engine runs the model in its own process, with every core of the server's device set.
-# vLLM's CPU platform otherwise splits it into an EngineCore process that busy-polls one core and a worker
-# bound to the other(s): on 2 cores that halves generation throughput (ogrpo bench rollout, 78.7M bf16:
-# 936 -> 1,662 tok/s). The OpenAI server keeps its EngineCore in a separate process either way.
-CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
-# vLLM options every O-GRPO server gets from its plan (ogrpo/plan.py gives the reason): the offline `LLM` that
-# TRL's own vllm-serve wraps has the same defaults.
-SERVER_ARGS = {"disable_log_stats": True}
+def __getattr__(name: str):
+    # The server's arguments are the planner's decision (ogrpo/planner/settings.py); `ogrpo bench rollout` still
+    # reads them here. Looked up on first use, so that importing this package stays free of the planner.
+    if name == "SERVER_ARGS":
+        from ogrpo.planner.settings import SERVER_ARGS
+
+        return SERVER_ARGS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

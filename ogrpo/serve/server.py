@@ -294,7 +294,7 @@ def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str
     # /init_weight_transfer_engine, /update_weights, /server_info are dev-mode routes.
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if s.device == "cpu":
-        from ogrpo.serve import CPU_SERVER_ENV
+        from ogrpo.planner.device_rules import CPU_SERVER_ENV
 
         for key, value in CPU_SERVER_ENV.items():
             env.setdefault(key, value)

@@ -10,6 +10,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ogrpo.train import quiet
+
+    quiet.install()  # first: libraries print from their imports on (ogrpo/train/quiet.py)
     from ogrpo.errors import OgrpoError
     from ogrpo.train import parse_overrides
 

@@ -13,6 +13,12 @@ def quiet_progress_callback():
     from transformers.trainer_callback import ProgressCallback
 
     class QuietProgress(ProgressCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            from ogrpo.train import quiet
+
+            with quiet.to_console():  # the bar is the one library output the user watches
+                return super().on_train_begin(args, state, control, **kwargs)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and self.training_bar is not None and logs:
                 post = {k: f"{logs[k]:.3f}" for k in ("reward", "loss") if isinstance(logs.get(k), (int, float))}

@@ -1,6 +1,6 @@
 """The plan-time check of what a run reads: its reward functions and its dataset (columns, splits).
 
-Called by `plan`/`render`/`submit` (ogrpo/commands/planning.py load_and_plan) so a typo in a reward name or a
+Called by `plan`/`render`/`submit` (ogrpo/load_plan.py) so a typo in a reward name or a
 missing column exits 2 before anything is written or queued. Imports nothing heavy: reward names are looked up
 in a table, import paths found without executing them, local datasets read only for their schema.
 """

@@ -9,7 +9,8 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is part of the test environment (.venv, the train extra): its absence is a failure, not a skip.
+import torch  # noqa: E402
 
 from ogrpo.errors import OgrpoError  # noqa: E402
 from ogrpo.kernels.fused_sample import fused_sample, fused_sample_reference, implementation, op  # noqa: E402

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("trl")
+# torch and TRL are part of the test environment (.venv, the train extra): their absence is a failure, not a skip.
+import torch  # noqa: E402
+import trl  # noqa: E402,F401
 
 from ogrpo.errors import OgrpoError  # noqa: E402
 from ogrpo.kernels.linear_logprobs import op  # noqa: E402

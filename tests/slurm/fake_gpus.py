@@ -97,6 +97,9 @@ def _cpu_twin(job_dir: Path, role: str, argv: list[str]) -> tuple[list[str], dic
     if int(cluster["nodes"]) != 1:
         raise SystemExit("fake GPUs: one-node plans only (a CPU plan is one machine)")
     n = int(cluster["gpus_per_node"])
+    if gpu_plan.get("mode") in ("server", "colocate") and rc.ogrpo.use_vllm is None:
+        # the GPU plan's vLLM placement, kept: left open, the CPU's measured costs may generate in the trainer
+        rc = load_run_config(str(job_dir / "run.yaml"), {"ogrpo": {"use_vllm": True}})
     cpu_plan = plan_from_config(rc, gpus=f"{n}xcpu" if n > 1 else "cpu").to_dict()
     twin_dir = job_dir / RECORD_DIR / role
     cpu_spec = build_jobspec(cpu_plan, rc, twin_dir)

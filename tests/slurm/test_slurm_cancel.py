@@ -16,6 +16,7 @@ import pytest
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import ports as ports_mod
 from ogrpo.launch import slurm as sl
+from ogrpo.launch.executor import SlurmExecutor
 
 from .conftest import TOY, ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
 from .test_slurm_mechanics import submit_toy, toy_state
@@ -58,7 +59,7 @@ def test_cancel_returns_when_no_process_of_the_job_is_left(slurm_cluster, tmp_pa
         Step("server", [0], [], 1, [sys.executable, TOY, "server", "{server_port}"]),
         Step("trainer", [0], [], 1, [*launch, WORKER, "worker", "{job_dir}"]),
     ])
-    job = sl.submit(spec, sl.preflight(spec, sl.SlurmOptions(time_min=10))).job_id
+    job = SlurmExecutor(sl.preflight(spec, sl.SlurmOptions(time_min=10))).submit(spec).job_id
     wait_for(lambda: (job_dir / "worker.json").exists(), 180, "the worker under accelerate to start")
     roles = job_dir / "run" / "roles"
     trainer, server = read_json(roles / "trainer.step.json"), read_json(roles / "server.step.json")

@@ -152,7 +152,8 @@ def toy_job(tmp_path: Path, name: str, steps: int):
 
 
 def test_two_jobs_share_the_node_on_their_own_ports(slurm_cluster, tmp_path, fake_entry_points, monkeypatch):
-    from ogrpo.launch.slurm import min_cpus_per_node, submit
+    from ogrpo.launch.executor import SlurmExecutor
+    from ogrpo.launch.slurm import min_cpus_per_node
 
     if (min_cpus_per_node(None) or 0) < 4:
         pytest.skip("the test cluster has fewer than 4 CPUs: restart it with tests/slurm/cluster.sh (it configures 8)")
@@ -160,7 +161,7 @@ def test_two_jobs_share_the_node_on_their_own_ports(slurm_cluster, tmp_path, fak
     jobs = []
     for name in ("a", "b"):
         spec, opts = toy_job(tmp_path, name, steps=12)
-        jobs.append((submit(spec, opts).job_id, Path(spec.job_dir)))
+        jobs.append((SlurmExecutor(opts).submit(spec).job_id, Path(spec.job_dir)))
 
     def running() -> bool:
         states = subprocess.run(["squeue", "-h", "-j", ",".join(j for j, _ in jobs), "-o", "%T"],

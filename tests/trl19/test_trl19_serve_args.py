@@ -81,4 +81,6 @@ def test_gpu_plan_trainer_kwargs_build_trl_19s_grpo_config(basic_recipe, gpus, m
             continue
         if isinstance(value, (bool, int, float, str)) and key not in ("output_dir",):
             assert getattr(cfg, key) == value, key
-    assert json.dumps(cfg.model_init_kwargs or {})  # the plan's model kwargs survive GRPOConfig's post-init
+    # The plan's model kwargs (attention, dtype) survive GRPOConfig's post-init unchanged, as JSON-able data.
+    assert kwargs["model_init_kwargs"] and cfg.model_init_kwargs == kwargs["model_init_kwargs"]
+    assert json.loads(json.dumps(cfg.model_init_kwargs)) == kwargs["model_init_kwargs"]

@@ -1,0 +1,60 @@
+"""Run config + command-line options -> (RunConfig, Plan), with the plan-time input checks: the one path that
+`plan`, `render`, `submit`, `sweep` and `selftest` take. Below the commands, so that a check (selftest) plans as
+the CLI does without importing it; imports inside the function, so that `ogrpo --help` stays fast."""
+
+from __future__ import annotations
+
+
+def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
+                  strict: bool = False, trl: dict | None = None):
+    """Run config + command-line options → (RunConfig, Plan); shared by plan, render, submit and sweep. `strict`:
+    every change from the recipe (plan.changes) is an error, all of them reported together. `trl`: keys set over
+    the recipe's (flat TRL keys or `ogrpo.KEY`: one point of a sweep)."""
+    from ogrpo.config import load_run_config
+    from ogrpo.errors import OgrpoError
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.plan import plan_from_config
+
+    if not config:
+        raise OgrpoError("--config is required: a TRL recipe YAML or a built-in recipe name (e.g. --config tiny)")
+
+    # Options given on the command line are reported under their flag names, not as config problems.
+    if gpus is not None:
+        parse_gpus(gpus)
+    if profile is not None and profile not in ("conservative", "balanced", "aggressive"):
+        raise OgrpoError(f"--profile {profile!r}: choose one of conservative, balanced, aggressive")
+    if vllm_gpus is not None and vllm_gpus < 0:
+        raise OgrpoError(f"--vllm-gpus {vllm_gpus}: must be 0 (colocate) or more")
+    strategy = (extra or {}).get("strategy")
+    if strategy is not None:
+        from ogrpo.config import STRATEGIES
+
+        if strategy not in STRATEGIES:
+            raise OgrpoError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    overlap = (extra or {}).get("overlap")
+    if overlap is not None:
+        from ogrpo.config import OVERLAPS
+
+        if overlap not in OVERLAPS:
+            raise OgrpoError(f"--overlap {overlap!r}: choose one of {', '.join(OVERLAPS)}")
+    if params is not None:
+        from ogrpo.models import parse_params
+
+        parse_params(params)
+
+    overrides = {**(trl or {}), "ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
+                           "model": model, **(extra or {})}}
+    rc = load_run_config(config, overrides)
+    from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
+
+    rc.warnings.extend(check_inputs(rc))
+    plan = plan_from_config(rc)
+    from ogrpo.train.sandbox_policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
+
+    plan_notes(rc, plan)
+    if strict and plan.changes:
+        from ogrpo.errors import ConfigError
+
+        raise ConfigError([f"{c['key']} would change from {c['from']!r} to {c['to']!r} ({c['reason']})"
+                           for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
+    return rc, plan

@@ -1,0 +1,198 @@
+"""The import graph of ogrpo/, file to file, against the layer order written in docs/architecture.md.
+
+The graph is read with `ast` (nothing is imported): module-level and function-level imports both count,
+relative imports are resolved, and `from pkg import module` is an edge to that module. The layers come from the
+table under "## Layers" in docs/architecture.md, so the doc and this test cannot drift apart: a module the
+table does not place fails here, and so does a table entry that places nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ogrpo"
+DOC = REPO / "docs" / "architecture.md"
+# Imports that may still run against the layer order (each listed by the test when it fails).
+MAX_UPWARD = 2
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file below `package` (a package is its __init__.py)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _targets(module: str, is_package: bool, node: ast.AST, files: dict[str, Path]) -> list[str]:
+    """The modules of `files` that one import statement in `module` loads (nearest enclosing module of a name)."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        # `from pkg import module` loads that module; `from module import name` loads the module.
+        names = [f"{source}.{a.name}" if f"{source}.{a.name}" in files else source for a in node.names]
+    out = []
+    for name in names:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        if name:
+            out.append(name)
+    return out
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(package)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges: set[str] = set()
+        for node in ast.walk(tree):  # every depth: imports inside functions count
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update(_targets(module, path.name == "__init__.py", node, files))
+        edges.discard(module)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def doc_layers(doc: Path = DOC) -> list[tuple[str, list[str]]]:
+    """(layer, module names) from the table under "## Layers", bottom layer first. Names are relative to
+    ogrpo/ (`planner` is the package and everything in it, `__init__` the package's own file)."""
+    text = doc.read_text()
+    section = text.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and its rule
+    layers = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        layers.append((cells[1], re.findall(r"`([\w.]+)`", cells[2])))
+    return layers
+
+
+def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
+    """The layer of a dotted module: the longest table name that is it or a package above it."""
+    best, depth = None, -1
+    for i, (_, names) in enumerate(layers):
+        for name in names:
+            full = "ogrpo" if name == "__init__" else f"ogrpo.{name}"
+            if (module == full or module.startswith(full + ".")) and full.count(".") > depth:
+                best, depth = i, full.count(".")
+    return best
+
+
+def upward_imports(graph, layers) -> list[str]:
+    out = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if layer_of(target, layers) > layer_of(module, layers):
+                out.append(f"{module} ({layers[layer_of(module, layers)][0]}) -> {target} "
+                           f"({layers[layer_of(target, layers)][0]})")
+    return out
+
+
+# --- the reader itself, on a package made for the purpose -------------------------------------------------------
+
+def test_the_reader_counts_every_kind_of_import(tmp_path):
+    pkg = tmp_path / "ogrpo"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("X = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("from .leaf import Y\n")
+    (pkg / "sub" / "leaf.py").write_text("from ..base import X\nY = X\n")
+    (pkg / "sub" / "other.py").write_text("from . import leaf\n")
+    (pkg / "top.py").write_text("import ogrpo.sub.leaf as l\n\ndef f():\n    from ogrpo.sub import other\n"
+                                "    from ogrpo import base\n    import json\n")
+    graph = import_graph(pkg)
+    assert graph == {"ogrpo": set(), "ogrpo.base": set(), "ogrpo.sub": {"ogrpo.sub.leaf"},
+                     "ogrpo.sub.leaf": {"ogrpo.base"}, "ogrpo.sub.other": {"ogrpo.sub.leaf"},
+                     "ogrpo.top": {"ogrpo.sub.leaf", "ogrpo.sub.other", "ogrpo.base"}}
+    assert cycles(graph) == []
+    graph["ogrpo.base"].add("ogrpo.top")
+    assert cycles(graph) == [["ogrpo.base", "ogrpo.sub.leaf", "ogrpo.sub.other", "ogrpo.top"]]
+    layers = [("low", ["base", "sub.leaf"]), ("high", ["sub", "top", "__init__"])]
+    assert upward_imports(graph, layers) == ["ogrpo.base (low) -> ogrpo.top (high)"]
+
+
+# --- the project ------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def project_graph() -> dict[str, frozenset[str]]:
+    return {m: frozenset(t) for m, t in import_graph().items()}
+
+
+def test_the_documented_layers_place_every_module_and_name_only_modules_that_exist():
+    layers = doc_layers()
+    assert [name for name, _ in layers][:1] == ["base"] and len(layers) >= 5, layers
+    graph = project_graph()
+    unplaced = [m for m in sorted(graph) if layer_of(m, layers) is None]
+    assert not unplaced, f"modules docs/architecture.md's layer table does not place: {unplaced}"
+    stale = [name for _, names in layers for name in names
+             if not any(m == ("ogrpo" if name == "__init__" else f"ogrpo.{name}")
+                        or m.startswith(f"ogrpo.{name}.") for m in graph)]
+    assert not stale, f"layer table entries that name no module: {stale}"
+    placed = [name for _, names in layers for name in names]
+    assert len(placed) == len(set(placed)), "a name is in two layers"
+
+
+def test_the_import_graph_has_no_cycles():
+    found = cycles(project_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_at_most_two_imports_run_against_the_layer_order():
+    upward = upward_imports(project_graph(), doc_layers())
+    assert len(upward) <= MAX_UPWARD, f"{len(upward)} imports run up the layers:\n" + "\n".join(upward)

@@ -270,6 +270,20 @@ RENDERED_PYTHON={python}
 # exec: the supervisor replaces this shell, so the warning signal (B: the batch step only) reaches it."""
 
 
+def supervise_command(job_dir_var: str, opts: SlurmOptions) -> str:
+    """The batch step's last line: `exec` the Slurm supervisor on the job directory the shell variable names
+    (a single job's `$JOB_DIR`, a sweep task's `$POINT_DIR`), with the job's requeue, signal and container
+    options."""
+    delay = max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))
+    args = [f"--max-requeues {int(opts.max_requeues)}", f"--signal-delay {delay}"]
+    if opts.container_image:
+        args.append(f"--container {shlex.quote(opts.container_image)}")
+        if opts.container_runtime:
+            args.append(f"--container-runtime {shlex.quote(opts.container_runtime)}")
+    return (f'exec "${{OGRPO_PYTHON:-$RENDERED_PYTHON}}" -m ogrpo.launch.slurm supervise "{job_dir_var}"'
+            + "".join(" \\\n  " + a for a in args))
+
+
 def render_script(spec, opts: SlurmOptions, *, title: str | None = None, summary: str = "") -> str:
     """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job, whose batch
     step `exec`s the supervisor."""
@@ -277,13 +291,7 @@ def render_script(spec, opts: SlurmOptions, *, title: str | None = None, summary
     from ogrpo.launch.submitit_adapter import render_sbatch
 
     delay = max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))
-    args = [f"--max-requeues {int(opts.max_requeues)}", f"--signal-delay {delay}"]
-    if opts.container_image:
-        args.append(f"--container {shlex.quote(opts.container_image)}")
-        if opts.container_runtime:
-            args.append(f"--container-runtime {shlex.quote(opts.container_runtime)}")
-    command = ('exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$JOB_DIR"'
-               + "".join(" \\\n  " + a for a in args))
+    command = supervise_command("$JOB_DIR", opts)
     about = _ABOUT.format(title=title or f"O-GRPO job {spec.name}", version=__version__, summary=summary or spec.name,
                           health=spec.health_path, delay=delay, requeues=int(opts.max_requeues))
     setup = [*about.splitlines(), *_steps_comment(spec), "",

@@ -53,19 +53,6 @@ def array_params(specs: list, opts: list) -> dict:
     return params
 
 
-def supervise_args(opts) -> list[str]:
-    """The supervisor's options as a single job's script passes them (ogrpo.launch.sbatch.render_script)."""
-    from ogrpo.launch.sbatch import MIN_SIGNAL_DELAY_S
-
-    args = [f"--max-requeues {int(opts.max_requeues)}",
-            f"--signal-delay {max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))}"]
-    if opts.container_image:
-        args.append(f"--container {shlex.quote(opts.container_image)}")
-        if opts.container_runtime:
-            args.append(f"--container-runtime {shlex.quote(opts.container_runtime)}")
-    return args
-
-
 _ABOUT = """\
 # O-GRPO sweep {sweep_id}: {n} points, at most {parallel} running at once (ogrpo {version}).
 # Written by `ogrpo sweep`; `sbatch sweep.sbatch` by hand submits the same array. Task i is point i's whole job
@@ -93,7 +80,7 @@ RENDERED_PYTHON={python}
 def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: list, opts: list,
                  max_parallel: int) -> str:
     from ogrpo import __version__
-    from ogrpo.launch.sbatch import job_python
+    from ogrpo.launch.sbatch import job_python, supervise_command
     from ogrpo.launch.submitit_adapter import render_sbatch
 
     params = array_params(specs, opts)
@@ -105,8 +92,7 @@ def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: lis
     about = _ABOUT.format(sweep_id=sweep_id, n=len(entries), parallel=min(max_parallel, len(entries)),
                           version=__version__, points="\n".join(shown))
     body = _BODY.format(sweep_dir=shlex.quote(str(sweep_dir)), python=shlex.quote(job_python()))
-    command = ('exec "${OGRPO_PYTHON:-$RENDERED_PYTHON}" -m ogrpo.launch.slurm supervise "$POINT_DIR"'
-               + "".join(" \\\n  " + a for a in supervise_args(opts[0])))
+    command = supervise_command("$POINT_DIR", opts[0])
     return render_sbatch(command, sweep_dir, job_name=f"{opts[0].job_name}-sweep", params=params,
                          setup=[*about.splitlines(), "", *body.splitlines()],
                          array=(len(entries), min(max_parallel, len(entries))))

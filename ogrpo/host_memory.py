@@ -12,6 +12,9 @@ The GPU-memory model is ogrpo/memory.py; this adds only what lives in host RAM:
   Adam steps on (4 bytes): 16·P/N per process;
 - vLLM server on GPUs: the API server + engine (~4 GiB) and one worker per GPU (~2 GiB each), plus the weights
   once (safetensors are read through the page cache: P·2 bytes per node);
+- ZeRO-3 under `ogrpo.overlap: one-step`: rank 0 keeps a host copy of the full weights between the optimizer
+  step and the weight push (P x the precision's bytes), counted on every trainer node (the plan does not say
+  which node holds rank 0 first);
 - CPU plans: the plan's own per-process estimates are host memory already (memory_gib_per_gpu).
 A 10 % margin covers allocator slack; the figure is rounded up to whole GiB.
 """
@@ -55,6 +58,10 @@ def step_host_gib(plan) -> dict[str, float]:
         if t.strategy == "zero3_offload":
             per_proc += params * OFFLOAD_BYTES_PER_PARAM / max(1, int(t.num_processes)) / GiB
         trainer = procs * per_proc
+        if t.strategy.startswith("zero3") and p.has_server and p.setting("overlap") == "one-step":
+            # the one-step push's copy of the full weights, on rank 0's node (ogrpo/train/zero3_push.py; LoRA's
+            # merged push, which keeps TRL's, gathers as much)
+            trainer += params * dtypes.nbytes(p.precision) / GiB
     out["trainer"] = trainer
     if p.has_server:
         v = p.vllm

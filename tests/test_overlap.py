@@ -124,6 +124,90 @@ def test_evaluation_requests_pass_through_after_what_is_in_flight():
     assert len(pipe.tickets) == 1 and pipe.tickets[0].future.done()
 
 
+# ---- lossless streaming: one request per prompt group, worked on as each group finishes ------------------------
+def test_stream_works_on_finished_groups_before_the_last_returns_and_rewards_beside_logprobs():
+    """The last group's request returns only once an earlier group's rewards and log-prob pass are both running
+    (each waits for the other to have started): a pipeline that waited for the whole batch, or ran the rewards
+    after the log-prob passes, would time out here instead."""
+    from ogrpo.train.overlap import GroupWork
+
+    groups, wait_s = 4, 60
+    may_finish = threading.Event()
+    in_reward = [threading.Event() for _ in range(groups)]
+    in_score = [threading.Event() for _ in range(groups)]
+
+    def call(i):
+        def run():
+            if i == groups - 1:
+                assert may_finish.wait(wait_s), "no group was worked on before the last one came back"
+            return {"prompt_ids": [[i]], "completion_ids": [[i, 10], [i, 11]], "logprobs": None}
+        return run
+
+    def reward(i, answer):
+        in_reward[i].set()
+        assert in_score[i].wait(wait_s), "the rewards did not run beside the log-prob pass"
+        return [c[1] for c in answer["completion_ids"]]
+
+    def score(i, answer):
+        in_score[i].set()
+        assert in_reward[i].wait(wait_s), "the log-prob pass did not run beside the rewards"
+        may_finish.set()
+        return i
+
+    client = RecordingClient(gen_s=0.0)
+    pipe = Pipeline(LOSSLESS, lambda: 0, split=lambda prompts, sampling: [call(i) for i in range(len(prompts))])
+    pipe.attach(client)
+    pipe.active = True
+    work = GroupWork(reward, score)
+    pipe.on_group = work.arrived
+    out = client.generate(prompts=[[i] for i in range(groups)], n=2)
+    assert not client.events  # every group went out as its own request (the split), none as the whole batch
+    assert out == {"prompt_ids": [[0], [1], [2], [3]], "logprobs": None,
+                   "completion_ids": [[i, k] for i in range(groups) for k in (10, 11)]}  # batch order
+    events = work.events
+    last = events.index(("arrived", groups - 1))
+    first = pipe.last_stream.arrivals[0]
+    assert pipe.last_stream.arrivals[-1] == groups - 1
+    assert events.index(("reward_start", first)) < last and events.index(("score_start", first)) < last
+    assert work.early() == groups - 1  # every other group's log-prob pass started before the last arrived
+    assert work.reward_results(groups) == [[10, 11]] * groups and work.scores == {i: i for i in range(groups)}
+
+
+class _Server:
+    """TRL's VLLMClient.generate as the server answers it: one choice per completion, prompt-major; each
+    completion's tokens are (prompt token, the seed vLLM gives it: the request's seed + i x n + j)."""
+
+    def __init__(self):
+        self.posted = []
+
+    def generate(self, prompts, n=1, generation_kwargs=None, **sampling):
+        seed = (generation_kwargs or {}).get("seed")
+        self.posted.append({"prompts": prompts, "n": n, "seed": seed, **sampling})
+        return {"prompt_ids": prompts, "logprobs": None,
+                "completion_ids": [[p[0], seed + i * n + j] for i, p in enumerate(prompts) for j in range(n)]}
+
+
+def test_group_calls_give_each_group_the_seeds_it_has_inside_the_one_request():
+    from ogrpo import compat
+    from ogrpo.serve.client import SeededGenerate, group_calls
+
+    class Client(SeededGenerate, _Server):
+        run_seed = 7
+
+    whole, split = Client(), Client()
+    prompts = [[1], [2], [3]]
+    out = whole.generate(prompts=prompts, n=2, top_k=5)
+    calls = group_calls(split, prompts, {"n": 2, "top_k": 5}, compat.VLLM_API)
+    assert overlap.merge_outputs([call() for call in calls]) == out  # the same completions, in batch order
+    seed = whole.posted[0]["seed"]
+    assert [p["seed"] for p in split.posted] == [seed, seed + 2, seed + 4]  # the seed of prompt i inside `whole`
+    assert [p["prompts"] for p in split.posted] == [[[1]], [[2]], [[3]]] and {p["top_k"] for p in split.posted} == {5}
+    assert split._generation_calls == whole._generation_calls == 1  # the next request gets off's next seed
+    assert whole.generate(prompts=prompts, n=2)["completion_ids"] != out["completion_ids"]
+    # `trl vllm-serve` (TRL 1.9) answers one request at a time: its requests stay whole
+    assert group_calls(Client(), prompts, {"n": 2}, compat.TRL_VLLM_SERVE) is None
+
+
 def test_staleness_beyond_the_mode_bound_is_an_assertion_error():
     assert overlap.check_staleness(ONE_STEP, 5, 4) == 1
     assert overlap.check_staleness(LOSSLESS, 5, 5) == 0
@@ -266,6 +350,7 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     from overlap_jobs import completions, metrics, requests, run_job
 
     run = run_job(tmp_path, "lossless", steps=STEPS)
+    groups = 16 // 4  # per_device_train_batch_size / num_generations (overlap_jobs)
     for step in range(1, STEPS + 1):
         a, b = completions(run, step), completions(off_run, step)
         assert a["prompt"].tolist() == b["prompt"].tolist(), step
@@ -276,7 +361,13 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
         assert x["overlap/staleness"] == 0.0
-    assert requests(run) == requests(off_run) == STEPS  # nothing was requested that was not trained on
+        # the groups streamed: work on at least one began while the server still generated another
+        assert 1 <= x["overlap/groups_early"] <= groups - 1
+        # TRL took the groups' rewards and both passes (reference: beta > 0; old policy: the vLLM correction)
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 2.0
+    assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
+    # one request per group, nothing requested that was not trained on
+    assert requests(off_run) == STEPS and requests(run) == STEPS * groups
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless"
 
@@ -325,4 +416,10 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
     assert manifest["distributed"]["num_processes"] == 2
     if strategy == "zero3":
         assert manifest["distributed"]["deepspeed"]["zero_stage"] == 3
+        # the push after each step sent the one gather made at the step's end (ogrpo/train/zero3_push.py); TRL's
+        # per-parameter gathers ran for the first push only, before any step had ended (it walks the parameters
+        # twice: their metadata for the server, then the weights)
+        push = manifest["zero3_push"]
+        assert push["full_gathers"] == push["pushes_from_gather"] == STEPS - 1, push
+        assert push["per_parameter_gathers"] == 2 * push["parameters"] > 0, push
     assert requests(run) == STEPS

@@ -365,7 +365,7 @@ def test_plan_from_config_defaults_to_config_gpus_then_cpu(tiny_recipe, write_re
 
 def test_prompt_length_default_fits_small_models(write_recipe):
     # The tiny model has 256 positions: with 32 completion tokens the default prompt budget is 224, not 512.
-    p = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 32\n"
+    p = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 32\nuse_vllm: true\n"
                            "per_device_train_batch_size: 4\nnum_generations: 4\n"), "2xcpu")
     assert p.fits, p.reasons
     assert p.batch["prompt_length"] == 224 and p.vllm["args"]["max_model_len"] == 256

@@ -398,3 +398,10 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     # weights, Adam moments and grads of its shard (16·P/2), pinned in host RAM
     want = -(-(2 * (3 + 2 * P / 2 / GiB + 16 * P / 2 / GiB)) * 1.1 // 1)
     assert hm.step_host_gib(offload)["trainer"] == want > hm.step_host_gib(ddp)["trainer"]
+    # one-step under ZeRO-3: rank 0 also holds the push's host copy of the full weights (bf16 plan: 2·P)
+    one_step = copy.deepcopy(offload)
+    one_step["settings"] = [s for s in one_step["settings"] if s["name"] != "overlap"]
+    one_step["settings"].append({"name": "overlap", "value": "one-step", "reason": "test"})
+    assert one_step["precision"] == "bf16"
+    want = -(-(2 * (3 + 2 * P / 2 / GiB + 16 * P / 2 / GiB) + 2 * P / GiB) * 1.1 // 1)
+    assert hm.step_host_gib(one_step)["trainer"] == want

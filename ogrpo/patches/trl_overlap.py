@@ -9,6 +9,12 @@ its invariants are in ogrpo.train.overlap). No TRL file is edited; on the one tr
   and logs the importance-ratio statistics (`overlap/importance_ratio/*`, one-step);
 - `_calculate_rewards` takes the thread's rewards; the module-level `gather` of TRL's trainer module defers its
   collective while it runs on that thread, and the main thread gathers, where TRL does;
+- lossless, one trainer process, a server that batches concurrent requests: the batch streams group by group
+  (ogrpo.train.overlap.Stream, GroupWork). Each finished group's rewards run on the reward thread and its
+  old-policy/reference log-probs on the main thread while the server generates the rest;
+  `_get_per_token_logps_and_entropies` and `_calculate_rewards` then hand TRL those results, after checking that
+  TRL's own batch tensors and completions are exactly the ones the groups were scored on (else TRL computes them
+  as it would). `overlap/groups_early` logs how many groups were worked on before the last one arrived;
 - the main process's VLLMClient instance (its generate, weight push and prefix-cache reset) goes through
   ogrpo.train.overlap.Pipeline;
 - a callback pushes the weights when the optimizer step ends and stages the next batch (lossless).
@@ -38,7 +44,11 @@ def check() -> None:
         f"{_GRPO}:GRPOTrainer._generate_and_score_completions": ("inputs",),
         f"{_GRPO}:GRPOTrainer._calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
         f"{_GRPO}:GRPOTrainer._tokenize_prompts": ("prompts",),
+        f"{_GRPO}:GRPOTrainer._get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask",
+                                                                     "logits_to_keep", "batch_size"),
         f"{_GRPO}:gather": None,
+        f"{_GRPO}:disable_gradient_checkpointing": None,
+        "trl.data_utils:is_conversational": None,
         "transformers:Trainer.get_batch_samples": ("epoch_iterator", "num_batches", "device"),
         "transformers:Trainer._get_num_items_in_batch": ("batch_samples", "device"),
         f"{gen}:VLLMGeneration.sync_weights": ("self",),
@@ -53,7 +63,11 @@ def check() -> None:
                                                       "gather(rewards_per_func)"),
                    "GRPOTrainer._generate": (grpo_trainer.GRPOTrainer._generate,
                                              "return prompt_ids, completion_ids, tool_mask, completions"),
-                   "Trainer.get_batch_samples": (Trainer.get_batch_samples, "next(epoch_iterator)")}
+                   "Trainer.get_batch_samples": (Trainer.get_batch_samples, "next(epoch_iterator)"),
+                   # the per-group passes build what TRL's batch pass reads (a mismatch only loses the overlap)
+                   "GRPOTrainer._generate_and_score_completions": (
+                       grpo_trainer.GRPOTrainer._generate_and_score_completions,
+                       "torch.cat([prompt_ids, completion_ids], dim=1)")}
         for name, (fn, needle) in sources.items():
             if needle not in inspect.getsource(fn):
                 problems.append(f"{name} no longer contains `{needle}`")
@@ -67,6 +81,8 @@ class _State:
         self.inputs = None  # the generation batch being scored (for the reward thread)
         self.rewards = None  # (inputs, prompts, completions, Future) of the reward thread
         self.staleness: list[int] = []
+        self.work = None  # the streamed batch's GroupWork (ogrpo.train.overlap), while it is scored
+        self.logps = None  # the trainer's log-prob pass as installed before the overlap
 
 
 def install(trainer, mode: str, timeline=None) -> dict:
@@ -87,7 +103,8 @@ def install(trainer, mode: str, timeline=None) -> dict:
     trainer._ogrpo_timeline = timeline  # the stage profiler reads the same spans
     pipeline = None
     if trainer.accelerator.is_main_process:
-        pipeline = overlap.Pipeline(mode, lambda: trainer.state.global_step, timeline)
+        split = _splitter(trainer) if mode == overlap.LOSSLESS else None
+        pipeline = overlap.Pipeline(mode, lambda: trainer.state.global_step, timeline, split=split)
         pipeline.attach(trainer.vllm_generation.vllm_client)
     state = _State(mode, overlap.Lookahead(), pipeline, timeline)
     trainer._ogrpo_overlap = state
@@ -96,6 +113,11 @@ def install(trainer, mode: str, timeline=None) -> dict:
     _wrap(trainer, "_generate", lambda orig: _generate(trainer, state, orig))
     _wrap(trainer, "_generate_and_score_completions", lambda orig: _score(trainer, state, orig))
     _wrap(trainer, "_calculate_rewards", lambda orig: _rewards(trainer, state, orig))
+    state.logps = trainer._get_per_token_logps_and_entropies  # O-GRPO's kernel, where installed (before this)
+    _wrap(trainer, "_get_per_token_logps_and_entropies", lambda orig: _logps(trainer, state, orig))
+    for name, key in (("_log_completion_extra", "extra"), ("_log_metric", "metric")):
+        if hasattr(trainer, name):  # reward functions' logging, collected per group and replayed in batch order
+            _wrap(trainer, name, lambda orig, key=key: _sunk(orig, key))
     trainer.add_callback(_callback(trainer, state))
     return {"mode": mode, "max_staleness": overlap.MAX_STALENESS[mode],
             "importance_sampling_correction": bool(getattr(trainer.args, "vllm_importance_sampling_correction",
@@ -174,13 +196,17 @@ def _generate(trainer, state, original):
         step = trainer.state.global_step
         if state.mode == overlap.ONE_STEP and step + 1 < trainer.state.max_steps:
             _stage_next(trainer, state)
+        work = _group_work(trainer, state, prompts)
+        state.work = work
         if state.pipeline is not None:
             state.pipeline.active = True
+            state.pipeline.on_group = work.arrived if work is not None else None
         try:
             out = original(prompts)
         finally:
             if state.pipeline is not None:
                 state.pipeline.active = False
+                state.pipeline.on_group = None
         version = broadcast_object_list([state.pipeline.consumed_version if state.pipeline else None])[0]
         staleness = overlap.check_staleness(state.mode, step, version)
         state.staleness.append(staleness)
@@ -188,7 +214,9 @@ def _generate(trainer, state, original):
         trainer._metrics["train"]["overlap/sampled_version"].append(float(version))
         if state.timeline is not None:
             state.timeline.note(staleness=staleness, sampled_version=version)
-        if state.inputs is not None and _rewards_can_run_ahead(trainer):
+        if work is not None:
+            trainer._metrics["train"]["overlap/groups_early"].append(float(work.early()))
+        if state.inputs is not None and _rewards_can_run_ahead(trainer) and not (work is not None and work.rewards):
             _start_rewards(trainer, state, prompts, completions=out[3], completion_ids=out[1])
         return out
 
@@ -224,6 +252,9 @@ def _rewards(trainer, state, original):
     trainer._ogrpo_calculate_rewards = original
 
     def _calculate_rewards(inputs, prompts, completions, completion_ids_list):
+        streamed = _streamed_rewards(trainer, state, inputs, prompts, completions, completion_ids_list)
+        if streamed is not None:
+            return _real_gather()(streamed)
         pending, state.rewards = state.rewards, None
         if pending is not None and pending[0] is inputs and pending[1] is prompts and pending[2] is completions:
             return _real_gather()(pending[3].result())
@@ -239,8 +270,14 @@ def _score(trainer, state, original):
         state.inputs = inputs if trainer.model.training else None
         try:
             out = original(inputs)
+            if state.work is not None:  # what TRL took from the streamed groups instead of computing it
+                trainer._metrics["train"]["overlap/streamed_passes"].append(float(len(state.work.taken)))
+                trainer._metrics["train"]["overlap/streamed_rewards"].append(float(state.work.used_rewards))
         finally:
             state.inputs = None
+            work, state.work = state.work, None
+            if work is not None:
+                work.wait()  # a reward thread never outlives its batch
             if state.rewards is not None:  # never taken (an error in between): do not leave it for the next batch
                 state.rewards[3].exception()
                 state.rewards = None
@@ -249,6 +286,258 @@ def _score(trainer, state, original):
         return out
 
     return _generate_and_score_completions
+
+
+# ---- lossless streaming: the groups' rewards and log-prob passes ------------------------------------------------
+# Every reading of TRL's internals for the per-group work is in this section (the same on TRL 1.9.2 and 1.16:
+# _tokenize_prompts, processing_class.batch_decode, `pad_to_multiple_of`, `mask_truncated_completions`, the
+# old/ref pass conditions of _generate_and_score_completions, `disable_gradient_checkpointing`). What it gets
+# wrong only costs the overlap: TRL's own tensors and completions are compared before a result is used.
+_REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref - logp) stays 0, never inf x 0
+_OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
+
+
+def _splitter(trainer):
+    """The pipeline's `split`, or None where this TRL line's server takes requests whole."""
+    import trl
+
+    from ogrpo import compat
+    from ogrpo.serve.client import can_split, group_calls
+
+    flavor = compat.server_flavor(trl.__version__)
+    if not can_split(flavor):
+        return None
+    client = trainer.vllm_generation.vllm_client
+    return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor)
+
+
+def _group_work(trainer, state, prompts):
+    """A GroupWork for this training batch, or None where it cannot stream: several trainer processes (the main
+    process's groups are every rank's, and the other ranks wait in a collective), images, a batch that is not
+    whole groups, or nothing to do ahead."""
+    from ogrpo.train.overlap import GroupWork
+
+    pipeline, inputs = state.pipeline, state.inputs
+    if pipeline is None or pipeline.split is None or inputs is None or trainer.accelerator.num_processes != 1:
+        return None
+    n = trainer.num_generations
+    if not prompts or len(prompts) % n or any(k in inputs[0] for k in ("image", "images")):
+        return None
+    reward = _group_reward(trainer, state, inputs, prompts, n) if _rewards_can_run_ahead(trainer) else None
+    score = _group_score(trainer, state, prompts) if _can_score_groups(trainer) else None
+    if reward is None and score is None:
+        return None
+    work = GroupWork(reward, score)
+    work.batch = (inputs, prompts)  # what the groups' rewards were computed for
+    work.used_rewards = False
+    return work
+
+
+def _decoder(trainer, prompts):
+    """TRL's decoding of completion ids (per sequence, so a group decodes alone as in the batch); None where TRL
+    parses responses with the tokenizer's response template (tool calls)."""
+    from trl.data_utils import is_conversational
+
+    conversational = is_conversational({"prompt": prompts[0]})
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    if conversational and (getattr(tokenizer, "response_template", None) is not None
+                           or getattr(tokenizer, "response_schema", None) is not None):
+        return None
+
+    def decode(ids):
+        texts = trainer.processing_class.batch_decode(ids, skip_special_tokens=True)
+        return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+
+    return decode
+
+
+def _group_reward(trainer, state, inputs, prompts, n):
+    decode = _decoder(trainer, prompts)
+    if decode is None:
+        return None
+
+    def reward(index, answer):
+        from collections import defaultdict
+
+        ids = answer["completion_ids"]
+        part = slice(index * n, (index + 1) * n)
+        completions = decode(ids)
+        sink = defaultdict(list)
+        _defer.on, _defer.sink = True, sink
+        t0 = time.time_ns()
+        try:
+            rewards = trainer._ogrpo_calculate_rewards(inputs[part], prompts[part], completions, ids)
+        finally:
+            _defer.on, _defer.sink = False, None
+            if state.timeline is not None:
+                state.timeline.record("trainer", "reward", t0, time.time_ns())
+        return completions, ids, rewards, sink
+
+    return reward
+
+
+def _sunk(original, key):
+    def log(*args):
+        sink = getattr(_defer, "sink", None)
+        if sink is None:
+            return original(*args)
+        sink[key].append(args)
+
+    return log
+
+
+def _streamed_rewards(trainer, state, inputs, prompts, completions, completion_ids_list):
+    """The groups' rewards (local rows, not yet gathered) when they were computed on exactly these completions."""
+    import torch
+
+    work = state.work
+    if work is None or work.reward_fn is None or work.batch[0] is not inputs or work.batch[1] != prompts \
+            or len(prompts) % trainer.num_generations:
+        return None
+    results = work.reward_results(len(prompts) // trainer.num_generations)
+    if results is None:
+        return None
+    if [c for r in results for c in r[0]] != list(completions) or \
+            [list(c) for r in results for c in r[1]] != [list(c) for c in completion_ids_list]:
+        return None
+    extra, metric = getattr(trainer, "_log_completion_extra", None), getattr(trainer, "_log_metric", None)
+    values: dict = {}
+    for _, _, _, sink in results:  # in batch order, as one call on the batch would have logged them
+        for column, column_values in sink.get("extra", ()):
+            extra(column, column_values)
+        for name, value in sink.get("metric", ()):
+            values.setdefault(name, []).append(value)
+    for name, vals in values.items():  # one value per batch, as TRL's one call: the groups' mean
+        metric(name, sum(vals) / len(vals))
+    work.used_rewards = True
+    return torch.cat([r[2] for r in results], dim=0)
+
+
+def _wants_old(trainer) -> bool:
+    args = trainer.args
+    every = args.steps_per_generation * trainer.num_iterations
+    return bool(args.gradient_accumulation_steps % every != 0
+                or (trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False)))
+
+
+def _wants_ref(trainer) -> bool:
+    return trainer.beta != 0.0 and getattr(trainer, "ref_model", None) is not None  # PEFT's ref: left to TRL
+
+
+def _can_score_groups(trainer) -> bool:
+    """Per-group passes give TRL's numbers only where a pass draws no random numbers (dropout, in train mode) and
+    reads only token ids (no vision inputs)."""
+    import torch
+
+    if getattr(trainer, "_is_vlm", False) or not (_wants_old(trainer) or _wants_ref(trainer)):
+        return False
+    model = trainer.model
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    return not any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in items)
+
+
+def _group_score(trainer, state, prompts):
+    import importlib
+
+    import torch
+
+    grpo = importlib.import_module(_GRPO)
+    prompt_ids = trainer._tokenize_prompts(copy.deepcopy(prompts))[0]
+    width = max(len(p) for p in prompt_ids)
+    multiple = getattr(trainer, "pad_to_multiple_of", None)
+    if multiple:
+        width = -(-width // multiple) * multiple
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    pad_id = tokenizer.pad_token_id
+    eos = set(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id]) | {pad_id}
+    want_old, want_ref = _wants_old(trainer), _wants_ref(trainer)
+    device = trainer.accelerator.device
+
+    def score(index, answer):
+        prompt, completions = prompt_ids[index * trainer.num_generations], answer["completion_ids"]
+        length = max(len(c) for c in completions)
+        if length == 0:
+            return None
+        n = len(completions)
+        ids = torch.full((n, width + length), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width + length), dtype=torch.long)
+        ids[:, width - len(prompt):width] = torch.tensor(prompt)
+        mask[:, width - len(prompt):width] = 1
+        for row, c in enumerate(completions):
+            if not c:
+                continue
+            ids[row, width:width + len(c)] = torch.tensor(c)
+            truncated = trainer.mask_truncated_completions and c[-1] not in eos
+            mask[row, width:width + len(c)] = 0 if truncated else 1
+        ids, mask = ids.to(device), mask.to(device)
+        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
+        batch = trainer.args.per_device_train_batch_size
+        t0 = time.time_ns()
+        with torch.no_grad(), grpo.disable_gradient_checkpointing(trainer.model,
+                                                                  trainer.args.gradient_checkpointing_kwargs):
+            if want_old:
+                out["old"] = state.logps(trainer.model, ids, mask, length, batch_size=batch)[0]
+            if want_ref:
+                out["ref"] = state.logps(trainer.ref_model, ids, mask, length, batch_size=batch)[0]
+        if state.timeline is not None:  # busy inside the main thread's wait for the server
+            state.timeline.record("trainer", "score", t0, time.time_ns())
+        return out
+
+    return score
+
+
+def _logps(trainer, state, original):
+    def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        work = state.work
+        if work is not None and work.score_fn is not None and not args and _plain(kwargs):
+            kind = "old" if model is trainer.model else "ref" if model is getattr(trainer, "ref_model", None) \
+                else None
+            if kind is not None and kind not in work.taken:
+                out = _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep)
+                if out is not None:
+                    work.taken.add(kind)
+                    return out, None, None
+        return original(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+
+    return _get_per_token_logps_and_entropies
+
+
+def _plain(kwargs) -> bool:
+    import torch
+
+    return not torch.is_grad_enabled() and all(v is None or v is False for k, v in kwargs.items()
+                                               if k != "batch_size")
+
+
+def _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep):
+    """The groups' `kind` log-probs as TRL's batch pass returns them, when TRL's batch is exactly the groups' rows
+    (the same prompt padding; completions right-padded to `logits_to_keep`); None otherwise."""
+    import torch
+    import torch.nn.functional as F
+
+    n = trainer.num_generations
+    groups = input_ids.size(0) // n
+    parts = [work.scores.get(i) for i in range(groups)]
+    if input_ids.size(0) % n or any(p is None or p[kind] is None for p in parts):
+        return None
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    width = input_ids.size(1) - logits_to_keep
+    ids, mask, logps = [], [], []
+    fill = _OLD_FILL if kind == "old" else _REF_FILL
+    for p in parts:
+        extra = logits_to_keep - p["length"]
+        if extra < 0 or p["ids"].size(1) - p["length"] != width:
+            return None
+        ids.append(F.pad(p["ids"], (0, extra), value=tokenizer.pad_token_id))
+        mask.append(F.pad(p["mask"], (0, extra), value=0))
+        logps.append(F.pad(p[kind], (0, extra), value=fill))
+    if not (torch.equal(torch.cat(ids).to(input_ids.device), input_ids)
+            and torch.equal(torch.cat(mask).to(attention_mask.device), attention_mask)):
+        return None
+    return torch.cat(logps)
 
 
 def _log_ratios(trainer, out: dict) -> None:

@@ -120,6 +120,10 @@ class Plan:
     def has_server(self) -> bool:
         return self.mode == "server"
 
+    def setting(self, name: str, default=None):
+        """The value the plan chose for one of its settings (`overlap`, ...), else `default`."""
+        return next((item.get("value") for item in self.settings if item.get("name") == name), default)
+
     def to_dict(self) -> dict:
         return {
             "fits": self.fits,

@@ -244,27 +244,91 @@ def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call
     return kwargs
 
 
+def can_split(flavor: str) -> bool:
+    """Whether requests to a server of this flavor go out one per prompt group (`group_calls`)."""
+    from ogrpo import compat
+
+    return flavor == compat.VLLM_API
+
+
+def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | None:
+    """One thunk per prompt group (each prompt with its n completions) that together ask the server for what
+    `client.generate(prompts=prompts, **sampling)` asks in one request, each group with the sampling seeds it has
+    inside that one request, so the completions are the same; None where the request must stay whole.
+
+    Sent at once, the groups' requests reach vLLM's API server together and its engine batches them as it would
+    the one request, while each answer comes back when its group finishes (ogrpo.train.overlap.Stream). TRL 1.9's
+    `trl vllm-serve` answers one request at a time (a blocking LLM.generate per request): split there, the groups
+    would be generated one after the other in small batches, so its requests stay whole. A request that carries
+    image features stays whole too. The seeds: a seeded request's prompt i samples with seed + i x n on O-GRPO's
+    server (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; an unseeded one stays
+    unseeded (the engine's generator: no two runs agree anyway)."""
+    if not can_split(flavor) or len(prompts) < 2 or sampling.get("features") is not None:
+        return None
+    seeded = getattr(client, "seeded_kwargs", None)
+    sampling = seeded(dict(sampling)) if seeded is not None else dict(sampling)  # one seed per call, as generate
+    n = max(1, int(sampling.get("n") or 1))
+    base = dict(sampling.get("generation_kwargs") or {})
+    _widen_pool(client, len(prompts))
+    calls = []
+    for i, prompt in enumerate(prompts):
+        part = dict(sampling)
+        if base.get("seed") is not None:
+            part["generation_kwargs"] = {**base, "seed": int(base["seed"]) + i * n}
+        part["prompts"] = [prompt]
+        # the class's generate: the instance's is the overlap pipeline's; a seeded part is not seeded again
+        calls.append(functools.partial(type(client).generate, client, **part))
+    return calls
+
+
+def _widen_pool(client, connections: int) -> None:
+    """requests keeps 10 connections per host: the groups' concurrent requests would open and drop the others."""
+    session = getattr(client, "session", None)
+    if session is None or getattr(session, "_ogrpo_pool", 0) >= connections:
+        return
+    from requests.adapters import HTTPAdapter
+
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=connections))
+    session._ogrpo_pool = connections
+
+
+class SeededGenerate:
+    """Mixed in before TRL's VLLMClient: generation requests carry a seed derived from the run's
+    (`seeded_generation_kwargs`), so server-mode CPU runs rerun identically. A request that already carries a seed
+    (the recipe's, or one part of a split request: `group_calls`) keeps it and takes no call index: the indices
+    are those of the requests whose seed they choose."""
+
+    run_seed: int | None = None
+    _generation_calls: int = 0
+
+    def generate(self, *args, **kwargs):
+        return super().generate(*args, **self.seeded_kwargs(kwargs))
+
+    def seeded_kwargs(self, kwargs: dict) -> dict:
+        """generate's keywords with this call's sampling seed."""
+        if self.run_seed is not None and (kwargs.get("generation_kwargs") or {}).get("seed") is None:
+            kwargs["generation_kwargs"] = seeded_generation_kwargs(kwargs.get("generation_kwargs"), self.run_seed,
+                                                                   self._generation_calls)
+            self._generation_calls += 1
+        return kwargs
+
+
 def _cpu_client_cls():
     from trl.generation.vllm_client import VLLMClient
 
-    class CPUVLLMClient(VLLMClient):
+    class CPUVLLMClient(SeededGenerate, VLLMClient):
         """VLLMClient whose weight sync goes through the server's `cpu_shm` backend, and whose generation requests
-        carry a seed derived from the run's (`seeded_generation_kwargs`): server-mode CPU runs rerun identically."""
+        carry a seed derived from the run's (SeededGenerate)."""
 
         expect: dict | None = None
-        run_seed: int | None = None
         server_dtype: str | None = None
         _files: WeightsFileServer | None = None  # set by init_communicator when the server is on another host
-        _generation_calls: int = 0
 
         # TRL's signature kept (functools.wraps): callers that pass only the keywords a TRL line takes read it
         @functools.wraps(VLLMClient.generate)
         def generate(self, *args, **kwargs):
-            if self.run_seed is not None:
-                kwargs["generation_kwargs"] = seeded_generation_kwargs(kwargs.get("generation_kwargs"), self.run_seed,
-                                                                       self._generation_calls)
-                self._generation_calls += 1
-            return super().generate(*args, **kwargs)
+            return SeededGenerate.generate(self, *args, **kwargs)
 
         def init_communicator(self, device: Any = 0) -> None:
             info = self.get_server_info()

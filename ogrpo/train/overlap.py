@@ -6,9 +6,13 @@ the trainer pushes weights, asks for a batch, waits for it, scores and trains wh
 - `off`: TRL's order, untouched (nothing here is installed).
 - `lossless`: the same requests in the same order with the same weights, so the same samples, losses and updates
   as `off`; only waiting changes. The weight push starts when the optimizer step ends (a callback, before logging
-  and checkpointing) and the next batch is requested the moment the server has the weights; the reward functions
-  run in a thread while the trainer computes the reference/old-policy log-probs (their cross-rank gather is put
-  back on the main thread, in TRL's order, so no two threads ever drive a collective at once).
+  and checkpointing) and the next batch is requested the moment the server has the weights. Where the server
+  batches concurrent requests (vLLM's API server), a batch goes out as one request per prompt group, each with the
+  seed the group had inside the one request (`Stream`), and the groups are taken as they finish: the rewards of a
+  finished group run on a reward thread while the main thread computes its reference/old-policy log-probs
+  (`GroupWork`), and the server still generates the rest. Elsewhere the reward functions run in a thread while the
+  trainer computes the log-probs of the whole batch. Either way their cross-rank gather is put back on the main
+  thread, in TRL's order, so no two threads ever drive a collective at once.
 - `one-step`: the server generates batch k+1 with the weights of step k while the trainer scores and trains on
   batch k (generated with step k-1's weights). Weights are pushed only between generations (a push waits for the
   request in flight), so no sample is more than one policy version old; every batch carries the version that
@@ -108,9 +112,137 @@ class Lookahead:
         return self._queue[0]
 
 
+def merge_outputs(outputs: list[dict]) -> dict:
+    """One answer of TRL's VLLMClient.generate from the answers to its per-group parts, in group order: list fields
+    concatenated (each part's lists are per prompt or per completion, prompt-major), None where every part has
+    None."""
+    merged: dict = {}
+    for key in outputs[0]:
+        values = [out[key] for out in outputs]
+        if all(v is None for v in values):
+            merged[key] = None
+        elif all(isinstance(v, list) for v in values):
+            merged[key] = [x for v in values for x in v]
+        else:
+            raise OverlapError(f"overlap: cannot merge the per-group answers' field {key!r}")
+    return merged
+
+
+class Stream:
+    """One generation request sent as one request per prompt group, all at once (the server batches them as it
+    would the one request), taken group by group as each finishes. `calls`: one thunk per group, in prompt order
+    (ogrpo.serve.client.group_calls). `result(on_group)` calls on_group(index, answer) in the order the groups
+    finish, on the caller's thread, and returns the merged answer; `arrivals` keeps that order."""
+
+    def __init__(self, calls: list[Callable[[], dict]], on_done: Callable[[], None] | None = None):
+        self.futures = [_spawn(call, f"ogrpo-overlap-group-{i}") for i, call in enumerate(calls)]
+        self.arrivals: list[int] = []
+        if on_done is not None:
+            left = [len(self.futures)]
+            lock = threading.Lock()
+
+            def one_done(_):
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    on_done()
+
+            for fut in self.futures:
+                fut.add_done_callback(one_done)
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def exception(self):
+        """Wait for every part; the first error, or None."""
+        errors = [f.exception() for f in self.futures]
+        return next((e for e in errors if e is not None), None)
+
+    def result(self, on_group: Callable[[int, dict], Any] | None = None) -> dict:
+        from concurrent.futures import as_completed
+
+        index = {f: i for i, f in enumerate(self.futures)}
+        try:
+            for fut in as_completed(self.futures):
+                i, out = index[fut], fut.result()
+                if i not in self.arrivals:
+                    self.arrivals.append(i)
+                if on_group is not None:
+                    on_group(i, out)
+        except BaseException:
+            self.exception()  # never leave a part running behind the error
+            raise
+        return merge_outputs([f.result() for f in self.futures])
+
+
+class GroupWork:
+    """What the trainer does with the groups of one batch as they arrive (`arrived(index, answer)`, called on the
+    main thread by Stream.result): `reward(index, answer)` runs on a reward thread, one group after the other in
+    arrival order (reward functions need not be thread-safe), while `score(index, answer)` (the log-prob passes)
+    runs on the calling thread, so the two overlap. `events` records (what, group) in the order it happened:
+    arrived, reward_start/reward_end, score_start/score_end."""
+
+    def __init__(self, reward: Callable[[int, dict], Any] | None, score: Callable[[int, dict], Any] | None):
+        self.reward_fn, self.score_fn = reward, score
+        self.rewards: dict[int, Future] = {}
+        self.scores: dict[int, Any] = {}
+        self.taken: set[str] = set()  # the trainer's passes already answered from `scores`
+        self.events: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+        self._last: Future | None = None
+
+    def event(self, what: str, group: int) -> None:
+        with self._lock:
+            self.events.append((what, group))
+
+    def arrived(self, index: int, answer: dict) -> None:
+        self.event("arrived", index)
+        if self.reward_fn is not None:
+            before = self._last
+
+            def run():
+                if before is not None:
+                    before.exception()  # one group at a time, in arrival order
+                self.event("reward_start", index)
+                try:
+                    return self.reward_fn(index, answer)
+                finally:
+                    self.event("reward_end", index)
+
+            self._last = self.rewards[index] = _spawn(run, f"ogrpo-overlap-reward-{index}")
+        if self.score_fn is not None:
+            self.event("score_start", index)
+            try:
+                self.scores[index] = self.score_fn(index, answer)
+            finally:
+                self.event("score_end", index)
+
+    def early(self) -> int:
+        """Groups whose reward or log-prob work started before the last group arrived."""
+        with self._lock:
+            events = list(self.events)
+        arrived = [i for i, (what, _) in enumerate(events) if what == "arrived"]
+        if not arrived:
+            return 0
+        last = arrived[-1]
+        return len({g for what, g in events[:last] if what in ("reward_start", "score_start")})
+
+    def reward_results(self, groups: int) -> list | None:
+        """Every group's reward result in group order (waiting for the reward thread), None unless all ran."""
+        if sorted(self.rewards) != list(range(groups)):
+            self.wait()
+            return None
+        return [self.rewards[i].result() for i in range(groups)]
+
+    def wait(self) -> None:
+        for fut in list(self.rewards.values()):
+            fut.exception()
+
+
 class Ticket:
     """One generation request: its prompts and sampling parameters, the policy version the server held when it
-    was sent, and its result (a Future)."""
+    was sent, and its result (a Future, or a Stream of per-group requests)."""
 
     def __init__(self, prompts: list, sampling: dict, version: int | None, future: Future):
         self.prompts, self.sampling, self.version, self.future = prompts, sampling, version, future
@@ -127,9 +259,12 @@ class Pipeline:
     - generate(prompts, **sampling): the oldest ticket's result when it was for these prompts (an OverlapError if
       it was for others: the lookahead and the loop disagree), else a real request (the first batch, or after an
       epoch's end), after which one-step sends the staged next batch.
-    `timeline` (ogrpo.train.profiler.Timeline) gets the server's busy spans."""
+    `split(prompts, sampling)`: one thunk per prompt group, or None where a request must stay whole; a split
+    training request is a Stream, whose groups go to `on_group(index, answer)` as they finish (set by the trainer
+    for the batch it generates). `timeline` (ogrpo.train.profiler.Timeline) gets the server's busy spans."""
 
-    def __init__(self, mode: str, version_fn: Callable[[], int], timeline=None):
+    def __init__(self, mode: str, version_fn: Callable[[], int], timeline=None,
+                 split: Callable[[list, dict], list | None] | None = None):
         if mode not in MAX_STALENESS:
             raise ValueError(f"overlap mode {mode!r}: one of {', '.join(MAX_STALENESS)}")
         self.mode, self.version_fn, self.timeline = mode, version_fn, timeline
@@ -140,6 +275,9 @@ class Pipeline:
         self.consumed_version: int | None = None
         self.active = False  # inside a training generation (eval requests pass straight through)
         self.sent = 0
+        self.split = split
+        self.on_group: Callable[[int, dict], Any] | None = None
+        self.last_stream: Stream | None = None
         self._real: Callable | None = None
 
     # ---- wiring onto one client instance -------------------------------------------------------------------
@@ -180,6 +318,22 @@ class Pipeline:
         for ticket in self.tickets:
             ticket.future.exception()  # waits; an error surfaces when the trainer takes the result
 
+    def _stream(self, prompts: list, sampling: dict) -> Stream | None:
+        calls = self.split(prompts, sampling) if self.split is not None else None
+        if not calls:
+            return None
+        on_done = None
+        if self.timeline is not None:
+            span = self.timeline.open("server", "generate")
+            on_done = lambda: self.timeline.close(span)  # noqa: E731 - closes when the last group is back
+        return Stream(calls, on_done)
+
+    def _take(self, handle) -> dict:
+        if isinstance(handle, Stream):
+            self.last_stream = handle
+            return handle.result(self.on_group)
+        return handle.result()
+
     def _request(self, prompts: list, sampling: dict):
         span = self.timeline.open("server", "generate") if self.timeline is not None else None
         try:
@@ -193,7 +347,8 @@ class Pipeline:
         if self.sampling is None:  # no real request yet to learn TRL's sampling parameters from
             return
         sampling = dict(self.sampling)
-        future = _spawn(lambda: self._request(prompts, sampling), "ogrpo-overlap-generate")
+        future = self._stream(prompts, sampling) or _spawn(lambda: self._request(prompts, sampling),
+                                                            "ogrpo-overlap-generate")
         self.tickets.append(Ticket(prompts, sampling, self.server_version, future))
         self.sent += 1
 
@@ -209,8 +364,9 @@ class Pipeline:
                 raise OverlapError(f"overlap: the batch requested ahead has other {what} than the one the trainer "
                                    "asks for; the lookahead and the training loop disagree")
             self.consumed_version = ticket.version
-            return ticket.future.result()
-        out = self._request(list(prompts), sampling)
+            return self._take(ticket.future)
+        stream = self._stream(list(prompts), sampling)
+        out = self._take(stream) if stream is not None else self._request(list(prompts), sampling)
         self.sampling = dict(sampling)
         self.consumed_version = self.server_version
         if self.mode == ONE_STEP and self.staged is not None:

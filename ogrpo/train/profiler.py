@@ -16,7 +16,12 @@ idle (`idle_share`: {"server": .., "trainer": ..}) from a Timeline of busy spans
 generates (a request in flight, whichever thread sent it) or receives weights (the push); the trainer is idle
 while its main thread waits on a generation request, busy otherwise (scoring, rewards, training, the push).
 With `ogrpo.overlap` (ogrpo/train/overlap.py) requests run beside the trainer and spans cross step boundaries;
-each step counts the part inside it.
+each step counts the part inside it. The first TIMELINE_STEPS rows also carry the spans themselves (`lanes`:
+per device set, [start s, end s, stage] relative to the step's start; `step_start_unix_s`: when it began):
+the trainer lane's stages are score (reference/old-policy log-probs), reward, train (training_step), push and
+wait (idle: its main thread blocked on the server); ogrpo.train.timeline draws them. Every row carries
+`batch_sha`, a digest of the step's training prompts and completions (this process's share of the batch): the
+identity of the batch stream, which a resumed run must reproduce.
 
 Memory, per step: the CUDA allocator's peak on GPU; resident set size (current and process peak) on CPU. Beside
 it, the plan's trainer estimate and a measurement of the same thing (the memory model's calibration, see
@@ -42,6 +47,7 @@ import atexit
 import functools
 import itertools
 import json
+import os
 import resource
 import sys
 import threading
@@ -51,6 +57,7 @@ from pathlib import Path
 STAGES = ("generation", "reward", "logprobs", "train")
 GIB = 1024**3
 MEASURE_STEPS = 3  # CPU steps whose live-tensor peak is measured: the first builds the optimizer state lazily
+TIMELINE_STEPS = 8  # rows that carry their busy spans (profile.jsonl stays small on long runs)
 
 
 class StageProfiler:
@@ -71,6 +78,7 @@ class StageProfiler:
         self._trainer = None
         self.timeline: Timeline | None = None  # server mode only
         self.step_start_ns: int | None = None
+        self.timeline_steps = TIMELINE_STEPS
 
     def _reset(self) -> None:
         self.acc = dict.fromkeys(STAGES, 0.0)
@@ -78,6 +86,7 @@ class StageProfiler:
         self.logprob_passes = 0  # scoring calls in the step: the reference model, and the old policy when needed
         self.spans: list[tuple[str, int, int]] = []  # (stage, start, end) in unix ns: where a memory peak falls
         self.sequences = 0
+        self.batch = None  # hashlib digest of the step's training batches
         self.step_start: float | None = None
         self.last_train_step_end: float | None = None
 
@@ -106,14 +115,17 @@ class StageProfiler:
         trainer._ogrpo_timeline = self.timeline
         timeline = self.timeline
         push = vg.sync_weights
+        drained: dict = {}  # end of the overlap pipeline's wait for the request in flight, within this push
 
         @functools.wraps(push)
         def sync_weights(*args, **kwargs):
             t0 = time.time_ns()
+            drained.clear()
             try:
                 return push(*args, **kwargs)
             finally:
                 t1 = time.time_ns()
+                t0 = max(t0, drained.get("end", t0))  # the weights move once the server has finished generating
                 timeline.record("trainer", "push", t0, t1)
                 timeline.record("server", "weights", t0, t1)
 
@@ -121,6 +133,20 @@ class StageProfiler:
         client = getattr(vg, "vllm_client", None)
         if client is None:  # ranks other than the main process send no requests
             return
+        pipeline = getattr(client, "_ogrpo_overlap", None)
+        if pipeline is not None:  # a push first waits for the request in flight: the trainer idles on the server
+            drain = pipeline.drain
+
+            @functools.wraps(drain)
+            def wait_for_requests(*args, **kwargs):
+                t0 = time.time_ns()
+                try:
+                    return drain(*args, **kwargs)
+                finally:
+                    drained["end"] = t1 = time.time_ns()
+                    timeline.record("trainer", "wait", t0, t1)
+
+            pipeline.drain = wait_for_requests
         request = client.generate
         server_side = getattr(client, "_ogrpo_overlap", None) is None
 
@@ -154,9 +180,32 @@ class StageProfiler:
                     return fn(*args, **kwargs)
                 finally:
                     self.acc[stage] += time.perf_counter() - t0
-                    self.spans.append((stage, n0, time.time_ns()))
+                    self._span(stage, n0, time.time_ns())
             return inner
         return make
+
+    # the profiler's stages as the trainer lane's (the overlap's reward thread records its own "reward")
+    LANE_STAGE = {"reward": "reward", "logprobs": "score", "train": "train"}
+
+    def _span(self, stage: str, n0: int, n1: int) -> None:
+        self.spans.append((stage, n0, n1))
+        if self.timeline is not None and stage in self.LANE_STAGE:
+            self.timeline.record("trainer", self.LANE_STAGE[stage], n0, n1)
+
+    def _note_batch(self, out) -> None:
+        """Fold this generation's prompts and completions into the step's batch digest (training batches only)."""
+        import hashlib
+
+        model = getattr(self._trainer, "model", None)
+        if model is not None and not model.training:
+            return
+        try:  # (prompt_ids, completion_ids, ...) in TRL 1.x: lists of token ids, or tensors
+            ids = [[_ids(x) for x in out[0]], [_ids(x) for x in out[1]]]
+        except (TypeError, IndexError):
+            return
+        if self.batch is None:
+            self.batch = hashlib.sha256()
+        self.batch.update(json.dumps(ids, separators=(",", ":")).encode())
 
     def _on_generate(self, fn):
         def inner(*args, **kwargs):
@@ -164,6 +213,7 @@ class StageProfiler:
             out = fn(*args, **kwargs)
             self.acc["generation"] += time.perf_counter() - t0
             self.spans.append(("generation", n0, time.time_ns()))
+            self._note_batch(out)
             try:  # (prompt_ids, completion_ids, ...) in TRL 1.x
                 completion_ids = out[1]
                 self.tokens += sum(len(c) for c in completion_ids)
@@ -183,7 +233,7 @@ class StageProfiler:
                 return fn(*args, **kwargs)
             finally:
                 self.acc["logprobs"] += time.perf_counter() - t0
-                self.spans.append(("logprobs", n0, time.time_ns()))
+                self._span("logprobs", n0, time.time_ns())
         return inner
 
     def _on_scoring(self, fn):
@@ -207,7 +257,7 @@ class StageProfiler:
                 t1 = time.perf_counter()
                 self.acc["train"] += (t1 - t0) - self._scoring_s
                 self.last_train_step_end = t1
-                self.spans.append(("train", n0, time.time_ns()))
+                self._span("train", n0, time.time_ns())
         return inner
 
     # --- step boundaries ---------------------------------------------------------------------------------------
@@ -262,8 +312,11 @@ class StageProfiler:
                "logprob_passes": self.logprob_passes,
                "gen_tokens_per_s": round(self.tokens / self.acc["generation"], 2) if self.acc["generation"] else 0.0,
                "tokens_per_s": round(self.tokens / total, 2) if total else 0.0}
+        if self.batch is not None:
+            row["batch_sha"] = self.batch.hexdigest()[:16]
         if self.timeline is not None and self.step_start_ns is not None:
-            row.update(self.timeline.window(self.step_start_ns, time.time_ns()))
+            row.update(self.timeline.window(self.step_start_ns, time.time_ns(),
+                                            lanes=len(self.rows) < self.timeline_steps))
         row.update(memory_row())
         row.update(self.estimate)
         if row["device"] == "cuda":
@@ -314,9 +367,10 @@ class Timeline:
         """Per-step values for the next row (the overlap pipeline's staleness and sampled version)."""
         self.notes.update(values)
 
-    def window(self, start_ns: int, end_ns: int) -> dict:
+    def window(self, start_ns: int, end_ns: int, lanes: bool = False) -> dict:
         """The step [start_ns, end_ns]: seconds the server was busy, seconds the trainer waited on it, each set's
-        idle share, the notes; spans that ended inside it are dropped."""
+        idle share, the notes, and with `lanes` the spans themselves (clipped to the step, seconds from its
+        start); spans that ended inside it are dropped."""
         with self._lock:
             spans = self.spans + [(lane, stage, t0, end_ns) for lane, stage, t0 in self.open_spans.values()]
             self.spans = [sp for sp in self.spans if sp[3] > end_ns]
@@ -328,10 +382,41 @@ class Timeline:
                               if keep(lane, stage) and b > start_ns and a < end_ns])
 
         server = busy(lambda lane, stage: lane == "server")
-        wait = busy(lambda lane, stage: lane == "trainer" and stage == "wait")
-        return {"server_busy_s": round(server / 1e9, 6), "trainer_wait_s": round(wait / 1e9, 6),
-                "idle_share": {"server": round(1 - server / total, 4), "trainer": round(wait / total, 4)},
-                **notes}
+        # under `lossless` the main thread scores finished groups inside its wait for the rest, and the reward
+        # thread runs beside it: the trainer idles only while it waits and does nothing else
+        working = busy(lambda lane, stage: lane == "trainer" and stage != "wait")
+        wait = busy(lambda lane, stage: lane == "trainer") - working
+        row = {"server_busy_s": round(server / 1e9, 6), "trainer_wait_s": round(wait / 1e9, 6),
+               "idle_share": {"server": round(1 - server / total, 4), "trainer": round(wait / total, 4)}, **notes}
+        if lanes:
+            row["step_start_unix_s"] = start_ns / 1e9
+            row["step_span_s"] = round(total / 1e9, 6)
+            row["lanes"] = {lane: sorted([round((max(a, start_ns) - start_ns) / 1e9, 6),
+                                          round((min(b, end_ns) - start_ns) / 1e9, 6), stage]
+                                         for ln, stage, a, b in spans if ln == lane and b > start_ns and a < end_ns)
+                            for lane in LANES}
+        return row
+
+
+LANES = ("server", "trainer")
+IDLE_STAGES = {"trainer": ("wait",)}  # a lane's stages that are idle time (the server has none: busy or not)
+
+
+def lane_busy_share(lane: str, spans: list, span_s: float) -> float:
+    """Share of a step a lane was busy, from its `lanes` entry: the server while any span runs; the trainer
+    except while it waits on the server (what `idle_share` counts, recomputed from the spans)."""
+    if span_s <= 0:
+        return 0.0
+    idle = IDLE_STAGES.get(lane)
+    if idle is None:
+        return _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, _ in spans]) / 1e9 / span_s
+    every = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, _ in spans])
+    working = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, stage in spans if stage not in idle])
+    return 1 - (every - working) / 1e9 / span_s  # idle: waiting and doing nothing else
+
+
+def _ids(x) -> list:
+    return x.tolist() if hasattr(x, "tolist") else list(x)
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -383,6 +468,9 @@ class TensorPeak:
         # first's callbacks are gone when it stops, "Requested callback is not found", then a segfault).
         if _RECORDING is not None and _RECORDING is not self:
             _RECORDING.abandon()
+        # kineto logs every start and stop ("USDT: ... profiler_start") at a level above ERROR: 6 is silent; read
+        # at the first start, and a user's own KINETO_LOG_LEVEL wins
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
         _RECORDING = self

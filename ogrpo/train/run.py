@@ -182,8 +182,9 @@ def install_vllm_hooks(p: Prepared) -> None:
     if args.vllm_mode == "server":
         trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
         # the plan this trainer runs, carried or made here: its max_model_len is the server's
-        expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(), dtype=_trainer_dtype(p),
-                                                 plan=p.plan)
+        # the server's dtype is the plan's (a bf16 server beside an fp32 CPU trainer where measured costs chose it)
+        expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(),
+                                                 dtype=vargs.get("dtype") or _trainer_dtype(p), plan=p.plan)
     if torch.cuda.is_available():
         client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.get("dtype") or _trainer_dtype(p))
         return
@@ -221,7 +222,7 @@ def install_overlap(trainer, plan: dict, asked: str | None = None) -> dict | Non
     """The plan's ogrpo.overlap (ogrpo/train/overlap.py) wired into the trainer; None when it is `off`, which
     installs nothing. A mode the run config asked for (`asked`) that cannot apply to this trainer is an error; the
     plan's default falls back to `off` with a note (what only the built trainer shows: tools, a rollout_func)."""
-    from ogrpo.train.overlap import OFF, plan_mode, unsupported
+    from ogrpo.train.overlap import OFF, ONE_STEP, plan_mode, unsupported
 
     mode = plan_mode(plan)
     if mode == OFF:
@@ -233,7 +234,14 @@ def install_overlap(trainer, plan: dict, asked: str | None = None) -> dict | Non
         return {"mode": OFF, "reason": "; ".join(problems)}
     from ogrpo.patches import trl_overlap
 
-    return trl_overlap.install(trainer, mode)
+    installed = trl_overlap.install(trainer, mode)
+    if mode == ONE_STEP:  # the batch in flight goes into each checkpoint: a resumed run sees the same stream
+        from ogrpo.train import overlap_resume, zero3_push
+
+        overlap_resume.install(trainer)
+        if zero3_push.why_not(trainer) is None:  # ZeRO-3: one gather per step, while the server generates
+            zero3_push.install(trainer)  # its counts go into the manifest (zero3_push) when training ends
+    return installed
 
 
 def _trainer_dtype(p: Prepared) -> str:
@@ -328,6 +336,10 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if trainer.accelerator.is_main_process:
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
+        from ogrpo.train import timeline
+
+        picture = timeline.write(run_dir, rows)  # the split placement's lanes, first steps
+        plots += [picture] if picture else []
         calls = getattr(trainer, "_ogrpo_linear_logprobs_calls", None)
         if calls is not None:  # which scoring calls ran the kernel and which fell back to TRL's path
             kernels["linear_logprobs"]["calls"] = dict(calls)

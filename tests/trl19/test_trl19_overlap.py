@@ -1,6 +1,8 @@
 """ogrpo.overlap on the images' line (TRL 1.9.2 and `trl vllm-serve` on vLLM 0.19.1's CPU build): the same jobs as
 tests/test_overlap.py. TRL 1.9 writes no completions table, so `lossless` is compared with `off` on what the
-completions decide: each step's reward, completion lengths (mean, min, max) and loss."""
+completions decide: each step's reward, completion lengths (mean, min, max) and loss. `trl vllm-serve` answers one
+request at a time, so on this line a batch is not split into per-group requests (ogrpo.serve.client.group_calls):
+the rewards run beside the whole batch's log-prob passes."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ def test_lossless_gives_the_same_losses_as_off(off_run, tmp_path):
             assert x[key] == pytest.approx(y[key], abs=1e-6), (x["step"], key, x[key], y[key])
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["overlap/staleness"] == 0.0
+        assert "overlap/groups_early" not in x  # whole requests: nothing streamed
+    assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     assert requests(run) == requests(off_run) == STEPS
 
 

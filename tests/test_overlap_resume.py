@@ -1,0 +1,114 @@
+"""ogrpo.overlap one-step: the batch in flight at a checkpoint is saved with it and handed back on resume
+(ogrpo/train/overlap_resume.py), so a resumed run trains on the batch the uninterrupted run trained on, one
+policy version old, instead of regenerating it with the checkpoint's weights. The same through Slurm requeue,
+with a real server and trainer: tests/slurm/test_slurm_overlap.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ogrpo.train import overlap, overlap_resume
+from ogrpo.train.overlap import ONE_STEP, Pipeline
+
+
+class Server:
+    """generate answers with the weights it holds; a push during a generation is an error."""
+
+    def __init__(self, weights=None):
+        self.weights, self.pending, self.busy, self.calls = weights, None, False, []
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, **sampling):
+        with self._lock:
+            self.busy = True
+            self.calls.append((prompts, self.weights))
+        time.sleep(0.05)
+        self.busy = False
+        return {"completion_ids": [[p[0] * 10 + self.weights] for p in prompts], "logprobs": [[-0.5]]}
+
+    def update_named_params(self, metadata, named_params):
+        assert not self.busy
+        self.pending = metadata
+
+    def reset_prefix_cache(self):
+        self.weights = self.pending
+
+
+def _step(client, pipe, step, prompts, nxt):
+    """What trl_overlap does in one training generation: stage the next batch, push this step's weights, ask."""
+    pipe.stage(nxt)
+    client.update_named_params(step, iter(()))
+    client.reset_prefix_cache()
+    pipe.active = True
+    out = client.generate(prompts=prompts, n=2, max_tokens=4, generation_kwargs={"seed": 7})
+    pipe.active = False
+    return out, overlap.check_staleness(ONE_STEP, step, pipe.consumed_version)
+
+
+def _run(pipe_steps, start=0, stop=None, restore_from=None):
+    """Steps start..stop-1 of a one-step run of `pipe_steps` steps over batches [[i]] (a fresh server: it holds
+    only what is pushed); returns (outputs, staleness, pipeline)."""
+    v = {"step": start}
+    client = Server()
+    pipe = Pipeline(ONE_STEP, lambda: v["step"])
+    pipe.attach(client)
+    if restore_from is not None:
+        assert overlap_resume.restore(pipe, restore_from)
+    outs, stale = [], []
+    for step in range(start, pipe_steps if stop is None else stop):
+        v["step"] = step
+        out, s = _step(client, pipe, step, [[step]], [[step + 1]] if step + 1 < pipe_steps else None)
+        outs.append(out)
+        stale.append(s)
+    return outs, stale, pipe
+
+
+def test_a_resumed_one_step_run_trains_on_the_saved_batch_in_flight(tmp_path):
+    full, full_stale, _ = _run(4)
+    assert full_stale == [0, 1, 1, 1]
+    # the run stopped after step 1: checkpoint-2 holds the weights of version 2 and the batch of step 2 in flight
+    _, _, pipe = _run(4, stop=2)  # stopped after step 1: batch 2 was sent with version 1
+    ckpt = tmp_path / "checkpoint-2"
+    record = overlap_resume.save(pipe, ckpt, 2)
+    assert record["version"] == 1 and record["prompts"] == [[2]]
+    saved = json.loads((ckpt / overlap_resume.FILE).read_text())
+    assert saved["result"] == full[2]  # the answer, not a promise: the request was waited for
+    resumed, stale, pipe2 = _run(4, start=2, restore_from=ckpt)
+    assert resumed == full[2:] and stale == full_stale[2:]  # the same stream, one version old as before
+    assert pipe2.sent == 1  # batch 3 went out once the server had version 2, as in the uninterrupted run
+    # without the saved batch, the resumed run regenerates it with the checkpoint's weights: another batch
+    fresh, fresh_stale, _ = _run(4, start=2)
+    assert fresh[0] != full[2] and fresh_stale[0] == 0
+
+
+def test_nothing_is_saved_without_a_request_in_flight_and_a_stale_format_is_refused(tmp_path):
+    from ogrpo.errors import OgrpoError
+
+    pipe = Pipeline(ONE_STEP, lambda: 0)
+    assert overlap_resume.save(pipe, tmp_path / "c", 3) is None and not (tmp_path / "c").exists()
+    assert overlap_resume.restore(pipe, tmp_path / "c") is False and not pipe.tickets
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / overlap_resume.FILE).write_text(json.dumps({"format": 99}))
+    with pytest.raises(OgrpoError, match="format 99"):
+        overlap_resume.restore(pipe, tmp_path / "c")
+
+
+def test_the_trainer_hooks_save_into_the_checkpoint_and_restore_from_it(tmp_path):
+    _, _, pipe = _run(4, stop=2)
+    calls = []
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=2), _ogrpo_overlap=SimpleNamespace(pipeline=pipe),
+                              _save_rng_state=lambda d: calls.append(("save", d)),
+                              _load_rng_state=lambda c: calls.append(("load", c)))
+    overlap_resume.install(trainer)
+    trainer._save_rng_state(str(tmp_path / "checkpoint-2"))
+    assert (tmp_path / "checkpoint-2" / overlap_resume.FILE).is_file()
+    fresh = Pipeline(ONE_STEP, lambda: 2)
+    trainer._ogrpo_overlap.pipeline = fresh
+    trainer._load_rng_state(str(tmp_path / "checkpoint-2"))
+    assert [c[0] for c in calls] == ["save", "load"]  # the Trainer's own states still saved and loaded
+    assert len(fresh.tickets) == 1 and fresh.tickets[0].version == 1 and fresh.sampling["n"] == 2

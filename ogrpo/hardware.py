@@ -5,7 +5,7 @@ Grammar: ``[NODESx]COUNTx TYPE[-MEM][-LINK]``, case-insensitive, spaces ignored:
 ``2xcpu``, ``cpu-16G`` (CPU "devices" are processes on one machine: the embedded default and CI), ``2x1xcpu``
 (two CPU nodes, e.g. the two-node test cluster).
 
-Each type's facts drive the plan's settings (shared/compat.md): bf16/TF32/FA2 need sm_80+, Triton's tl.dot
+Each type's facts drive the plan's settings: bf16/TF32/FA2 need sm_80+, Triton's tl.dot
 has no tensor cores below sm_80 (so torch.compile is off there), and PCIe boxes need NCCL P2P off for the
 trainer→vLLM weight broadcast (TRL #5865, #2923).
 """

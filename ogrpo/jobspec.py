@@ -65,7 +65,7 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     argv = ["accelerate", "launch", "--config_file", "{job_dir}/accelerate.yaml"]
     if p.is_cpu and t.num_processes >= 2:
         # `--cpu --num_processes 2` silently starts ONE process; --multi_gpu with use_cpu in the config
-        # starts real gloo workers (shared/vllm-cpu/README.md).
+        # starts real gloo workers.
         argv.append("--multi_gpu")
     argv += ["--num_processes", str(t.num_processes)]
     if n_nodes > 1:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ogrpo.errors import OgrpoError
 
-# vLLM runs these only in fp32 (shared/compat.md): they cannot be served on V100 with --dtype half.
+# vLLM runs these only in fp32: they cannot be served on V100 with --dtype half.
 FP32_ONLY_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 
 

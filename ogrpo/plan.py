@@ -62,7 +62,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                     tensor_parallel_size=place.tp if place.mode != "none" else 0,
                     data_parallel_size=place.dp if place.mode == "server" else 0,
                     memory_gib_per_gpu=round(vest.total_gib, 2) if vest else 0.0,
-                    memory_terms=vest.to_dict() if vest else {}, env=server_env, args=vargs)
+                    memory_terms=vest.to_dict() if vest else {}, env={**place.server_env, **server_env}, args=vargs)
     trainer = TrainerPart(nodes=place.trainer_nodes, gpus=place.trainer_gpus, num_gpus=n if rules.counts_gpus else 0,
                           num_processes=n, strategy=tfit.strategy,
                           memory_gib_per_gpu=round(tfit.estimate.total_gib, 2),

@@ -80,7 +80,7 @@ def beyond_range_reason(trl_version: str, vllm_version: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPU families: the arch facts from ../shared/compat.md that the images are built and checked against.
+# GPU families: the arch facts the images are built and checked against.
 
 
 @dataclass(frozen=True)

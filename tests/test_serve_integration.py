@@ -2,7 +2,7 @@
 trainer processes under `accelerate launch`, run by the local supervisor.
 
 Asserts what issue 4 asks: weights reach the server every step (TRL's logged log-prob gap between server and
-trainer stays < 1e-4 in fp32; without a push it is ~0.3 after one step, shared/vllm-cpu/README.md), metrics
+trainer stays < 1e-4 in fp32; without a push it is ~0.3 after one step), metrics
 are written, the server is not reachable off loopback, and every process has exited when the job returns.
 About 2 minutes on 2 cores (server start ~40-60 s, 4 steps).
 """

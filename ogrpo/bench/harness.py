@@ -1,7 +1,7 @@
 """Shared benchmark harness: timing, environment tags, CSV rows, a printed table.
 
 Every row carries the device and the versions it was measured with, so numbers from different machines or
-stacks are never compared by accident (the Liger-Kernel habit, shared/style.md).
+stacks are never compared by accident.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def cases(shapes=tuple(SHAPES), strategies=STRATEGIES, gcs=(False, True), betas=
 
 def recipe(case: Case, model_dir: Path, data: Path, steps: int = STEPS) -> dict:
     return {"model_name_or_path": str(model_dir), "dataset_name": str(data),
-            "reward_funcs": ["ogrpo.bench.step:token_reward"], "seed": 0, "learning_rate": 1e-5, "beta": case.beta,
+            "reward_funcs": ["ogrpo.bench.task:token_reward"], "seed": 0, "learning_rate": 1e-5, "beta": case.beta,
             "num_generations": GENERATIONS, "per_device_train_batch_size": MICRO_BATCH,
             "gradient_accumulation_steps": 1, "max_completion_length": COMPLETION_TOKENS, "temperature": 1.0,
             "max_steps": steps, "logging_steps": 1, "save_strategy": "no", "report_to": "none",

@@ -4,10 +4,14 @@ rollout path, its settings) — and per-stage seconds, peak memory and the ratio
 
 `--placement split` runs the split placement instead (`--gpus 2xcpu`: a vLLM server on one core, the trainer on
 the other, as on a 3xA40 node) once per `ogrpo.overlap` mode (off, lossless, one-step), each a real local job
-(`ogrpo serve` + `ogrpo train` under the supervisor), and reports each mode's step time over `off`'s and over the
-ideal overlap of the same run (max(server busy, trainer busy) per step, from the profiler's timeline), and each
-device set's idle share. Numbers from a machine other helpers or jobs share are not benchmarks: quote them only
-from a quiet machine.
+(`ogrpo serve` + `ogrpo train` under the supervisor), and once as plain TRL's own server mode on the same split
+(`split-trl`, the anchor: ogrpo/bench/trl_server.py). Completions end at an end token the random model emits
+now and then (`stop_every`), so their lengths vary as on a real task. It reports, per path: step time, server
+busy and trainer busy seconds (from the profiler's timeline), the ideal overlap max(server busy, trainer busy)
+per step and the step over it, the step over `off`'s and over plain TRL's, and the idle share of the
+bottleneck device set (the busier one). `--shape generation-heavy` (256-token completions on a model whose
+generation is at least 45 % of an `off` step here) sits beside the default shape. Numbers from a machine other
+helpers or jobs share are not benchmarks: quote them only from a quiet machine.
 
 Same model (random Qwen2 weights of the given shape, word-level tokenizer), same prompts, reward, seed and
 dtype. Each path runs in a fresh subprocess so its peak resident memory is its own; both carry O-GRPO's stage
@@ -27,32 +31,45 @@ from pathlib import Path
 
 import yaml
 
+from ogrpo.bench.jobs import run_split_job, split_plan
 from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row
 from ogrpo.bench.rollout import RolloutShape, build_model, make_prompts
+from ogrpo.bench.task import token_reward
 from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
 
 PATHS = ("trl", "ogrpo")
-SPLIT_PATHS = ("split-off", "split-lossless", "split-one-step")  # "split-" + an ogrpo.overlap mode
+# "split-" + an ogrpo.overlap mode; split-trl: plain TRL's server mode on the same split (the anchor)
+SPLIT_PATHS = ("split-trl", "split-off", "split-lossless", "split-one-step")
 PLACEMENTS = {"single": PATHS, "split": SPLIT_PATHS}
 STAGES = ("generation", "reward", "logprobs", "train", "step")
 _DTYPES = {p: dtypes.torch_name(p) for p in ("fp32", "bf16")}
+# Presets of `--shape`: model, batch and completion length (explicit options override them). default: the
+# issue's 32.5M at 4x8x64; generation-heavy: 256-token completions on a model small enough that generation is
+# at least GEN_HEAVY_SHARE of an `off` step on CPU (as reasoning tasks are on GPUs).
+SHAPES = {
+    "default": {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 2, "intermediate": 2048, "vocab": 4096,
+                "prompts": 4, "generations": 8, "tokens": 64},
+    "generation-heavy": {"hidden": 128, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 512,
+                         "vocab": 1024, "prompts": 2, "generations": 4, "tokens": 256},
+}
+GEN_HEAVY_SHARE = 0.45
 
 
-def token_reward(completions, **kwargs) -> list[float]:
-    """Share of even-numbered tokens ("t2", "t4", ...) in each completion: dense, cheap, learnable."""
-    out = []
-    for text in completions:
-        toks = str(text).split()
-        out.append(sum(1 for t in toks if t[1:].isdigit() and int(t[1:]) % 2 == 0) / max(1, len(toks)))
-    return out
+def stop_tokens(vocab: int, every: int) -> list[int]:
+    """End tokens for the split placement: t0 (the tokenizer's EOS) and every `every`-th id, so that a random
+    model ends a completion with probability about 1/every per token and lengths vary (geometrically)."""
+    return list(range(0, vocab, max(2, every)))
 
 
 def recipe(model_dir: str, data: str, *, steps: int, prompts: int, generations: int, new_tokens: int,
-           dtype: str, seed: int) -> dict:
-    """The TRL recipe both paths run (TRL's flat format)."""
-    return {"model_name_or_path": model_dir, "dataset_name": data, "reward_funcs": ["ogrpo.bench.step:token_reward"],
-            "seed": seed, "learning_rate": 1e-5, "beta": 0.04, "num_generations": generations,
+           dtype: str, seed: int, stops: list[int] | None = None) -> dict:
+    """The TRL recipe every path runs (TRL's flat format); `stops`: end tokens vLLM stops at (split only:
+    HF generate has no such sampling argument)."""
+    extra = {"generation_kwargs": {"stop_token_ids": stops}} if stops else {}
+    return {**extra, "model_name_or_path": model_dir, "dataset_name": data,
+            "reward_funcs": ["ogrpo.bench.task:token_reward"], "seed": seed, "learning_rate": 1e-5, "beta": 0.04,
+            "num_generations": generations,
             "per_device_train_batch_size": prompts * generations, "max_completion_length": new_tokens,
             "max_steps": steps, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
             "temperature": 1.0, "dtype": dtype}
@@ -90,26 +107,18 @@ def _run_ogrpo(workdir: Path, rec: dict) -> None:
     os.replace(out / "profile.jsonl", workdir / "ogrpo-profile.jsonl")
 
 
+def _run_split_trl(workdir: Path, rec: dict) -> None:
+    """Plain TRL's server mode on the same split, with the server memory O-GRPO's plan gives its own."""
+    from ogrpo.bench import trl_server
+
+    _, plan = split_plan(workdir, "split-trl", rec, "off")
+    trl_server.run(workdir, rec, dict(plan.vllm.args), workdir / "split-trl-profile.jsonl")
+
+
 def _run_split(workdir: Path, rec: dict, mode: str) -> None:
     """The split placement with `ogrpo.overlap: mode`: planned for 2xcpu, rendered and run as a local job."""
-    from ogrpo.config import load_run_config
-    from ogrpo.jobspec import build_jobspec
-    from ogrpo.launch.local import run_local
-    from ogrpo.plan import plan_from_config
-    from ogrpo.render import render_job, write_job
-
-    cfg = workdir / f"split-{mode}-recipe.yaml"
-    cfg.write_text(yaml.safe_dump({**rec, "ogrpo": {"gpus": "2xcpu", "use_vllm": True, "overlap": mode}}))
-    rc = load_run_config(str(cfg))
-    plan = plan_from_config(rc, gpus="2xcpu")
-    job = workdir / f"split-{mode}-job"
-    spec = build_jobspec(plan, rc, str(job))
-    write_job(render_job(plan, rc, spec), str(job))
-    (job / "jobspec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-    code = run_local(str(job))
-    if code != 0:
-        raise RuntimeError(f"split placement, overlap {mode}: the job failed (exit {code}); see {job / 'run' / 'logs'}")
-    os.replace(job / "run" / "profile.jsonl", workdir / f"split-{mode}-profile.jsonl")
+    run = run_split_job(workdir, f"split-{mode}", rec, mode)
+    os.replace(run / "profile.jsonl", workdir / f"split-{mode}-profile.jsonl")
 
 
 def summarize(rows: list[dict]) -> dict[str, float]:
@@ -122,25 +131,45 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     # the old policy as well as the reference model): seconds per pass compare the log-prob code itself
     out["logprob_passes"] = statistics.median(r.get("logprob_passes", 0) for r in timed)
     out["logprobs_per_pass"] = out["logprobs"] / out["logprob_passes"] if out["logprob_passes"] else 0.0
+    out["completion_len"] = (sum(r.get("completion_tokens", 0) for r in timed)
+                             / max(1, sum(r.get("completions", 0) for r in timed)))
     split = [r for r in timed if isinstance(r.get("idle_share"), dict)]
-    if split:  # the split placement: each device set's idle share, and the step an ideal overlap would take
-        out["server_idle"] = statistics.median(r["idle_share"]["server"] for r in split)
-        out["trainer_idle"] = statistics.median(r["idle_share"]["trainer"] for r in split)
-        out["ideal_step"] = statistics.median(max(r["server_busy_s"], r["step_s"] - r["trainer_wait_s"])
-                                              for r in split)
+    if split:  # the split placement: each device set's busy seconds and idle share, and the ideal overlap
+        out.update(lanes(split))
+    return out
+
+
+def lanes(rows: list[dict]) -> dict[str, float]:
+    """Per split-placement step: the server busy (generating or receiving weights), the trainer busy (the step
+    less its waits on the server), the ideal overlap max(server busy, trainer busy); medians over the steps, and
+    the bottleneck (the busier set) with its median idle share."""
+    server = [r["server_busy_s"] for r in rows]
+    trainer = [r["step_s"] - r["trainer_wait_s"] for r in rows]
+    out = {"server_busy": statistics.median(server), "trainer_busy": statistics.median(trainer),
+           "ideal_step": statistics.median(max(a, b) for a, b in zip(server, trainer)),
+           "server_idle": statistics.median(r["idle_share"]["server"] for r in rows),
+           "trainer_idle": statistics.median(r["idle_share"]["trainer"] for r in rows)}
+    out["bottleneck"] = "server" if out["server_busy"] >= out["trainer_busy"] else "trainer"
+    out["bottleneck_idle"] = out[f"{out['bottleneck']}_idle"]
     return out
 
 
 def split_ratios(results: dict) -> dict[str, float]:
-    """Each overlap mode's step over `off`'s (< 1: faster) and over the ideal overlap of its own run (1: ideal)."""
+    """Each path's step over `off`'s and over plain TRL's (< 1: faster), over the ideal overlap of its own run
+    (1: ideal), and `off`'s generation share of its step (what the generation-heavy shape must reach)."""
     out = {}
     off = results.get("split-off", {}).get("step")
+    trl = results.get("split-trl", {}).get("step")
     for path, res in results.items():
         mode = path.removeprefix("split-")
         if off and path != "split-off":
             out[f"{mode}_step_over_off"] = res["step"] / off
+        if trl and path != "split-trl":
+            out[f"{mode}_step_over_trl"] = res["step"] / trl
         if res.get("ideal_step"):
             out[f"{mode}_step_over_ideal"] = res["step"] / res["ideal_step"]
+    if off:
+        out["off_generation_share"] = results["split-off"]["generation"] / off
     return out
 
 
@@ -153,10 +182,24 @@ def ratios(trl: dict, ours: dict) -> dict[str, float]:
     return out
 
 
+def preset(name: str, **given) -> tuple[RolloutShape, dict]:
+    """(model shape, {prompts, generations, tokens}) of a `--shape` preset, with the options given (not None)
+    taking precedence."""
+    if name not in SHAPES:
+        raise OgrpoError(f"--shape {name!r}: use one of {', '.join(SHAPES)}")
+    values = {**SHAPES[name], **{k: v for k, v in given.items() if v is not None}}
+    shape = RolloutShape(**{k: values[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
+                                                   "vocab")})
+    return shape, {k: values[k] for k in ("prompts", "generations", "tokens")}
+
+
 def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, prompts: int = 4,
                    generations: int = 8, new_tokens: int = 64, prompt_tokens: int = 32, seed: int = 42,
                    csv_path: str = "bench/results/step.csv", png_path: str | None = "bench/results/step.png",
-                   workdir: str | None = None, out=None, placement: str = "single") -> dict:
+                   workdir: str | None = None, out=None, placement: str = "single", stop_every: int | None = None,
+                   shape_name: str = "") -> dict:
+    """`stop_every` (split placement): completions end at an end token about once in that many tokens
+    (default: half the completion budget), so their lengths vary."""
     out = out or sys.stdout
     if placement not in PLACEMENTS:
         raise OgrpoError(f"--placement {placement!r}: use single or split")
@@ -171,15 +214,20 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": " ".join(f"t{i}" for i in p)}) + "\n"
                             for p in make_prompts(64, prompt_tokens, shape.vocab, seed)))
+    stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" else None
     rec = recipe(str(model_dir), str(data), steps=steps, prompts=prompts, generations=generations,
-                 new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed)
+                 new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed, stops=stops)
     (work / "recipe.json").write_text(json.dumps(rec))
     results = {}
     for path in paths:
         out.write(f"running {path} ...\n")
         out.flush()
-        rc = subprocess.call([sys.executable, "-m", "ogrpo.bench.step", path, str(work)],
-                             stdout=subprocess.DEVNULL, stderr=open(work / f"{path}.log", "wb"))
+        # the anchor's trainer gets the thread cap the plan gives O-GRPO's trainer on the split (its server
+        # drops it: ogrpo.bench.trl_server.server_env)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"} if path == "split-trl" else None
+        with open(work / f"{path}.log", "wb") as log:
+            rc = subprocess.call([sys.executable, "-m", "ogrpo.bench.step", path, str(work)],
+                                 stdout=subprocess.DEVNULL, stderr=log, env=env)
         if rc != 0:
             raise OgrpoError(f"bench path {path} failed (exit {rc}); see {work / f'{path}.log'}")
         rows = [json.loads(x) for x in (work / f"{path}-profile.jsonl").read_text().splitlines()]
@@ -189,15 +237,18 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['logprob_passes']:g}",
               f"{results[p]['logprobs_per_pass']:.3f}", f"{results[p]['tokens_per_s']:.0f}",
               f"{results[p]['peak_gib']:.2f}"] for p in paths]
+    lengths = f" (EOS allowed: end tokens 1 in {stop_every or new_tokens // 2})" if placement == "split" else ""
+    out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x <= {new_tokens} "
+              f"tokens{lengths}, {placement} placement{f', shape {shape_name}' if shape_name else ''}, median of "
+              f"steps 2..{steps}:\n" + format_table(header, table) + "\n")
     if placement == "split":
-        header += ["server idle", "trainer idle", "ideal s"]
-        for row, p in zip(table, paths):
-            row += [f"{100 * results[p]['server_idle']:.0f}%", f"{100 * results[p]['trainer_idle']:.0f}%",
-                    f"{results[p]['ideal_step']:.3f}"]
-    out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x {new_tokens} "
-              f"tokens, {placement} placement, median of steps 2..{steps}:\n" + format_table(header, table) + "\n")
+        out.write("\n" + split_table(results, r, paths) + "\n")
     for name, value in r.items():
         out.write(f"{name}: {value:.3f}\n")
+    share = r.get("off_generation_share")
+    if shape_name == "generation-heavy" and share is not None and share < GEN_HEAVY_SHARE:
+        out.write(f"note: generation is {100 * share:.0f}% of an off step here, under the {100 * GEN_HEAVY_SHARE:.0f}% "
+                  "this shape is meant to reach: pick a smaller model or fewer completions per step\n")
     tags = environment_tags()
     case = f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + (" split" if placement == "split" else "")
     csv_rows = [make_row("step", case, p, f"{s}_s", results[p][s], "s", str(shape.params()), tags)
@@ -209,11 +260,34 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     csv_rows += [make_row("step", case, p, f"{lane}_idle_share", results[p][f"{lane}_idle"], "share",
                           str(shape.params()), tags) for p in paths for lane in ("server", "trainer")
                  if f"{lane}_idle" in results[p]]
+    csv_rows += [make_row("step", case, p, metric, results[p][metric], unit, str(shape.params()), tags)
+                 for p in paths for metric, unit in (("server_busy", "s"), ("trainer_busy", "s"),
+                                                     ("ideal_step", "s"), ("bottleneck_idle", "share"),
+                                                     ("completion_len", "tokens"))
+                 if metric in results[p]]
     csv_rows += [make_row("step", case, "ratio", k, v, "x", str(shape.params()), tags) for k, v in r.items()]
     out.write(f"csv: {append_rows(csv_path, csv_rows)}\n")
     if png_path:
         out.write(f"png: {_plot(results, case, Path(png_path), paths)}\n")
     return {"results": results, "ratios": r}
+
+
+SPLIT_COLUMNS = ["path", "step s", "server busy s", "trainer busy s", "ideal s", "step/ideal", "vs off", "vs trl",
+                 "bottleneck", "bottleneck idle", "server idle", "trainer idle", "tokens/completion"]
+
+
+def split_table(results: dict, r: dict, paths=SPLIT_PATHS) -> str:
+    """The split placement's columns: busy seconds per device set, the ideal overlap and the ratios."""
+    rows = []
+    for p in paths:
+        res, mode = results[p], p.removeprefix("split-")
+        ratio = lambda key: f"{r[key]:.3f}" if key in r else "1"  # noqa: E731 - a path against itself: 1
+        rows.append([p, f"{res['step']:.3f}", f"{res['server_busy']:.3f}", f"{res['trainer_busy']:.3f}",
+                     f"{res['ideal_step']:.3f}", f"{r[f'{mode}_step_over_ideal']:.3f}",
+                     ratio(f"{mode}_step_over_off"), ratio(f"{mode}_step_over_trl"), res["bottleneck"],
+                     f"{100 * res['bottleneck_idle']:.0f}%", f"{100 * res['server_idle']:.0f}%",
+                     f"{100 * res['trainer_idle']:.0f}%", f"{res['completion_len']:.1f}"])
+    return format_table(SPLIT_COLUMNS, rows)
 
 
 def _plot(results: dict, title: str, path: Path, paths=PATHS) -> Path:
@@ -246,7 +320,9 @@ if __name__ == "__main__":  # worker entry: python -m ogrpo.bench.step PATH WORK
     _work = Path(sys.argv[2])
     _rec = json.loads((_work / "recipe.json").read_text())
     with exit_on_signals():
-        if sys.argv[1].startswith("split-"):
+        if sys.argv[1] == "split-trl":
+            _run_split_trl(_work, _rec)
+        elif sys.argv[1].startswith("split-"):
             _run_split(_work, _rec, sys.argv[1].removeprefix("split-"))
         else:
             (_run_trl if sys.argv[1] == "trl" else _run_ogrpo)(_work, _rec)

@@ -58,10 +58,13 @@ def load_jobspec(job: str | os.PathLike) -> JobSpec:
 
 
 def local_step_env(step: Step) -> dict[str, str]:
-    """Devices a step may see: its own GPUs only, so server and trainer never share a device by accident."""
+    """Devices a step may see: its own GPUs (or, on CPU, cores) only, so server and trainer never share one by
+    accident."""
     if step.gpus:
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in step.gpus)}
-    return {}
+    from ogrpo.launch import cpu_slots
+
+    return cpu_slots.step_env(step.role, step.env.get(cpu_slots.SLOTS_ENV))  # a CPU plan: its own cores
 
 
 def local_values(server_port: int, rendezvous_port: int, job_dir: str, group_port: int | None = None) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Why a supervisor: the failure modes users hit most are jobs that never end (a script waits on a server that
 never exits), servers that never come up, and trainers that hang on a dead server until the allocation runs
-out (shared/anchors.md). Here:
+out. Here:
 - the server and the trainer start together (the trainer's own start-up overlaps the server's ~30 s);
 - the server must answer `GET /health` within `health_timeout_s`, else everything is stopped (exit 1);
 - when the trainer ends, the server is torn down and the trainer's exit code is the job's;

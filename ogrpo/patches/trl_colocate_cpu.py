@@ -1,6 +1,6 @@
 """TRL (colocated vLLM on the CPU build): make TRL's in-process weight sync work, and run vLLM in the trainer's dtype.
 
-Why (shared/vllm-cpu): on CPU, vLLM packs each linear weight into a oneDNN handle after loading, so TRL's
+Why: on CPU, vLLM packs each linear weight into a oneDNN handle after loading, so TRL's
 per-parameter `model.load_weights([(name, param)])` fails ('Parameter' object has no attribute
 'weight_loader'). What works is ONE layerwise reload for all weights followed by a refresh of a tied lm_head
 (`ogrpo.patches.vllm_cpu_reload`). TRL also passes no dtype to `LLM(...)`, and vLLM then picks bf16 on CPU even for an

@@ -4,7 +4,7 @@ vLLM's loggers, so it lives with the patches and has a `check()`.
 
 Why this exists: on CPU, vLLM packs each linear weight into a oneDNN/AMX handle after loading and replaces
 `layer.weight` by an empty Parameter, so TRL's per-parameter `load_weights` fails (`no attribute
-'weight_loader'`). What works (shared/vllm-cpu): ONE layerwise reload for all weights (one reload per
+'weight_loader'`). What works: ONE layerwise reload for all weights (one reload per
 parameter gives NaN), then rebuilding the packed copy of a tied `lm_head`, which otherwise stays stale and makes
 outputs drift silently. Used by the colocated trainer and by the server's `cpu_shm` weight-transfer backend.
 """

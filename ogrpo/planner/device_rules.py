@@ -14,7 +14,7 @@ from ogrpo import dtypes
 from ogrpo.config import STRATEGIES
 from ogrpo.hardware import Cluster, GpuType
 
-# Share of host RAM a CPU vLLM may take (measured working value, shared/vllm-cpu): the ceiling its estimate is
+# Share of host RAM a CPU vLLM may take (a measured working value): the ceiling its estimate is
 # checked against; vLLM itself gets an explicit KV budget on CPU.
 CPU_VLLM_UTIL = 0.2
 # The colocated vLLM's share of a GPU grows in these steps up to this ceiling until one sequence fits.
@@ -301,7 +301,7 @@ class GpuRules(DeviceRules):
     def precision_args(self, precision: str, strategy: str) -> tuple[dict, list[tuple[str, object, str]], str]:
         if precision == "bf16":
             return {"bf16": True, "fp16": False}, [], "float32" if strategy == "ddp" else "bfloat16"
-        # TRL turns bf16 on unless fp16 is set, so both are explicit (shared/compat.md).
+        # TRL turns bf16 on unless fp16 is set, so both are explicit (GPU families: ogrpo/stacks.py).
         return ({"bf16": False, "fp16": True},
                 [("bf16", False, "GRPOConfig enables bf16 unless told otherwise; V100-class GPUs would fail")],
                 "float32")

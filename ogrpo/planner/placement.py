@@ -3,7 +3,8 @@
 One device colocates vLLM inside the trainer; a single node splits in-node (the server gets the smallest
 tensor-parallel group that holds the model and a KV cache, the trainer the rest); several nodes give the server
 whole node(s). `--vllm-gpus N` overrides. On CPU, "devices" are processes: `cpu` colocates, `NxCPU` runs one
-server process and N-1 trainer processes.
+server process and N-1 trainer processes. Where the recipe leaves the choice to the plan, a server is used only
+when measured per-token costs say it is cheaper than generating inside the trainer (ogrpo/planner/costs.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ogrpo.lengths import budget
 from ogrpo.lengths import max_model_len as lengths_max_model_len
 from ogrpo.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate
 from ogrpo.models import ModelFacts
+from ogrpo.planner import costs as _costs
 from ogrpo.planner.draft import Draft
 from ogrpo.planner.fixes import set_key
 
@@ -78,6 +80,8 @@ class Placement:
     tp: int = 1
     dp: int = 1
     trainer_env: dict[str, str] = field(default_factory=dict)
+    server_env: dict[str, str] = field(default_factory=dict)
+    costs: _costs.Costs | None = None  # the measured-cost comparison that chose the placement, if one did
 
     @property
     def max_model_len(self) -> int:
@@ -96,7 +100,7 @@ def place(d: Draft) -> Placement:
         d.reasons.append(f"prompt {prompt_len} + completion {completion_len} tokens exceed the model's "
                          f"{model.max_position_embeddings} positions")
         d.fixes.append(set_key("max_completion_length", max(1, model.max_position_embeddings - prompt_len)))
-    mode = _mode(d)
+    mode, costs = _mode(d, prompt_len, completion_len)
     total = cluster.total_gpus
     gen_batch_guess = int(d.run_config.get("per_device_train_batch_size")) * max(1, total - 1) * int(
         d.run_config.get("steps_per_generation") or d.run_config.get("gradient_accumulation_steps"))
@@ -111,7 +115,8 @@ def place(d: Draft) -> Placement:
     # when colocated; `trl vllm-serve` takes them as flags).
     p = Placement(mode=mode, prompt_len=prompt_len, completion_len=completion_len, sizer=sizer, want_util=want_util,
                   want_tp=trl.get("vllm_tensor_parallel_size"), want_dp=trl.get("vllm_data_parallel_size"),
-                  vllm_gpus=d.run_config.ogrpo.vllm_gpus, trainer_gpus=list(range(cluster.gpus_per_node)))
+                  vllm_gpus=d.run_config.ogrpo.vllm_gpus, trainer_gpus=list(range(cluster.gpus_per_node)),
+                  costs=costs)
     if mode == "server":
         _SERVER_PLACERS[d.rules.server_placement](d, p)
     elif mode == "colocate":
@@ -148,15 +153,54 @@ def _keep_num_processes(d: Draft, p: Placement) -> None:
                       f"{d.cluster.spec} idle")
 
 
-def _mode(d: Draft) -> str:
-    """server | colocate | none, with the changes to use_vllm and vllm_mode that it makes."""
+def _by_cost(d: Draft, prompt_len: int, completion_len: int) -> _costs.Costs | None:
+    """The measured-cost comparison of a server and generation inside the trainer, where the recipe leaves the
+    choice to the plan (no use_vllm, vllm_mode or vllm_gpus given) on one node; None otherwise."""
+    trl, opts = d.trl, d.run_config.ogrpo
+    if any(v is not None for v in (opts.use_vllm, trl.get("use_vllm"), trl.get("vllm_mode"), opts.vllm_gpus)):
+        return None  # the user's choice is honored, never weighed against
+    if d.cluster.nodes != 1:
+        return None
+    per_process = int(d.run_config.get("per_device_train_batch_size")) * int(
+        d.run_config.get("steps_per_generation") or d.run_config.get("gradient_accumulation_steps"))
+    # bf16 samples differ from the fp32 trainer's by ~1e-2 in log-prob: weighed only where the importance-
+    # sampling correction that covers the gap stays on
+    bf16 = (d.rules.is_cpu and _costs.bf16_capable(_costs.cpu_flags())
+            and trl.get("vllm_importance_sampling_correction") is not False)
+    return _costs.estimate(_costs.table(), "cpu" if d.rules.is_cpu else d.gpu.name, d.model.params,
+                           total=d.cluster.total_gpus, per_process=per_process, prompt_len=prompt_len,
+                           completion_len=completion_len, bf16=bf16)
+
+
+def bf16_server(p: Placement) -> str | None:
+    """Why the server runs bf16 where the measured costs chose a bf16 server (see costs.py), else None."""
+    c = p.costs
+    if p.mode != "server" or c is None or c.server_dtype != "bfloat16":
+        return None
+    units = ", ".join(sorted(_costs.BF16_FLAGS & _costs.cpu_flags())) or "bf16 units"
+    return (f"this CPU has bf16 matrix units ({units}): a bf16 server's step costs {c.server_s:.3f} s vs "
+            f"{c.fp32_server_s:.3f} s in fp32 (measured per-token costs, {c.source}); TRL's importance-sampling "
+            "correction (vllm_importance_sampling_correction, on) covers its ~1e-2 log-prob gap to the fp32 "
+            "trainer")
+
+
+def _mode(d: Draft, prompt_len: int, completion_len: int) -> tuple[str, _costs.Costs | None]:
+    """server | colocate | none, with the changes to use_vllm and vllm_mode that it makes, and the measured-cost
+    comparison when one chose it."""
     trl, ch = d.trl, d.changes
     use_vllm = d.run_config.ogrpo.use_vllm
+    costs = _by_cost(d, prompt_len, completion_len)
+    if costs is not None:
+        where = "a vLLM server" if costs.mode == "server" else "inside the trainer (transformers generate)"
+        d.settings.add("generation", where, costs.text() + "; use_vllm in the recipe (or ogrpo.use_vllm) decides "
+                                                           "instead")
+        use_vllm = costs.mode == "server"
     if use_vllm is None:
         use_vllm = trl.get("use_vllm", True) is not False
     if use_vllm and trl.get("use_vllm") is None:
         ch.add("use_vllm", False, True, "TRL's default generates with transformers; O-GRPO generates with vLLM "
-                                        "(several times faster) unless use_vllm: false")
+                                        + (costs.text() if costs is not None else "(several times faster)")
+                                        + " unless use_vllm: false")
     elif trl.get("use_vllm") is not None and bool(trl["use_vllm"]) != use_vllm:
         ch.add("use_vllm", trl["use_vllm"], use_vllm, "ogrpo.use_vllm")
     vllm_gpus = d.run_config.ogrpo.vllm_gpus
@@ -165,7 +209,7 @@ def _mode(d: Draft) -> str:
         if vllm_gpus:
             raise ConfigError([f"ogrpo.vllm_gpus {vllm_gpus} with use_vllm false; drop one of them"],
                               d.run_config.source)
-        return "none"
+        return "none", costs
     if (trl.get("vllm_mode") == "colocate" and vllm_gpus is None) or vllm_gpus == 0 or (
             vllm_gpus is None and total == 1):
         mode = "colocate"
@@ -178,7 +222,7 @@ def _mode(d: Draft) -> str:
     elif want_mode is not None and want_mode != mode:
         ch.add("vllm_mode", want_mode, mode, "--vllm-gpus" if vllm_gpus is not None else
                "one device: the server cannot have its own, so vLLM is colocated")
-    return mode
+    return mode, costs
 
 
 def _server_process(d: Draft, p: Placement) -> None:
@@ -204,6 +248,11 @@ def _server_process(d: Draft, p: Placement) -> None:
     p.trainer_nodes, p.trainer_gpus = [0], list(range(1, total))
     d.settings.add("placement", f"1 server process + {total - 1} trainer process(es)",
                    "CPU devices are processes: the server gets one, the trainer the rest")
+    # the server's core(s) and the trainer's, disjoint (ogrpo/launch/cpu_slots.py): as GPUs are on a GPU node
+    p.server_env["OGRPO_CPU_SLOTS"] = f"0:1:{total}"
+    p.trainer_env["OGRPO_CPU_SLOTS"] = d.settings.add(
+        "cpu_slots", f"1:{total - 1}:{total}", f"the machine's cores in {total} shares: the server's first, the "
+        "trainer's the rest, each process pinned to its own (vLLM's CPU engine would spread over all of them)")
     p.trainer_env["OMP_NUM_THREADS"] = d.settings.add(
         "OMP_NUM_THREADS", "1", "vLLM's CPU worker pins a core; a trainer with 2 threads beside it ran "
         "1.8x slower than with 1 (measured on a 2-core host)")

@@ -47,7 +47,7 @@ def deepspeed_config(plan) -> dict | None:
         cfg["bf16"] = {"enabled": "auto"}
         cfg["fp16"] = {"enabled": "auto"}
     elif p.precision == "fp16":
-        # V100: dynamic loss scaling (loss_scale 0) starting at 2^16 (shared/compat.md).
+        # V100: dynamic loss scaling (loss_scale 0) starting at 2^16.
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
         cfg["bf16"] = {"enabled": False}

@@ -342,6 +342,9 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     env = server_env(settings)
     sys.stdout.write("ogrpo serve: " + " ".join(argv) + "\n")
     sys.stdout.flush()
+    from ogrpo.launch.cpu_slots import pin_from_env
+
+    pin_from_env(env)  # a CPU plan's server keeps to its own cores; the affinity survives the exec
     # exec, so that signals from the supervisor (or Slurm) reach vLLM directly.
     os.execvpe(argv[0], argv, env)
     raise AssertionError("unreachable")

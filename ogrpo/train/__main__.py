@@ -13,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     from ogrpo.train import quiet
 
     quiet.install()  # first: libraries print from their imports on (ogrpo/train/quiet.py)
+    from ogrpo.launch.cpu_slots import pin_from_env
+
+    pin_from_env()  # a CPU plan's trainer keeps off the server's cores, threads started later included
     from ogrpo.errors import OgrpoError
     from ogrpo.train import parse_overrides
 

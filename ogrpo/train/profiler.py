@@ -384,8 +384,9 @@ class Timeline:
         server = busy(lambda lane, stage: lane == "server")
         # under `lossless` the main thread scores finished groups inside its wait for the rest, and the reward
         # thread runs beside it: the trainer idles only while it waits and does nothing else
-        working = busy(lambda lane, stage: lane == "trainer" and stage != "wait")
-        wait = busy(lambda lane, stage: lane == "trainer") - working
+        # ("train" is TRL's whole training_step, which holds the wait for generation itself: not counted here)
+        working = busy(lambda lane, stage: lane == "trainer" and stage in BUSY_IN_WAIT)
+        wait = busy(lambda lane, stage: lane == "trainer" and stage in ("wait", *BUSY_IN_WAIT)) - working
         row = {"server_busy_s": round(server / 1e9, 6), "trainer_wait_s": round(wait / 1e9, 6),
                "idle_share": {"server": round(1 - server / total, 4), "trainer": round(wait / total, 4)}, **notes}
         if lanes:
@@ -400,6 +401,7 @@ class Timeline:
 
 LANES = ("server", "trainer")
 IDLE_STAGES = {"trainer": ("wait",)}  # a lane's stages that are idle time (the server has none: busy or not)
+BUSY_IN_WAIT = ("score", "reward")  # trainer work that can run while its main thread waits on the server
 
 
 def lane_busy_share(lane: str, spans: list, span_s: float) -> float:
@@ -410,9 +412,9 @@ def lane_busy_share(lane: str, spans: list, span_s: float) -> float:
     idle = IDLE_STAGES.get(lane)
     if idle is None:
         return _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, _ in spans]) / 1e9 / span_s
-    every = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, _ in spans])
-    working = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, stage in spans if stage not in idle])
-    return 1 - (every - working) / 1e9 / span_s  # idle: waiting and doing nothing else
+    both = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, stage in spans if stage in (*idle, *BUSY_IN_WAIT)])
+    working = _union_ns([(int(a * 1e9), int(b * 1e9)) for a, b, stage in spans if stage in BUSY_IN_WAIT])
+    return 1 - (both - working) / 1e9 / span_s  # idle: waiting and doing nothing else
 
 
 def _ids(x) -> list:

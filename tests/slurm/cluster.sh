@@ -4,7 +4,7 @@
 # stats them, and plain files would give no CUDA_VISIBLE_DEVICES), and, as root where `ip netns` works, a second
 # node `node2` with 2 fake V100s (GRES type v100; CPU jobs use it as a CPU node): its own slurmd in network
 # namespace $NETNS behind a veth pair, so that it has its own address and a job spanning both nodes talks across
-# a real (virtual) link. Adapted from shared/slurm-ci.
+# a real (virtual) link.
 #
 # Partitions: `debug` (default) = localhost only (A40s), so no existing test lands on node2; `two` = both nodes;
 # `v100` = node2 only (the typed-GRES tests: a V100 plan is refused on debug and accepted there).

@@ -8,7 +8,7 @@ HTTP variant). What proves each part:
 - placement: sacct's NodeList per step, and the addresses each step was given (NodeAddr of its node);
 - weights pushed: the trainer says it pushes over HTTP, the server logs /update_weights from the trainer's
   node, and TRL's sampling_logp_difference stays ~1e-7 every step (without pushes it is ~0.3 from step 2:
-  shared/vllm-cpu);
+  measured on this CPU);
 - requeue: `scontrol requeue` mid-run, then the second attempt resumes from a checkpoint and the job
   completes with every step logged once. Same metrics as uninterrupted are not asserted: the restarted vLLM
   server's sampler starts afresh (see test_slurm_grpo).

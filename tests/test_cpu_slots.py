@@ -1,0 +1,52 @@
+"""Disjoint cores for a CPU plan's server and trainer (ogrpo/launch/cpu_slots.py), from the plan to the processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ogrpo.launch import cpu_slots
+
+
+@pytest.mark.parametrize("slots, allowed, want", [
+    ("0:1:2", [0, 1], [0]), ("1:1:2", [0, 1], [1]),
+    ("0:1:3", list(range(8)), [0, 1]), ("1:2:3", list(range(8)), [2, 3, 4, 5, 6, 7]),
+    ("1:1:2", [4, 9, 2, 7], [7, 9]),  # the cores this process may use, whatever their numbers
+    ("0:1:3", [0, 1], None),  # fewer cores than shares: nothing pinned
+    ("2:1:2", [0, 1], None), ("x", [0, 1], None),
+])
+def test_each_step_gets_its_share_of_the_allowed_cores(slots, allowed, want):
+    assert cpu_slots.cores_for(slots, allowed) == want
+
+
+def test_cpu_list_is_libnumas_form():
+    assert cpu_slots.cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and cpu_slots.cpu_list([3]) == "3"
+
+
+def test_a_cpu_split_plan_gives_server_and_trainer_disjoint_cores(monkeypatch):
+    from ogrpo.config import load_run_config
+    from ogrpo.jobspec import build_jobspec
+    from ogrpo.launch.local import local_step_env
+    from ogrpo.plan import plan_from_config
+
+    rc = load_run_config("tiny")
+    rc.ogrpo.use_vllm = True
+    plan = plan_from_config(rc, gpus="3xcpu")
+    spec = build_jobspec(plan, rc, "/tmp/job")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    server, trainer = local_step_env(spec.step("server")), local_step_env(spec.step("trainer"))
+    assert server == {"OGRPO_CPU_CORES": "0-1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert trainer == {"OGRPO_CPU_CORES": "2-5"}
+    assert any(s["name"] == "cpu_slots" for s in plan.settings)  # shown with its reason
+
+
+def test_a_process_pins_itself_to_its_cores():
+    import subprocess
+    import sys
+
+    core = sorted(os.sched_getaffinity(0))[-1]
+    code = "from ogrpo.launch.cpu_slots import pin_from_env; import os; pin_from_env(); print(sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OGRPO_CPU_CORES": str(core)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"[{core}]", out.stderr

@@ -82,6 +82,8 @@ def summarize(curves: dict[str, list[list[tuple[int, float, float]]]], steps: li
 
 def _fmt(ms: tuple[float, float]) -> str:
     m, s = ms
+    if math.isnan(m):
+        return "-"  # no run had logged a reward by then
     return f"{m:.3f}" + ("" if math.isnan(s) else f" ± {s:.3f}")
 
 

@@ -57,7 +57,7 @@ def test_both_paths_run_and_report(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert {r["path"] for r in rows} == {"trl", "ogrpo", "ratio"}
     assert {r["metric"] for r in rows if r["path"] == "trl"} == {f"{s}_s" for s in STAGES} | {
-        "peak_mem", "logprobs_per_pass_s"}
+        "peak_mem", "logprobs_per_pass_s", "completion_len"}
     # beta > 0: both paths score the reference model; O-GRPO's vLLM rollouts score the old policy too
     assert res["results"]["trl"]["logprob_passes"] >= 1
     assert res["results"]["ogrpo"]["logprob_passes"] > res["results"]["trl"]["logprob_passes"]
@@ -134,7 +134,10 @@ def test_split_placement_runs_every_path_and_reports(tmp_path):
     results, r = res["results"], res["ratios"]
     assert set(results) == set(SPLIT_PATHS)
     for path, v in results.items():
-        assert v["step"] > 0 and v["server_busy"] > 0 and v["trainer_busy"] > 0, (path, v)
+        assert v["step"] > 0 and v["trainer_busy"] > 0, (path, v)
+        # lossless and one-step send the next request as the optimizer step ends: at this size its generation
+        # can finish inside the previous step, so a step of theirs may have had no server work of its own
+        assert v["server_busy"] > 0 or path in ("split-lossless", "split-one-step"), (path, v)
         assert v["ideal_step"] == pytest.approx(max(v["server_busy"], v["trainer_busy"]), rel=0.5)
         assert 0 <= v["bottleneck_idle"] <= 1
         assert 1 <= v["completion_len"] < 8, (path, v)  # end tokens 1 in 4: lengths vary under the cap

@@ -119,6 +119,15 @@ def _backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) 
                              "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "
                              "--backend local --gpus cpu (or the GPUs this machine has)")
         backend = "slurm" if shutil.which("sbatch") else "local"
+    return checked_backend(backend, dry_run)
+
+
+def checked_backend(backend: str, dry_run: bool) -> str:
+    """--backend slurm|local; slurm only where sbatch is, except for a dry run (it writes files anywhere)."""
+    import shutil
+
+    from ogrpo.errors import OgrpoError
+
     if backend not in ("slurm", "local"):
         raise OgrpoError(f"--backend {backend!r}: use slurm or local")
     if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:

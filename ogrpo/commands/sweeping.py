@@ -160,13 +160,9 @@ def _backend(backend: str | None, max_parallel: int | None, dry_run: bool) -> st
 
     if max_parallel is not None and max_parallel < 1:
         raise OgrpoError(f"--max-parallel {max_parallel}: must be 1 or more")
-    if backend is None:
-        backend = "slurm" if shutil.which("sbatch") else "local"
-    if backend not in ("slurm", "local"):
-        raise OgrpoError(f"--backend {backend!r}: use slurm or local")
-    if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:
-        raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node, or use "
-                         "--backend local")
+    from ogrpo.commands.jobs import checked_backend
+
+    backend = checked_backend(backend or ("slurm" if shutil.which("sbatch") else "local"), dry_run)
     if backend == "local" and max_parallel not in (None, 1):
         raise OgrpoError(f"--max-parallel {max_parallel}: --backend local runs the points one after another")
     return backend

@@ -11,6 +11,7 @@ import pytest
 
 from ogrpo.bench.overlap import at_step, at_time, run_overlap_bench, summarize
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.procs import mentioning
 
 
 def test_summary_from_the_curves():
@@ -56,3 +57,4 @@ def test_runs_both_modes_and_writes_table_csv_png(tmp_path):
         assert f"{last:.3f}" in text
     assert res["at_steps"] == [1, 2] and res["within"] == [None, None]
     assert (tmp_path / "o.png").stat().st_size > 1000
+    assert mentioning(str(tmp_path / "w")) == []  # no server or trainer outlives its run

@@ -13,6 +13,7 @@ from ogrpo.bench.rollout import RolloutShape
 from ogrpo.bench.step import (SPLIT_COLUMNS, SPLIT_PATHS, STAGES, preset, ratios, run_step_bench, split_ratios,
                               split_table, stop_tokens, summarize, token_reward)
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.procs import mentioning
 
 TINY = RolloutShape(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, vocab=512)
 
@@ -109,19 +110,6 @@ def test_shape_presets():
     assert stop_tokens(512, 4) == list(range(0, 512, 4))
 
 
-def _survivors(marker: str) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in (p.info["cmdline"] or [])):
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 @pytest.mark.slow
 def test_split_placement_runs_every_path_and_reports(tmp_path):
     """Plain TRL's server mode and the three overlap modes on 2xcpu, a tiny shape: every row and column is there,
@@ -154,4 +142,4 @@ def test_split_placement_runs_every_path_and_reports(tmp_path):
     assert ratio["lossless_step_over_off"] == pytest.approx(step["split-lossless"] / step["split-off"], rel=1e-4)
     assert {row["metric"] for row in rows if row["path"] == "split-trl"} >= {"server_busy", "trainer_busy",
                                                                              "ideal_step", "bottleneck_idle"}
-    assert _survivors(str(work)) == []
+    assert mentioning(str(work)) == []

@@ -83,6 +83,20 @@ def of_slurm_job(job_id: str, conf: str | None = None) -> list[int]:
     return sorted(out)
 
 
+def mentioning(marker: str) -> list[int]:
+    """Processes whose command line names `marker` (a job or work directory): what a run left behind."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in (proc.info["cmdline"] or [])):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def cmdline(pid: int, limit: int = 80) -> str:
     try:
         text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()

@@ -210,3 +210,13 @@ def test_a_cli_command_keeps_library_output_in_its_log(tmp_path):
     assert proc.stderr.splitlines() == [f"note: library output (3 lines, 1 warning) is in {log}"], proc.stderr
     logged = log.read_text()
     assert "chattylib at import" in logged and "chattylib print" in logged and "ogrpo inside" in logged
+
+
+def test_an_unwritable_cli_log_leaves_the_output_where_it_was(tmp_path, capsys):
+    from ogrpo.train.quiet import libraries_note, libraries_to_log
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with libraries_to_log(blocker / "logs" / "doctor.log") as counts:  # its folder cannot be made
+        print("shown")
+    assert capsys.readouterr().out == "shown\n" and libraries_note(counts) is None

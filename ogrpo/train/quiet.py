@@ -199,10 +199,14 @@ def libraries_to_log(log_path) -> Iterator[Counts]:
     from pathlib import Path
 
     path = Path(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "w", encoding="utf-8")  # noqa: SIM115 - see the docstring
     counts = Counts()
     counts.path = str(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "w", encoding="utf-8")  # noqa: SIM115 - see the docstring
+    except OSError:  # a read-only home on a login node: the libraries print where they would have
+        yield counts
+        return
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Split(log, _Stream(saved[0]), counts), _Split(log, _Stream(saved[1]), counts)
     try:

@@ -119,21 +119,9 @@ def _backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) 
                              "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "
                              "--backend local --gpus cpu (or the GPUs this machine has)")
         backend = "slurm" if shutil.which("sbatch") else "local"
+    from ogrpo.commands.backend import checked_backend
+
     return checked_backend(backend, dry_run)
-
-
-def checked_backend(backend: str, dry_run: bool) -> str:
-    """--backend slurm|local; slurm only where sbatch is, except for a dry run (it writes files anywhere)."""
-    import shutil
-
-    from ogrpo.errors import OgrpoError
-
-    if backend not in ("slurm", "local"):
-        raise OgrpoError(f"--backend {backend!r}: use slurm or local")
-    if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:
-        raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node "
-                         "(or load the slurm module), or use --backend local")
-    return backend
 
 
 def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay,
@@ -143,22 +131,16 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
     import os
 
     from ogrpo.commands.planning import load_and_plan, require_fit, warn
-    from ogrpo.errors import OgrpoError
     from ogrpo.launch import slurm as sl
 
     sl.parse_passthrough(slurm_items)  # bad --slurm or --time input is the one line before any planning
     if extra.get("time"):
         sl.parse_time(extra["time"])
     rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict)
-    if backend == "local":  # the job runs here: code rewards without an isolating level exit 2 now
-        from ogrpo.train.sandbox_policy import check_here
+    if backend == "local":
+        from ogrpo.commands.backend import check_local
 
-        check_here(rc)
-        if not dry_run:  # a missing stack is the one line, before the plan's notes
-            from ogrpo.install_hints import require
-
-            require(("torch", "trl", "accelerate", *(("vllm",) if plan.mode == "server" else ())),
-                    "`ogrpo submit --backend local` (it runs the job on this machine)")
+        check_local([(rc, plan)], dry_run, "ogrpo submit", "submit it to Slurm")
     job_dir = os.path.abspath(output) if output else _default_job_dir(rc.ogrpo.job_name or "ogrpo")
     if backend == "slurm":
         from ogrpo.launch import grace
@@ -168,9 +150,6 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
                                       signal_delay_s=signal_delay, strict=strict).signal_delay_s
     warn(rc, plan)
     require_fit(plan, force, "submit anyway")
-    if backend == "local" and plan.cluster.nodes > 1:
-        raise OgrpoError(f"--backend local runs on this machine; the {plan.cluster.spec} plan spans "
-                         f"{plan.cluster.nodes} nodes: submit it to Slurm (--backend slurm)")
     return rc, plan, job_dir, signal_delay
 
 

@@ -160,7 +160,7 @@ def _backend(backend: str | None, max_parallel: int | None, dry_run: bool) -> st
 
     if max_parallel is not None and max_parallel < 1:
         raise OgrpoError(f"--max-parallel {max_parallel}: must be 1 or more")
-    from ogrpo.commands.jobs import checked_backend
+    from ogrpo.commands.backend import checked_backend
 
     backend = checked_backend(backend or ("slurm" if shutil.which("sbatch") else "local"), dry_run)
     if backend == "local" and max_parallel not in (None, 1):
@@ -170,20 +170,9 @@ def _backend(backend: str | None, max_parallel: int | None, dry_run: bool) -> st
 
 def _check_local(planned: list, dry_run: bool) -> None:
     """What `ogrpo submit --backend local` checks of a job, for every point: it runs on this machine."""
-    from ogrpo.errors import OgrpoError
-    from ogrpo.train.sandbox_policy import check_here
+    from ogrpo.commands.backend import check_local
 
-    for pp in planned:
-        check_here(pp.rc)
-        if pp.plan.cluster.nodes > 1:
-            raise OgrpoError(f"--backend local runs on this machine; the {pp.plan.cluster.spec} plan spans "
-                             f"{pp.plan.cluster.nodes} nodes: sweep on Slurm (--backend slurm)")
-    if not dry_run:
-        from ogrpo.install_hints import require
-
-        modes = {pp.plan.mode for pp in planned}
-        require(("torch", "trl", "accelerate", *(("vllm",) if "server" in modes else ())),
-                "`ogrpo sweep --backend local` (it runs the points on this machine)")
+    check_local([(pp.rc, pp.plan) for pp in planned], dry_run, "ogrpo sweep", "sweep on Slurm")
 
 
 def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, extra, max_requeues, job_name) -> list:

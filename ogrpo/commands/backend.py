@@ -1,0 +1,36 @@
+"""Which backend a job or a sweep goes to, and what running it on this machine needs: shared by submit and sweep."""
+
+from __future__ import annotations
+
+
+def checked_backend(backend: str, dry_run: bool) -> str:
+    """--backend slurm|local; slurm only where sbatch is, except for a dry run (it writes files anywhere)."""
+    import shutil
+
+    from ogrpo.errors import OgrpoError
+
+    if backend not in ("slurm", "local"):
+        raise OgrpoError(f"--backend {backend!r}: use slurm or local")
+    if backend == "slurm" and not dry_run and shutil.which("sbatch") is None:
+        raise OgrpoError("--backend slurm but `sbatch` is not on PATH: run on a Slurm login node "
+                         "(or load the slurm module), or use --backend local")
+    return backend
+
+
+def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> None:
+    """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
+    rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""
+    from ogrpo.errors import OgrpoError
+    from ogrpo.train.sandbox_policy import check_here
+
+    for rc, plan in pairs:
+        check_here(rc)
+        if plan.cluster.nodes > 1:
+            raise OgrpoError(f"--backend local runs on this machine; the {plan.cluster.spec} plan spans "
+                             f"{plan.cluster.nodes} nodes: {elsewhere} (--backend slurm)")
+    if not dry_run:  # a missing stack is the one line, before the plan's notes
+        from ogrpo.install_hints import require
+
+        server = any(plan.mode == "server" for _, plan in pairs)
+        require(("torch", "trl", "accelerate", *(("vllm",) if server else ())),
+                f"`{command} --backend local` (it runs on this machine)")

@@ -220,22 +220,38 @@ def _pypi_reachable() -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def index_reports(tmp_path_factory) -> dict:
+    """pip's resolution of every GPU lock against the index, run side by side (each waits on the network for about
+    a minute): name -> (returncode, stderr tail, the report's install items, the pins, the builder wheels)."""
+    if not _pypi_reachable():
+        pytest.skip("PyPI is not reachable from this machine")
+    started = {}
+    for name in GPU_LOCKS:
+        tmp = tmp_path_factory.mktemp(f"lock-{name}")
+        pins = read_lock(REPO / "requirements" / f"{name}.lock")
+        builder = {normalize_name(b) for b in FAMILIES[name].builder_wheels}
+        reqs = tmp / "reqs.txt"
+        reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if n not in builder))
+        report = tmp / "report.json"
+        cmd = [*lockgen.pip_base(report, tmp / "t"), "--no-deps", "-r", str(reqs)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=lockgen.pip_env())
+        started[name] = (proc, report, pins, builder)
+    out = {}
+    for name, (proc, report, pins, builder) in started.items():
+        _, err = proc.communicate(timeout=900)
+        items = json.loads(report.read_text())["install"] if proc.returncode == 0 else []
+        out[name] = (proc.returncode, err[-3000:], items, pins, builder)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("name", GPU_LOCKS)
-def test_lock_is_consistent_against_the_index(name, tmp_path):
-    if not _pypi_reachable():
-        pytest.skip("PyPI is not reachable from this machine")
-    fam = FAMILIES[name]
-    pins = read_lock(REPO / "requirements" / f"{name}.lock")
-    builder = {normalize_name(b) for b in fam.builder_wheels}
-    reqs = tmp_path / "reqs.txt"
-    reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if n not in builder))
-    report = tmp_path / "report.json"
-    cmd = [*lockgen.pip_base(report, tmp_path / "t"), "--no-deps", "-r", str(reqs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=lockgen.pip_env(), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    items = json.loads(report.read_text())["install"]
+def test_lock_is_consistent_against_the_index(name, index_reports):
+    rc, err, items, pins, builder = index_reports[name]
+    assert rc == 0, err
     got = {normalize_name(it["metadata"]["name"]): it["metadata"]["version"] for it in items}
     # every non-builder pin exists on the index as a wheel for CPython 3.12 / manylinux x86_64
     assert got == {n: v for n, v in pins.items() if n not in builder}

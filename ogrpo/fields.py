@@ -291,8 +291,9 @@ def line_default(line: str, key: str):
 
 @lru_cache(maxsize=None)  # the planner's fix search plans hundreds of variants of one config
 def line_kinds(line: str) -> dict[str, tuple[str, ...]]:
-    """Read-only (cached). Field of `trl grpo`'s dataclasses (GRPOConfig, ModelConfig, script arguments) -> the YAML kinds this TRL
-    line's field type takes (ogrpo/config.py's kinds); GRPOConfig first where two classes share a name."""
+    """Field of `trl grpo`'s dataclasses (GRPOConfig, ModelConfig, script arguments) -> the YAML kinds this TRL
+    line's field type takes (ogrpo/config.py's kinds); GRPOConfig first where two classes share a name. Cached:
+    read it, never change it."""
     from ogrpo.values import kinds_from_type
 
     out: dict[str, tuple[str, ...]] = {}

@@ -121,4 +121,7 @@ def test_server_and_trainer_on_two_nodes_push_weights_and_resume(two_nodes, tmp_
 
     # the requeue: a second attempt that resumed from a checkpoint
     assert read_json(job_dir / "slurm" / "attempt-1.json")["restart_count"] == 1
-    assert read_json(run / "manifest.json").get("resumed_from")
+    manifest = read_json(run / "manifest.json")
+    assert manifest.get("resumed_from")
+    # a separate server: the plan's default overlap, lossless, across the two nodes and the requeue
+    assert manifest["overlap"]["mode"] == "lossless", manifest.get("overlap")

@@ -6,6 +6,16 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export OGRPO_SLURM_ROOT=${OGRPO_SLURM_ROOT:-/tmp/ogrpo-slurm-test}
 
+# The second env (the GPU images' Python line, below) is built while the first suite runs: its install is mostly
+# waiting on ~4 GB of downloads. Its log is build/setup-trl19.log.
+PY_TRL19=${PY_TRL19:-.venv-trl19/bin/python}
+trl19_setup=
+if [ "$PY_TRL19" = .venv-trl19/bin/python ] && ! make -s -q setup-trl19 2>/dev/null; then
+  mkdir -p build
+  make -s --no-print-directory setup-trl19 >build/setup-trl19.log 2>&1 &
+  trl19_setup=$!
+fi
+
 started=0
 if [ -x tests/slurm/cluster.sh ] || [ -f tests/slurm/cluster.sh ]; then
   if bash tests/slurm/cluster.sh up; then started=1; else echo "slurm test cluster did not start" >&2; exit 1; fi
@@ -21,7 +31,11 @@ rc=$?
 
 # Second env: the GPU images' Python line (requirements/trl19-cpu.lock, `make setup-trl19`). Missing, it is a
 # failure, never a skip: CI must build it.
-PY_TRL19=${PY_TRL19:-.venv-trl19/bin/python}
+if [ -n "$trl19_setup" ] && ! wait "$trl19_setup"; then
+  tail -n 20 build/setup-trl19.log
+  echo "make setup-trl19 failed; the full log is build/setup-trl19.log" >&2
+  exit 1
+fi
 if [ ! -x "$PY_TRL19" ]; then
   echo "no $PY_TRL19: build it with \`make setup-trl19\` (\`make test\` does)" >&2
   exit 1

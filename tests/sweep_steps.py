@@ -17,36 +17,24 @@ trainer (`accelerate launch ... --config JOB/run.yaml --output-dir JOB/run ...`)
 
 from __future__ import annotations
 
-import atexit
 import functools
 import http.server
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-STAND_IN = """#!{python}
-import os, sys
-os.execv(sys.executable, [sys.executable, {module!r}, {tool!r}, *sys.argv[1:]])
-"""
 STEP_S = float(os.environ.get("SWEEP_TOY_STEP_S", "1.0"))
 
 
 @functools.cache
 def env() -> dict[str, str]:
     """The environment for `ogrpo sweep` (sbatch exports it to the tasks, srun to the steps)."""
-    bin_dir = Path(tempfile.mkdtemp(prefix="ogrpo-sweep-steps-"))
-    atexit.register(shutil.rmtree, bin_dir, True)
-    for tool in ("ogrpo", "accelerate"):
-        path = bin_dir / tool
-        path.write_text(STAND_IN.format(python=sys.executable, module=str(Path(__file__).resolve()), tool=tool))
-        path.chmod(0o755)
-    path = os.pathsep.join((str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")))
-    return {**os.environ, "PATH": path}
+    from stand_ins import path_env  # here, not at the top: the stand-ins run this file as a script
+
+    return path_env(__file__, "ogrpo-sweep-steps-")
 
 
 def _arg(args: list[str], flag: str) -> str:

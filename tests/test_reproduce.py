@@ -11,29 +11,13 @@ import pytest
 
 from ogrpo.errors import OgrpoError
 from ogrpo.reproduce import Record, drift, load_record, plan_differences
+from toy_recipe import toy_recipe
 
 OGRPO = [sys.executable, "-m", "ogrpo"]
-RECIPE = """\
-model_name_or_path: ogrpo:tiny
-dataset_name: ogrpo:tiny
-reward_funcs: [tiny_letter]
-seed: 7
-learning_rate: 1.0e-3
-num_generations: 4
-per_device_train_batch_size: 8
-max_completion_length: 8
-max_steps: 3
-logging_steps: 1
-save_strategy: "no"
-report_to: none
-ogrpo:
-  gpus: cpu
-  use_vllm: false
-"""
 
 
 def test_drift_names_each_moved_version_and_the_code():
-    rec = Record(config={}, plan={}, gpus="cpu", backend="local", git_sha="abc",
+    rec = Record(config={}, plan=None, gpus="cpu", backend="local", git_sha="abc",
                  versions={"python": "3.11.7", "torch": "2.13.0+cpu", "trl": "1.16.0", "vllm": None})
     assert drift(rec, installed={"torch": "2.13.0+cpu", "trl": "1.16.0"}, git_sha="abc") == []
     lines = drift(rec, installed={"torch": "2.14.0+cpu"}, git_sha="def")
@@ -41,10 +25,15 @@ def test_drift_names_each_moved_version_and_the_code():
 
 
 def test_plan_differences_cover_what_decides_the_run():
-    a = {"precision": "bf16", "trainer": {"strategy": "ddp", "num_processes": 2}, "vllm": {"args": {"dtype": "x"}}}
-    assert plan_differences(a, json.loads(json.dumps(a))) == []
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.types import Plan
+
+    a = {"cluster": parse_gpus("3xA40").to_dict(), "precision": "bf16",
+         "trainer": {"strategy": "ddp", "num_processes": 2}, "vllm": {"args": {"dtype": "x"}}}
+    assert plan_differences(Plan.from_dict(a), Plan.from_dict(json.loads(json.dumps(a)))) == []
     b = {**a, "precision": "fp16", "trainer": {"strategy": "zero2", "num_processes": 2}}
-    assert plan_differences(a, b) == ["plan.precision: 'bf16' -> 'fp16'", "plan.trainer.strategy: 'ddp' -> 'zero2'"]
+    assert plan_differences(Plan.from_dict(a), Plan.from_dict(b)) == [
+        "plan.precision: 'bf16' -> 'fp16'", "plan.trainer.strategy: 'ddp' -> 'zero2'"]
 
 
 def test_a_directory_without_a_run_manifest_is_one_line(tmp_path):
@@ -63,7 +52,7 @@ def _metrics(job: Path) -> list[dict]:
 @pytest.mark.slow
 def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path):
     recipe = tmp_path / "run.yaml"
-    recipe.write_text(RECIPE)
+    recipe.write_text(toy_recipe(3, gpus="cpu", use_vllm=False))
     first = tmp_path / "first"
     out = subprocess.run([*OGRPO, "submit", "--backend", "local", "--gpus", "cpu", "--config", str(recipe),
                           "-o", str(first)], capture_output=True, text=True, cwd=tmp_path, timeout=600)

@@ -17,27 +17,11 @@ import pytest
 import yaml
 
 import sweep_steps
+from toy_recipe import toy_recipe
 from ogrpo.errors import OgrpoError
 from ogrpo.sweep import grid as g
 
 OGRPO = [sys.executable, "-m", "ogrpo"]
-TOY = """\
-model_name_or_path: ogrpo:tiny
-dataset_name: ogrpo:tiny
-reward_funcs: [tiny_letter]
-seed: 7
-learning_rate: 1.0e-3
-num_generations: 4
-per_device_train_batch_size: 8
-max_completion_length: 8
-max_steps: {steps}
-logging_steps: 1
-save_strategy: "no"
-report_to: none
-ogrpo:
-  gpus: cpu
-  use_vllm: false
-"""
 
 
 def run(*args, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
@@ -160,7 +144,7 @@ def test_a_point_that_makes_the_config_invalid_is_named(tmp_path):
 
 def test_dry_run_writes_every_point_and_one_job_array(fake_slurm, tmp_path):
     sweep, cfg = tmp_path / "sweep", tmp_path / "server.yaml"
-    cfg.write_text(TOY.format(steps=3).replace("use_vllm: false", "use_vllm: true"))  # a vLLM server step
+    cfg.write_text(toy_recipe(3, gpus="cpu", use_vllm=True))  # a vLLM server step
     out = run("sweep", "--gpus", "3xA40", "--config", str(cfg), "--grid", "learning_rate=1e-6,3e-6",
               "--grid", "beta=0,0.04", "--max-parallel", "2", "--backend", "slurm", "--dry-run", "-o", str(sweep))
     assert out.returncode == 0, out.stderr
@@ -227,7 +211,7 @@ def _alive(pid: int) -> bool:
 def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tmp_path / "toy.yaml"
-    cfg.write_text(TOY.format(steps=3))
+    cfg.write_text(toy_recipe(3, gpus="cpu", use_vllm=False))
     env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": "0.2", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     sweep = tmp_path / "sweep"
     out = run("sweep", "--backend", "local", "--config", str(cfg), "--grid", "learning_rate=1e-3,2e-3", "-o",
@@ -283,7 +267,7 @@ def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_p
 def test_cancel_stops_a_local_sweep_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tmp_path / "toy.yaml"
-    cfg.write_text(TOY.format(steps=600))
+    cfg.write_text(toy_recipe(600, gpus="cpu", use_vllm=False))
     env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": "0.5", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen([*OGRPO, "sweep", "--backend", "local", "--config", str(cfg), "--grid",

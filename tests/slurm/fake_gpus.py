@@ -21,20 +21,13 @@ numerics of the GPU settings: the run directory's own manifest.json records the 
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-STAND_IN = """#!{python}
-import os, sys
-os.execv(sys.executable, [sys.executable, {module!r}, {tool!r}, *sys.argv[1:]])
-"""
 # The command whose role a stand-in plays: (tool, first argument) -> role.
 ROLES = {("ogrpo", "serve"): "server", ("accelerate", "launch"): "trainer"}
 RECORD_DIR = "fake-gpus"
@@ -44,14 +37,9 @@ RECORD_DIR = "fake-gpus"
 def env() -> dict[str, str]:
     """The environment for `ogrpo submit` (sbatch exports it to the job, srun to the steps): the stand-ins first
     on PATH, then this Python's own bin dir, so that the supervisor puts nothing in front of them."""
-    bin_dir = Path(tempfile.mkdtemp(prefix="ogrpo-fake-gpus-"))
-    atexit.register(shutil.rmtree, bin_dir, True)
-    for tool in ("ogrpo", "accelerate"):
-        path = bin_dir / tool
-        path.write_text(STAND_IN.format(python=sys.executable, module=str(Path(__file__).resolve()), tool=tool))
-        path.chmod(0o755)
-    path = os.pathsep.join((str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")))
-    return {**os.environ, "PATH": path}
+    from stand_ins import path_env  # here, not at the top: the stand-ins run this file as a script
+
+    return path_env(__file__, "ogrpo-fake-gpus-")
 
 
 def record(job_dir: Path, role: str) -> dict:

@@ -18,28 +18,12 @@ import psutil
 import pytest
 
 import sweep_steps
+from toy_recipe import toy_recipe
 
 from .conftest import read_json, sacct_state, wait_for
 
 pytestmark = pytest.mark.slurm
 
-CONFIG = """\
-model_name_or_path: ogrpo:tiny
-dataset_name: ogrpo:tiny
-reward_funcs: [tiny_letter]
-seed: 7
-learning_rate: 1.0e-3
-num_generations: 4
-per_device_train_batch_size: 8
-max_completion_length: 8
-max_steps: {steps}
-logging_steps: 1
-save_steps: 1
-report_to: none
-ogrpo:
-  use_vllm: true
-  vllm_gpus: 1
-"""
 LRS, BETAS = (1e-3, 2e-3), (0, 0.04)
 
 
@@ -52,7 +36,7 @@ def two_nodes(slurm_cluster):
 
 def start_sweep(tmp_path: Path, steps: int, step_s: float) -> tuple[Path, dict, dict]:
     cfg = tmp_path / "toy.yaml"
-    cfg.write_text(CONFIG.format(steps=steps))
+    cfg.write_text(toy_recipe(steps, save_steps=1, use_vllm=True, vllm_gpus=1))
     sweep = tmp_path / "sweep"
     env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": str(step_s), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-m", "ogrpo", "sweep", "--gpus", "2xcpu", "--config", str(cfg),

@@ -59,9 +59,10 @@ def plan_trl_version(plan) -> str:
     """The TRL a plan's job runs under (a Plan or its dict form): a GPU plan the GPU images (both families), a CPU
     plan the environment it is rendered in (it runs there): the CPU/CI stack, or the images' line in CI's second
     environment (requirements/trl19-cpu.lock); from package metadata, no import."""
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
-    if not as_plan(plan).is_cpu:
+    if not rules_of(as_plan(plan)).runs_locally:
         return IMAGE_TRL_VERSION
     return installed_trl_version() or CPU_TRL_VERSION
 

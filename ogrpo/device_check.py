@@ -14,12 +14,13 @@ import os
 from ogrpo.errors import OgrpoError
 
 
-def planned_gpu(plan: dict | None) -> dict | None:
-    """The catalog GPU a plan (dict form) was made for; None for a CPU plan or no plan."""
-    gpu = ((plan or {}).get("cluster") or {}).get("gpu") or {}
-    if not gpu or gpu.get("is_cpu", False) or str(gpu.get("name", "cpu")).lower() == "cpu":
+def planned_gpu(plan) -> dict | None:
+    """The catalog GPU a Plan was made for, as its dict form; None for a CPU plan or no plan."""
+    from ogrpo.planner.device_rules import rules_of
+
+    if plan is None or not rules_of(plan).checks_devices:
         return None
-    return gpu
+    return plan.cluster.gpu.to_dict()
 
 
 def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | None:
@@ -76,13 +77,13 @@ def visible_gpus() -> list[dict]:
     return gpu_rows(torch) if torch.cuda.is_available() else []
 
 
-def check_devices(plan: dict | None, role: str) -> None:
+def check_devices(plan, role: str) -> None:
     """Raise OgrpoError when a GPU plan finds no CUDA device, or devices of another model than planned."""
     gpu = planned_gpu(plan)
     if gpu is None:
         return
     rows = visible_gpus()
-    spec = ((plan or {}).get("cluster") or {}).get("spec") or gpu.get("name")
+    spec = plan.cluster.spec or gpu.get("name")
     problem = device_problem(gpu, rows, spec, role)
     if problem:
         raise OgrpoError(problem)

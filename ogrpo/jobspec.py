@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ogrpo import compat, layout
-from ogrpo.host_memory import step_host_gib
+from ogrpo.planner.host_memory import step_host_gib
 from ogrpo.placeholders import PLACEHOLDERS, fill_argv  # noqa: F401  (PLACEHOLDERS: the steps' vocabulary)
 
 @dataclass
@@ -20,7 +20,7 @@ class Step:
     ntasks: int  # tasks (processes launched by srun) for this step; accelerate spawns the rest
     argv: list[str]  # the command, with ogrpo.placeholders' names ({server_port}, {job_dir} ...)
     env: dict[str, str] = field(default_factory=dict)
-    host_mem_gib: float = 0.0  # host RAM per node (ogrpo.host_memory): what the Slurm job asks for (--mem)
+    host_mem_gib: float = 0.0  # host RAM per node (ogrpo.planner.host_memory): what the Slurm job asks for (--mem)
 
 
 @dataclass
@@ -47,15 +47,17 @@ def fill(argv: list[str], values: dict[str, object]) -> list[str]:
 def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     """The steps of one job for a Plan (or its dict form): a server step when the plan has one, then the
     trainer."""
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
     p = as_plan(plan)
+    rules = rules_of(p)
     host_gib = step_host_gib(p)
     steps: list[Step] = []
     if p.has_server:
         v = p.vllm
         steps.append(Step(
-            role="server", nodes=list(v.nodes), gpus=[] if p.is_cpu else list(v.gpus), ntasks=1,
+            role="server", nodes=list(v.nodes), gpus=rules.step_gpus(v.gpus), ntasks=1,
             argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}", "--port",
                   "{server_port}"],
             env={**p.env, **v.env}, host_mem_gib=host_gib["server"],
@@ -63,10 +65,7 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     t = p.trainer
     n_nodes = len(t.nodes)
     argv = ["accelerate", "launch", "--config_file", "{job_dir}/accelerate.yaml"]
-    if p.is_cpu and t.num_processes >= 2:
-        # `--cpu --num_processes 2` silently starts ONE process; --multi_gpu with use_cpu in the config
-        # starts real gloo workers.
-        argv.append("--multi_gpu")
+    argv += rules.launcher_flags(int(t.num_processes))
     argv += ["--num_processes", str(t.num_processes)]
     if n_nodes > 1:
         argv += ["--num_machines", str(n_nodes), "--machine_rank", "{node_rank}"]
@@ -77,7 +76,7 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
              "--resume", "auto"]
     if p.has_server:
         argv += ["--vllm-url", "http://{server_host}:{server_port}", "--set", "vllm_group_port={group_port}"]
-    steps.append(Step(role="trainer", nodes=list(t.nodes), gpus=[] if p.is_cpu else list(t.gpus),
+    steps.append(Step(role="trainer", nodes=list(t.nodes), gpus=rules.step_gpus(t.gpus),
                       ntasks=n_nodes, argv=argv, env={**p.env, **t.env},
                       host_mem_gib=host_gib["trainer"]))
     opts = getattr(run_config, "ogrpo", None)
@@ -85,7 +84,7 @@ def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     # The server the job's TRL line talks to decides the health path (`/health` vs TRL's `/health/`).
     health = compat.health_path(compat.plan_server_flavor(p))
     return JobSpec(name=name, job_dir=str(job_dir), steps=steps, health_path=health,
-                   health_timeout_s=600 if p.is_cpu else 900, env=dict(p.env))
+                   health_timeout_s=rules.server_health_timeout_s, env=dict(p.env))
 
 
 def _default_name(p) -> str:

@@ -43,18 +43,19 @@ def max_model_len(prompt: int, completion: int) -> int:
     return int(prompt) + int(completion)
 
 
-def required_max_model_len(trl: dict, ogrpo: dict | None = None, plan: dict | None = None) -> int:
-    """Context the trainer needs from the server: TRL's explicit `vllm_max_model_length`, else the plan's
+def required_max_model_len(trl: dict, ogrpo: dict | None = None, plan=None) -> int:
+    """Context the trainer needs from the server: TRL's explicit `vllm_max_model_length`, else the Plan's
     `batch.max_model_len` (the plan already capped the prompt budget to the model's positions), else the run's
-    prompt budget (or the plan's) plus the completion length."""
+    prompt budget (or the plan's) plus the completion length. `plan`: the Plan the trainer runs
+    (ogrpo/planner/types.py; read by attribute, this layer sits below it), or None."""
     if trl.get("vllm_max_model_length"):
         return int(trl["vllm_max_model_length"])
     ogrpo = ogrpo or {}
-    plan = plan if plan is not None else ogrpo.get("plan")
-    batch = (plan or {}).get("batch") or {}
-    if batch.get("max_model_len"):
-        return int(batch["max_model_len"])
-    prompt = (ogrpo.get("max_prompt_length") or trl.get("max_prompt_length") or batch.get("prompt_length")
-              or DEFAULT_PROMPT_LENGTH)
-    completion = trl.get("max_completion_length") or batch.get("completion_length") or DEFAULT_COMPLETION_LENGTH
+    batch = plan.batch if plan is not None else None
+    if batch is not None and batch.max_model_len:
+        return int(batch.max_model_len)
+    prompt = (ogrpo.get("max_prompt_length") or trl.get("max_prompt_length")
+              or (batch.prompt_length if batch is not None else 0) or DEFAULT_PROMPT_LENGTH)
+    completion = (trl.get("max_completion_length") or (batch.completion_length if batch is not None else 0)
+                  or DEFAULT_COMPLETION_LENGTH)
     return max_model_len(prompt, completion)

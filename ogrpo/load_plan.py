@@ -55,6 +55,6 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     if strict and plan.changes:
         from ogrpo.errors import ConfigError
 
-        raise ConfigError([f"{c['key']} would change from {c['from']!r} to {c['to']!r} ({c['reason']})"
+        raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
     return rc, plan

@@ -104,11 +104,13 @@ def required_packages(stack: str) -> dict[str, str]:
     return out
 
 
-def stack_for(gpu) -> str:
-    """The stack a plan for GPU (a hardware.GpuType) runs on: the CPU stack, or the image of its GPU family
-    (flash-attn 2 capable GPUs take the A40 image, older ones the V100 image)."""
-    if gpu.is_cpu:
-        return "cpu"
+CPU_STACK = "cpu"  # what a CPU plan runs on (the device rules say which plans: DeviceRules.stack)
+
+
+def image_stack(gpu) -> str:
+    """The image a plan for a catalog GPU (hardware.GpuType) runs in: flash-attn 2 capable GPUs take the A40
+    image, older ones the V100 image. Which stack a plan runs on is `DeviceRules.stack`
+    (ogrpo/planner/device_rules.py)."""
     return "a40" if gpu.fa2 else "v100"
 
 

@@ -40,7 +40,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     d = Draft(cluster=cluster, model=model, run_config=run_config, profile=profile, rules=rules)
     from ogrpo.fields import config_changes
 
-    for c in config_changes(d.trl, rules.trl_line):
+    for c in config_changes(d.trl, rules.trl_line):  # fields.py, below the planner, lists them as dicts
         d.changes.add(c["key"], c["from"], c["to"], c["reason"])
 
     precision = _settings.precision(d)
@@ -79,7 +79,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                 batch=BatchPart(**batch),
                 warnings=d.warnings + list(model.warnings) + ([] if model.exact_shapes else
                                        [f"{model.name}: shapes extrapolated from --params; activations are rough"]),
-                changes=d.changes.items, fix_actions=[f.to_dict() for f in held],
+                changes=d.changes.items, fix_actions=held,
                 kernels={name: on for name, (on, _) in tfit.kernels.items()})
 
 
@@ -88,7 +88,7 @@ def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) ->
     (ogrpo/packages.py): such a job would fail at its first line, after its wait in the queue."""
     from ogrpo import packages
 
-    stack = packages.stack_for(d.cluster.gpu)
+    stack = d.rules.stack
     lines = packages.refusals(stack, packages.enabled_features({**d.trl, **targs}, attn, strategy))
     if lines:
         raise OgrpoError("; ".join(lines))

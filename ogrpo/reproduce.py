@@ -22,7 +22,7 @@ VERSIONED = ("torch", "transformers", "trl", "vllm", "accelerate", "datasets", "
 @dataclass
 class Record:
     config: dict  # the resolved run config (TRL keys + `ogrpo:`), without the carried plan
-    plan: dict  # the plan the run was made from
+    plan: object  # the Plan the run was made from (ogrpo/planner/types.py); None in a manifest without one
     gpus: str
     backend: str  # "slurm" | "local"
     versions: dict = field(default_factory=dict)
@@ -67,8 +67,13 @@ def load_record(ref: str) -> Record:
                          "started training can be reproduced")
     config = copy.deepcopy(run_manifest["config"])
     carried = (config.get("ogrpo") or {}).pop("plan", None)
-    plan = job_manifest.get("plan") or run_manifest.get("plan") or carried or {}
-    gpus = (plan.get("cluster") or {}).get("spec") or (config.get("ogrpo") or {}).get("gpus")
+    recorded = job_manifest.get("plan") or run_manifest.get("plan") or carried or {}
+    plan = None
+    if recorded.get("cluster"):  # the one place a recorded plan is read: parsed once, then typed
+        from ogrpo.planner.types import Plan
+
+        plan = Plan.from_dict(recorded)
+    gpus = (plan.cluster.spec if plan is not None else None) or (config.get("ogrpo") or {}).get("gpus")
     if not gpus:
         raise OgrpoError(f"{where}: the manifest names no cluster (plan.cluster.spec); pass --gpus")
     backend = "slurm" if (where / "slurm" / "job_id").is_file() else "local"
@@ -108,12 +113,14 @@ def drift(record: Record, installed: dict | None = None, git_sha: str | None = N
     return lines
 
 
-def plan_differences(recorded: dict, now: dict) -> list[str]:
-    """The plan fields that decide how a run executes, where today's planner chooses differently."""
+def plan_differences(recorded, now) -> list[str]:
+    """The Plan fields that decide how a run executes, where today's planner chooses differently."""
     keys = ("precision", "attn_implementation", "mode", "trainer_args", "env")
-    out = [f"plan.{k}: {recorded.get(k)!r} -> {now.get(k)!r}" for k in keys if recorded.get(k) != now.get(k)]
+    out = [f"plan.{k}: {getattr(recorded, k)!r} -> {getattr(now, k)!r}" for k in keys
+           if getattr(recorded, k) != getattr(now, k)]
     for role, fields in (("trainer", ("num_processes", "strategy")),
                          ("vllm", ("tensor_parallel_size", "data_parallel_size", "args"))):
-        a, b = recorded.get(role) or {}, now.get(role) or {}
-        out += [f"plan.{role}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in fields if a.get(k) != b.get(k)]
+        a, b = getattr(recorded, role), getattr(now, role)
+        out += [f"plan.{role}.{k}: {getattr(a, k)!r} -> {getattr(b, k)!r}" for k in fields
+                if getattr(a, k) != getattr(b, k)]
     return out

@@ -25,6 +25,7 @@ line from ogrpo.serve. Heavy imports happen inside the checks.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -94,22 +95,24 @@ def selftest_plan(config: str, gpus: str | None, model: str | None, cuda_count: 
 
     extra: dict = {"use_vllm": True}
     cluster = parse_gpus(gpus) if gpus else None
-    if cluster is not None and cluster.is_cpu:
+    from ogrpo.planner.device_rules import rules_of
+
+    if cluster is not None and not rules_of(cluster).counts_gpus:
         return load_and_plan(config, gpus, model, None, None, None, extra=extra)
     if cuda_count == 1 and cluster is not None and cluster.total_gpus == 1:
         gpus = "2x" + cluster.spec.removeprefix("1x")
     return load_and_plan(config, gpus, model, None, None, 1 if gpus else None, extra=extra)
 
 
-def plan_dtype(plan: dict) -> str:
-    return torch_name(((plan.get("vllm") or {}).get("args") or {}).get("dtype") or plan.get("precision") or "fp32",
-                      allow_auto=True)
+def plan_dtype(plan) -> str:
+    """The server's dtype for a Plan: its vLLM engine's, else the trainer's precision."""
+    return torch_name(plan.vllm.args.get("dtype") or plan.precision or "fp32", allow_auto=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # checks
 
-def check_tf32(plan: dict, gpu: dict | None) -> dict:
+def check_tf32(plan, gpu: dict | None) -> dict:
     if gpu is None:
         return result(SKIP, "n/a: no CUDA device (TF32 is a CUDA matmul mode)")
     import torch
@@ -117,7 +120,7 @@ def check_tf32(plan: dict, gpu: dict | None) -> dict:
     state = {"cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
              "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
              "float32_matmul_precision": torch.get_float32_matmul_precision()}
-    planned = (plan.get("trainer_args") or {}).get("tf32")
+    planned = plan.trainer_args.get("tf32")
     numbers = {"torch": state, "plan_tf32": planned, "gpu_tf32": bool(gpu.get("tf32")), "sm": gpu.get("sm")}
     if planned and not gpu.get("tf32"):
         return result(FAIL, f"the plan sets tf32 but sm_{gpu.get('sm')} has none (transformers raises)", **numbers)
@@ -127,12 +130,12 @@ def check_tf32(plan: dict, gpu: dict | None) -> dict:
                         f"{state['cudnn.allow_tf32']}", **numbers)
 
 
-def check_flash_attn(plan: dict, gpu: dict | None) -> dict:
+def check_flash_attn(plan, gpu: dict | None) -> dict:
     if gpu is None:
         return result(SKIP, "n/a: no CUDA device")
     if not gpu.get("fa2_arch"):
         return result(SKIP, f"not applicable: sm_{gpu.get('sm')} has no FlashAttention-2 (sm_80+); the plan "
-                            f"uses {plan.get('attn_implementation')}", sm=gpu.get("sm"))
+                            f"uses {plan.attn_implementation}", sm=gpu.get("sm"))
     import torch
     import torch.nn.functional as F
     from flash_attn import __version__ as fa_version
@@ -146,7 +149,7 @@ def check_flash_attn(plan: dict, gpu: dict | None) -> dict:
     diff = float((out.float() - ref.float()).abs().max())
     tol = 2e-2  # bf16 output rounding of two kernels that sum in different orders
     numbers = {"flash_attn": fa_version, "max_abs_diff": diff, "tolerance": tol,
-               "plan_attn_implementation": plan.get("attn_implementation")}
+               "plan_attn_implementation": plan.attn_implementation}
     return result(PASS if diff <= tol else FAIL, f"FA2 vs SDPA, causal bf16 [2, 257, 8, 64]: max |diff| "
                                                  f"{diff:.3g} (tolerance {tol})", **numbers)
 
@@ -387,19 +390,18 @@ class Server:
         release_ports([self.port])
 
 
-def server_plan(plan: dict, one_gpu: bool, model_bytes: int, total_bytes: int) -> tuple[dict, str | None]:
-    """The plan the server starts from; on one GPU shared with the self-test's reference model, vLLM's memory
-    share is capped so that model fits beside it (the only flag changed, and said so)."""
-    plan = json.loads(json.dumps(plan))
-    args = plan.setdefault("vllm", {}).setdefault("args", {})
-    gmu = args.get("gpu_memory_utilization")
+def server_plan(plan, one_gpu: bool, model_bytes: int, total_bytes: int) -> tuple[object, str | None]:
+    """The Plan the server starts from; on one GPU shared with the self-test's reference model, vLLM's memory
+    share is capped so that model fits beside it (the only flag changed, and said so). `plan` is not modified."""
+    gmu = plan.vllm.args.get("gpu_memory_utilization")
     if not one_gpu or gmu is None or not total_bytes:
         return plan, None
     cap = round(max(0.1, 1.0 - (2.0 * model_bytes + 4 * 2**30) / total_bytes), 2)
     if gmu <= cap:
         return plan, None
-    args["gpu_memory_utilization"] = cap
-    return plan, f"gpu_memory_utilization {gmu} -> {cap}: one GPU shared with the self-test's reference model"
+    vllm = dataclasses.replace(plan.vllm, args={**plan.vllm.args, "gpu_memory_utilization": cap})
+    return (dataclasses.replace(plan, vllm=vllm),
+            f"gpu_memory_utilization {gmu} -> {cap}: one GPU shared with the self-test's reference model")
 
 
 def _sequence_logps(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], n: int) -> list[list[float]]:
@@ -525,7 +527,6 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
             raise OgrpoError(f"--gpu: cannot tell which catalog GPU this is ({names}); pass --gpus NxTYPE "
                              "(e.g. 1xA40, 1xV100-32G)")
     rc, plan = selftest_plan(config, gpus, model, torch.cuda.device_count() if gpu else 0)
-    plan = plan.to_dict()
     from ogrpo.train.run import resolve_model_path
 
     model_path = resolve_model_path(rc.trl.get("model_name_or_path"))
@@ -535,11 +536,9 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
         "device": ({k: gpu_row.get(k) for k in ("name", "catalog", "sm", "memory_gib", "bf16", "tf32")}
                    if gpu_row else {"name": "cpu"}),
         "config": str(rc.source), "model": model_path, "gpus_planned": gpus,
-        "plan": {"precision": plan.get("precision"), "mode": plan.get("mode"),
-                 "strategy": (plan.get("trainer") or {}).get("strategy"),
-                 "attn_implementation": plan.get("attn_implementation"),
-                 "tf32": (plan.get("trainer_args") or {}).get("tf32"),
-                 "vllm_args": (plan.get("vllm") or {}).get("args")},
+        "plan": {"precision": plan.precision, "mode": plan.mode, "strategy": plan.trainer.strategy,
+                 "attn_implementation": plan.attn_implementation, "tf32": plan.trainer_args.get("tf32"),
+                 "vllm_args": dict(plan.vllm.args)},
         "environment": env, "checks": {},
     }
     checks = report["checks"]
@@ -555,7 +554,7 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
     record("flash_attn", lambda: check_flash_attn(plan, gpu_row))
     record("deepspeed_ops", lambda: check_deepspeed_ops(tuple(ds_ops), jit=jit_ops))
     texts, source = calibration_texts(rc)
-    record("fp16_overflow", lambda: overflow_probe(model_path, device, plan.get("precision") or "fp32",
+    record("fp16_overflow", lambda: overflow_probe(model_path, device, plan.precision or "fp32",
                                                    server_dtype=sdtype, texts=texts, source=source))
     if not server:
         checks["vllm_server"] = checks["weight_push"] = result(SKIP, "--no-server")
@@ -587,7 +586,7 @@ def _server_checks(report, rc, plan, model_path, device, sdtype, texts, health_t
     splan, note = server_plan(plan, one_gpu, model_bytes, total)
     work = Path(tempfile.mkdtemp(prefix="ogrpo-selftest-"))
     run = rc.to_dict()
-    run["ogrpo"]["plan"] = splan
+    run["ogrpo"]["plan"] = splan.to_dict()  # the run config carries the dict form; `serve` parses it
     run_yaml = work / "run.yaml"
     run_yaml.write_text(yaml.safe_dump(run))
     # the server on its own GPU when there are two: the trainer side (this process) keeps cuda:0
@@ -598,7 +597,7 @@ def _server_checks(report, rc, plan, model_path, device, sdtype, texts, health_t
             argv = serve_argv(str(run_yaml), "127.0.0.1", srv.port, dry_run=True)
             secs = srv.start(health_timeout)
             return result(PASS, f"healthy after {secs:.1f} s with the plan's flags" + (f" ({note})" if note else ""),
-                          argv=argv, startup_s=round(secs, 1), plan_args=(splan.get("vllm") or {}).get("args"),
+                          argv=argv, startup_s=round(secs, 1), plan_args=dict(splan.vllm.args),
                           changed=note, log=str(srv.log_path))
 
         started = record("vllm_server", start)
@@ -612,7 +611,7 @@ def _server_checks(report, rc, plan, model_path, device, sdtype, texts, health_t
         prompts = [[int(t) for t, m in zip(ids, mask) if m] for ids, mask in
                    zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
         trl = {**rc.trl, "model_name_or_path": model_path}
-        expect = expected_from_run_config(trl, {**rc.ogrpo.to_dict(), "plan": splan}, dtype=sdtype)
+        expect = expected_from_run_config(trl, rc.ogrpo.to_dict(), dtype=sdtype, plan=splan)
         record("weight_push", lambda: push_and_gap(srv.url, model_path, sdtype, device, push=not one_gpu,
                                                    expect=expect, prompts=prompts))
     finally:

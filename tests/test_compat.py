@@ -119,7 +119,7 @@ def test_settings_apply_every_plan_key_under_trl_19(basic_recipe, monkeypatch):
     monkeypatch.setattr(compat, "model_dtype_key", lambda: "dtype")  # transformers 5.5.4 takes `dtype`
     for gpus, model in PLANS:
         rc, plan = _plan(basic_recipe, gpus, model)
-        kwargs, notes = grpo_config_kwargs(dict(rc.trl), plan.to_dict(), "/out", "http://10.0.0.5:20000")
+        kwargs, notes = grpo_config_kwargs(dict(rc.trl), plan, "/out", "http://10.0.0.5:20000")
         assert not notes, (gpus, notes)
         assert set(kwargs) <= fields
         assert kwargs["vllm_server_base_url"] == "http://10.0.0.5:20000" and kwargs["vllm_mode"] == "server"
@@ -132,7 +132,7 @@ def test_trl19_server_argv_for_gpu_plans(basic_recipe, gpus, dtype, tp):
     rc, plan = _plan(basic_recipe, gpus, model)
     p = plan.to_dict()
     assert p["mode"] == "server"
-    s = resolve_settings(dict(rc.trl), {}, p)
+    s = resolve_settings(dict(rc.trl), {}, plan)
     argv = build_server_argv(s, "10.0.0.5", 20001, python="python3", flavor=compat.TRL_VLLM_SERVE)
     assert argv[:3] == ["python3", "-m", "ogrpo.serve.trl_api"]  # trl vllm-serve behind the job-key guard
     assert _opt(argv, "--host") == "10.0.0.5" and _opt(argv, "--port") == "20001"
@@ -226,7 +226,9 @@ def test_ogrpo_serve_starts_trl_vllm_serve_under_trl_19(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "torch_dtype": "bfloat16"}))
-    plan = {"precision": "fp16", "cluster": {"gpu": {"is_cpu": False}},
+    from ogrpo.hardware import parse_gpus
+
+    plan = {"precision": "fp16", "cluster": parse_gpus("4xV100-32G").to_dict(),
             "vllm": {"tensor_parallel_size": 2, "data_parallel_size": 1,
                      "args": {"dtype": "half", "max_model_len": 2048, "gpu_memory_utilization": 0.9,
                               "enable_prefix_caching": True, "max_num_seqs": 64, "enforce_eager": True,

@@ -47,7 +47,7 @@ def _plan(tmp_path, gpus="2xcpu", **ogrpo):
 
 
 def _setting(plan, name):
-    return next(s for s in plan.settings if s["name"] == name)
+    return next(s for s in plan.settings if s.name == name)
 
 
 # --- config, plan, render (fast) ----------------------------------------------------------------------------
@@ -63,12 +63,12 @@ def test_strategy_option_is_validated_with_a_hint(tmp_path):
 @pytest.mark.parametrize("strategy", ["zero2", "zero3", "zero3_offload"])
 def test_cpu_plan_honours_the_strategy_and_says_why(tmp_path, strategy):
     plan = _plan(tmp_path, strategy=strategy)
-    assert plan.fits and plan.trainer["strategy"] == strategy and plan.trainer["num_processes"] == 2
+    assert plan.fits and plan.trainer.strategy == strategy and plan.trainer.num_processes == 2
     s = _setting(plan, "trainer.strategy")
-    assert s["value"] == strategy and f"ogrpo.strategy {strategy}" in s["reason"] and "gloo" in s["reason"]
+    assert s.value == strategy and f"ogrpo.strategy {strategy}" in s.reason and "gloo" in s.reason
     # without the option a CPU plan stays on DDP, and says how to get ZeRO
     default = _plan(tmp_path)
-    assert default.trainer["strategy"] == "ddp" and "ogrpo.strategy" in _setting(default, "trainer.strategy")["reason"]
+    assert default.trainer.strategy == "ddp" and "ogrpo.strategy" in _setting(default, "trainer.strategy").reason
 
 
 def test_gpu_plan_takes_the_strategy_instead_of_the_cheapest_that_fits(tmp_path):
@@ -80,9 +80,9 @@ def test_gpu_plan_takes_the_strategy_instead_of_the_cheapest_that_fits(tmp_path)
     (tmp_path / "zero3.yaml").write_text(text + "ogrpo:\n  strategy: zero3\n")
     chosen = plan_from_config(load_run_config(str(tmp_path / "zero3.yaml")), gpus="4xA40")
     auto = plan_from_config(load_run_config(str(tmp_path / "auto.yaml")), gpus="4xA40")
-    assert auto.trainer["strategy"] == "ddp"
-    assert chosen.fits and chosen.trainer["strategy"] == "zero3"
-    assert chosen.trainer["memory_gib_per_gpu"] < auto.trainer["memory_gib_per_gpu"]  # sharded weights
+    assert auto.trainer.strategy == "ddp"
+    assert chosen.fits and chosen.trainer.strategy == "zero3"
+    assert chosen.trainer.memory_gib_per_gpu < auto.trainer.memory_gib_per_gpu  # sharded weights
 
 
 def test_strategy_flag_on_plan_render_and_submit(tmp_path):
@@ -141,7 +141,7 @@ def test_gpu_deepspeed_config_is_unchanged_by_the_cpu_path(tmp_path):
 def test_trainer_uses_the_rendered_deepspeed_json(tmp_path):
     from ogrpo.train.settings import cpu_deepspeed, grpo_config_kwargs
 
-    plan = _plan(tmp_path, strategy="zero3").to_dict()
+    plan = _plan(tmp_path, strategy="zero3")
     job = tmp_path / "job"
     job.mkdir()
     (job / "run.yaml").write_text("x: 1\n")
@@ -151,7 +151,7 @@ def test_trainer_uses_the_rendered_deepspeed_json(tmp_path):
     kwargs, _ = grpo_config_kwargs({}, plan, tmp_path / "out", fields=frozenset({"deepspeed", "use_cpu"}),
                                    config_source=str(job / "run.yaml"))
     assert kwargs["deepspeed"] == str((job / "deepspeed.json").resolve())
-    assert cpu_deepspeed(_plan(tmp_path).to_dict(), job / "run.yaml") is None  # DDP
+    assert cpu_deepspeed(_plan(tmp_path), job / "run.yaml") is None  # DDP
 
 
 def test_install_built_deepspeed_with_its_cpu_op():
@@ -399,7 +399,7 @@ def test_lora_trains_under_zero3_with_the_adapters_sharded(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from ogrpo.memory import lora_params
+    from ogrpo.planner.memory import lora_params
     from ogrpo.models import resolve_model
     from ogrpo.planner.lora import lora_spec
 

@@ -137,8 +137,8 @@ def test_every_grpo_config_field_reaches_the_trainer_or_is_listed(line, tiny_mod
         except OgrpoError:
             continue  # refused (a feature the line's image cannot run): not silent either
 
-        kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run", fields=names)
-        listed = any(c["key"] == key for c in plan.changes)
+        kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path / "run", fields=names)
+        listed = plan.change(key) is not None
         if rules.rule(key).kind == rules.PASS:
             if not _honored(key, value, kwargs):
                 wrong_pass.append(key)
@@ -152,8 +152,8 @@ def test_a_field_of_the_other_line_is_listed_not_dropped(tiny_model_dir):
     # dataloader_in_order exists in TRL 1.16 only: a GPU plan (TRL 1.9 images) lists it; a CPU plan keeps it.
     rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "dataloader_in_order": True,
                           "logging_dir": "tb"})
-    gpu = {c["key"]: c for c in plan_from_config(rc, gpus="4xV100-32G").changes}
-    cpu = {c["key"]: c for c in plan_from_config(rc, gpus="cpu").changes}
+    gpu = {c.key: c.to_dict() for c in plan_from_config(rc, gpus="4xV100-32G").changes}
+    cpu = {c.key: c.to_dict() for c in plan_from_config(rc, gpus="cpu").changes}
     assert "TRL 1.9.2" in gpu["dataloader_in_order"]["reason"] and "dataloader_in_order" not in cpu
     assert "TRL 1.16.0" in cpu["logging_dir"]["reason"] and "logging_dir" not in gpu
 
@@ -169,15 +169,15 @@ def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
                           "use_vllm": True, "ignore_bias_buffers": True, "dataset_test_split": "val",
                           "code_provider": "morph"})
     plan = plan_from_config(rc, gpus="cpu")
-    kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run")
+    kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path / "run")
     init = kwargs["model_init_kwargs"]
     assert init["revision"] == "v2"
-    changes = {c["key"]: c for c in plan.changes}
+    changes = {c.key: c.to_dict() for c in plan.changes}
     # CPU trains in fp32: the recipe's float16 is listed; its "eager" attention runs on CPU and is kept.
     assert changes["torch_dtype"]["to"] == "float32" and init["dtype"] == "float32"
     assert init["attn_implementation"] == "eager" == plan.attn_implementation and "attn_implementation" not in changes
-    assert plan.batch["prompt_length"] == 40
-    assert plan.vllm["args"]["enable_prefix_caching"] is False
+    assert plan.batch.prompt_length == 40
+    assert plan.vllm.args["enable_prefix_caching"] is False
     assert (plan.env["WANDB_PROJECT"], plan.env["WANDB_ENTITY"], plan.env["WANDB_RUN_GROUP"]) == ("p", "e", "g")
     for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split", "code_provider"):
         assert key in changes and changes[key]["reason"], key
@@ -237,14 +237,14 @@ def test_changes_list_every_value_the_plan_sets(gpus, basic_recipe, open_r1_reci
         rc = load_run_config(recipe)
         plan = plan_from_config(rc, gpus=gpus)
         line = rules.CPU_LINE if gpus == "cpu" else rules.IMAGE_LINE
-        listed = {c["key"] for c in plan.changes}
+        listed = {c.key for c in plan.changes}
         aliases = {"dtype": ("dtype", "torch_dtype"), "attn_implementation": ("attn_implementation",)}
         for key, value in _flat_plan_values(plan).items():
             user = next((rc.trl[k] for k in aliases.get(key, (key,)) if rc.trl.get(k) is not None), None)
             expected = user if user is not None else rules.line_default(line, key)
             if value != expected:
                 assert set(aliases.get(key, (key,))) & listed, (recipe.name, gpus, key, value, expected)
-    basic = {c["key"]: c for c in plan_from_config(load_run_config(basic_recipe), gpus=gpus).changes}
+    basic = {c.key: c.to_dict() for c in plan_from_config(load_run_config(basic_recipe), gpus=gpus).changes}
     if gpus == "3xA40":
         assert basic["tf32"]["to"] is True and basic["optim"]["to"] == "adamw_torch_fused"
         assert basic["attn_implementation"]["to"] == "flash_attention_2"
@@ -270,10 +270,10 @@ def test_fsdp_with_a_deepspeed_or_ddp_plan_is_a_change(tiny_model_dir, tmp_path)
                           "fsdp_config": {"min_num_params": 1}})
     for gpus in ("cpu", "4xV100-32G"):
         plan = plan_from_config(rc, gpus=gpus)
-        changes = {c["key"]: c for c in plan.changes}
+        changes = {c.key: c.to_dict() for c in plan.changes}
         assert changes["fsdp"]["from"] == "full_shard auto_wrap" and changes["fsdp"]["to"] is None
         assert "not FSDP" in changes["fsdp"]["reason"] and "fsdp_config" in changes
-        kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run")
+        kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path / "run")
         assert kwargs.get("fsdp") is None and kwargs.get("fsdp_config") is None
 
 
@@ -292,7 +292,7 @@ def test_older_names_are_mapped_or_listed(tiny_model_dir, tmp_path):
     rc = load_run_config({**base, "use_liger_loss": False, "use_liger_kernel": True,
                           "code_eval_partial_grading": True, "remote_gen_model_url": "http://x",
                           "vllm_dtype": "bfloat16"})
-    changes = {c["key"]: c for c in plan_from_config(rc, gpus="4xV100-32G").changes}
+    changes = {c.key: c.to_dict() for c in plan_from_config(rc, gpus="4xV100-32G").changes}
     assert changes["use_liger_loss"]["to"] is True and "use_liger_kernel is applied" in changes[
         "use_liger_loss"]["reason"]
     for key in ("code_eval_partial_grading", "remote_gen_model_url", "vllm_dtype"):

@@ -79,7 +79,14 @@ def _row(name, catalog, mem, index=0):
 
 
 def test_the_device_check_refuses_no_cuda_another_model_and_less_memory():
-    assert planned_gpu({"cluster": {"gpu": {"name": "cpu", "is_cpu": True}}}) is None and planned_gpu(None) is None
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.types import Plan
+
+    def plan(spec):
+        return Plan.from_dict({"cluster": parse_gpus(spec).to_dict()})
+
+    assert planned_gpu(plan("cpu")) is None and planned_gpu(None) is None
+    assert planned_gpu(plan("3xA40"))["name"] == "A40"
     assert "sees no CUDA device" in device_problem(A40, [], "3xA40", "trainer")
     wrong = device_problem(A40, [_row("Tesla V100-SXM2-32GB", "V100-32G", 31.7)], "3xA40", "server")
     assert wrong.startswith("server: the plan is for 3xA40 but CUDA device 0 is Tesla V100-SXM2-32GB")

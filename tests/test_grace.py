@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ogrpo.launch import grace
+from ogrpo.planner.types import Change
 
 DATA = Path(__file__).parent / "data"
 # `scontrol show partition -o` on the test cluster (tests/slurm/cluster.sh, Slurm 22.05.8)
@@ -72,8 +73,7 @@ def test_short_kill_wait_checkpoints_every_step_and_warns():
     pol = grace.policy(p, rc.trl, grace=g, step=(3.0, "measured"), signal_delay_s=None)
     # one step (with margin) + the tiny model's save do not fit in 5 s
     assert pol.need_s == pytest.approx(3.0 * grace.STEP_MARGIN + pol.save_s) and pol.need_s > 5
-    assert pol.save_steps == 1 and pol.changes == [
-        {"key": "save_steps", "from": 10, "to": 1, "reason": pol.changes[0]["reason"]}]
+    assert pol.save_steps == 1 and pol.changes == [Change("save_steps", 10, 1, pol.changes[0].reason)]
     assert "KillWait 5 s" in pol.warnings[0] and "at most that step" in pol.warnings[0]
     assert pol.signal_delay_s == 90  # the lead the step needs (26 s) is under the default
     grace.apply(pol, rc, plan)
@@ -281,6 +281,6 @@ def test_strict_refuses_the_save_steps_change(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"--strict refuses .*save_steps would change from 10 to 1"):
         grace.for_plan(rc, plan, strict=True)
     assert rc.trl["save_steps"] == 10 and plan.changes == before  # nothing applied
-    assert not any(c["key"] == "save_steps" for c in before)
+    assert not any(c.key == "save_steps" for c in before)
     pol = grace.for_plan(rc, plan, job_dir=str(tmp_path))
     assert pol.save_steps == 1 and rc.trl["save_steps"] == 1 and pol.step_source.startswith("default for CPU")

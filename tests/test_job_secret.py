@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ogrpo.hardware import parse_gpus
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import secret
 from ogrpo.launch.local import run_local_result
@@ -287,7 +288,7 @@ def test_real_server_answers_only_its_own_job(tmp_path):
     job_dir.mkdir()
     (job_dir / "run.yaml").write_text(json.dumps({
         "model_name_or_path": str(model), "max_completion_length": 16, "dtype": "float32",
-        "ogrpo": {"max_prompt_length": 32, "plan": {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
+        "ogrpo": {"max_prompt_length": 32, "plan": {"precision": "fp32", "cluster": parse_gpus("cpu").to_dict(),
                                                     "vllm": {"num_gpus": 0, "args": {
                                                         "gpu_memory_utilization": 0.1, "enforce_eager": True,
                                                         "max_num_seqs": 4}}}}}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ogrpo.memory import server_estimate, trainer_estimate
+from ogrpo.planner.memory import CPU_TERMS, server_estimate, trainer_estimate
 from ogrpo.models import resolve_model
 
 GiB = 2**30
@@ -51,12 +51,12 @@ def test_terms_measured_on_cpu_and_which_count_on_gpu():
     # gloo only: CPU plans count them, GPU plans not yet.
     z2 = dict(strategy="zero2", num_processes=4)
     assert "zero2_full_gradients" not in _trainer(**z2).terms
-    assert _trainer(**z2, is_cpu=True).terms["zero2_full_gradients"] == pytest.approx(P * 2 / GiB)
+    assert _trainer(**z2, device=CPU_TERMS).terms["zero2_full_gradients"] == pytest.approx(P * 2 / GiB)
     z3 = dict(strategy="zero3", num_processes=4, beta=0.04, liger=True)
     assert "zero3_reference_gather" not in _trainer(**z3).terms
     # The reference pass keeps two bf16 copies gathered, each capped at DeepSpeed's stage3_max_live_parameters
     # (1e9 < P): 2 x 1e9 x 2 B; what exceeds the loss's activations (liger: no logits) counts.
-    assert _trainer(**z3, is_cpu=True).terms["zero3_reference_gather"] == pytest.approx((2 * 1e9 * 2 - acts) / GiB)
+    assert _trainer(**z3, device=CPU_TERMS).terms["zero3_reference_gather"] == pytest.approx((2 * 1e9 * 2 - acts) / GiB)
 
 
 def test_gradients_and_activations_overlap_only_without_accumulation():
@@ -120,7 +120,7 @@ def test_liger_and_lora():
 
 
 def test_fp32_on_cpu():
-    e = _trainer(precision="fp32", is_cpu=True)
+    e = _trainer(precision="fp32", device=CPU_TERMS)
     # fp32 activations are 4 B: twice the bf16 number; logits 4 + 4 + 4 = 12 B per value.
     assert e.terms["activations"] == pytest.approx(12288 * 85248 * 4 / GiB)
     assert e.terms["logits"] == pytest.approx(8 * 1024 * 151936 * 12 / GiB)

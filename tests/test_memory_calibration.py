@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from ogrpo.bench import memory_calibration as cal
-from ogrpo.memory import KV_BLOCK_TOKENS
+from ogrpo.planner.memory import KV_BLOCK_TOKENS
 from ogrpo.train.profiler import StageProfiler, TensorPeak, estimate_fields, live_tensor_bytes, memory_calibration
 
 HERE = Path(__file__).resolve().parent

@@ -172,7 +172,7 @@ def test_moe_weighs_all_experts():
 
 def test_moe_weights_do_not_fit_one_a40():
     """30.5B bf16 weights are 57 GiB: more than an A40's 48 GiB, whatever the active count says."""
-    from ogrpo.memory import GiB, server_estimate
+    from ogrpo.planner.memory import GiB, server_estimate
 
     m = resolve_model("Qwen/Qwen3-30B-A3B")
     est = server_estimate(m, tensor_parallel_size=1, dtype_bytes=2, memory_gib=48, gpu_memory_utilization=0.9,
@@ -312,7 +312,7 @@ def test_generator_reads_hf_cache_layout(tmp_path):
 def test_moe_activations_use_the_active_width():
     """Mixtral routes each token through 2 of 8 experts of width 14336: its MLP activations per token and
     layer are 3 x (2 x 14336) values, not 3 x 14336 (and not 8 x)."""
-    from ogrpo.memory import GiB, trainer_estimate
+    from ogrpo.planner.memory import GiB, trainer_estimate
 
     m = resolve_model("mistralai/Mixtral-8x7B-Instruct-v0.1")
     assert m.active_intermediate_size == 2 * 14336

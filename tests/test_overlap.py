@@ -1,7 +1,7 @@
 """ogrpo.overlap: the pipeline's invariants (ogrpo/train/overlap.py), the plan's choice, the profiler's idle shares,
 and real server-mode jobs on the split placement (`ogrpo serve` + `ogrpo train` under the local supervisor):
 `lossless` gives the same completions and losses as `off`; `one-step` trains each batch at most one policy version
-after the one that sampled it, logs it, and sees the same batch stream."""
+after the one that sampled it, logs it, and sees the same batch stream; both with LoRA too (the merged push)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from ogrpo.planner.types import Plan
 from ogrpo.train import overlap
 from ogrpo.train.overlap import LOSSLESS, ONE_STEP, Lookahead, OverlapError, Pipeline
 
@@ -295,7 +296,7 @@ def _setting(plan, name):
 def test_plan_one_step_on_the_split_placement_turns_the_correction_on(tmp_path):
     plan = _plan(tmp_path, "3xcpu", overlap="one-step", trl={"vllm_importance_sampling_correction": False})
     assert _setting(plan, "overlap")["value"] == "one-step"
-    assert overlap.plan_mode(plan) == ONE_STEP
+    assert overlap.plan_mode(Plan.from_dict(plan)) == ONE_STEP and overlap.plan_mode(None) == "off"
     assert plan["trainer_args"]["vllm_importance_sampling_correction"] is True
     change = next(c for c in plan["changes"] if c["key"] == "vllm_importance_sampling_correction")
     assert change["from"] is False and change["to"] is True and "one step old" in change["reason"]
@@ -303,7 +304,7 @@ def test_plan_one_step_on_the_split_placement_turns_the_correction_on(tmp_path):
 
 def test_plan_uses_off_where_no_separate_server_exists(tmp_path):
     plan = _plan(tmp_path, "cpu", overlap="lossless")  # one device: vLLM colocated in the trainer
-    assert _setting(plan, "overlap")["value"] == "off" and overlap.plan_mode(plan) == "off"
+    assert _setting(plan, "overlap")["value"] == "off" and overlap.plan_mode(Plan.from_dict(plan)) == "off"
     change = next(c for c in plan["changes"] if c["key"] == "ogrpo.overlap")
     assert change["from"] == "lossless" and change["to"] == "off" and "no separate server" in change["reason"]
     plan = _plan(tmp_path, "3xcpu", overlap="one-step", trl={"num_iterations": 2})
@@ -321,6 +322,34 @@ def test_plan_default_is_lossless_where_a_separate_server_exists(tmp_path):
     plan = _plan(tmp_path, "3xcpu", trl={"num_iterations": 2})  # cannot apply: off, and no change listed
     assert _setting(plan, "overlap")["value"] == "off" and "num_iterations" in _setting(plan, "overlap")["reason"]
     assert not any(c["key"] == "ogrpo.overlap" for c in plan["changes"])
+
+
+def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_path):
+    """One trainer process on TRL 1.16: group by group. Two (3xcpu, DDP/ZeRO): whole batches, visibly, and the
+    trainer's pipeline sends them whole. TRL 1.9's `trl vllm-serve`: whole batches (tests/trl19 plans it)."""
+    from types import SimpleNamespace
+
+    import trl
+
+    from ogrpo import compat
+    from ogrpo.patches import trl_overlap
+    from ogrpo.planner import overlap_stream
+    from ogrpo.serve.client import can_split
+
+    assert _setting(_plan(tmp_path, "2xcpu"), "overlap.stream")["value"] == "groups"
+    two = _setting(_plan(tmp_path, "3xcpu"), "overlap.stream")
+    assert two["value"] == "batch" and "2 trainer processes" in two["reason"]
+    assert _setting(_plan(tmp_path, "3xcpu", overlap="one-step"), "overlap.stream") is None  # lossless only
+    for version in ("1.9.2", "1.16.0"):  # the planner's rule and the client's agree on which servers stream
+        assert (overlap_stream.decide(version, 1)[0] == "groups") == can_split(compat.server_flavor(version))
+    assert "one request at a time" in overlap_stream.decide("1.9.2", 1)[1]
+
+    def trainer(processes):
+        return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes),
+                               vllm_generation=SimpleNamespace(vllm_client=object()))
+
+    assert trl.__version__ == compat.CPU_TRL_VERSION
+    assert trl_overlap._splitter(trainer(1)) is not None and trl_overlap._splitter(trainer(2)) is None
 
 
 def test_bad_overlap_value_is_one_line_exit_2(run_cli, tmp_path):
@@ -422,4 +451,59 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
         push = manifest["zero3_push"]
         assert push["full_gathers"] == push["pushes_from_gather"] == STEPS - 1, push
         assert push["per_parameter_gathers"] == 2 * push["parameters"] > 0, push
+    assert requests(run) == STEPS
+
+
+# ---- LoRA: the merged push (TRL merges the adapters into the base for each push and unmerges after) -------------
+def _lora_job(tmp_path, mode):
+    """The server-mode LoRA run of tests/test_lora.py (fp32, no LoRA dropout, so the per-group log-prob passes
+    apply) in `mode`."""
+    from lora_checks import server_lora_overrides
+    from overlap_jobs import run_job
+
+    keys = server_lora_overrides(STEPS)
+    ogrpo = {k: v for k, v in keys.pop("ogrpo").items() if k != "use_vllm"}
+    return run_job(tmp_path, mode, steps=STEPS, ogrpo=ogrpo, **keys)
+
+
+@pytest.fixture(scope="module")
+def off_lora_run(tmp_path_factory):
+    return _lora_job(tmp_path_factory.mktemp("off-lora"), "off")
+
+
+@pytest.mark.integration
+def test_lossless_with_lora_gives_the_same_losses_as_off(off_lora_run, tmp_path):
+    from lora_checks import assert_adapters_moved, assert_server_served_merged_weights
+    from overlap_jobs import completions, metrics
+
+    run = _lora_job(tmp_path, "lossless")
+    for step in range(1, STEPS + 1):
+        assert completions(run, step)["completion"].tolist() == completions(off_lora_run, step)["completion"].tolist()
+    ours, theirs = metrics(run), metrics(off_lora_run)
+    assert len(ours) == len(theirs) == STEPS
+    for x, y in zip(ours, theirs):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["overlap/staleness"] == 0.0
+        # the old-policy pass (base + adapters) ran per group; the reference (adapters disabled) was TRL's own
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
+    # LoRA's server mode (lossless is its default): each push reached the server merged, before its request, and
+    # the adapters trained, so the check ran against a model that is not the base
+    assert_server_served_merged_weights(run, STEPS)
+    assert_adapters_moved(run)
+
+
+@pytest.mark.integration
+def test_one_step_with_lora_samples_are_at_most_one_version_old(tmp_path):
+    from overlap_jobs import metrics, requests
+
+    run = _lora_job(tmp_path, "one-step")
+    rows = metrics(run)
+    assert [r["overlap/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["overlap/sampled_version"] for r in rows] == [0.0, 0.0, 1.0]
+    for r in rows:
+        assert 0 < r["overlap/importance_ratio/min"] <= r["overlap/importance_ratio/mean"] \
+            <= r["overlap/importance_ratio/max"]
+    assert rows[0]["sampling/sampling_logp_difference/mean"] < 1e-4  # the merged base reached the server whole
+    # batch 2 was sampled before step 1's adapters were pushed: the gap is the one-step lag, far above fp32 noise
+    assert rows[1]["sampling/sampling_logp_difference/mean"] > 1e-3
     assert requests(run) == STEPS

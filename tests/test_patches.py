@@ -4,6 +4,7 @@ patch, the library and its version) when its target is moved away."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 
@@ -16,6 +17,9 @@ def test_every_check_passes_on_the_installed_libraries():
     assert set(report) == set(patches.PATCHES)
     assert {name: r["detail"] for name, r in report.items() if r["status"] == "failed"} == {}
     assert report["typer_options"]["status"] == "ok"  # the CLI's own dependency is always here
+    if patches.installed("trl") and patches.installed("vllm"):  # the CPU stack: every TRL patch applies here
+        assert {name: r["status"] for name, r in report.items() if r["library"] == "trl"} == {
+            name: "ok" for name, (dist, _) in patches.PATCHES.items() if dist == "trl"}
 
 
 def _vllm_generation():
@@ -35,6 +39,9 @@ MOVES = {
     "trl_vllm_client": ("@gen", "VLLMClient.init_communicator"),
     "trl_vllm_serve": ("trl.scripts.vllm_serve", "make_parser"),
     "trl_overlap": ("trl.trainer.grpo_trainer", "GRPOTrainer._calculate_rewards"),
+    "trl_trainer_wraps": ("trl.trainer.grpo_trainer", "GRPOTrainer._generate_and_score_completions"),
+    "trl_zero3_push": ("trl.distributed", "DistributedBackend.gather_params"),
+    "transformers_atomic_checkpoint": ("transformers.trainer", "Trainer._save_checkpoint"),
     "starlette_job_key": ("starlette.applications", "Starlette.__call__"),
     "submitit_adapter": ("submitit.slurm.slurm", "_make_sbatch_string"),
 }
@@ -63,3 +70,112 @@ def test_check_fails_loudly_when_its_target_moves(name, monkeypatch):
         module.check()
     text = str(info.value)
     assert f"patch {name}" in text and f"{dist} {version(dist)}" in text and attr in text, text
+
+
+# --- O-GRPO's stacked wrappers of one method: one stated order (ogrpo.patches.trl_trainer_wraps) ------------------
+
+class _Trainer:
+    def _get_per_token_logps_and_entropies(self, model, input_ids):
+        """TRL's scoring."""
+        self.calls.append("trl")
+        return input_ids
+
+
+def _layer(name, calls):
+    def make(inner):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return inner(*args, **kwargs)
+        return wrapper
+    return make
+
+
+def test_stacked_wrappers_go_on_in_the_stated_order_and_run_outermost_first():
+    from ogrpo.patches import trl_trainer_wraps as wraps
+
+    method = "_get_per_token_logps_and_entropies"
+    trainer = _Trainer()
+    trainer.calls = []
+    order = wraps.ORDER[("trainer", method)]
+    assert order == ("linear_logprobs", "overlap", "profiler", "nonfinite")  # what ogrpo.train.run installs
+    for layer in order:
+        wraps.wrap(trainer, method, layer, _layer(layer, trainer.calls))
+    assert wraps.layers(trainer, method) == order
+    assert trainer._get_per_token_logps_and_entropies(None, 7) == 7
+    assert trainer.calls == [*reversed(order), "trl"]
+    bound = getattr(trainer, method)  # TRL's name, docstring and signature kept through every layer
+    assert bound.__name__ == method and bound.__doc__ == "TRL's scoring."
+    assert list(inspect.signature(bound).parameters) == ["model", "input_ids"]
+
+
+def test_a_wrapper_installed_out_of_order_is_refused():
+    from ogrpo.errors import OgrpoError
+    from ogrpo.patches import trl_trainer_wraps as wraps
+
+    method = "_get_per_token_logps_and_entropies"
+    trainer = _Trainer()
+    trainer.calls = []
+    wraps.wrap(trainer, method, "profiler", _layer("profiler", trainer.calls))
+    before = getattr(trainer, method)
+    with pytest.raises(OgrpoError, match="linear_logprobs must wrap trainer._get_per_token_logps_and_entropies "
+                                         "before profiler does"):
+        wraps.wrap(trainer, method, "linear_logprobs", _layer("linear_logprobs", trainer.calls))
+    assert getattr(trainer, method) is before  # nothing installed
+    with pytest.raises(OgrpoError, match="does not list"):  # every layer of every method is stated there
+        wraps.wrap(trainer, method, "zero3_push", _layer("zero3_push", trainer.calls))
+    with pytest.raises(PatchTargetMoved, match="has no training_step"):
+        wraps.wrap(trainer, "training_step", "profiler", _layer("profiler", trainer.calls))
+
+
+def test_zero3_push_serves_the_gathered_copy_and_counts_trls_own_gathers():
+    """ogrpo.patches.trl_zero3_push on a stand-in VLLMGeneration whose iterator gathers as TRL's does."""
+    if not (patches.installed("trl") and patches.installed("vllm")):
+        pytest.skip("trl and vllm are needed")
+    import contextlib
+
+    from ogrpo.patches import trl_zero3_push
+
+    gathered = []
+
+    class Backend:
+        is_zero3 = True
+
+        def gather_params(self, params):
+            gathered.append(len(params))
+            return contextlib.nullcontext()
+
+    class Tensor:
+        def __init__(self, name):
+            self.name = name
+
+        def to(self, device, non_blocking=False):
+            return (self.name, device)
+
+    class Generation:
+        _weight_metadata = None
+
+        def __init__(self):
+            self._dist = Backend()
+
+        def _fix_param_name_to_vllm(self, name):
+            return f"vllm.{name}"
+
+        def _iter_named_params(self):
+            for name in ("a", "b"):
+                with self._dist.gather_params([name]):
+                    yield name, name
+
+    vg, counted, copy = Generation(), [], {"params": None}
+    assert trl_zero3_push.applies(vg) and trl_zero3_push.is_zero3(vg)
+    gather = trl_zero3_push.install(vg, lambda: copy["params"], lambda: counted.append(1))
+    assert list(vg._iter_named_params()) == [("a", "a"), ("b", "b")]  # first push (no metadata yet): TRL's
+    assert counted == [1, 1] and gathered == [1, 1]
+    assert vg._dist.gather_params.__func__ is Backend.gather_params  # the backend's own gather back after it
+    vg._weight_metadata = ["fixed by the first push"]
+    copy["params"] = [("vllm.a", Tensor("a"), "cuda:0")]
+    assert list(vg._iter_named_params()) == [("vllm.a", ("a", "cuda:0"))]  # from the copy: no collective
+    assert gathered == [1, 1] and counted == [1, 1]
+    with gather("p"):
+        pass
+    assert gathered == [1, 1, 1] and counted == [1, 1]  # the caller's own gathers are not TRL's
+    assert trl_zero3_push.vllm_name(vg, "a") == "vllm.a"

@@ -43,7 +43,7 @@ def _plan(write_recipe, tiny_model_dir, extra: str = "", gpus: str = "2xcpu"):
 
 
 def _setting(plan, name):
-    return next((s for s in plan.settings if s["name"] == name), None)
+    return next((s for s in plan.settings if s.name == name), None)
 
 
 def _expected(plan, numbers: dict, bf16: bool = False) -> costs.Costs:
@@ -80,19 +80,19 @@ def test_choice_flips_with_the_numbers_and_is_listed(cost_table, write_recipe, t
     assert c.mode == "none"
     assert p.mode == "none" and p.trainer_args["use_vllm"] is False and p.trainer.num_processes == 2
     s = _setting(p, "generation")
-    assert s["value"].startswith("inside the trainer")
+    assert s.value.startswith("inside the trainer")
     # the numbers the choice was made with, as computed from the table
-    assert f"{c.inside_s:.3f} s/step for 16 completions" in s["reason"]
-    assert f"{c.server_s:.3f} s/step for 8" in s["reason"] and "test table" in s["reason"]
-    assert not any(ch["key"] == "use_vllm" for ch in p.changes)  # TRL's own default: nothing changed
+    assert f"{c.inside_s:.3f} s/step for 16 completions" in s.reason
+    assert f"{c.server_s:.3f} s/step for 8" in s.reason and "test table" in s.reason
+    assert not any(ch.key == "use_vllm" for ch in p.changes)  # TRL's own default: nothing changed
 
     cost_table(FAST_SERVER)
     p = _plan(write_recipe, tiny_model_dir)
     c = _expected(p, FAST_SERVER)
     assert c.mode == "server" and p.mode == "server" and p.trainer_args["vllm_mode"] == "server"
-    assert _setting(p, "generation")["value"] == "a vLLM server"
-    change = next(ch for ch in p.changes if ch["key"] == "use_vllm")
-    assert (change["from"], change["to"]) == (False, True) and f"{c.server_s:.3f} s/step" in change["reason"]
+    assert _setting(p, "generation").value == "a vLLM server"
+    change = next(ch for ch in p.changes if ch.key == "use_vllm")
+    assert (change.old, change.new) == (False, True) and f"{c.server_s:.3f} s/step" in change.reason
     assert p.vllm.args["dtype"] == "float32"  # no bf16 units on this (pretend) CPU
 
 
@@ -122,15 +122,15 @@ def test_bf16_server_only_with_the_cpu_flag(cost_table, write_recipe, tiny_model
     assert c.server_dtype == "bfloat16" and p.mode == "server"
     assert p.vllm.args["dtype"] == "bfloat16"
     assert p.trainer_args["vllm_importance_sampling_correction"] is True
-    change = next(ch for ch in p.changes if ch["key"] == "vllm.dtype")
-    assert (change["from"], change["to"]) == ("float32", "bfloat16")
-    assert "amx_bf16" in change["reason"] and f"{c.server_s:.3f} s vs {c.fp32_server_s:.3f} s" in change["reason"]
+    change = next(ch for ch in p.changes if ch.key == "vllm.dtype")
+    assert (change.old, change.new) == ("float32", "bfloat16")
+    assert "amx_bf16" in change.reason and f"{c.server_s:.3f} s vs {c.fp32_server_s:.3f} s" in change.reason
     json.dumps(p.to_dict())  # still pure data
 
     cost_table(FAST_SERVER, flags={"avx512f"})  # no bf16 units
     p = _plan(write_recipe, tiny_model_dir)
     assert p.mode == "server" and p.vllm.args["dtype"] == "float32"
-    assert not any(ch["key"] == "vllm.dtype" for ch in p.changes)
+    assert not any(ch.key == "vllm.dtype" for ch in p.changes)
 
     cost_table(FAST_SERVER, flags={"amx_bf16"})  # the correction turned off in the recipe: no bf16 server
     p = _plan(write_recipe, tiny_model_dir, "vllm_importance_sampling_correction: false\n")
@@ -143,4 +143,4 @@ def test_shipped_table_sends_tiny_into_the_trainer(write_recipe, tiny_model_dir)
     table = costs.table()
     assert table["entries"] and all(e["device"] == "cpu" for e in table["entries"])
     p = _plan(write_recipe, tiny_model_dir)
-    assert p.mode == "none" and "measured per-token costs" in _setting(p, "generation")["reason"]
+    assert p.mode == "none" and "measured per-token costs" in _setting(p, "generation").reason

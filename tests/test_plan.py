@@ -56,7 +56,7 @@ def test_v100_settings(basic_recipe):
 
 
 def _changes(plan) -> dict:
-    return {c["key"]: (c["from"], c["to"]) for c in plan.changes}
+    return {c.key: (c.old, c.new) for c in plan.changes}
 
 
 def test_v100_adapts_a40_settings_and_lists_each_change(write_recipe):
@@ -70,7 +70,7 @@ def test_v100_adapts_a40_settings_and_lists_each_change(write_recipe):
     ch = _changes(p)
     assert ch["bf16"] == (True, False) and ch["attn_implementation"] == ("flash_attention_2", "sdpa")
     assert ch["tf32"] == (True, False) and ch["torch_dtype"] == ("bfloat16", "float32")
-    assert all(c["reason"] for c in p.changes)
+    assert all(c.reason for c in p.changes)
     # The same recipe on A40 keeps bf16, FA2 and TF32: only the master-weight dtype differs from it.
     a40 = _changes(_plan(write_recipe(text), "3xA40"))
     assert "bf16" not in a40 and "attn_implementation" not in a40 and "tf32" not in a40
@@ -99,18 +99,18 @@ def test_vllm_settings_from_the_recipe(write_recipe):
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.35\n",
                            "c.yaml"), "3xA40")
     assert p.mode == "colocate" and p.trainer_args["vllm_gpu_memory_utilization"] == 0.35
-    assert p.vllm["args"]["gpu_memory_utilization"] == 0.35
+    assert p.vllm.args["gpu_memory_utilization"] == 0.35
     # the vLLM keys are kept; what is listed is what the plan sets for keys the recipe leaves unset (TF32 ...)
     assert not {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"} & set(_changes(p))
-    assert all("not set in the recipe" in c["reason"] for c in p.changes)
+    assert all("not set in the recipe" in c.reason for c in p.changes)
     # Server share, tensor and data parallel sizes from the recipe (8 GPUs: 2 x 2 for the server, 4 trainers).
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_gpu_memory_utilization: 0.7\n"
                            "vllm_tensor_parallel_size: 2\nvllm_data_parallel_size: 2\nnum_processes: 4\n", "s.yaml"),
               "8xA40")
-    assert p.vllm["args"]["gpu_memory_utilization"] == 0.7
-    assert (p.vllm["tensor_parallel_size"], p.vllm["data_parallel_size"], p.vllm["gpus"]) == (2, 2, [0, 1, 2, 3])
-    assert p.vllm["args"]["data_parallel_size"] == 2 and p.trainer["num_processes"] == 4
-    assert all("not set in the recipe" in c["reason"] for c in p.changes)  # nothing the recipe set is changed
+    assert p.vllm.args["gpu_memory_utilization"] == 0.7
+    assert (p.vllm.tensor_parallel_size, p.vllm.data_parallel_size, p.vllm.gpus) == (2, 2, [0, 1, 2, 3])
+    assert p.vllm.args["data_parallel_size"] == 2 and p.trainer.num_processes == 4
+    assert all("not set in the recipe" in c.reason for c in p.changes)  # nothing the recipe set is changed
     # One that cannot be kept is listed with its reason: TP 5 does not divide 12 heads.
     ch = _changes(_plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_tensor_parallel_size: 5\n",
                                      "t.yaml"), "8xA40"))
@@ -124,14 +124,14 @@ def test_deepspeed_eval_and_output_dir_are_reported(write_recipe):
     # x 1.544e9 = 23.0 GiB), the larger of its gradients (4 B/param, 5.75) and activations + logits chunk
     # (1.3 + 0.37), + 1 = 29.75 GiB, over 4xV100-16G's 14.4: ZeRO-2 (11.4 GiB), with the plan's own DeepSpeed file.
     p = _plan(write_recipe(text), "4xV100-16G")
-    assert p.trainer["strategy"] == "zero2"
+    assert p.trainer.strategy == "zero2"
     ch = _changes(p)
     assert ch["deepspeed"] == ("ds/zero3.json", "deepspeed.json")
     assert p.trainer_args["deepspeed"] is None and p.trainer_args["eval_strategy"] == "no"
     assert ch["eval_strategy"] == ("steps", "no") and ch["output_dir"][0] == "data/x"
     # On 3xA40 DDP fits (29.75 of 40.5 GiB): the recipe's file is dropped and none replaces it.
     ddp = _plan(write_recipe(text, "ddp.yaml"), "3xA40")
-    assert ddp.trainer["strategy"] == "ddp" and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
+    assert ddp.trainer.strategy == "ddp" and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
 
 
 def test_one_gpu_colocates(basic_recipe):
@@ -195,20 +195,20 @@ def test_strategy_escalates_with_memory(basic_recipe):
     # fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B/param, 23.0 GiB) + the larger of the gradients
     # (4 B/param, 5.75) and activations + logits (1.95 + 0.37) + 1 = 29.75 GiB: fits an A40 (40.5), not a
     # V100-32G (28.8).
-    assert _plan(basic_recipe, "3xA40").trainer["strategy"] == "ddp"
+    assert _plan(basic_recipe, "3xA40").trainer.strategy == "ddp"
     # V100-32G and V100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 12 / 3) B/param (8.6 GiB) + the larger of the
     # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.32) + 1 = 11.9 GiB.
-    assert _plan(basic_recipe, "4xV100-32G").trainer["strategy"] == "zero2"
-    assert _plan(basic_recipe, "4xV100-16G").trainer["strategy"] == "zero2"
+    assert _plan(basic_recipe, "4xV100-32G").trainer.strategy == "zero2"
+    assert _plan(basic_recipe, "4xV100-16G").trainer.strategy == "zero2"
     # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.
-    assert _plan(basic_recipe, "2xV100-16G").trainer["strategy"] == "zero3_offload"
+    assert _plan(basic_recipe, "2xV100-16G").trainer.strategy == "zero3_offload"
     # TRL's own log-prob path (kernels off) with 2048-token completions holds B x C x V x 8 B = 18.5 GiB of
     # logits: DDP needs 17.3 (weights, Adam) + 5.75 buckets + 3.25 activations + 18.5 logits (they outweigh the
     # 5.75 of gradients) + 1 = 45.8 GiB > 40.5 on an A40 (the kernel's chunk: 29.75), so the same run escalates
     # to ZeRO-2 there.
     long = {"max_completion_length": 2048}
-    assert _plan(basic_recipe, "3xA40", **long).trainer["strategy"] == "ddp"
-    assert _plan(basic_recipe, "3xA40", **long, ogrpo={"kernels": False}).trainer["strategy"] == "zero2"
+    assert _plan(basic_recipe, "3xA40", **long).trainer.strategy == "ddp"
+    assert _plan(basic_recipe, "3xA40", **long, ogrpo={"kernels": False}).trainer.strategy == "zero2"
 
 
 def test_7b_on_8xa40_takes_zero2(basic_recipe):
@@ -234,7 +234,7 @@ def test_7b_on_8xa40_takes_zero2(basic_recipe):
 def test_no_fit_names_fixes(basic_recipe):
     p = _plan(basic_recipe, "1xV100-16G")
     assert not p.fits and p.reasons and p.fixes
-    assert [f["text"] for f in p.fix_actions] == p.fixes
+    assert [f.text for f in p.fix_actions] == p.fixes
     # 7.6e9 params with TRL's own log-prob path (kernels off, as the conservative profile runs): logits of
     # 8 x 1024 completion tokens x 152k vocab (9.3 GiB) do not shrink with more GPUs, so the V100-16G answer
     # needs a smaller micro-batch as well: the largest that fits (4, with accumulation 2 keeping the batch).
@@ -244,7 +244,7 @@ def test_no_fit_names_fixes(basic_recipe):
     # With linear_logprobs the logits are one 0.37 GiB chunk: more V100-16Gs alone are the answer.
     on = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not on.fits
-    assert any(f["cli"].get("gpus", "").endswith("xV100-16G") and f["config"] == {} for f in on.fix_actions)
+    assert any(f.cli.get("gpus", "").endswith("xV100-16G") and f.config == {} for f in on.fix_actions)
     # Hardware fixes name the fewest GPUs first, of any type at least this large: one H100 (colocated, ZeRO-3 +
     # offload) before seven V100-16Gs.
     assert on.fixes[0] == "1xH100" and "7xV100-16G" in on.fixes
@@ -260,7 +260,7 @@ def test_batch_arithmetic(write_recipe):
     # 16 / gcd(3, 16) = 16: per_device_train_batch_size 16 gives 48 = 3 x 16.
     assert "per_device_train_batch_size 16" in p.fixes
     assert "num_generations 12" in p.fixes  # the largest divisor of 24
-    assert p.batch["generation_batch_size"] == 24
+    assert p.batch.generation_batch_size == 24
 
 
 def test_generation_batch_size_must_divide(write_recipe):
@@ -325,7 +325,7 @@ def test_cpu_kv_budget_beyond_the_host_share_does_not_fit(tiny_recipe):
 
 def test_cpu_without_vllm(tiny_recipe):
     p = _plan(tiny_recipe, "2xcpu", **{"use_vllm": False})
-    assert p.mode == "none" and p.trainer["num_processes"] == 2 and p.trainer_args["use_vllm"] is False
+    assert p.mode == "none" and p.trainer.num_processes == 2 and p.trainer_args["use_vllm"] is False
 
 
 def test_profiles(basic_recipe):
@@ -341,7 +341,7 @@ def test_profiles(basic_recipe):
 
 def test_user_gradient_checkpointing_is_respected(write_recipe):
     p = _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-1.5B\ngradient_checkpointing: false\n"), "3xA40")
-    assert p.trainer["gradient_checkpointing"] is False
+    assert p.trainer.gradient_checkpointing is False
 
 
 def test_plan_is_pure_and_imports_no_torch(basic_recipe):
@@ -368,7 +368,7 @@ def test_prompt_length_default_fits_small_models(write_recipe):
     p = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 32\nuse_vllm: true\n"
                            "per_device_train_batch_size: 4\nnum_generations: 4\n"), "2xcpu")
     assert p.fits, p.reasons
-    assert p.batch["prompt_length"] == 224 and p.vllm["args"]["max_model_len"] == 256
+    assert p.batch.prompt_length == 224 and p.vllm.args["max_model_len"] == 256
     too_long = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 200\n"
                                   "num_generations: 4\nper_device_train_batch_size: 4\n"
                                   "ogrpo:\n  max_prompt_length: 128\n", "long.yaml"), "2xcpu")
@@ -447,7 +447,7 @@ LORA_MOE = ("model_name_or_path: Qwen/Qwen3-30B-A3B\nper_device_train_batch_size
 
 
 def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(write_recipe):
-    from ogrpo.memory import lora_params
+    from ogrpo.planner.memory import lora_params
     from ogrpo.planner.lora import lora_spec
 
     # Qwen3-30B-A3B: P = 30,532,122,624 (bf16 base 56.9 GiB); LoRA r 16 on all linear layers (peft's MoE layout:
@@ -468,7 +468,7 @@ def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(writ
     assert terms["weights"] == pytest.approx((2 * P + 2 * T) / GiB, abs=1e-3)
     assert terms["optimizer"] == pytest.approx(12 * T / n / GiB, abs=1e-3)
     assert terms["gradients"] == pytest.approx(2 * T / n / GiB, abs=1e-3)
-    assert "LoRA" in next(s for s in auto.settings if s["name"] == "trainer.strategy")["reason"]
+    assert "LoRA" in next(s for s in auto.settings if s.name == "trainer.strategy").reason
     # ZeRO-3 (asked for: `--strategy zero3` with use_peft used to exit 2) shards the frozen base too: (2P + 2T) / 8
     # = 7.3 GiB. TRL gathers the whole model to merge the adapters before each weight push, so that phase holds
     # 2 (P + T) beside the partitions, less the loss step's activations, logits and layer gathers it replaces.
@@ -488,19 +488,19 @@ def test_recipe_num_processes_is_kept_or_the_change_explained(write_recipe):
     # become 8), one GPU idle and said so.
     two = _plan(write_recipe(base), "2x8xA100-80G")
     assert two.fits and two.trainer.num_processes == 7 and two.trainer.gpus == list(range(7))
-    assert "num_processes" not in _changes(two) and two.batch["num_processes"] == 7
+    assert "num_processes" not in _changes(two) and two.batch.num_processes == 7
     assert any("num_processes 7" in w and "1 trainer device(s)" in w for w in two.warnings)
     # One node of 8: one GPU for the server leaves exactly 7.
     assert _plan(write_recipe(base, "one.yaml"), "8xA100-80G").trainer.num_processes == 7
     # 4xA40 cannot hold 7: listed, with where the devices went and what keeps it.
     small = _plan(write_recipe(base, "small.yaml"), "4xA40")
-    change = next(c for c in small.changes if c["key"] == "num_processes")
-    assert (change["from"], change["to"]) == (7, 3)
-    assert "the vLLM server takes 1" in change["reason"] and "--gpus 8xA40" in change["reason"]
+    change = next(c for c in small.changes if c.key == "num_processes")
+    assert (change.old, change.new) == (7, 3)
+    assert "the vLLM server takes 1" in change.reason and "--gpus 8xA40" in change.reason
 
 
 def test_hardware_fixes_are_the_fewest_gpus_that_fit(write_recipe):
-    from ogrpo.planner.fixes import Fix, apply_fix
+    from ogrpo.planner.fixes import apply_fix
 
     # Qwen2.5-32B with 7 trainer processes on 8xV100-32G does not fit. The fixes used to be 6x8xV100-32G (48 GPUs)
     # and 8xH100; now: the fewest GPUs of any type at least this large, then the fewest V100-32Gs (with the
@@ -509,13 +509,13 @@ def test_hardware_fixes_are_the_fewest_gpus_that_fit(write_recipe):
             "gradient_accumulation_steps: 4\nnum_processes: 7\n")
     p = _plan(write_recipe(text), "8xV100-32G")
     assert not p.fits
-    hw = [f for f in p.fix_actions if "gpus" in f["cli"]]
-    counts = [parse_gpus(f["cli"]["gpus"]).total_gpus for f in hw]
+    hw = [f for f in p.fix_actions if "gpus" in f.cli]
+    counts = [parse_gpus(f.cli["gpus"]).total_gpus for f in hw]
     assert counts == sorted(counts) and counts[0] <= 8 and max(counts) <= 16, p.fixes
     rc = load_run_config(write_recipe(text, "again.yaml"))
     for f in hw:
-        fixed = apply_fix(rc, Fix(f["text"], f["config"], f["cli"]))
-        assert make_plan(parse_gpus(f["cli"]["gpus"]), resolve_model("Qwen/Qwen2.5-32B-Instruct"), fixed).fits, f
+        fixed = apply_fix(rc, f)
+        assert make_plan(parse_gpus(f.cli["gpus"]), resolve_model("Qwen/Qwen2.5-32B-Instruct"), fixed).fits, f
     # The recipe as written (7 trainer processes + the server) fits 8xA100-80G.
     a100 = _plan(write_recipe(text, "a100.yaml"), "8xA100-80G")
     assert a100.fits and a100.trainer.num_processes == 7 and "num_processes" not in _changes(a100)
@@ -532,7 +532,7 @@ def test_an_absurd_batch_is_refused_not_fixed_with_accumulation(write_recipe):
     # A large real batch still plans, and its micro-batch fix keeps the effective batch (B x accumulation).
     big = _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 64\n"
                              "num_generations: 8\nogrpo:\n  kernels: false\n", "big.yaml"), "3xA40")
-    micro = [f["config"] for f in big.fix_actions if "gradient_accumulation_steps" in f["config"]]
+    micro = [f.config for f in big.fix_actions if "gradient_accumulation_steps" in f.config]
     assert micro and all(c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] == 64 for c in micro)
 
 

@@ -4,7 +4,7 @@ one chunk, whatever the batch and completion length."""
 from __future__ import annotations
 
 from ogrpo.config import load_run_config
-from ogrpo.memory import trainer_estimate
+from ogrpo.planner.memory import trainer_estimate
 from ogrpo.models import resolve_model
 from ogrpo.plan import plan_from_config, plan_kernels
 

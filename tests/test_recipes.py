@@ -166,8 +166,8 @@ HAND = [
 @pytest.mark.parametrize("recipe, gpus, overrides, strategy, hand_gib", HAND)
 def test_trainer_memory_matches_the_hand_estimate(recipe, gpus, overrides, strategy, hand_gib):
     p = _plan(recipe, gpus, overrides)
-    assert p.trainer["strategy"] == strategy
-    assert p.trainer["memory_gib_per_gpu"] == pytest.approx(hand_gib, rel=0.15)
+    assert p.trainer.strategy == strategy
+    assert p.trainer.memory_gib_per_gpu == pytest.approx(hand_gib, rel=0.15)
 
 
 # Where linear_logprobs decides the plan, one case per recipe family: (fits, strategy, hand GiB per GPU) with
@@ -206,14 +206,14 @@ def test_linear_logprobs_decides_the_plan(recipe, gpus, off, on):
     for overrides, (fits, strategy, hand_gib) in ((KERNELS_OFF, off), (None, on)):
         p = _plan(recipe, gpus, overrides)
         assert p.kernels["linear_logprobs"] is (overrides is None)
-        assert (p.fits, p.trainer["strategy"]) == (fits, strategy), p.reasons
+        assert (p.fits, p.trainer.strategy) == (fits, strategy), p.reasons
         # a plan that does not fit fails on trainer memory alone: the batch rules and vLLM hold in both
         assert all(r.startswith("trainer: ") for r in p.reasons)
-        assert p.trainer["memory_gib_per_gpu"] == pytest.approx(hand_gib, rel=0.15)
+        assert p.trainer.memory_gib_per_gpu == pytest.approx(hand_gib, rel=0.15)
 
 
 def _changes(plan) -> dict:
-    return {c["key"]: (c["from"], c["to"]) for c in plan.changes}
+    return {c.key: (c.old, c.new) for c in plan.changes}
 
 
 def test_an_a40_recipe_plans_for_v100_with_its_adaptations_listed():
@@ -226,7 +226,7 @@ def test_an_a40_recipe_plans_for_v100_with_its_adaptations_listed():
     # keys O-GRPO replaces are listed too, never dropped
     assert {"vllm_device", "overwrite_output_dir", "output_dir"} <= set(ch)
     # the recipe's server share is kept (0.7), its warmup_ratio reaches the trainer (TRL 1.9 has the field)
-    assert p.vllm["args"]["gpu_memory_utilization"] == 0.7 and "vllm_gpu_memory_utilization" not in ch
+    assert p.vllm.args["gpu_memory_utilization"] == 0.7 and "vllm_gpu_memory_utilization" not in ch
     assert "warmup_ratio" not in ch
     # on an A40 the same recipe keeps bf16 and FA2
     a40 = _changes(_plan(DEMO, "3xA40"))
@@ -237,7 +237,7 @@ def test_old_open_r1_keys_are_mapped_or_listed():
     p = _plan(DEMO_V1, "8xV100-32G")
     ch = _changes(p)
     # num_processes 7 is what the plan gives the trainer on 8 GPUs: kept, not listed
-    assert p.trainer["num_processes"] == 7 and "num_processes" not in ch
+    assert p.trainer.num_processes == 7 and "num_processes" not in ch
     assert ch["eval_strategy"] == ("steps", "no") and p.trainer_args["eval_strategy"] == "no"
     rc = load_run_config(RECIPES / DEMO_V1)
     assert rc.trl["dataset_config"] == "all"
@@ -259,20 +259,20 @@ def test_every_suggested_fix_holds(recipe, gpus, overrides):
     if p.fits:
         assert p.fixes == [] and p.fix_actions == []
         return
-    assert [f["text"] for f in p.fix_actions] == p.fixes
+    assert [f.text for f in p.fix_actions] == p.fixes
     for fix in p.fix_actions:
-        target = fix["cli"].get("gpus", gpus)
-        again = _plan(recipe, target, {**(overrides or {}), **fix["config"]}, fix["cli"].get("vllm_gpus"))
+        target = fix.cli.get("gpus", gpus)
+        again = _plan(recipe, target, {**(overrides or {}), **fix.config}, fix.cli.get("vllm_gpus"))
         assert again.fits, (fix, again.reasons)
         b = again.batch
-        assert b["generation_batch_size"] % b["num_generations"] == 0
-        assert b["generation_batch_size"] % (b["per_device_train_batch_size"] * b["num_processes"]) == 0
-        if "gpus" in fix["cli"]:
+        assert b.generation_batch_size % b.num_generations == 0
+        assert b.generation_batch_size % (b.per_device_train_batch_size * b.num_processes) == 0
+        if "gpus" in fix.cli:
             c = parse_gpus(target)
             if c.nodes == 1 and c.gpu.name == parse_gpus(gpus).gpu.name and c.total_gpus > 1:
                 smaller = f"{c.total_gpus - 1}x{c.gpu.name}"
                 if parse_gpus(smaller).total_gpus > parse_gpus(gpus).total_gpus:
-                    assert not _plan(recipe, smaller, {**(overrides or {}), **fix["config"]}).fits, (fix, smaller)
+                    assert not _plan(recipe, smaller, {**(overrides or {}), **fix.config}).fits, (fix, smaller)
 
 
 def test_cli_json_carries_changes_and_warnings(run_cli):
@@ -318,7 +318,7 @@ def test_trl_builds_the_grpo_config_the_plan_predicts(recipe, tmp_path):
     rc = load_run_config(RECIPES / recipe)
     batch_problem = any("num_generations" in r or "generation_batch_size" in r for r in p.reasons)
     if not batch_problem:
-        cfg = build_grpo_config(rc.trl, p.to_dict(), tmp_path / "run")
+        cfg = build_grpo_config(rc.trl, p, tmp_path / "run")
         assert cfg.generation_batch_size % cfg.num_generations == 0
         assert cfg.eval_strategy == "no" and cfg.bf16 is False and cfg.use_cpu is True
         if rc.trl.get("scale_rewards") is False:
@@ -327,15 +327,15 @@ def test_trl_builds_the_grpo_config_the_plan_predicts(recipe, tmp_path):
             assert cfg.warmup_steps == rc.trl["warmup_ratio"]  # TRL 1.16's ratio form of warmup_steps
         return
     with pytest.raises(OgrpoError, match="num_generations"):
-        build_grpo_config(rc.trl, p.to_dict(), tmp_path / "run")
+        build_grpo_config(rc.trl, p, tmp_path / "run")
     # Every batch fix the planner derives (whether or not memory then fits this host) satisfies TRL itself.
     b = p.batch
-    rule = batch_rules(b["per_device_train_batch_size"], b["gradient_accumulation_steps"], b["num_generations"],
-                       b["num_processes"])
+    rule = batch_rules(b.per_device_train_batch_size, b.gradient_accumulation_steps, b.num_generations,
+                       b.num_processes)
     assert rule["fixes"]
     for fix in rule["fixes"]:
         fixed = load_run_config(RECIPES / recipe, fix.config)
-        cfg = build_grpo_config(fixed.trl, _plan(recipe, "cpu-64G", fix.config).to_dict(), tmp_path / "run")
+        cfg = build_grpo_config(fixed.trl, _plan(recipe, "cpu-64G", fix.config), tmp_path / "run")
         assert cfg.generation_batch_size % cfg.num_generations == 0, fix
 
 
@@ -424,8 +424,8 @@ def test_every_recipe_key_is_passed_mapped_or_listed(gpus, tmp_path):
         except OgrpoError as exc:  # a feature this line's stack cannot run (Liger on CPU): refused, not dropped
             assert gpus.startswith("cpu") and " needs " in str(exc), (recipe, str(exc))
             continue
-        listed = {c["key"] for c in plan.changes}
-        kwargs, _ = grpo_config_kwargs(rc.trl, plan.to_dict(), tmp_path / "run", fields=line_fields)
+        listed = {c.key for c in plan.changes}
+        kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path / "run", fields=line_fields)
         for key, value in rc.trl.items():
             r = rules.rule(key)
             assert r is not None, (recipe, key)

@@ -63,7 +63,7 @@ def test_sbatch_is_the_supervised_job(basic_recipe):
     for line in ("#SBATCH --signal=B:USR2@90", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  "#SBATCH --output=/jobs/x/logs/slurm-%j.out", "#SBATCH --chdir=/jobs/x"):
         assert line in lines, line
-    # host memory per node: the server's and the trainer's figures (ogrpo.host_memory) added up
+    # host memory per node: the server's and the trainer's figures (ogrpo.planner.host_memory) added up
     mem = sum(s.host_mem_gib for s in spec.steps)
     assert mem > 0 and f"#SBATCH --mem={int(mem)}G" in lines
     # the body is the supervisor, nothing else: no step runs from bash (submitit's rendering marks its jobs with
@@ -155,9 +155,9 @@ def test_accelerate_reads_the_config(basic_recipe, tiny_recipe, tmp_path, gpus, 
     plan, spec, files = _render(recipe, gpus, model, job_dir=str(tmp_path))
     (tmp_path / "accelerate.yaml").write_text(files["accelerate.yaml"])
     cfg = load_config_from_file(str(tmp_path / "accelerate.yaml"))
-    assert cfg.num_processes == plan.trainer["num_processes"]
-    assert cfg.num_machines == len(plan.trainer["nodes"])
-    if plan.trainer["strategy"] != "ddp":
+    assert cfg.num_processes == plan.trainer.num_processes
+    assert cfg.num_machines == len(plan.trainer.nodes)
+    if plan.trainer.strategy != "ddp":
         assert cfg.distributed_type.value == "DEEPSPEED" and cfg.mixed_precision is None
     if "cpu" in gpus:
         assert cfg.use_cpu and cfg.distributed_type.value == "MULTI_GPU"

@@ -112,7 +112,7 @@ def test_plan_lists_the_opt_out_only_with_code_rewards(tmp_path):
     rc = load_run_config(str(_recipe(tmp_path, "none")), {"reward_funcs": ["code_format"]})
     plan = plan_from_config(rc)
     sandbox_policy.plan_notes(rc, plan)
-    assert not any(c["key"] == "ogrpo.sandbox" for c in plan.changes)  # no program runs: nothing changes
+    assert plan.change("ogrpo.sandbox") is None  # no program runs: nothing changes
     with pytest.raises(ConfigError, match="ogrpo.sandbox: 'maybe' is not one of auto, none"):
         load_run_config(str(_recipe(tmp_path, "maybe")))
 

@@ -3,6 +3,7 @@ registration. The real server runs in test_serve_integration.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from ogrpo.errors import OgrpoError
+from ogrpo.hardware import parse_gpus
 from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 from ogrpo.serve.client import check_server_matches, write_weights_file
 from ogrpo.serve.server import (ServeSettings, load_serving_config, resolve_settings, serve, server_env,
@@ -36,12 +38,12 @@ def _opt(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv else None
 
 
-CPU_PLAN = {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
+CPU_PLAN = {"precision": "fp32", "cluster": parse_gpus("cpu").to_dict(),
             "vllm": {"num_gpus": 0, "tensor_parallel_size": 1, "data_parallel_size": 1,
                      "args": {"dtype": "float32", "max_model_len": 192, "kv_cache_memory_bytes": 25165824,
                               "enable_prefix_caching": True, "max_num_seqs": 16, "enforce_eager": True,
                               "tensor_parallel_size": 1, "logprobs_mode": "processed_logprobs"}}}
-GPU_PLAN = {"precision": "bf16", "cluster": {"gpu": {"is_cpu": False}},
+GPU_PLAN = {"precision": "bf16", "cluster": parse_gpus("3xA40").to_dict(),
             "vllm": {"num_gpus": 2, "tensor_parallel_size": 2, "data_parallel_size": 1,
                      "args": {"dtype": "bfloat16", "max_model_len": 4096, "gpu_memory_utilization": 0.85,
                               "enable_prefix_caching": False}}}
@@ -114,6 +116,13 @@ def test_cli_one_line_error(tmp_path, run_cli):
     assert proc.stderr.strip().count("\n") == 0 and "refusing to serve" in proc.stderr
     ok = run_cli("serve", "--config", _run_yaml(tmp_path, CPU_PLAN), "--port", "9001", "--dry-run", check_rc=0)
     assert "--port 9001" in ok.stdout and "cpu_shm" in ok.stdout
+
+
+def test_a_damaged_carried_plan_is_one_line(tmp_path, run_cli):
+    # the run config's plan is parsed once, where it is loaded: a hand-edited one without its cluster is refused
+    proc = run_cli("serve", "--config", _run_yaml(tmp_path, {"vllm": {"args": {"dtype": "float32"}}}), "--dry-run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert "the plan names no cluster" in proc.stderr and "ogrpo render" in proc.stderr
 
 
 def test_version_shim_reports_cpu_version(tmp_path):
@@ -256,12 +265,13 @@ def test_prompt_budget_comes_from_the_plan_when_the_run_sets_none(tmp_path):
     del data["ogrpo"]["max_prompt_length"]
     path.write_text(yaml.safe_dump(data))
     assert _opt(serve(str(path), dry_run=True), "--max-model-len") == "256"
-    trl, opts, _ = load_serving_config(path)
-    assert expected_from_run_config(trl, opts)["min_max_model_len"] == 256
+    trl, opts, carried = load_serving_config(path)
+    assert "plan" not in opts and carried.batch.prompt_length == 244  # parsed once, into the Plan
+    assert expected_from_run_config(trl, opts, plan=carried)["min_max_model_len"] == 256
     # a trainer that planned for itself (the config carries no plan) checks against the plan it runs, not 512 + 12
-    opts.pop("plan", None)
     assert expected_from_run_config(trl, opts)["min_max_model_len"] == 512 + 12
-    assert expected_from_run_config(trl, opts, plan={"batch": {"max_model_len": 256}})["min_max_model_len"] == 256
+    own = dataclasses.replace(carried, batch=dataclasses.replace(carried.batch, max_model_len=300))
+    assert expected_from_run_config(trl, opts, plan=own)["min_max_model_len"] == 300
 
 
 @pytest.mark.parametrize("extra, detokenize", [

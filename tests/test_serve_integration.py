@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ogrpo.hardware import parse_gpus
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch.local import run_local_result
 
@@ -55,7 +56,7 @@ def test_server_mode_grpo_cpu_two_trainers(tmp_path):
     run = {"model_name_or_path": str(model), "max_completion_length": 16, "dtype": "float32",
            "ogrpo": {"max_prompt_length": 32,
                      # what `ogrpo plan --gpus 3xcpu` puts in the run config, trimmed to what the server reads
-                     "plan": {"precision": "fp32", "cluster": {"gpu": {"is_cpu": True}},
+                     "plan": {"precision": "fp32", "cluster": parse_gpus("3xcpu").to_dict(),
                               "vllm": {"num_gpus": 0, "args": {"gpu_memory_utilization": 0.1,
                                                                "enforce_eager": True, "max_num_seqs": 16}}}}}
     (job_dir / "run.yaml").write_text(yaml.safe_dump(run))

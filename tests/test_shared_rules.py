@@ -39,7 +39,12 @@ def test_lengths_budget_prompt_and_cap_it_to_the_model():
     assert lengths.budget({"max_completion_length": 590}, max_positions=600) == (512, 590)  # < 16 left: default
     assert lengths.required_max_model_len({"max_completion_length": 64}) == 576
     assert lengths.required_max_model_len({"vllm_max_model_length": 99}) == 99
-    assert lengths.required_max_model_len({}, {"plan": {"batch": {"max_model_len": 300}}}) == 300
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.types import Plan
+
+    plan = Plan.from_dict({"cluster": parse_gpus("cpu").to_dict(), "batch": {"max_model_len": 300}})
+    assert lengths.required_max_model_len({}, {"max_prompt_length": 10}, plan) == 300  # the Plan's, when it has one
+    assert lengths.required_max_model_len({"max_completion_length": 64}, {"max_prompt_length": 10}) == 74
 
 
 def test_step_placeholders_fill_only_their_names():

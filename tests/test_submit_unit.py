@@ -380,7 +380,7 @@ def _plan(gpus, model="Qwen/Qwen2.5-1.5B-Instruct", **ogrpo):
 def test_host_memory_counts_offload_and_the_load_dtype():
     import copy
 
-    from ogrpo import host_memory as hm
+    from ogrpo.planner import host_memory as hm
 
     P = 1543714304  # Qwen2.5-1.5B parameters
     GiB = 2**30

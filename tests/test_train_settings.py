@@ -106,9 +106,13 @@ def test_plan_overrides_run_config_and_vllm_url_selects_server_mode(tmp_path):
 
     trl = {"bf16": True, "learning_rate": 1e-5, "dataset_name": "x", "attn_implementation": "eager",
            "dtype": "bfloat16"}
-    plan = {"precision": "fp16", "attn_implementation": "sdpa",
-            "trainer_args": {"bf16": False, "fp16": True, "not_a_grpo_field": 1,
-                             "model_init_kwargs": {"attn_implementation": "sdpa"}}}
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.types import Plan
+
+    plan = Plan.from_dict({"cluster": parse_gpus("4xV100-32G").to_dict(), "precision": "fp16",
+                           "attn_implementation": "sdpa",
+                           "trainer_args": {"bf16": False, "fp16": True, "not_a_grpo_field": 1,
+                                            "model_init_kwargs": {"attn_implementation": "sdpa"}}})
     kw, notes = grpo_config_kwargs(trl, plan, tmp_path, vllm_url="http://h:1234")
     assert kw["bf16"] is False and kw["fp16"] is True and kw["learning_rate"] == 1e-5
     assert "dataset_name" not in kw and "not_a_grpo_field" not in kw and "not_a_grpo_field" in notes[0]

@@ -94,9 +94,9 @@ class Workload:
 
 
 def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_len: int) -> int:
-    """KV bytes that hold every sequence of one rollout at once (see ogrpo.memory.kv_budget_bytes for why an
+    """KV bytes that hold every sequence of one rollout at once (see ogrpo.planner.memory.kv_budget_bytes for why an
     explicit budget rather than a memory share)."""
-    from ogrpo.memory import kv_budget_bytes
+    from ogrpo.planner.memory import kv_budget_bytes
 
     per_token = 2 * shape.layers * shape.kv_heads * (shape.hidden // shape.heads) * dtype_bytes
     return kv_budget_bytes(per_token, seqs, max_model_len)
@@ -185,20 +185,25 @@ def _start_server(w: Workload):
     run_yaml = work / "bench-run.yaml"
     from ogrpo.serve import SERVER_ARGS
 
-    # What a plan gives every server (stats off: also the offline LLM's default, so settings stay the same).
+    from ogrpo.serve.server import engine_flags
+
+    # What a plan gives every server (stats off: also the offline LLM's default, so settings stay the same). A run
+    # config carries a whole plan or none, so these go on the server's command line, after `--`.
     args = {**w.memory_args(), **SERVER_ARGS}
     if w.enforce_eager:
         args["enforce_eager"] = True
+    gmu = args.pop("gpu_memory_utilization", None)
     run_yaml.write_text(yaml.safe_dump({
         "model_name_or_path": w.model_dir, "max_completion_length": w.new_tokens, "dtype": w.dtype,
-        "ogrpo": {"max_prompt_length": w.max_model_len - w.new_tokens, "plan": {"vllm": {"args": args}}}}))
+        **({"vllm_gpu_memory_utilization": gmu} if gmu is not None else {}),
+        "ogrpo": {"max_prompt_length": w.max_model_len - w.new_tokens}}))
     from ogrpo.launch.secret import ensure_in_env
 
     ensure_in_env()  # the server (a child) and our client share this process's job key
     (port,) = free_ports(1)
     log = open(work / "server.log", "wb")
     cmd = [sys.executable, "-m", "ogrpo", "serve", "--config", str(run_yaml), "--host", "127.0.0.1",
-           "--port", str(port)]
+           "--port", str(port), "--", *engine_flags(args)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, port, log
 

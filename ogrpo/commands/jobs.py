@@ -21,15 +21,17 @@ def _default_job_dir(name: str) -> str:
     return os.path.abspath(os.path.join("ogrpo-jobs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
-def _is_cpu_spec(gpus: str | None, config: str) -> bool:
-    """Whether the cluster a submit targets is this machine's CPU (from --gpus, else the config's ogrpo.gpus)."""
+def _runs_locally(gpus: str | None, config: str) -> bool:
+    """Whether the cluster a submit targets (--gpus, else the config's ogrpo.gpus, else this machine's CPU) can run
+    here without Slurm (the device rules' `runs_locally`)."""
     from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.device_rules import rules_of
 
     if gpus is None:
         from ogrpo.config import load_run_config
 
         gpus = load_run_config(config).ogrpo.gpus
-    return gpus is None or parse_gpus(str(gpus)).is_cpu
+    return gpus is None or rules_of(parse_gpus(str(gpus))).runs_locally
 
 
 def _summary(p, spec) -> list[str]:
@@ -113,7 +115,7 @@ def _backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) 
     from ogrpo.errors import OgrpoError
 
     if backend is None:
-        if shutil.which("sbatch") is None and not dry_run and not _is_cpu_spec(gpus, config):
+        if shutil.which("sbatch") is None and not dry_run and not _runs_locally(gpus, config):
             # A GPU plan without Slurm would run here on hardware it was not planned for and fail late.
             raise OgrpoError(f"no Slurm here (`sbatch` is not on PATH), so --gpus {gpus or '(from the config)'} "
                              "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "

@@ -34,7 +34,7 @@ def warn(rc, plan) -> None:
     for w in dict.fromkeys(list(rc.warnings) + list(plan.warnings)):
         typer.echo(f"warning: {w}", err=True)
     for c in plan.changes:
-        typer.echo(f"change: {c['key']}: {_short(c['from'])} -> {_short(c['to'])} ({c['reason']})", err=True)
+        typer.echo(f"change: {c.key}: {_short(c.old)} -> {_short(c.new)} ({c.reason})", err=True)
 
 
 def require_fit(plan, force: bool, what: str) -> None:
@@ -61,7 +61,9 @@ def plan(
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
                           extra={"strategy": strategy, "overlap": overlap}, strict=strict)
     preempt = None
-    if not p.cluster.is_cpu:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
+    from ogrpo.planner.device_rules import rules_of
+
+    if not rules_of(p).runs_locally:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
         from ogrpo.launch import grace
 
         preempt = grace.for_plan(rc, p, strict=strict)
@@ -126,7 +128,7 @@ def render(
     if as_json:
         import json
 
-        summary = {"fits": p.fits, "job_dir": job_dir, "changes": [dict(c) for c in p.changes],
+        summary = {"fits": p.fits, "job_dir": job_dir, "changes": [c.to_dict() for c in p.changes],
                    "warnings": list(dict.fromkeys(list(rc.warnings) + list(p.warnings)))}
     if dry_run:
         if as_json:

@@ -39,8 +39,8 @@ def reproduce(
     with os.fdopen(fd, "w") as f:
         f.write(f"# reproduces {rec.source}\n" + dump_yaml(rec.config))
     try:
-        now = plan_from_config(load_run_config(config_path), gpus=rec.gpus).to_dict()
-        problems += plan_differences(rec.plan, now) if rec.plan else []
+        now = plan_from_config(load_run_config(config_path), gpus=rec.gpus)
+        problems += plan_differences(rec.plan, now) if rec.plan is not None else []
         for line in problems:
             typer.echo(f"warning: differs from the recorded run: {line}", err=True)
         if problems and strict:

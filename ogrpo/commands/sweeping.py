@@ -207,7 +207,7 @@ def notes(planned: list) -> list[str]:
     seen: dict[str, list[int]] = {}
     for pp in planned:
         lines = [f"warning: {w}" for w in dict.fromkeys(list(pp.rc.warnings) + list(pp.plan.warnings))]
-        lines += [f"change: {c['key']}: {_short(c['from'])} -> {_short(c['to'])} ({c['reason']})"
+        lines += [f"change: {c.key}: {_short(c.old)} -> {_short(c.new)} ({c.reason})"
                   for c in pp.plan.changes]
         for line in lines:
             seen.setdefault(line, []).append(pp.index)

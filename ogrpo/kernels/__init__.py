@@ -2,5 +2,6 @@
 sources (`csrc/`), a PyTorch reference (`reference.py`); tests in tests/kernels/, benchmarks in ogrpo/bench/.
 
 The compiled parts are optional at import time: every op has a PyTorch reference it falls back to, and the
-choice (and why) is recorded so a run's manifest says which implementation ran.
+choice (and why) is recorded so a run's manifest says which implementation ran; the load -> first-use check ->
+fallback decision is written once, in `guarded.py`, for every op.
 """

@@ -173,9 +173,10 @@ def step_estimate(plan: dict, step_time_s: float | None = None, recorded: tuple[
         return float(step_time_s), "ogrpo.step_time_s"
     if recorded:
         return recorded
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
-    kind = "cpu" if as_plan(plan).is_cpu else "gpu"
+    kind = rules_of(as_plan(plan)).kind
     return DEFAULT_STEP_S[kind], f"default for {kind.upper()} plans (set ogrpo.step_time_s)"
 
 
@@ -201,7 +202,7 @@ class Policy:
     grace: Grace | None = None
     save_steps: int | None = None  # the plan's value when it changes the recipe's, else None
     warnings: list[str] = field(default_factory=list)
-    changes: list[dict] = field(default_factory=list)
+    changes: list = field(default_factory=list)  # list[Change] (ogrpo/planner/types.py)
 
     @property
     def need_s(self) -> float:
@@ -255,9 +256,9 @@ def policy(plan: dict, trl: dict, *, grace: Grace | None, step: tuple[float, str
     overhead = save_s / step_s if step_s else 0.0
     cost = f" (checkpoints add ~{overhead:.0%} to each step)" if overhead >= 0.2 else ""
     pol.warnings.append(f"{text}; checkpointing every step so that it loses at most that step{cost}")
-    from ogrpo.fields import change
+    from ogrpo.planner.types import Change
 
-    pol.changes.append(change("save_steps", current, 1, f"{grace.describe()} < one step + checkpoint "
+    pol.changes.append(Change("save_steps", current, 1, f"{grace.describe()} < one step + checkpoint "
                                                         f"(~{need:.0f} s): lose at most one step on a requeue"))
     return pol
 
@@ -271,7 +272,7 @@ def apply(pol: Policy, run_config, plan) -> None:
         if w not in plan.warnings:
             plan.warnings.append(w)
     for c in pol.changes:
-        if not any(x["key"] == c["key"] for x in plan.changes):
+        if plan.change(c.key) is None:
             plan.changes.append(c)
 
 
@@ -286,7 +287,7 @@ def for_plan(run_config, plan, *, job_dir: str | None = None, partition: str | N
     if strict and pol.changes:
         from ogrpo.errors import ConfigError
 
-        raise ConfigError([f"{c['key']} would change from {c['from']!r} to {c['to']!r} ({c['reason']})"
+        raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in pol.changes], f"{run_config.source} (--strict refuses every change from the recipe)")
     apply(pol, run_config, plan)
     return pol

@@ -22,9 +22,6 @@ from ogrpo.errors import OgrpoError
 # Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
 # delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
 MIN_SIGNAL_DELAY_S = 30
-# CPUs per GPU when the site does not say (ogrpo.cpus_per_gpu): data loading, tokenization, reward functions and
-# vLLM's API server each want a core or two per device.
-DEFAULT_CPUS_PER_GPU = 8
 # Options the user may not replace through `--slurm KEY=VALUE`: the job's own mechanics depend on them.
 FIXED = ("signal", "requeue", "open-mode", "output", "error", "chdir", "ntasks-per-node")
 
@@ -102,19 +99,20 @@ def options_for(plan, run_config, *, nodes: int | None = None, time_min: int | N
                 container_runtime: str | None = None, job_name: str | None = None) -> SlurmOptions:
     """SlurmOptions for a Plan (or its dict form) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/
     mem_per_gpu/container), with command-line values already merged into the run config's ogrpo section."""
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
     o = run_config.ogrpo
     cl = as_plan(plan).cluster
-    is_cpu = cl.is_cpu
+    rules = rules_of(cl)
     devices = max(1, int(cl.gpus_per_node))
     if time_min is None and o.time:
         time_min = parse_time(o.time)
-    per_device = int(o.cpus_per_gpu) if o.cpus_per_gpu else (1 if is_cpu else DEFAULT_CPUS_PER_GPU)
+    per_device = int(o.cpus_per_gpu) if o.cpus_per_gpu else rules.cpus_per_device
     return SlurmOptions(
         partition=o.partition, time_min=time_min, account=o.account, qos=o.qos,
-        nodes=nodes or int(cl.nodes), gpus_per_node=0 if is_cpu else int(cl.gpus_per_node),
-        gres_type=None if is_cpu else gres_type_for(cl.gpu, getattr(o, "gres_type", None)),
+        nodes=nodes or int(cl.nodes), gpus_per_node=int(cl.gpus_per_node) if rules.counts_gpus else 0,
+        gres_type=gres_type_for(cl.gpu, getattr(o, "gres_type", None)) if rules.counts_gpus else None,
         cpus_per_task=per_device * devices, cpus_from_config=bool(o.cpus_per_gpu), mem_per_gpu=o.mem_per_gpu,
         extra=dict(extra or {}), signal_delay_s=max(MIN_SIGNAL_DELAY_S, int(signal_delay_s)),
         max_requeues=max_requeues, container_image=o.container, container_runtime=container_runtime,

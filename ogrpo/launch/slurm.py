@@ -69,7 +69,7 @@ IGNORE_USR2_ROLES = ("server", "trainer")
 def step_resources(steps: list[Step], cpus_per_node: int, mem_mb_per_node: int | None) -> dict[str, tuple[int, int | None]]:
     """Split the allocation's CPUs (and memory, when the job asked for some) between steps that share a node,
     so that `--exact` steps can all start: CPUs in proportion to their GPUs, memory in proportion to each step's
-    host-memory need (ogrpo.host_memory; GPUs when a step has none). role → (cpus per task, mem MB)."""
+    host-memory need (ogrpo.planner.host_memory; GPUs when a step has none). role → (cpus per task, mem MB)."""
     weight = {s.role: max(1, len(s.gpus)) for s in steps}
     mem_weight = {s.role: float(s.host_mem_gib) for s in steps} if all(s.host_mem_gib for s in steps) else weight
     out: dict[str, tuple[int, int | None]] = {}

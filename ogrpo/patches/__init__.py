@@ -3,7 +3,9 @@
 Each module has NAME, LIBRARY (the distribution it patches) and `check()`, which imports the target and raises
 PatchTargetMoved (naming the patch, the library and its version, and what moved) when the target is gone or
 changed shape. `ogrpo doctor` and tests/test_patches.py run every check against the installed libraries; a
-library that is not installed is skipped, not failed. Importing this package imports no library.
+library that is not installed is skipped, not failed, and so is a patch whose optional `not_applicable()` names
+why the installed line never takes it (a supported TRL line without the feature it hooks; keyed on the line, so
+a newer version that drops the target still fails). Importing this package imports no library.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ PATCHES = {
     "trl_vllm_client": ("trl", "VLLMClient: CPU/timed weight sync, job key, group address"),
     "trl_vllm_serve": ("trl", "`trl vllm-serve` on CPU: gloo weight-sync worker"),
     "trl_overlap": ("trl", "GRPOTrainer pipelined on the split placement (ogrpo.overlap lossless/one-step)"),
+    "trl_trainer_wraps": ("trl", "O-GRPO's wrappers of GRPOTrainer/VLLMGeneration/VLLMClient methods, in one order"),
+    "trl_zero3_push": ("trl", "ZeRO-3 weight push from one gather per step (ogrpo.overlap one-step)"),
+    "transformers_atomic_checkpoint": ("transformers", "Trainer checkpoints staged, then renamed into place whole"),
     "starlette_job_key": ("starlette", "job-key guard around every Starlette app (trl vllm-serve)"),
     "submitit_adapter": ("submitit", "Slurm batch scripts and job state through submitit's private renderer"),
 }
 # checks that live beside the code they guard rather than in this package (module -> its import path)
 ELSEWHERE = {"submitit_adapter": "ogrpo.launch.submitit_adapter"}
 REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",),
-            "trl_overlap": ("vllm",)}
+            "trl_overlap": ("vllm",), "trl_zero3_push": ("vllm",)}
 
 
 def installed(dist: str) -> bool:
@@ -52,7 +57,12 @@ def run_checks(names=None) -> dict[str, dict]:
             out[name] = {**row, "status": "skipped", "detail": f"{', '.join(missing)} not installed"}
             continue
         try:
-            module(name).check()
+            mod = module(name)
+            why_not = getattr(mod, "not_applicable", lambda: None)()
+            if why_not:
+                out[name] = {**row, "status": "skipped", "detail": f"{dist} {version(dist)}: {why_not}"}
+                continue
+            mod.check()
         except PatchTargetMoved as exc:
             out[name] = {**row, "status": "failed", "detail": str(exc)}
         else:

@@ -60,7 +60,7 @@ def check_hook() -> None:
         problems.append(f"generate no longer dispatches through `{_GENERATE_NEEDS}`")
     attrs = {lp.RepetitionPenaltyLogitsProcessor: ("penalty", "prompt_ignore_length"),
              lp.TemperatureLogitsWarper: ("temperature",),
-             lp.TopKLogitsWarper: ("top_k", "filter_value", "min_tokens_to_keep"),
+             lp.TopKLogitsWarper: ("top_k", "filter_value"),  # min_tokens_to_keep is folded into top_k
              lp.TopPLogitsWarper: ("top_p", "filter_value", "min_tokens_to_keep")}
     for cls, names in attrs.items():
         probe = _probe(cls)
@@ -165,10 +165,12 @@ def fused_plan(processors, generation_config) -> dict | None:
         elif kind == 1:
             plan["temperature"] = float(proc.temperature)
         else:
-            if proc.min_tokens_to_keep != 1 or proc.filter_value != -float("inf"):
+            if proc.filter_value != -float("inf"):
                 return None
-            if kind == 2:
+            if kind == 2:  # top_k already holds max(top_k, min_tokens_to_keep) (transformers 5.5 keeps no more)
                 plan["top_k"] = int(proc.top_k)
+            elif proc.min_tokens_to_keep != 1:
+                return None
             else:
                 plan["top_p"] = float(proc.top_p)
     if not sampling and (last > 0 or plan["repetition_penalty"] == 1.0):

@@ -23,6 +23,18 @@ CPU_MEMORY_SHARE = 0.1
 _LLM_DEFAULTS: dict = {}
 
 
+def not_applicable() -> str | None:
+    """TRL 1.9 (the GPU images' line) has no `_iter_named_params`: colocated vLLM on CPU runs on the CPU stack only
+    (`install` refuses there, naming it)."""
+    import trl
+
+    from ogrpo import compat
+
+    if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:
+        return f"colocated vLLM on CPU needs the CPU stack (TRL {compat.CPU_TRL_VERSION}); this line never takes it"
+    return None
+
+
 def check() -> None:
     """TRL's colocate generation: the module-level `LLM` it calls and `VLLMGeneration.sync_weights`/
     `_iter_named_params`/`mode`, which this patch wraps or reads."""

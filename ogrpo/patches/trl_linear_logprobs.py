@@ -185,8 +185,10 @@ def install(trainer) -> dict:
         counts["kernel"] += 1
         return _scored(self, line, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
 
-    functools.update_wrapper(scored, type(trainer).__dict__.get(METHOD) or original)
-    setattr(trainer, METHOD, types.MethodType(scored, trainer))
+    from ogrpo.patches.trl_trainer_wraps import wrap
+
+    # the innermost layer (ogrpo.patches.trl_trainer_wraps): the overlap, profiler and inf/NaN guard wrap it
+    wrap(trainer, METHOD, "linear_logprobs", lambda _original: functools.partial(scored, trainer))
     trainer._ogrpo_linear_logprobs_calls = counts
     return {"installed": True, "trl_line": line, "models": models, "reason": None,
             "implementation": implementation(device)}

@@ -125,12 +125,9 @@ def install(trainer, mode: str, timeline=None) -> dict:
 
 
 def _wrap(trainer, name: str, make) -> None:
-    import functools
+    from ogrpo.patches.trl_trainer_wraps import wrap
 
-    original = getattr(trainer, name)
-    wrapped = make(original)
-    functools.update_wrapper(wrapped, original)
-    setattr(trainer, name, wrapped)
+    wrap(trainer, name, "overlap", make)  # the `overlap` layer: its place among the others is stated there
 
 
 def _defer_reward_gather() -> None:
@@ -298,14 +295,16 @@ _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
 
 
 def _splitter(trainer):
-    """The pipeline's `split`, or None where this TRL line's server takes requests whole."""
+    """The pipeline's `split`, or None where batches are requested whole: the plan's `overlap.stream`, decided by
+    the same rule (this TRL line's server, the number of trainer processes)."""
     import trl
 
     from ogrpo import compat
+    from ogrpo.planner.overlap_stream import GROUPS, decide
     from ogrpo.serve.client import can_split, group_calls
 
     flavor = compat.server_flavor(trl.__version__)
-    if not can_split(flavor):
+    if decide(trl.__version__, trainer.accelerator.num_processes)[0] != GROUPS or not can_split(flavor):
         return None
     client = trainer.vllm_generation.vllm_client
     return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor)
@@ -495,7 +494,10 @@ def _logps(trainer, state, original):
         if work is not None and work.score_fn is not None and not args and _plain(kwargs):
             kind = "old" if model is trainer.model else "ref" if model is getattr(trainer, "ref_model", None) \
                 else None
-            if kind is not None and kind not in work.taken:
+            # only the first pass on a model can be the one the groups scored: with LoRA the reference pass runs
+            # on trainer.model too (adapters disabled), after the old-policy pass
+            if kind is not None and kind not in work.tried:
+                work.tried.add(kind)
                 out = _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep)
                 if out is not None:
                     work.taken.add(kind)

@@ -8,6 +8,11 @@ each looked up by TRL when it runs, so no TRL file is edited:
   (ogrpo.serve.auth.install_client_key);
 - `get_ip` in TRL 1.16's client module (`install_group_address`): the address the trainer's weight-sync group
   listens on (ogrpo.serve.auth.bind_group_near).
+
+The subclasses override TRL's methods, and on TRL 1.16 the CPU client calls TRL's private request helpers
+(PRIVATE_HELPERS) and reads its `_updating_weights` flag; `around_sync` and `convert_push` wrap TRL's weight-sync
+methods on a subclass (a deadline around each; the pushed tensors cast), passing TRL's own parameters
+(PUSH_PARAMS) positionally. `check()` vouches for all of it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from ogrpo.patches.target import moved, problems_of
 
 NAME = "trl_vllm_client"
 LIBRARY = "trl"
+# TRL's push methods and the parameters O-GRPO's wrappers pass them, positionally and in this order
+PUSH_PARAMS = {"update_named_params": ("self", "metadata", "named_params"), "update_named_param": ("self", "name",
+                                                                                                    "weights")}
+# TRL 1.16's client helpers the CPU client (ogrpo.serve.client) calls; TRL 1.9 has its own (trl_serve_cpu)
+PRIVATE_HELPERS = {"_post": ("url",), "_get": ("url",), "_start_weight_update": ("self",),
+                   "_finish_weight_update": ("self",)}
 
 
 def client_modules():
@@ -46,10 +57,19 @@ def check() -> None:
                      f"{gen}:VLLMClient.close_communicator": ("self",),
                      f"{gen}:VLLMClient.reset_prefix_cache": ("self",)}
     for name in compat.vllm_client_sync_methods(trl.__version__):
-        targets[f"{gen}:VLLMClient.{name}"] = ("self",)
+        targets[f"{gen}:VLLMClient.{name}"] = PUSH_PARAMS.get(name, ("self",))
     if fused_line:
         targets[f"{gen}:VLLMClient.get_server_info"] = ("self",)
+        targets.update({f"{gen}:VLLMClient.{name}": params for name, params in PRIVATE_HELPERS.items()})
     problems = problems_of(targets)
+    if fused_line and not problems:
+        import inspect
+
+        from ogrpo.patches.target import resolve
+
+        if "self._updating_weights" not in inspect.getsource(resolve(f"{gen}:VLLMClient.update_named_params")):
+            problems.append("VLLMClient.update_named_params no longer reads `self._updating_weights` (the CPU "
+                            "client's batched-update flag)")
     mods = client_modules()
     if not mods:
         problems.append("no trl.generation.vllm_client / trl.extras.vllm_client module")
@@ -93,3 +113,33 @@ def install_group_address(address: str) -> bool:
             mod.get_ip = lambda: address
             patched = True
     return patched
+
+
+def around_sync(cls, base, wrapper) -> None:
+    """On subclass `cls`: each of this TRL line's weight-sync methods that `base` (TRL's VLLMClient) has becomes
+    `wrapper(base's method)` (a function taking self)."""
+    import trl
+
+    from ogrpo import compat
+
+    for name in compat.vllm_client_sync_methods(trl.__version__):
+        if hasattr(base, name):
+            setattr(cls, name, wrapper(getattr(base, name)))
+
+
+def convert_push(cls, metadata, tensors) -> None:
+    """On subclass `cls`: the weight push sends `metadata(self, metadata)` and `tensors(self, named_params)` (an
+    iterator of (name, tensor)) in place of what TRL's sync passes. TRL 1.16: update_named_params(metadata,
+    iterator), whose single-tensor call goes through it; TRL 1.9: update_named_param(name, tensor)."""
+    batch, single = getattr(cls, "update_named_params", None), getattr(cls, "update_named_param", None)
+    if batch is not None:
+        def update_named_params(self, metadata_, named_params):
+            return batch(self, metadata(self, metadata_), tensors(self, named_params))
+
+        cls.update_named_params = update_named_params
+    if single is not None and batch is None:
+        def update_named_param(self, name, weights):
+            (_, weights), = tensors(self, iter([(name, weights)]))
+            return single(self, name, weights)
+
+        cls.update_named_param = update_named_param

@@ -5,12 +5,16 @@
 (sm_70: fp16, SDPA, no TF32) and A40/A100/H100 (bf16, FA2, TF32) are the same class with different facts. A new
 GPU family is a catalog line; a new device-specific decision is a method here, on both classes.
 
-The planner's steps (ogrpo/planner/*) ask these objects instead of testing `is_cpu` themselves.
+The planner's steps (ogrpo/planner/*) ask these objects instead of testing `is_cpu` themselves, and so does
+whatever turns a plan into a job and runs it (memory, jobspec, render, launch, the server): `rules_of(plan)`.
+`GpuType.is_cpu` stays the catalog fact the rules are built from; tests/test_device_rules.py counts the tests
+of it left elsewhere.
 """
 
 from __future__ import annotations
 
-from ogrpo import dtypes
+from ogrpo import dtypes, packages
+from ogrpo.planner import memory
 from ogrpo.config import STRATEGIES
 from ogrpo.hardware import Cluster, GpuType
 
@@ -26,6 +30,10 @@ COLOCATE_UTIL_MAX = 0.7
 # bound to the other(s): on 2 cores that halves generation throughput. The OpenAI server keeps its EngineCore
 # in a separate process either way. `ogrpo serve` sets the same default for a CPU server started by hand.
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+# CPUs per GPU when the site does not say (ogrpo.cpus_per_gpu): data loading, tokenization, reward functions and
+# vLLM's API server each want a core or two per device.
+DEFAULT_CPUS_PER_GPU = 8
 
 STRATEGY_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
                   "zero3_offload": "ZeRO-3 with optimizer offload"}
@@ -46,10 +54,31 @@ class DeviceRules:
     server_placement: str
     strategies: tuple[str, ...]  # trainer strategies tried, cheapest first, when the run config names none
     suggests_lora: bool  # whether "LoRA" is offered as a fix for a trainer that does not fit
-    counts_gpus: bool  # whether steps ask the scheduler for GPUs
+    counts_gpus: bool  # whether steps ask the scheduler for GPUs (--gres, the steps' devices)
+    kind: str  # "cpu" | "gpu": the kind's name in messages and in tables kept per kind (grace's step time)
+    stack: str  # the stack a plan runs on (ogrpo/packages.py): "cpu", or the GPU family's image
+    memory_terms: memory.DeviceTerms  # the memory model's per-kind terms (runtime, KV blocks, CUDA graphs ...)
+    # Whether a role's device estimate is itself host RAM (processes sharing the host), so the step's --mem is
+    # that estimate; on GPUs host RAM is counted from what each process keeps on the host (ogrpo/planner/host_memory.py).
+    estimates_host_ram: bool
+    # Whether a plan runs in the environment that renders it (no Slurm needed; its TRL is the installed one)
+    # rather than in the GPU images (ogrpo/compat.py's image line).
+    runs_locally: bool
+    torch_device: str  # the device the server's engine runs on: "cpu" | "cuda"
+    # Whether a step refuses to start where the planned devices are not (ogrpo/device_check.py).
+    checks_devices: bool
+    # Whether a ZeRO plan's trainer gets DeepSpeed through accelerate's DEEPSPEED launcher (accelerate.yaml names
+    # deepspeed.json); otherwise through GRPOConfig's `deepspeed` inside each gloo process (ogrpo/train/settings.py).
+    deepspeed_through_accelerate: bool
+    cpus_per_device: int  # Slurm CPUs per device (trainer process or GPU) when ogrpo.cpus_per_gpu is unset
+    server_health_timeout_s: int  # how long the supervisor waits for the server's health check
 
     def __init__(self, gpu: GpuType):
         self.gpu = gpu
+
+    def step_gpus(self, gpus: list[int]) -> list[int]:
+        """The device indices a step names (empty where steps ask for no GPUs)."""
+        return list(gpus) if self.counts_gpus else []
 
     @property
     def trl_line(self) -> str:
@@ -66,6 +95,17 @@ class CpuRules(DeviceRules):
     strategies = ("ddp",)
     suggests_lora = False
     counts_gpus = False
+    kind = "cpu"
+    stack = packages.CPU_STACK
+    memory_terms = memory.CPU_TERMS
+    estimates_host_ram = True
+    runs_locally = True
+    torch_device = "cpu"
+    checks_devices = False
+    # `accelerate launch --multi_gpu` over gloo never reads accelerate.yaml's DeepSpeed section.
+    deepspeed_through_accelerate = False
+    cpus_per_device = 1  # one trainer process computes on one core's worth of work; the server step shares them
+    server_health_timeout_s = 600
 
     @property
     def trl_line(self) -> str:
@@ -180,6 +220,35 @@ class CpuRules(DeviceRules):
     def job_env(self, total: int) -> list[tuple[str, str, str | None]]:
         return []
 
+    # ---- the job
+    def launcher_flags(self, num_processes: int) -> list[str]:
+        """`accelerate launch` flags the trainer step adds for NUM_PROCESSES processes."""
+        # `--cpu --num_processes 2` silently starts ONE process; --multi_gpu with use_cpu in the config starts real
+        # gloo workers.
+        return ["--multi_gpu"] if num_processes >= 2 else []
+
+    def accelerate_device_fields(self) -> dict:
+        """accelerate.yaml's device keys."""
+        return {"use_cpu": True}
+
+    def deepspeed_precision(self, precision: str) -> dict:
+        """deepspeed.json's bf16/fp16 sections."""
+        # fp32 on CPU: "auto" takes GRPOConfig's bf16/fp16 (both False); an explicit `enabled: true` makes
+        # DeepSpeed cast the model to bf16 and the gloo run then differs from the plan's fp32.
+        return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+
+    def deepspeed_offload(self) -> tuple[dict, dict]:
+        """(zero_optimization's offload_optimizer, top-level deepspeed.json keys) of a zero3_offload plan."""
+        # Parameters already live in host RAM: the offload is ZeRO-Offload's code path (the optimizer steps on
+        # the fp32 partition outside the engine), with the trainer's torch AdamW instead of DeepSpeed's CPU
+        # Adam, whose C++ op would be JIT-compiled on first use (DS_BUILD_OPS=0 install). No pinned memory
+        # without CUDA.
+        return {"device": "cpu", "pin_memory": False}, {"zero_force_ds_cpu_optimizer": False}
+
+    def devices_text(self, gpus: list[int], processes: int) -> str:
+        """A role's devices on its node, for `ogrpo plan`'s table."""
+        return f"{processes} process(es)"
+
     # ---- fixes
     def hardware_fix_specs(self, cluster: Cluster) -> list[list[str]]:
         """Groups of `--gpus` values to try as fixes, each smallest first."""
@@ -198,6 +267,19 @@ class GpuRules(DeviceRules):
     strategies = STRATEGIES
     suggests_lora = True
     counts_gpus = True
+    kind = "gpu"
+    memory_terms = memory.GPU_TERMS
+    estimates_host_ram = False
+    runs_locally = False
+    torch_device = "cuda"
+    checks_devices = True
+    deepspeed_through_accelerate = True
+    cpus_per_device = DEFAULT_CPUS_PER_GPU
+    server_health_timeout_s = 900
+
+    @property
+    def stack(self) -> str:
+        return packages.image_stack(self.gpu)
 
     @property
     def label(self) -> str:
@@ -344,6 +426,29 @@ class GpuRules(DeviceRules):
                                                  "can hang with P2P (TRL #5865, #2923)"))
         return env
 
+    def launcher_flags(self, num_processes: int) -> list[str]:
+        return []
+
+    def accelerate_device_fields(self) -> dict:
+        return {"use_cpu": False, "gpu_ids": "all"}
+
+    def deepspeed_precision(self, precision: str) -> dict:
+        if precision == "fp16":
+            # V100: dynamic loss scaling (loss_scale 0) starting at 2^16.
+            return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                             "hysteresis": 2, "min_loss_scale": 1},
+                    "bf16": {"enabled": False}}
+        return {"bf16": {"enabled": True}, "fp16": {"enabled": False}}
+
+    def deepspeed_offload(self) -> tuple[dict, dict]:
+        # ZeRO-Offload steps the optimizer on the CPU: it needs DeepSpeed's CPU Adam, not the client's.
+        return ({"device": "cpu", "pin_memory": True},
+                {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto"}}})
+
+    def devices_text(self, gpus: list[int], processes: int) -> str:
+        return f"GPU {','.join(map(str, gpus))}"
+
     def hardware_fix_specs(self, cluster: Cluster) -> list[list[str]]:
         # The fewest GPUs of any type at least this large (a few big GPUs before many small ones), then the
         # fewest of this type (what the user may have).
@@ -380,3 +485,8 @@ def _fewest_gpus(cluster: Cluster) -> list[str]:
 
 def rules_for(gpu: GpuType) -> DeviceRules:
     return CpuRules(gpu) if gpu.is_cpu else GpuRules(gpu)
+
+
+def rules_of(plan) -> DeviceRules:
+    """The rules of the device a Plan (or a Cluster) was made for."""
+    return rules_for(getattr(plan, "cluster", plan).gpu)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ogrpo.hardware import Cluster
 from ogrpo.models import ModelFacts
 from ogrpo.planner.device_rules import DeviceRules
+from ogrpo.planner.types import Change, Setting
 
 # Per profile: share of device memory kept free, vLLM's share (server / colocated), max concurrent sequences.
 PROFILE = {
@@ -23,25 +24,23 @@ class Settings:
     """Every hardware-aware setting with its reason, in the order the plan decided them."""
 
     def __init__(self):
-        self.items: list[dict] = []
+        self.items: list[Setting] = []
 
     def add(self, name: str, value, reason: str):
-        self.items.append({"name": name, "value": value, "reason": reason})
+        self.items.append(Setting(name, value, reason))
         return value
 
 
 class Changes:
-    """How the run differs from the recipe as written: [{key, from, to, reason}], the first reason per key."""
+    """How the run differs from the recipe as written, the first reason per key."""
 
     def __init__(self, trl: dict):
         self.trl = trl
-        self.items: list[dict] = []
+        self.items: list[Change] = []
 
     def add(self, key: str, old, new, reason: str) -> None:
-        from ogrpo.fields import change
-
-        if not any(c["key"] == key for c in self.items):
-            self.items.append(change(key, old, new, reason))
+        if not any(c.key == key for c in self.items):
+            self.items.append(Change(key, old, new, reason))
 
     def adapt(self, key: str, value, reason: str):
         """The plan's value for a key: listed when the recipe set the key to something else."""

@@ -4,22 +4,9 @@ fix applied fits (memory and TRL's batch rules); then hardware: the smallest tha
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 
 from ogrpo.errors import OgrpoError
-
-
-@dataclass(frozen=True)
-class Fix:
-    """A suggested fix: its text and the overrides that apply it (run-config keys, `ogrpo` options included
-    under "ogrpo"; command-line options `gpus` / `vllm_gpus`)."""
-
-    text: str
-    config: dict = field(default_factory=dict)
-    cli: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"text": self.text, "config": dict(self.config), "cli": dict(self.cli)}
+from ogrpo.planner.types import Fix  # the plan's fix_actions are these
 
 
 def set_key(key: str, value, text: str | None = None) -> Fix:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ogrpo.errors import ConfigError
 from ogrpo.lengths import budget
 from ogrpo.lengths import max_model_len as lengths_max_model_len
-from ogrpo.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate
+from ogrpo.planner.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate
 from ogrpo.models import ModelFacts
 from ogrpo.planner import costs as _costs
 from ogrpo.planner.draft import Draft
@@ -56,7 +56,8 @@ class ServerSizer:
         return server_estimate(d.model, tensor_parallel_size=t, dtype_bytes=r.dtype_bytes,
                                memory_gib=d.gpu.memory_gib, gpu_memory_utilization=self.util if util is None else util,
                                max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                               enforce_eager=r.enforce_eager(d.prof["eager"]), is_cpu=r.is_cpu, kv_cache_bytes=kv_bytes)
+                               enforce_eager=r.enforce_eager(d.prof["eager"]), device=r.memory_terms,
+                               kv_cache_bytes=kv_bytes)
 
     @staticmethod
     def ok(e: Estimate) -> bool:

@@ -157,6 +157,10 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
         mode, why = "one-step", AGGRESSIVE_OVERLAP
         ch.add("ogrpo.overlap", OVERLAP_DEFAULT, mode, why)
     s.add("overlap", mode, why)
+    if mode == "lossless":
+        from ogrpo.planner import overlap_stream
+
+        s.add("overlap.stream", *overlap_stream.decide(overlap_stream.trl_version(d.rules), p.num_processes))
     if mode == "one-step":
         key, reason = ("vllm_importance_sampling_correction",
                        "ogrpo.overlap one-step samples with weights one step old: TRL's importance-sampling "
@@ -281,7 +285,7 @@ def list_plan_values(d: Draft, targs: dict) -> None:
     line, trl = d.rules.trl_line, d.trl
     why = {}
     for item in d.settings.items:
-        why.setdefault(item["name"].removeprefix("model_init_kwargs."), item["reason"])
+        why.setdefault(item.name.removeprefix("model_init_kwargs."), item.reason)
     values = {k: v for k, v in targs.items() if k != "model_init_kwargs"}
     for k, v in (targs.get("model_init_kwargs") or {}).items():
         if k in ("attn_implementation", "dtype"):
@@ -289,7 +293,7 @@ def list_plan_values(d: Draft, targs: dict) -> None:
     aliases = {"dtype": ("dtype", "torch_dtype", "model_init_kwargs.dtype"),
                "attn_implementation": ("attn_implementation", "model_init_kwargs.attn_implementation")}
     for key, value in values.items():
-        if any(c["key"] in aliases.get(key, (key,)) for c in d.changes.items):
+        if any(c.key in aliases.get(key, (key,)) for c in d.changes.items):
             continue  # listed by the step that decided it
         user = _recipe_value(trl, key)
         if user is not None:

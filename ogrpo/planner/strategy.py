@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ogrpo.memory import Estimate, trainer_estimate
+from ogrpo.planner.memory import Estimate, trainer_estimate
 from ogrpo.planner.device_rules import COLOCATE_UTIL_MAX, COLOCATE_UTIL_STEP, STRATEGY_NAMES
 from ogrpo.planner.draft import Draft
 from ogrpo.planner.fixes import Fix, set_key, trainer_fixes
@@ -96,7 +96,7 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
         # A smaller micro-batch is suggested with the accumulation that keeps the effective batch (trainer_fixes).
         return trainer_estimate(d.model, num_processes=n, strategy=strategy, precision=precision, micro_batch=micro,
                                 prompt_len=p.prompt_len, completion_len=p.completion_len, gradient_checkpointing=gc,
-                                beta=beta, liger=liger, lora=lora, budget_gib=budget, is_cpu=r.is_cpu,
+                                beta=beta, liger=liger, lora=lora, budget_gib=budget, device=r.memory_terms,
                                 fused_logprobs=kernels["linear_logprobs"][0],
                                 grad_accumulation_steps=ga * max(1, B // micro))
 

@@ -1,21 +1,24 @@
 """The plan as one typed object: what crosses plan → render → launch.
 
 `Plan.to_dict()` is the JSON form (`plan --json`, manifest.json, run.yaml's `ogrpo.plan`); `Plan.from_dict`
-reads it back, older manifests included (missing keys take their defaults, unknown ones are ignored). The
-sections keep `section["key"]` reads working for code written against the dict form.
+reads it back, older manifests included (missing keys take their defaults, unknown ones are ignored). A run
+config carries the dict form (`ogrpo.plan`); whoever loads it parses it once with `Plan.from_dict` and hands the
+`Plan` on, so no consumer reads plan dicts. `to_dict` writes the same JSON as the dict form always had: run
+records compare old plans with new ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ogrpo.errors import OgrpoError
 from ogrpo.hardware import Cluster, GpuType
 from ogrpo.models import ModelFacts
 
 
 class _Section:
-    """A frozen plan section: attributes for code, `to_dict`/`from_dict` for JSON, `s["key"]`/`s.get` for
-    readers of the dict form."""
+    """A frozen plan section: attributes for code, `to_dict`/`from_dict` for JSON. No dict-style reads: code
+    that still expects the dict form fails at once instead of reading a default."""
 
     def to_dict(self) -> dict:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
@@ -23,18 +26,9 @@ class _Section:
     @classmethod
     def from_dict(cls, d: dict | None):
         d = d or {}
+        if not isinstance(d, dict):
+            raise TypeError(f"plan.{cls.__name__}: {d!r} is not a mapping")
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-    def __getitem__(self, key: str):
-        if key not in {f.name for f in fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default=None):
-        return getattr(self, key, default) if key in {f.name for f in fields(self)} else default
-
-    def __contains__(self, key: str) -> bool:
-        return key in {f.name for f in fields(self)}
 
 
 def _plain(value):
@@ -43,6 +37,57 @@ def _plain(value):
     if isinstance(value, list):
         return list(value)
     return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One hardware-aware setting the plan chose, with its reason (`{name, value, reason}` in JSON)."""
+
+    name: str
+    value: object
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "value": self.value, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Setting:
+        return cls(name=d["name"], value=d.get("value"), reason=d.get("reason", ""))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One way the run differs from the recipe as written: `key` goes from `old` to `new` (`{key, from, to,
+    reason}` in JSON: `from` is a Python keyword)."""
+
+    key: str
+    old: object
+    new: object
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "from": self.old, "to": self.new, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Change:
+        return cls(key=d["key"], old=d.get("from"), new=d.get("to"), reason=d.get("reason", ""))
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A suggested fix: its text and the overrides that apply it (run-config keys, `ogrpo` options included
+    under "ogrpo"; command-line options `gpus` / `vllm_gpus`)."""
+
+    text: str
+    config: dict = field(default_factory=dict)
+    cli: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "config": dict(self.config), "cli": dict(self.cli)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Fix:
+        return cls(text=d["text"], config=dict(d.get("config") or {}), cli=dict(d.get("cli") or {}))
 
 
 @dataclass(frozen=True)
@@ -102,13 +147,13 @@ class Plan:
     trainer: TrainerPart
     trainer_args: dict  # what the trainer's GRPOConfig gets from the plan
     env: dict[str, str]
-    settings: list[dict]
+    settings: list[Setting]
     batch: BatchPart
     warnings: list[str] = field(default_factory=list)
-    # Every way the run differs from the recipe as written: [{key, from, to, reason}] (ogrpo/fields.py).
-    changes: list[dict] = field(default_factory=list)
-    # The fixes as data: [{text, config, cli}]; each was re-planned with it applied and fits.
-    fix_actions: list[dict] = field(default_factory=list)
+    # Every way the run differs from the recipe as written (the rules per key: ogrpo/fields.py).
+    changes: list[Change] = field(default_factory=list)
+    # The fixes as data; each was re-planned with it applied and fits.
+    fix_actions: list[Fix] = field(default_factory=list)
     # O-GRPO's own kernels the trainer installs: {"linear_logprobs": bool, "fused_sample": bool}.
     kernels: dict = field(default_factory=dict)
 
@@ -122,7 +167,11 @@ class Plan:
 
     def setting(self, name: str, default=None):
         """The value the plan chose for one of its settings (`overlap`, ...), else `default`."""
-        return next((item.get("value") for item in self.settings if item.get("name") == name), default)
+        return next((item.value for item in self.settings if item.name == name), default)
+
+    def change(self, key: str) -> Change | None:
+        """The change the plan makes to `key`, else None."""
+        return next((c for c in self.changes if c.key == key), None)
 
     def to_dict(self) -> dict:
         return {
@@ -140,25 +189,39 @@ class Plan:
             "batch": self.batch.to_dict(),
             "trainer_args": self.trainer_args,
             "env": dict(self.env),
-            "settings": list(self.settings),
+            "settings": [s.to_dict() for s in self.settings],
             "warnings": list(self.warnings),
-            "changes": [dict(c) for c in self.changes],
-            "fix_actions": [dict(f) for f in self.fix_actions],
+            "changes": [c.to_dict() for c in self.changes],
+            "fix_actions": [f.to_dict() for f in self.fix_actions],
             "kernels": dict(self.kernels),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
-        """A plan from its JSON form (manifest.json, run.yaml's ogrpo.plan), older ones included."""
+        """A plan from its JSON form (manifest.json, run.yaml's ogrpo.plan), older ones included. A damaged one
+        (no cluster, a section that is not a mapping ...) is one OgrpoError, not a traceback."""
+        if not isinstance(d, dict) or not isinstance(d.get("cluster"), dict):
+            raise OgrpoError("the plan names no cluster (plan.cluster); re-run `ogrpo render` instead of editing the "
+                             "plan by hand")
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise OgrpoError(f"the plan cannot be read ({type(exc).__name__}: {exc}); re-run `ogrpo render` "
+                             "instead of editing the plan by hand") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> Plan:
         return cls(cluster=cluster_from_dict(d["cluster"]), model=model_from_dict(d.get("model") or {}),
                    profile=d.get("profile", "balanced"), fits=bool(d.get("fits", True)),
                    reasons=list(d.get("reasons") or []), fixes=list(d.get("fixes") or []),
                    precision=d.get("precision", "fp32"), attn_implementation=d.get("attn_implementation", "sdpa"),
                    mode=d.get("mode", "none"), vllm=VllmPart.from_dict(d.get("vllm")),
                    trainer=TrainerPart.from_dict(d.get("trainer")), trainer_args=dict(d.get("trainer_args") or {}),
-                   env=dict(d.get("env") or {}), settings=list(d.get("settings") or []),
+                   env=dict(d.get("env") or {}),
+                   settings=[Setting.from_dict(s) for s in d.get("settings") or []],
                    batch=BatchPart.from_dict(d.get("batch")), warnings=list(d.get("warnings") or []),
-                   changes=list(d.get("changes") or []), fix_actions=list(d.get("fix_actions") or []),
+                   changes=[Change.from_dict(c) for c in d.get("changes") or []],
+                   fix_actions=[Fix.from_dict(f) for f in d.get("fix_actions") or []],
                    kernels=dict(d.get("kernels") or {}))
 
 
@@ -183,4 +246,5 @@ def model_from_dict(d: dict) -> ModelFacts:
     return ModelFacts(**{**defaults, **kw})
 
 
-__all__ = ["BatchPart", "Plan", "TrainerPart", "VllmPart", "as_plan", "cluster_from_dict", "model_from_dict"]
+__all__ = ["BatchPart", "Change", "Fix", "Plan", "Setting", "TrainerPart", "VllmPart", "as_plan", "cluster_from_dict",
+           "model_from_dict"]

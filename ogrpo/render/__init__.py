@@ -21,13 +21,20 @@ def _plan(plan):
     return as_plan(plan)
 
 
+def _rules(p):
+    """The device rules of a Plan (ogrpo/planner/device_rules.py)."""
+    from ogrpo.planner.device_rules import rules_of
+
+    return rules_of(p)
+
+
 def deepspeed_config(plan) -> dict | None:
     """DeepSpeed JSON for a ZeRO plan ("auto" values are filled by transformers from GRPOConfig)."""
     p = _plan(plan)
     strategy = p.trainer.strategy
     if strategy == "ddp":
         return None
-    is_cpu = p.is_cpu
+    rules = _rules(p)
     stage = 2 if strategy == "zero2" else 3
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   "reduce_bucket_size": "auto"}
@@ -41,42 +48,21 @@ def deepspeed_config(plan) -> dict | None:
         "gradient_clipping": "auto",
         "zero_optimization": zero,
     }
-    if is_cpu:
-        # fp32 on CPU: "auto" takes GRPOConfig's bf16/fp16 (both False); an explicit `enabled: true` makes
-        # DeepSpeed cast the model to bf16 and the gloo run then differs from the plan's fp32.
-        cfg["bf16"] = {"enabled": "auto"}
-        cfg["fp16"] = {"enabled": "auto"}
-    elif p.precision == "fp16":
-        # V100: dynamic loss scaling (loss_scale 0) starting at 2^16.
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                       "hysteresis": 2, "min_loss_scale": 1}
-        cfg["bf16"] = {"enabled": False}
-    else:
-        cfg["bf16"] = {"enabled": True}
-        cfg["fp16"] = {"enabled": False}
-    if strategy == "zero3_offload" and is_cpu:
-        # Parameters already live in host RAM: the offload is ZeRO-Offload's code path (the optimizer steps on
-        # the fp32 partition outside the engine), with the trainer's torch AdamW instead of DeepSpeed's CPU
-        # Adam, whose C++ op would be JIT-compiled on first use (DS_BUILD_OPS=0 install). No pinned memory
-        # without CUDA.
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-        cfg["zero_force_ds_cpu_optimizer"] = False
-    elif strategy == "zero3_offload":
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        # ZeRO-Offload steps the optimizer on the CPU: it needs DeepSpeed's CPU Adam, not the client's.
-        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                         "weight_decay": "auto"}}
+    cfg.update(rules.deepspeed_precision(p.precision))
+    if strategy == "zero3_offload":
+        zero["offload_optimizer"], top = rules.deepspeed_offload()
+        cfg.update(top)
     return cfg
 
 
 def accelerate_config(plan, job_dir: str) -> dict:
     p = _plan(plan)
     t = p.trainer
-    is_cpu = p.is_cpu
+    rules = _rules(p)
     n = int(t.num_processes)
     nodes = len(t.nodes)
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if t.strategy != "ddp" and not is_cpu:
+    if t.strategy != "ddp" and rules.deepspeed_through_accelerate:
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = {
             "deepspeed_config_file": f"{job_dir}/deepspeed.json",
@@ -95,10 +81,8 @@ def accelerate_config(plan, job_dir: str) -> dict:
         "num_processes": n,
         "rdzv_backend": "static",
         "same_network": True,
-        "use_cpu": is_cpu,
     })
-    if not is_cpu:
-        cfg["gpu_ids"] = "all"
+    cfg.update(rules.accelerate_device_fields())  # use_cpu (and gpu_ids)
     return cfg
 
 
@@ -149,7 +133,7 @@ def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = 
         "jobspec": jobspec.to_dict(),
         "warnings": list(dict.fromkeys(list(run_config.warnings) + list(p.warnings))),
         # How the run differs from the recipe as written, each with its reason (ogrpo/fields.py, plan.py).
-        "changes": [dict(c) for c in p.changes],
+        "changes": [c.to_dict() for c in p.changes],
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 

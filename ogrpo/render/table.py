@@ -22,11 +22,9 @@ def _value(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _where(nodes: list[int], gpus: list[int], processes: int, is_cpu: bool) -> str:
+def _where(nodes: list[int], gpus: list[int], processes: int, rules) -> str:
     node = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
-    if is_cpu:
-        return f"{node}, {processes} process(es)"
-    return f"{node}, GPU {','.join(map(str, gpus))}"
+    return f"{node}, {rules.devices_text(gpus, processes)}"
 
 
 def _kv_share(args: dict) -> str:
@@ -43,18 +41,19 @@ def print_plan(plan, out=None) -> None:
     def say(text: str = "") -> None:
         out.write(text + "\n")
 
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
     p = as_plan(plan)
-    m, is_cpu = p.model, p.is_cpu
-    unit = "process" if is_cpu else "GPU"
+    m, rules = p.model, rules_of(p)
+    unit = rules.unit
     say(wrap(f"{p.cluster.spec} · {m.name} ({_count(m.params)} params, {m.source}) · profile {p.profile} · "
              f"mode {p.mode} · {p.precision} · {p.attn_implementation}"))
     rows = []
     v, tr = p.vllm, p.trainer
     mt = v.memory_terms or {}
     if p.mode == "server":
-        rows.append(["vLLM server", _where(v.nodes, v.gpus, 1, is_cpu),
+        rows.append(["vLLM server", _where(v.nodes, v.gpus, 1, rules),
                      f"TP {v.tensor_parallel_size}, DP {v.data_parallel_size}; "
                      f"{mt.get('max_concurrent_seqs', 0)} x {v.args.get('max_model_len')} tokens in KV",
                      f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt)])
@@ -64,7 +63,7 @@ def print_plan(plan, out=None) -> None:
                      f"{v.args.get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
                      f"{mt['budget_gib']:.1f}", _terms(mt)])
     tt = tr.memory_terms
-    rows.append(["trainer", _where(tr.nodes, tr.gpus, tr.num_processes, is_cpu), f"{tr.num_processes} x {tr.strategy}",
+    rows.append(["trainer", _where(tr.nodes, tr.gpus, tr.num_processes, rules), f"{tr.num_processes} x {tr.strategy}",
                  f"{tt['total_gib']:.1f}", f"{tt['budget_gib']:.1f}", _terms(tt)])
     say(box_table(["role", "where", "layout", f"GiB/{unit}", "budget", "memory terms (GiB)"], rows, right=(3, 4),
                   stream=out))
@@ -74,11 +73,11 @@ def print_plan(plan, out=None) -> None:
              f"({b.prompts_per_generation} prompts x {b.num_generations} generations); "
              f"prompt {b.prompt_length} + completion {b.completion_length} tokens"))
     say(box_table(["setting", "value", "why"],
-                  [[item["name"], str(item["value"]), item["reason"]] for item in p.settings],
+                  [[item.name, str(item.value), item.reason] for item in p.settings],
                   title="settings", stream=out))
     if p.changes:
         say(box_table(["key", "recipe", "run", "why"],
-                      [[c["key"], _value(c["from"]), _value(c["to"]), c["reason"]] for c in p.changes],
+                      [[c.key, _value(c.old), _value(c.new), c.reason] for c in p.changes],
                       title="changes from the recipe", stream=out))
     for w in p.warnings:
         say(wrap(styled("note:", "yellow", stream=out) + f" {w}"))

@@ -167,9 +167,9 @@ class WeightsFileServer:
 
 
 def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: str | None = None,
-                             plan: dict | None = None) -> dict:
-    """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`) and the plan the
-    trainer runs (by default the one the config carries)."""
+                             plan=None) -> dict:
+    """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`) and the Plan the
+    trainer runs (None: the run's own lengths)."""
     from ogrpo.serve.server import required_max_model_len, resolve_model
 
     model = trl_args.get("model_name_or_path")
@@ -458,9 +458,7 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
             auth.bind_group_near(self.base_url)  # TRL 1.16: the trainer's group socket, not on every interface
             return VLLMClient.init_communicator(self, device)
 
-    for name in compat.vllm_client_sync_methods(trl.__version__):
-        if hasattr(VLLMClient, name):
-            setattr(TimedVLLMClient, name, guarded(getattr(VLLMClient, name)))
+    trl_vllm_client.around_sync(TimedVLLMClient, VLLMClient, guarded)
     _push_in_server_dtype(TimedVLLMClient)
 
     trl_vllm_client.install_client_class(TimedVLLMClient)
@@ -468,18 +466,9 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
 
 
 def _push_in_server_dtype(cls) -> None:
-    """Wrap the class's push methods (TRL 1.16: update_named_params(metadata, iterator); TRL 1.9:
-    update_named_param(name, tensor)) so floating tensors travel in `self.server_dtype`."""
-    batch, single = getattr(cls, "update_named_params", None), getattr(cls, "update_named_param", None)
-    if batch is not None:
-        def update_named_params(self, metadata, named_params):
-            return batch(self, metadata_in_server_dtype(metadata, self.server_dtype),
-                         in_server_dtype(named_params, self.server_dtype))
+    """The class's weight push (TRL 1.16: update_named_params(metadata, iterator); TRL 1.9:
+    update_named_param(name, tensor)) sends floating tensors in `self.server_dtype`."""
+    from ogrpo.patches import trl_vllm_client
 
-        cls.update_named_params = update_named_params
-    if single is not None and batch is None:  # 1.16's single-tensor call goes through the batch one
-        def update_named_param(self, name, weights):
-            (_, weights), = in_server_dtype(iter([(name, weights)]), self.server_dtype)
-            return single(self, name, weights)
-
-        cls.update_named_param = update_named_param
+    trl_vllm_client.convert_push(cls, lambda self, metadata: metadata_in_server_dtype(metadata, self.server_dtype),
+                                 lambda self, named_params: in_server_dtype(named_params, self.server_dtype))

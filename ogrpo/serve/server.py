@@ -59,13 +59,19 @@ def normalize_dtype(value: Any) -> str:
     return dtypes.torch_name(value, allow_auto=True)
 
 
-def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, dict | None]:
-    """(trl fields, ogrpo options, plan or None) of a run config path or built-in recipe name."""
+def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, Any]:
+    """(trl fields, ogrpo options, Plan or None) of a run config path or built-in recipe name: the plan a
+    rendered config carries is parsed here, once, and leaves the options."""
     from ogrpo.config import load_run_config
 
     rc = load_run_config(source)
     opts = rc.ogrpo.to_dict()
-    return dict(rc.trl), opts, opts.get("plan")
+    carried = opts.pop("plan", None)
+    if not carried:
+        return dict(rc.trl), opts, None
+    from ogrpo.planner.types import Plan
+
+    return dict(rc.trl), opts, Plan.from_dict(carried)
 
 
 # The trainer's context need lives with the other length rules; re-exported for ogrpo.serve.client.
@@ -82,9 +88,9 @@ def _cpu_build() -> bool:
     return True
 
 
-def _trainer_dtype(trl: dict, plan: dict | None) -> str | None:
-    if plan and plan.get("precision"):
-        return normalize_dtype(plan["precision"])
+def _trainer_dtype(trl: dict, plan) -> str | None:
+    if plan is not None and plan.precision:
+        return normalize_dtype(plan.precision)
     mik = trl.get("model_init_kwargs") or {}
     for value in (mik.get("dtype"), mik.get("torch_dtype"), trl.get("dtype"), trl.get("torch_dtype")):
         if value and str(value) != "auto":
@@ -109,17 +115,18 @@ def resolve_model(name: str) -> str:
     return str(tiny.ensure_model(name)) if tiny.builtin_model(name) else str(name)
 
 
-def resolve_settings(trl: dict, ogrpo: dict, plan: dict | None) -> ServeSettings:
-    """What the server must serve for this run, from the run config and (when rendered) its plan."""
+def resolve_settings(trl: dict, ogrpo: dict, plan) -> ServeSettings:
+    """What the server must serve for this run, from the run config and (when rendered) its Plan (else None)."""
     model = trl.get("model_name_or_path")
     if not model:
         raise OgrpoError("run config has no model_name_or_path; set it to a model id or local directory")
     model = resolve_model(model)
-    vplan = (plan or {}).get("vllm") or {}
-    args = dict(vplan.get("args") or {})
-    gpu = ((plan or {}).get("cluster") or {}).get("gpu") or {}
-    if "is_cpu" in gpu:
-        device = "cpu" if gpu["is_cpu"] else "cuda"
+    vplan = plan.vllm if plan is not None else None
+    args = dict(vplan.args) if vplan is not None else {}
+    if plan is not None:
+        from ogrpo.planner.device_rules import rules_of
+
+        device = rules_of(plan).torch_device
     else:
         device = "cpu" if _cpu_build() else "cuda"
     # vLLM picks bf16 on CPU for an fp32 checkpoint when no dtype is given, which breaks the trainer/server
@@ -140,8 +147,9 @@ def resolve_settings(trl: dict, ogrpo: dict, plan: dict | None) -> ServeSettings
         max_model_len=int(max_len) if max_len else None,
         revision=args.pop("revision", None) or (trl.get("model_revision") if trl.get("model_revision") not in
                                                  (None, "main") else None),
-        tensor_parallel_size=int(vplan.get("tensor_parallel_size") or args.pop("tensor_parallel_size", 1) or 1),
-        data_parallel_size=int(vplan.get("data_parallel_size") or args.pop("data_parallel_size", 1) or 1),
+        tensor_parallel_size=int((vplan.tensor_parallel_size if vplan else 0) or args.pop("tensor_parallel_size", 1)
+                                 or 1),
+        data_parallel_size=int((vplan.data_parallel_size if vplan else 0) or args.pop("data_parallel_size", 1) or 1),
         gpu_memory_utilization=float(gmu) if gmu is not None else None,
         enable_prefix_caching=args.pop("enable_prefix_caching", None),
         logprobs_mode=args.pop("logprobs_mode", None) or "processed_logprobs",
@@ -168,6 +176,22 @@ def check_request(settings: ServeSettings, *, model: str | None = None, revision
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def engine_flags(args: dict) -> list[str]:
+    """vLLM engine arguments as `vllm serve` flags (None: left out; a bool: `--x` / `--no-x`; JSON for the rest
+    that is not a scalar)."""
+    argv: list[str] = []
+    for key, value in args.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            argv += [_flag(key), json.dumps(value)]
+        else:
+            argv += [_flag(key), str(value)]
+    return argv
 
 
 def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None = None,
@@ -198,15 +222,7 @@ def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
-    for key, value in s.extra.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            argv.append(_flag(key) if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, (dict, list)):
-            argv += [_flag(key), json.dumps(value)]
-        else:
-            argv += [_flag(key), str(value)]
+    argv += engine_flags(s.extra)
     if s.device == "cpu":
         argv += ["--weight-transfer-config", json.dumps({"backend": CPU_BACKEND}),
                  "--worker-extension-cls", CPU_EXTENSION_CLS]

@@ -103,15 +103,13 @@ class NonFiniteGuard:
         self.trainer = None
 
     def attach(self, trainer) -> "NonFiniteGuard":
-        import functools
+        # the outermost (`nonfinite`) layer of both methods: see ogrpo.patches.trl_trainer_wraps for the order
+        from ogrpo.patches.trl_trainer_wraps import wrap
 
         self.trainer = trainer
         for name, make in (("_get_per_token_logps_and_entropies", self._on_logps),
                            ("training_step", self._on_training_step)):
-            original = getattr(trainer, name, None)
-            if original is None:
-                raise RuntimeError(f"GRPOTrainer has no {name}; update ogrpo/train/callbacks.py for this TRL")
-            setattr(trainer, name, functools.update_wrapper(make(original), original))
+            wrap(trainer, name, "nonfinite", make)
         return self
 
     def _on_logps(self, fn):

@@ -188,6 +188,7 @@ class GroupWork:
         self.rewards: dict[int, Future] = {}
         self.scores: dict[int, Any] = {}
         self.taken: set[str] = set()  # the trainer's passes already answered from `scores`
+        self.tried: set[str] = set()  # the trainer's passes already matched against `scores`
         self.events: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         self._last: Future | None = None
@@ -418,9 +419,6 @@ def ratio_stats(rows: list[list[float]]) -> dict[str, float]:
             "clipped": sum(r[4] for r in rows) / n}
 
 
-def plan_mode(plan: dict | None) -> str:
-    """The overlap mode a plan chose (its `overlap` setting); `off` for plans made before the option existed."""
-    for item in (plan or {}).get("settings") or []:
-        if item.get("name") == "overlap":
-            return item.get("value") or OFF
-    return OFF
+def plan_mode(plan) -> str:
+    """The overlap mode a Plan chose (its `overlap` setting); `off` for plans made before the option existed."""
+    return (plan.setting("overlap") if plan is not None else None) or OFF

@@ -32,21 +32,26 @@ def install(trainer) -> None:
     state = getattr(trainer, "_ogrpo_overlap", None)
     if state is None:
         return
-    save_rng, load_rng = trainer._save_rng_state, trainer._load_rng_state
+    from ogrpo.patches.trl_trainer_wraps import wrap
 
-    def _save_rng_state(output_dir, *args, **kwargs):
-        out = save_rng(output_dir, *args, **kwargs)
-        if state.pipeline is not None:
-            save(state.pipeline, Path(output_dir), trainer.state.global_step)
-        return out
+    def saving(save_rng):
+        def _save_rng_state(output_dir, *args, **kwargs):
+            out = save_rng(output_dir, *args, **kwargs)
+            if state.pipeline is not None:
+                save(state.pipeline, Path(output_dir), trainer.state.global_step)
+            return out
+        return _save_rng_state
 
-    def _load_rng_state(checkpoint, *args, **kwargs):
-        out = load_rng(checkpoint, *args, **kwargs)
-        if checkpoint is not None and state.pipeline is not None:
-            restore(state.pipeline, Path(checkpoint))
-        return out
+    def loading(load_rng):
+        def _load_rng_state(checkpoint, *args, **kwargs):
+            out = load_rng(checkpoint, *args, **kwargs)
+            if checkpoint is not None and state.pipeline is not None:
+                restore(state.pipeline, Path(checkpoint))
+            return out
+        return _load_rng_state
 
-    trainer._save_rng_state, trainer._load_rng_state = _save_rng_state, _load_rng_state
+    wrap(trainer, "_save_rng_state", "overlap_resume", saving)
+    wrap(trainer, "_load_rng_state", "overlap_resume", loading)
 
 
 def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:

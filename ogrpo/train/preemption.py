@@ -121,56 +121,25 @@ def _fsync_dir(path: Path) -> None:
 
 
 def make_checkpoints_atomic(trainer) -> None:
-    """Route the Trainer's `_save_checkpoint` through a staging dir and rename the finished checkpoint."""
-    if getattr(trainer, "_ogrpo_atomic", False):
-        return
-    original_save = trainer._save_checkpoint
-    original_output_dir = trainer._get_output_dir
+    """Route the Trainer's `_save_checkpoint` through a staging dir and rename the finished checkpoint (the
+    transformers side is a library patch: ogrpo.patches.transformers_atomic_checkpoint)."""
+    from ogrpo.patches import transformers_atomic_checkpoint
 
-    def save(model, trial, *args, **kwargs):
-        run_dir = Path(original_output_dir(trial=trial))
-        staging = run_dir / STAGING
-        name = f"checkpoint-{trainer.state.global_step}"
-        if trainer.is_world_process_zero():
-            shutil.rmtree(staging / name, ignore_errors=True)
-        trainer.accelerator.wait_for_everyone()
-        # the Trainer builds checkpoint paths from _get_output_dir; pointing it at staging for this one save
-        # also makes its checkpoint rotation look there (a single entry, so it deletes nothing)
-        trainer._get_output_dir = lambda trial=None: str(staging)
-        try:
-            original_save(model, trial, *args, **kwargs)
-        finally:
-            del trainer._get_output_dir  # back to the class method
-        trainer.accelerator.wait_for_everyone()  # every rank wrote its RNG state / shards
-        if trainer.is_world_process_zero():
-            src, dst = staging / name, run_dir / name
-            _fsync_tree(src)
-            if dst.exists():  # same step saved twice (e.g. the signal arrived on a save_steps boundary)
-                old = run_dir / f".old-{name}-{time.time_ns()}"
-                os.replace(dst, old)
-                os.replace(src, dst)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(src, dst)
-            _fsync_dir(run_dir)
-            _rotate(trainer, run_dir)
-        trainer.accelerator.wait_for_everyone()
-
-    trainer._save_checkpoint = save
-    trainer._ogrpo_atomic = True
+    transformers_atomic_checkpoint.install(trainer, STAGING, _publish)
 
 
-def _rotate(trainer, run_dir: Path) -> None:
-    """Apply save_total_limit in the real run dir (the Trainer's own pass looked at the staging dir)."""
-    if not trainer.args.should_save or not trainer.args.save_total_limit:
-        return
-    try:  # transformers >= 5 has it as a function; 4.x as a Trainer method
-        from transformers.trainer_utils import rotate_checkpoints
-    except ImportError:
-        trainer._rotate_checkpoints(use_mtime=False, output_dir=str(run_dir))
-        return
-    rotate_checkpoints(output_dir=str(run_dir), save_total_limit=trainer.args.save_total_limit,
-                       best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)
+def _publish(src: Path, run_dir: Path) -> None:
+    """Rank 0, every rank's files written: the staged checkpoint, synced, renamed into the run dir."""
+    dst = run_dir / src.name
+    _fsync_tree(src)
+    if dst.exists():  # same step saved twice (e.g. the signal arrived on a save_steps boundary)
+        old = run_dir / f".old-{src.name}-{time.time_ns()}"
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+    _fsync_dir(run_dir)
 
 
 def _trainer_callback_base():

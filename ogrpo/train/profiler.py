@@ -1,8 +1,9 @@
 """Per-step stage profile of a GRPOTrainer, taken by hooking the trainer instance at stage boundaries.
 
 No TRL source is patched: `attach` wraps bound methods on the one trainer instance (`_generate`,
-`_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_generate_and_score_completions`, `training_step`)
-and a TrainerCallback closes each optimizer step. Stages, in seconds per optimizer step:
+`_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_generate_and_score_completions`, `training_step`),
+as the `profiler` layer of ogrpo.patches.trl_trainer_wraps (which states where it sits among O-GRPO's other
+wrappers of those methods), and a TrainerCallback closes each optimizer step. Stages, in seconds per optimizer step:
 
 - generation: rollouts (`_generate`: vLLM or HF generate, including the weight push to vLLM);
 - reward: the reward functions (`_calculate_rewards`);
@@ -63,7 +64,7 @@ TIMELINE_STEPS = 8  # rows that carry their busy spans (profile.jsonl stays smal
 class StageProfiler:
     def __init__(self, path: Path | None = None, memory_terms: dict | None = None,
                  measure_steps: int = MEASURE_STEPS):
-        """`memory_terms`: the plan's trainer estimate (plan["trainer"]["memory_terms"]); without it the rows
+        """`memory_terms`: the plan's trainer estimate (`plan.trainer.memory_terms`); without it the rows
         carry the measurement only."""
         self.path = Path(path) if path else None
         self.rows: list[dict] = []
@@ -113,23 +114,26 @@ class StageProfiler:
             return
         self.timeline = getattr(trainer, "_ogrpo_timeline", None) or Timeline()
         trainer._ogrpo_timeline = self.timeline
+        from ogrpo.patches.trl_trainer_wraps import wrap
+
         timeline = self.timeline
-        push = vg.sync_weights
         drained: dict = {}  # end of the overlap pipeline's wait for the request in flight, within this push
 
-        @functools.wraps(push)
-        def sync_weights(*args, **kwargs):
-            t0 = time.time_ns()
-            drained.clear()
-            try:
-                return push(*args, **kwargs)
-            finally:
-                t1 = time.time_ns()
-                t0 = max(t0, drained.get("end", t0))  # the weights move once the server has finished generating
-                timeline.record("trainer", "push", t0, t1)
-                timeline.record("server", "weights", t0, t1)
+        def timed_push(push):
+            def sync_weights(*args, **kwargs):
+                t0 = time.time_ns()
+                drained.clear()
+                try:
+                    return push(*args, **kwargs)
+                finally:
+                    t1 = time.time_ns()
+                    t0 = max(t0, drained.get("end", t0))  # the weights move once the server finished generating
+                    timeline.record("trainer", "push", t0, t1)
+                    timeline.record("server", "weights", t0, t1)
 
-        vg.sync_weights = sync_weights
+            return sync_weights
+
+        wrap(vg, "sync_weights", "profiler", timed_push, kind="vllm_generation")
         client = getattr(vg, "vllm_client", None)
         if client is None:  # ranks other than the main process send no requests
             return
@@ -147,30 +151,29 @@ class StageProfiler:
                     timeline.record("trainer", "wait", t0, t1)
 
             pipeline.drain = wait_for_requests
-        request = client.generate
         server_side = getattr(client, "_ogrpo_overlap", None) is None
 
-        @functools.wraps(request)
-        def generate(*args, **kwargs):
-            t0 = time.time_ns()
-            try:
-                return request(*args, **kwargs)
-            finally:
-                t1 = time.time_ns()
-                timeline.record("trainer", "wait", t0, t1)
-                if server_side:
-                    timeline.record("server", "generate", t0, t1)
+        def timed_request(request):
+            def generate(*args, **kwargs):
+                t0 = time.time_ns()
+                try:
+                    return request(*args, **kwargs)
+                finally:
+                    t1 = time.time_ns()
+                    timeline.record("trainer", "wait", t0, t1)
+                    if server_side:
+                        timeline.record("server", "generate", t0, t1)
 
-        client.generate = generate
+            return generate
+
+        wrap(client, "generate", "profiler", timed_request, kind="vllm_client")
 
     @staticmethod
     def _wrap(trainer, name: str, make) -> None:
-        original = getattr(trainer, name, None)
-        if original is None:
-            raise RuntimeError(f"GRPOTrainer has no {name}; update ogrpo/train/profiler.py for this TRL version")
-        wrapped = make(original)
-        functools.update_wrapper(wrapped, original)
-        setattr(trainer, name, wrapped)
+        # the `profiler` layer: its place among O-GRPO's other wrappers is in ogrpo.patches.trl_trainer_wraps
+        from ogrpo.patches.trl_trainer_wraps import wrap
+
+        wrap(trainer, name, "profiler", make)
 
     def _timed(self, stage: str):
         def make(fn):
@@ -439,7 +442,7 @@ def estimate_fields(memory_terms: dict | None) -> dict:
     terms = (memory_terms or {}).get("terms")
     if not terms:
         return {}
-    from ogrpo.memory import tensor_gib
+    from ogrpo.planner.memory import tensor_gib
 
     return {"mem_estimate_gib": round(tensor_gib(terms), 6), "mem_runtime_gib": round(terms.get("runtime", 0.0), 3)}
 

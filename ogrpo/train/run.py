@@ -20,7 +20,7 @@ class Prepared:
     """Everything validated, nothing written yet."""
 
     run_config: object
-    plan: dict
+    plan: object  # Plan (ogrpo/planner/types.py)
     model_path: str
     run_dir: Path
     args: object  # GRPOConfig
@@ -59,28 +59,28 @@ def resolve_model_path(name) -> str:
     return str(name)  # a hub name: transformers resolves it (cache or network)
 
 
-def plan_for(run_config, model_path: str, gpus: str | None = None) -> dict:
-    """The plan a rendered config carries, else a plan for this machine."""
+def plan_for(run_config, model_path: str, gpus: str | None = None):
+    """The Plan a rendered config carries (its dict form, parsed here once), else a plan for this machine."""
+    from ogrpo.plan import Plan, plan_from_config
+
     carried = getattr(run_config.ogrpo, "plan", None)
     if carried:
-        return dict(carried)
-    from ogrpo.plan import plan_from_config
-
+        return Plan.from_dict(carried)
     if gpus is None:
         import torch
 
         gpus = None if torch.cuda.is_available() else "cpu"
-    plan = plan_from_config(run_config, gpus=gpus, model=model_path).to_dict()
-    if not plan.get("fits", True):
-        reasons = "; ".join(plan.get("reasons") or []) or "does not fit"
-        fixes = "; ".join(plan.get("fixes") or [])
+    plan = plan_from_config(run_config, gpus=gpus, model=model_path)
+    if not plan.fits:
+        reasons = "; ".join(plan.reasons) or "does not fit"
+        fixes = "; ".join(plan.fixes)
         raise NoFitError(f"plan does not fit: {reasons}" + (f"; try: {fixes}" if fixes else ""))
     return plan
 
 
-def apply_env(plan: dict) -> None:
-    """The plan's environment for this process (what the launcher sets for a job's steps)."""
-    for key, value in (plan.get("env") or {}).items():
+def apply_env(plan) -> None:
+    """The Plan's environment for this process (what the launcher sets for a job's steps)."""
+    for key, value in plan.env.items():
         os.environ.setdefault(key, str(value))
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
@@ -177,7 +177,7 @@ def install_vllm_hooks(p: Prepared) -> None:
 
     from ogrpo.serve import client
 
-    vargs = (p.plan.get("vllm") or {}).get("args") or {}
+    vargs = p.plan.vllm.args
     expect = None
     if args.vllm_mode == "server":
         trl = {**p.run_config.trl, "model_name_or_path": p.model_path}  # the path the server was given
@@ -199,10 +199,10 @@ def install_vllm_hooks(p: Prepared) -> None:
                              kv_cache_bytes=vargs.get("kv_cache_memory_bytes"))
 
 
-def install_kernels(trainer, plan: dict) -> dict:
-    """O-GRPO's kernels the plan chose (plan["kernels"]), each verified on first use against its reference;
+def install_kernels(trainer, plan) -> dict:
+    """O-GRPO's kernels the Plan chose (`plan.kernels`), each verified on first use against its reference;
     returns what was installed and which implementation runs, for the manifest."""
-    chosen = plan.get("kernels") or {}
+    chosen = plan.kernels
     out: dict = {}
     if chosen.get("linear_logprobs"):
         from ogrpo.patches import trl_linear_logprobs  # OgrpoError if TRL's method moved
@@ -218,7 +218,7 @@ def install_kernels(trainer, plan: dict) -> dict:
     return out
 
 
-def install_overlap(trainer, plan: dict, asked: str | None = None) -> dict | None:
+def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
     """The plan's ogrpo.overlap (ogrpo/train/overlap.py) wired into the trainer; None when it is `off`, which
     installs nothing. A mode the run config asked for (`asked`) that cannot apply to this trainer is an error; the
     plan's default falls back to `off` with a note (what only the built trainer shows: tools, a rollout_func)."""
@@ -300,7 +300,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if is_main:
         if p.resume_from:
             rundir.rewind_logs(run_dir, rundir.checkpoint_step(p.resume_from))
-        rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan, seed=p.args.seed,
+        rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan.to_dict(), seed=p.args.seed,
                               model_path=p.model_path,
                               extra={"grpo_config": _config_summary(p.args), "notes": p.notes,
                                      "resumed_from": p.resume_from, "status": "running"})
@@ -314,7 +314,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if is_main and overlap:
         rundir.update_manifest(run_dir, overlap=overlap)
     StageProfiler(run_dir / rundir.PROFILE if is_main else None,
-                  memory_terms=(p.plan.get("trainer") or {}).get("memory_terms")).attach(trainer)
+                  memory_terms=p.plan.trainer.memory_terms).attach(trainer)
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)

@@ -40,13 +40,13 @@ def plan_notes(rc, plan) -> None:
     """`ogrpo.sandbox: none` with code rewards: a change from the default and a warning, on the plan."""
     if option_of(rc) != "none" or not runs_programs(rc.trl):
         return
-    from ogrpo.fields import change
+    from ogrpo.planner.types import Change
 
     reason = ("the recipe opts out of isolation: model-written programs run without namespaces, as the "
               "trainer's user (or a slot uid when root), contained only by rlimits, seccomp, Landlock where the "
               "node's kernel has it and a Python audit hook")
-    if not any(c.get("key") == "ogrpo.sandbox" for c in plan.changes):
-        plan.changes.append(change("ogrpo.sandbox", "auto", "none", reason))
+    if plan.change("ogrpo.sandbox") is None:
+        plan.changes.append(Change("ogrpo.sandbox", "auto", "none", reason))
     plan.warnings.append("ogrpo.sandbox: none: code rewards run model-written programs without isolation; they "
                          "can read what the trainer's user can (and write it where the kernel lacks Landlock)")
 

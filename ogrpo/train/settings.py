@@ -25,8 +25,8 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def cpu_deepspeed(plan: dict | None, config_source=None) -> str | dict | None:
-    """The DeepSpeed config a CPU plan with a ZeRO strategy trains with, else None.
+def cpu_deepspeed(plan, config_source=None) -> str | dict | None:
+    """The DeepSpeed config a CPU Plan (or None) with a ZeRO strategy trains with, else None.
 
     On CPU the job launches the trainer as `accelerate launch --multi_gpu` over gloo (`--cpu` with 2 processes
     starts one), which never reads accelerate.yaml's DeepSpeed section; transformers' own route, GRPOConfig's
@@ -34,10 +34,11 @@ def cpu_deepspeed(plan: dict | None, config_source=None) -> str | dict | None:
     (next to the run.yaml the job passes), or the same config built from the plan for an unrendered run."""
     from pathlib import Path
 
-    plan = plan or {}
-    if (plan.get("trainer") or {}).get("strategy", "ddp") == "ddp":
+    if plan is None or plan.trainer.strategy == "ddp":
         return None
-    if not ((plan.get("cluster") or {}).get("gpu") or {}).get("is_cpu"):
+    from ogrpo.planner.device_rules import rules_of
+
+    if rules_of(plan).deepspeed_through_accelerate:
         return None  # GPU: accelerate.yaml names deepspeed.json (DEEPSPEED launcher)
     if config_source is not None:
         rendered = Path(str(config_source)).expanduser().with_name("deepspeed.json")
@@ -48,15 +49,14 @@ def cpu_deepspeed(plan: dict | None, config_source=None) -> str | dict | None:
     return deepspeed_config(plan)
 
 
-def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None,
+def grpo_config_kwargs(run_trl: dict, plan, output_dir, vllm_url: str | None = None,
                        fields: frozenset[str] | None = None, config_source=None) -> tuple[dict, list[str]]:
     """(GRPOConfig keyword arguments, notes on keys dropped). Pure apart from reading TRL's field list
     (`fields`: GRPOConfig's field names; default: the installed TRL's) and, for a CPU ZeRO plan, looking for
-    the job's deepspeed.json next to `config_source`."""
+    the job's deepspeed.json next to `config_source`. `plan`: the Plan the trainer runs, or None."""
     from ogrpo import compat
 
     fields = compat.grpo_config_fields() if fields is None else fields
-    plan = plan or {}
     notes: list[str] = []
     kwargs = {k: copy.deepcopy(v) for k, v in run_trl.items() if k in fields}
     # Same meaning under this TRL line's name (ogrpo/fields.py `mapped`); the plan lists what is not applied.
@@ -76,7 +76,7 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
         else:
             init[key] = run_trl[key]
 
-    for key, value in (plan.get("trainer_args") or {}).items():
+    for key, value in (plan.trainer_args if plan is not None else {}).items():
         if key == "model_init_kwargs":
             for k, v in (value or {}).items():
                 init[dtype_key if k in ("dtype", "torch_dtype") else k] = v
@@ -87,14 +87,14 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
     ds = cpu_deepspeed(plan, config_source)
     if ds is not None:
         kwargs["deepspeed"] = ds
-    if plan.get("attn_implementation") and "attn_implementation" not in init:
-        init["attn_implementation"] = plan["attn_implementation"]
+    if plan is not None and plan.attn_implementation and "attn_implementation" not in init:
+        init["attn_implementation"] = plan.attn_implementation
     if init:
         kwargs["model_init_kwargs"] = init
 
-    if plan.get("precision"):
+    if plan is not None and plan.precision:
         # GRPOConfig turns bf16 on unless told otherwise, and fp16+bf16 is refused: say both explicitly.
-        for flag, on in trainer_flags(plan["precision"]).items():
+        for flag, on in trainer_flags(plan.precision).items():
             kwargs.setdefault(flag, on)
 
     if vllm_url:
@@ -108,7 +108,7 @@ def grpo_config_kwargs(run_trl: dict, plan: dict | None, output_dir, vllm_url: s
     return kwargs, notes
 
 
-def build_grpo_config(run_trl: dict, plan: dict | None, output_dir, vllm_url: str | None = None,
+def build_grpo_config(run_trl: dict, plan, output_dir, vllm_url: str | None = None,
                       config_source=None):
     """The GRPOConfig for this run. On a machine without CUDA, `use_cpu` is set (the embedded default)."""
     from trl import GRPOConfig

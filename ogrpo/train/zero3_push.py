@@ -13,7 +13,7 @@ metadata the server is told, which the copy matches name for name.
 The gather stays on the trainer's main thread: a collective on another thread could meet the main thread's
 (ZeRO-3's own gathers in the next forward) in a different order on different ranks. The gather goes one parameter
 at a time into rank 0's host memory, so the GPU never holds more than TRL's own push makes it hold. Cost: one
-full copy of the weights in rank 0's host RAM from the step's end to the push (counted by ogrpo/host_memory.py).
+full copy of the weights in rank 0's host RAM from the step's end to the push (counted by ogrpo/planner/host_memory.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from __future__ import annotations
 
 def why_not(trainer) -> str | None:
     """None when the single-gather push can be installed on `trainer`, else why not."""
+    from ogrpo.patches import trl_zero3_push
+
     vg = getattr(trainer, "vllm_generation", None)
     if vg is None or getattr(vg, "mode", None) != "server":
         return "no vLLM server"
-    if not getattr(getattr(vg, "_dist", None), "is_zero3", False):
+    if not trl_zero3_push.is_zero3(vg):
         return "not DeepSpeed ZeRO-3"
-    if not hasattr(vg, "_iter_named_params") or not hasattr(vg, "_fix_param_name_to_vllm"):
+    if not trl_zero3_push.applies(vg):
         return "this TRL line's push has no per-parameter iterator to replace"
     if getattr(getattr(vg, "model", None), "peft_config", None) is not None:
         return "LoRA: TRL's merged push already gathers the whole model once"
@@ -36,31 +38,26 @@ def why_not(trainer) -> str | None:
 def install(trainer) -> dict:
     """Wire the single gather onto `trainer` (built, overlap installed). Returns the counters the manifest gets
     at the end of training (`zero3_push`): parameter tensors, gathers of all of them, pushes served from those,
-    and TRL's per-parameter gathers (one per tensor, in the first push only)."""
+    and TRL's per-parameter gathers (one per tensor, in the first push only). The TRL side (the push's iterator
+    and its gathers) is a library patch: ogrpo.patches.trl_zero3_push."""
+    from ogrpo.patches import trl_zero3_push
+
     vg = trainer.vllm_generation
     stats = {"parameters": len(list(vg.model.parameters())), "full_gathers": 0, "pushes_from_gather": 0,
              "per_parameter_gathers": 0}
-    snapshot: dict = {"version": None, "params": None}
-    original_iter, dist = vg._iter_named_params, vg._dist
-    gather_params = dist.gather_params
+    kept: dict = {"version": None, "params": None}
 
-    def counted_gather(params):
+    def snapshot():
+        if kept["version"] != trainer.state.global_step:
+            return None  # no gather for this step's weights: TRL's own push
+        params, kept["params"], kept["version"] = kept["params"], None, None
+        stats["pushes_from_gather"] += 1
+        return params or []  # ranks other than 0 hold nothing and join no collective
+
+    def on_gather():
         stats["per_parameter_gathers"] += 1
-        return gather_params(params)
 
-    def iter_named_params():
-        if snapshot["version"] == trainer.state.global_step and vg._weight_metadata is not None:
-            params, snapshot["params"], snapshot["version"] = snapshot["params"], None, None
-            stats["pushes_from_gather"] += 1
-            # ranks other than 0 hold nothing and join no collective; each tensor goes back to the device the
-            # push sends from (the NCCL group on a GPU) one at a time
-            yield from ((name, t.to(device, non_blocking=True)) for name, t, device in params or ())
-            return
-        dist.gather_params = counted_gather
-        try:
-            yield from original_iter()
-        finally:
-            dist.gather_params = gather_params
+    gather = trl_zero3_push.install(vg, snapshot, on_gather)
 
     def gather_all(version: int) -> None:
         # One parameter at a time, each copied to rank 0's host memory: the GPU holds one gathered parameter at
@@ -68,14 +65,13 @@ def install(trainer) -> dict:
         keep = trainer.accelerator.is_main_process
         params = [] if keep else None
         for name, p in vg.model.named_parameters():
-            with gather_params([p]):
+            with gather(p):
                 if keep:
-                    params.append((vg._fix_param_name_to_vllm(name), p.data.detach().to("cpu", copy=True),
+                    params.append((trl_zero3_push.vllm_name(vg, name), p.data.detach().to("cpu", copy=True),
                                    p.data.device))
-        snapshot.update(version=version, params=params)
+        kept.update(version=version, params=params)
         stats["full_gathers"] += 1
 
-    vg._iter_named_params = iter_named_params
     trainer.add_callback(_callback(trainer, gather_all, stats))
     return stats
 

@@ -415,7 +415,10 @@ def test_unsupported_chain_is_left_to_transformers():
     assert fused_plan(chain, sampling) == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "repetition_penalty": 1.1}
     assert fused_plan([*chain, lp.MinPLogitsWarper(0.1)], sampling) is None
     assert fused_plan(chain[::-1], sampling) is None
-    assert fused_plan([lp.TopKLogitsWarper(5, min_tokens_to_keep=2)], sampling) is None
+    # top-k's floor is folded into its top_k (all transformers 5.5 keeps of it); top-p applies its own per call
+    assert fused_plan([lp.TopKLogitsWarper(1, min_tokens_to_keep=3)], sampling)["top_k"] == 3
+    assert fused_plan([lp.TopPLogitsWarper(0.9, min_tokens_to_keep=2)], sampling) is None
+    assert fused_plan([lp.TopKLogitsWarper(5, filter_value=-1e4)], sampling) is None
     assert fused_plan(chain, GenerationConfig(do_sample=True, return_dict_in_generate=True, output_scores=True)) \
         is None
     assert fused_plan([], GenerationConfig(do_sample=False)) is None

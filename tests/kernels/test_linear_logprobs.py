@@ -236,7 +236,7 @@ def test_no_compiler_falls_back_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(op, "_load", no_build)
     h, w, t = _inputs(5, 8, 31, torch.float32)
-    with pytest.warns(UserWarning, match="did not build"):
+    with pytest.warns(UserWarning, match="could not be built"):
         logp, _ = linear_logprobs(h, w, t)
     assert op.STATUS["cpu"] == {"impl": "reference", "reason": op.STATUS["cpu"]["reason"]}
     assert "c++: not found" in op.STATUS["cpu"]["reason"]

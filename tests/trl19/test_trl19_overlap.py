@@ -2,7 +2,7 @@
 tests/test_overlap.py. TRL 1.9 writes no completions table, so `lossless` is compared with `off` on what the
 completions decide: each step's reward, completion lengths (mean, min, max) and loss. `trl vllm-serve` answers one
 request at a time, so on this line a batch is not split into per-group requests (ogrpo.serve.client.group_calls):
-the rewards run beside the whole batch's log-prob passes."""
+the rewards run beside the whole batch's log-prob passes, and the plan says so (`overlap.stream`)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,10 @@ def test_one_step_samples_are_at_most_one_version_old(tmp_path):
     assert [r["overlap/sampled_version"] for r in rows] == [0.0, 0.0, 1.0]
     assert all(r["overlap/importance_ratio/min"] <= r["overlap/importance_ratio/max"] for r in rows)
     assert requests(run) == STEPS
+
+
+def test_plan_says_lossless_takes_whole_batches_on_this_line(tmp_path):
+    from test_overlap import _plan, _setting
+
+    stream = _setting(_plan(tmp_path, "2xcpu"), "overlap.stream")
+    assert stream["value"] == "batch" and "one request at a time" in stream["reason"]

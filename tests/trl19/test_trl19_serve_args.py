@@ -32,8 +32,9 @@ def test_installed_flavor_is_trl_vllm_serve():
 @pytest.mark.parametrize("gpus, model, dtype", GPU_PLANS)
 def test_gpu_plan_server_argv_parses_with_trls_own_parser(basic_recipe, gpus, model, dtype):
     rc = load_run_config(basic_recipe)
-    p = plan_from_config(rc, gpus=gpus, model=model).to_dict()
-    s = resolve_settings(dict(rc.trl), {}, p)
+    plan = plan_from_config(rc, gpus=gpus, model=model)
+    p = plan.to_dict()
+    s = resolve_settings(dict(rc.trl), {}, plan)
     argv = build_server_argv(s, "10.0.0.5", 20001, python="python3")  # flavor: the installed TRL's
     assert argv[1:3] == ["-m", "ogrpo.serve.trl_api"]
     args = _trl_parse(argv[3:])
@@ -69,7 +70,7 @@ def test_gpu_plan_trainer_kwargs_build_trl_19s_grpo_config(basic_recipe, gpus, m
     from ogrpo.train.settings import grpo_config_kwargs
 
     rc = load_run_config(basic_recipe)
-    p = plan_from_config(rc, gpus=gpus, model=model).to_dict()
+    p = plan_from_config(rc, gpus=gpus, model=model)
     kwargs, notes = grpo_config_kwargs(dict(rc.trl), p, "/tmp/out", "http://10.0.0.5:20000")
     assert not notes, notes
     assert kwargs["vllm_mode"] == "server" and kwargs["vllm_server_base_url"] == "http://10.0.0.5:20000"

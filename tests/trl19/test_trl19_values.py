@@ -45,7 +45,7 @@ def test_a_gpu_plans_typed_values_construct_trl19s_grpo_config(tmp_path):
 
     rc = load_run_config({**MODEL, "per_device_train_batch_size": "8", "num_generations": "8",
                           "learning_rate": "1e-6", "top_k": None, "use_liger_loss": "false"})
-    plan = plan_from_config(rc, gpus="3xA40").to_dict()
+    plan = plan_from_config(rc, gpus="3xA40")
     kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path / "run")
     for key in ("tf32", "bf16", "optim", "dataloader_num_workers", "torch_compile"):
         kwargs.pop(key, None)  # GPU-only settings: this CPU machine cannot construct them

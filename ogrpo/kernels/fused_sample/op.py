@@ -10,17 +10,11 @@ copies it into the run manifest).
 
 from __future__ import annotations
 
-import threading
-import warnings
-
 import torch
 
 from ogrpo.kernels.fused_sample.reference import fused_sample_from_uniforms, processed_scores
+from ogrpo.kernels.guarded import Guarded
 
-# device type -> {"impl": "compiled" | "reference", "reason": str} (the shape linear_logprobs records too)
-STATUS: dict[str, dict[str, str]] = {}
-_EXTENSIONS: dict[str, object] = {}
-_LOCK = threading.Lock()
 
 
 @torch.library.custom_op("ogrpo::fused_sample", mutates_args=())
@@ -54,40 +48,22 @@ def _load(device: str):
     return load_extension("fused_sample", cuda=device == "cuda")
 
 
-def extension(device: str):
-    """The verified compiled module for `device` ("cpu"/"cuda"), or None when the reference must run."""
-    with _LOCK:
-        if device in _EXTENSIONS:
-            return _EXTENSIONS[device]
-        ext = None
-        if device not in ("cpu", "cuda"):
-            STATUS[device] = {"impl": "reference", "reason": f"no compiled kernel for device type {device!r}"}
-        else:
-            try:
-                ext = _load(device)
-            except Exception as exc:  # noqa: BLE001 - a missing compiler / CUDA toolkit must not stop a run
-                _fall_back(device, f"extension could not be built: {str(exc).strip().splitlines()[-1][:300]}")
-            else:
-                problem = verify(ext, device)
-                if problem:
-                    _fall_back(device, f"compiled kernel disagrees with the reference: {problem}")
-                    ext = None
-                else:
-                    STATUS[device] = {"impl": "compiled", "reason": "built and matched the reference on first use"}
-        _EXTENSIONS[device] = ext
-        return ext
+# `_load`/`verify` looked up per call: a test replaces `_load` on this module
+_GUARD = Guarded("fused_sample", lambda kind: _load(kind),
+                 lambda ext, device: verify(ext, getattr(device, "type", device)))
+# device type -> {"impl": "compiled" | "reference", "reason": str} (the shape linear_logprobs records too)
+STATUS = _GUARD.status
 
 
-def _fall_back(device: str, reason: str) -> None:
-    warnings.warn(f"ogrpo fused_sample on {device}: {reason}; using the PyTorch reference", stacklevel=3)
-    STATUS[device] = {"impl": "reference", "reason": reason}
+def extension(device):
+    """The verified compiled module for `device` ("cpu"/"cuda" or a torch.device), or None when the reference must
+    run (ogrpo.kernels.guarded: decided once per device type, warned once, recorded in STATUS)."""
+    return _GUARD.extension(device)
 
 
 def reset() -> None:
     """Forget loaded extensions and their checks (tests; a process normally checks once)."""
-    with _LOCK:
-        _EXTENSIONS.clear()
-        STATUS.clear()
+    _GUARD.reset()
 
 
 # Small, odd-sized first-use cases: greedy with penalty, plain, top-k, top-p, both (V not a multiple of 8/256).

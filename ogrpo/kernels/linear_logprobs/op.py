@@ -11,21 +11,16 @@ the backward gathers it again (`gathered`) because ZeRO-3 re-partitions it in be
 from __future__ import annotations
 
 import itertools
-import threading
-import warnings
 
 import torch
 from torch import Tensor
 
 from ogrpo.errors import OgrpoError
+from ogrpo.kernels.guarded import Guarded
 from ogrpo.kernels.linear_logprobs import reference
 from ogrpo.kernels.linear_logprobs.sizing import MAX_TILE_ROWS
 
 IMPLS = ("auto", "reference", "compiled")
-
-# device type -> {"impl": "compiled" | "reference", "reason": str}; written once per device per process.
-STATUS: dict[str, dict[str, str]] = {}
-_LOCK = threading.Lock()
 
 
 # --- compiled extension, verified on first use ------------------------------------------------------------------
@@ -88,41 +83,21 @@ def _verify(ext, device: torch.device) -> str | None:
     return None
 
 
+# `_load`/`_verify` looked up per call: a test replaces them on this module
+_GUARD = Guarded("linear_logprobs", lambda kind: _load(kind), lambda ext, device: _verify(ext, device))
+# device type -> {"impl": "compiled" | "reference", "reason": str}; written once per device per process
+STATUS = _GUARD.status
+
+
 def _select(device: torch.device):
-    """The extension to run on `device`, or None for the reference; decided once, warned once, recorded."""
-    kind = device.type
-    with _LOCK:
-        if kind in STATUS:
-            return _EXT.get(kind)
-        ext, reason = None, None
-        if kind not in ("cpu", "cuda"):
-            reason = f"no compiled kernel for device type {kind!r}"
-        else:
-            try:
-                ext = _load(kind)
-            except Exception as exc:  # noqa: BLE001 - no compiler, no CUDA toolkit, a build error
-                reason = f"the extension did not build ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-            if ext is not None:
-                reason = _verify(ext, device)
-                if reason is not None:
-                    ext = None
-        if ext is None:
-            warnings.warn(f"ogrpo linear_logprobs on {kind}: using the PyTorch reference: {reason}", stacklevel=3)
-            STATUS[kind] = {"impl": "reference", "reason": reason}
-        else:
-            STATUS[kind] = {"impl": "compiled", "reason": "built and matched the reference on first use"}
-        _EXT[kind] = ext
-        return ext
-
-
-_EXT: dict[str, object] = {}
+    """The extension to run on `device`, or None for the reference (ogrpo.kernels.guarded: decided once per
+    device type, warned once, recorded in STATUS)."""
+    return _GUARD.extension(device)
 
 
 def reset() -> None:
     """Forget the per-device decisions (tests; a process normally decides once)."""
-    with _LOCK:
-        STATUS.clear()
-        _EXT.clear()
+    _GUARD.reset()
 
 
 def implementation(device: str | torch.device = "cpu") -> dict[str, str]:

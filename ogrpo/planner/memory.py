@@ -56,6 +56,26 @@ RUNTIME_GIB = 1.0  # CUDA context (~0.5 GiB) + caching-allocator fragmentation
 CPU_RUNTIME_GIB = 0.5  # python + torch + gloo per CPU process
 CUDA_GRAPHS_GIB = 0.5  # vLLM's captured graphs at the default capture sizes
 VLLM_BATCHED_TOKENS = 8192  # vLLM's default max_num_batched_tokens for its activation profile run
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size (GPU blocks are 16 tokens; 128 rounds up for both)
+GPU_KV_BLOCK_TOKENS = 16  # vLLM's default block size on CUDA
+
+
+@dataclass(frozen=True)
+class DeviceTerms:
+    """The terms that differ per device kind. The numbers live here, with the model; which set a plan uses is
+    the device's rules' decision (`DeviceRules.memory_terms`, ogrpo/planner/device_rules.py)."""
+
+    runtime_gib: float  # per process, beside the tensors
+    kv_block_tokens: int  # vLLM's KV block size
+    cuda_graphs: bool  # whether vLLM captures CUDA graphs (unless enforce_eager)
+    # DeepSpeed's zero2_full_gradients / zero3_reference_gather terms, measured on CPU over gloo
+    measured_deepspeed_terms: bool
+
+
+GPU_TERMS = DeviceTerms(runtime_gib=RUNTIME_GIB, kv_block_tokens=GPU_KV_BLOCK_TOKENS, cuda_graphs=True,
+                        measured_deepspeed_terms=DEEPSPEED_CPU_TERMS_ON_GPU)
+CPU_TERMS = DeviceTerms(runtime_gib=CPU_RUNTIME_GIB, kv_block_tokens=KV_BLOCK_TOKENS, cuda_graphs=False,
+                        measured_deepspeed_terms=True)
 
 
 @dataclass
@@ -104,9 +124,9 @@ def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, 
 def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, precision: str, micro_batch: int,
                      prompt_len: int, completion_len: int, gradient_checkpointing: bool, beta: float,
                      liger: bool = False, lora: LoraSpec | bool | None = None, budget_gib: float = 0.0,
-                     is_cpu: bool = False, fused_logprobs: bool = False,
+                     device: DeviceTerms = GPU_TERMS, fused_logprobs: bool = False,
                      grad_accumulation_steps: int | None = None) -> Estimate:
-    """`lora`: the run's LoRA (`planner.lora.lora_spec`); True means TRL's defaults on a half-precision base.
+    """`device`: the device kind's terms (`DeviceRules.memory_terms`). `lora`: the run's LoRA (`planner.lora.lora_spec`); True means TRL's defaults on a half-precision base.
     `grad_accumulation_steps`: 1 lets the estimate use that no gradient is held while the forward builds its
     activations (the trainer frees them after each optimizer step); None or more than 1 keeps them side by
     side (accumulated gradients live through the next micro-batch's forward)."""
@@ -168,7 +188,7 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         "logits": logits / GiB,
         "reference_model": ref / GiB,
     }
-    deepspeed_cpu_terms = is_cpu or DEEPSPEED_CPU_TERMS_ON_GPU
+    deepspeed_cpu_terms = device.measured_deepspeed_terms
     if strategy == "ddp" and n > 1:
         # torch DDP as accelerate builds it (gradient_as_bucket_view=False) keeps flat all-reduce buckets the
         # size of all trainable gradients beside param.grad, for the whole run.
@@ -206,7 +226,7 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
             ref_b = ref * n / P
             scoring = 2 * min(P, ZERO3_MAX_LIVE_PARAMETERS) * ref_b
             terms["zero3_reference_gather"] = max(0.0, scoring - acts - logits) / GiB
-    terms["runtime"] = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
+    terms["runtime"] = device.runtime_gib
     notes = {"offloaded_optimizer_gib_per_process": round(P * o_b / n / GiB, 2)} if strategy == "zero3_offload" \
         else {}
     return Estimate("trainer", terms, budget_gib, notes)
@@ -269,10 +289,6 @@ def lora_state_bytes(model: ModelFacts, lora) -> tuple[float, float, float]:
     return model.params * b + adapters * 4.0 + saved * b, adapters * 4.0 + saved * b, adapters * 8.0 + saved * 2 * b
 
 
-KV_BLOCK_TOKENS = 128  # vLLM's CPU block size (GPU blocks are 16 tokens; 128 rounds up for both)
-GPU_KV_BLOCK_TOKENS = 16  # vLLM's default block size on CUDA
-
-
 def kv_budget_bytes(per_token_bytes: float, seqs: int, max_model_len: int) -> int:
     """KV bytes that hold `seqs` sequences of `max_model_len` tokens at once, each rounded up to whole blocks
     plus a spare block.
@@ -286,8 +302,9 @@ def kv_budget_bytes(per_token_bytes: float, seqs: int, max_model_len: int) -> in
 
 def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes: int, memory_gib: float,
                     gpu_memory_utilization: float, max_model_len: int, max_num_seqs: int,
-                    enforce_eager: bool, is_cpu: bool = False, kv_cache_bytes: int | None = None) -> Estimate:
-    """`kv_cache_bytes`: an explicit KV budget (vLLM's kv_cache_memory_bytes) instead of the rest of the
+                    enforce_eager: bool, device: DeviceTerms = GPU_TERMS,
+                    kv_cache_bytes: int | None = None) -> Estimate:
+    """`device`: the device kind's terms (`DeviceRules.memory_terms`). `kv_cache_bytes`: an explicit KV budget (vLLM's kv_cache_memory_bytes) instead of the rest of the
     share; the estimate then fits when weights + overhead + that KV stay within the share."""
     t = max(1, tensor_parallel_size)
     budget = memory_gib * gpu_memory_utilization
@@ -296,8 +313,8 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     # Profile run: a full batch of max_num_batched_tokens through one layer's widest tensors, plus fp32
     # sampler logits for every running sequence.
     acts = (VLLM_BATCHED_TOKENS * (4 * H + 2 * I) * dtype_bytes / t + max_num_seqs * model.vocab_size * 4) / GiB
-    graphs = 0.0 if (enforce_eager or is_cpu) else CUDA_GRAPHS_GIB
-    runtime = CPU_RUNTIME_GIB if is_cpu else RUNTIME_GIB
+    graphs = CUDA_GRAPHS_GIB if (device.cuda_graphs and not enforce_eager) else 0.0
+    runtime = device.runtime_gib
     fixed = weights + acts + graphs + runtime
     kv_per_token = kv_bytes_per_token_per_gpu(model, t, dtype_bytes)
     kv_gib = kv_cache_bytes / GiB if kv_cache_bytes is not None else max(0.0, budget - fixed)
@@ -305,7 +322,7 @@ def server_estimate(model: ModelFacts, *, tensor_parallel_size: int, dtype_bytes
     # vLLM hands out whole blocks: a sequence of max_model_len tokens takes ceil(len / block) of them, so the
     # concurrency it reports ("Maximum concurrency for N tokens per request") is blocks / blocks-per-sequence.
     # Sliding-window layers need fewer (kv_window_tokens): the blocks per sequence average over the layers.
-    block = KV_BLOCK_TOKENS if is_cpu else GPU_KV_BLOCK_TOKENS
+    block = device.kv_block_tokens
     full, sliding = kv_layer_split(model)
     window_len = kv_window_tokens(model, max_model_len)
     blocks_per_seq = (full * -(-max(1, max_model_len) // block)

@@ -1,7 +1,7 @@
 """Host RAM each step of a plan needs per node, in GiB (pure arithmetic from the plan, no torch).
 
 What a Slurm job asks for with `--mem`, and what preflight compares with the partition's nodes (`sinfo %m`).
-The GPU-memory model is ogrpo/memory.py; this adds only what lives in host RAM:
+The GPU-memory model is ogrpo/planner/memory.py; this adds only what lives in host RAM:
 - trainer process on a GPU: the runtime (CUDA context's host side, torch + transformers + TRL, data loading:
   ~3 GiB resident per process) and the weights once in the dtype the trainer loads them in
   (trainer_args.model_init_kwargs.dtype: fp32 master weights are 4 bytes per parameter): from_pretrained builds
@@ -15,7 +15,8 @@ The GPU-memory model is ogrpo/memory.py; this adds only what lives in host RAM:
 - ZeRO-3 under `ogrpo.overlap: one-step`: rank 0 keeps a host copy of the full weights between the optimizer
   step and the weight push (P x the precision's bytes), counted on every trainer node (the plan does not say
   which node holds rank 0 first);
-- CPU plans: the plan's own per-process estimates are host memory already (memory_gib_per_gpu).
+- CPU plans: the plan's own per-process estimates are host memory already (memory_gib_per_gpu; the device
+  rules' `estimates_host_ram`).
 A 10 % margin covers allocator slack; the figure is rounded up to whole GiB.
 """
 
@@ -39,9 +40,11 @@ def _per_node(total_processes: int, nodes: list) -> int:
 
 def step_host_gib(plan) -> dict[str, float]:
     """role → host RAM in GiB that the role's step needs on each of its nodes (`plan`: a Plan or its dict)."""
+    from ogrpo.planner.device_rules import rules_of
     from ogrpo.planner.types import as_plan
 
     p = as_plan(plan)
+    rules = rules_of(p)
     params = float(p.model.params or 0)
     load_dtype = (p.trainer_args.get("model_init_kwargs") or {}).get("dtype")
     # "auto" loads the checkpoint's own dtype: 2 bytes for every released model we plan for
@@ -50,7 +53,7 @@ def step_host_gib(plan) -> dict[str, float]:
     t = p.trainer
     procs = _per_node(t.num_processes, t.nodes)
     out: dict[str, float] = {}
-    if p.is_cpu:
+    if rules.estimates_host_ram:
         trainer = procs * float(t.memory_gib_per_gpu or 0)
     else:
         shard = max(1, int(t.num_processes)) if t.strategy.startswith("zero3") else 1
@@ -65,7 +68,7 @@ def step_host_gib(plan) -> dict[str, float]:
     out["trainer"] = trainer
     if p.has_server:
         v = p.vllm
-        if p.is_cpu:
+        if rules.estimates_host_ram:
             server = float(v.memory_gib_per_gpu or 0) or SERVER_RUNTIME_GIB
         else:
             server = SERVER_RUNTIME_GIB + SERVER_WORKER_GIB * max(1, len(v.gpus or [0])) + params * 2.0 / GiB

@@ -1,0 +1,191 @@
+"""The typed plan (ogrpo/planner/types.py): `Plan.from_dict(p.to_dict()) == p` with its changes, settings and fixes as
+dataclasses, the JSON form unchanged, a damaged plan as one error; and no code outside the planner reading plan
+data as a dict (an `ast` scan of ogrpo/)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from ogrpo.config import load_run_config
+from ogrpo.errors import OgrpoError
+from ogrpo.plan import plan_from_config
+from ogrpo.planner.types import Change, Fix, Plan, Setting
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ogrpo"
+RECIPES = sorted((PACKAGE / "recipes").glob("*.yaml"))
+GPUS = ("cpu", "2xcpu", "3xA40", "4xV100-32G")
+# A 32B recipe on one A40 does not fit: its plan carries fixes (fix_actions) to round-trip.
+TOO_BIG = (REPO / "tests" / "data" / "recipes" / "openr1_openr1-zero-32b-math_config_v00.00.yaml", "2xA40")
+
+
+def _plans():
+    cases = [(recipe, gpus) for recipe in RECIPES for gpus in GPUS] + [TOO_BIG]
+    for recipe, gpus in cases:
+        yield f"{recipe.stem}@{gpus}", plan_from_config(load_run_config(str(recipe)), gpus=gpus)
+
+
+def test_every_recipe_round_trips_through_its_json_form():
+    assert len(RECIPES) >= 3
+    seen = {"changes": 0, "settings": 0, "fix_actions": 0}
+    for name, p in _plans():
+        d = p.to_dict()
+        back = Plan.from_dict(json.loads(json.dumps(d)))  # what a manifest or run.yaml hands back
+        assert back == p, name
+        assert back.to_dict() == d, name
+        assert all(type(c) is Change for c in back.changes), name
+        assert all(type(s) is Setting for s in back.settings), name
+        assert all(type(f) is Fix for f in back.fix_actions), name
+        # the JSON keys stay those of the dict form: records written before the types compare with new ones
+        assert all(set(c) == {"key", "from", "to", "reason"} for c in d["changes"]), name
+        assert all(set(s) == {"name", "value", "reason"} for s in d["settings"]), name
+        assert all(set(f) == {"text", "config", "cli"} for f in d["fix_actions"]), name
+        assert [f.text for f in back.fix_actions] == back.fixes, name
+        for key in seen:
+            seen[key] += len(getattr(p, key))
+    assert all(seen.values()), seen  # every list was exercised with something in it
+
+
+def test_the_json_form_names_each_field_as_before():
+    c = Change("bf16", True, False, "V100: no bf16")
+    assert c.to_dict() == {"key": "bf16", "from": True, "to": False, "reason": "V100: no bf16"}
+    assert Change.from_dict(c.to_dict()) == c
+    s = Setting("overlap", "one-step", "server on its own GPUs")
+    assert s.to_dict() == {"name": "overlap", "value": "one-step", "reason": "server on its own GPUs"}
+    f = Fix("4xA40", cli={"gpus": "4xA40"})
+    assert Fix.from_dict(f.to_dict()) == f and f.to_dict() == {"text": "4xA40", "config": {}, "cli": {"gpus": "4xA40"}}
+    p = plan_from_config(load_run_config(str(RECIPES[0])), gpus="3xA40")
+    assert p.setting("overlap") == next(x.value for x in p.settings if x.name == "overlap")
+    assert p.setting("no such setting", "dflt") == "dflt"
+    assert p.change(p.changes[0].key) is p.changes[0] and p.change("no such key") is None
+
+
+def test_a_damaged_plan_is_one_error():
+    good = plan_from_config(load_run_config(str(RECIPES[0])), gpus="cpu").to_dict()
+    for bad in ({}, {"vllm": {"args": {}}}, {**good, "cluster": {"gpu": {"is_cpu": True}}},
+                {**good, "changes": [{"from": 1}]}, {**good, "trainer": "zero2"}, ["not", "a", "dict"]):
+        with pytest.raises(OgrpoError, match="re-run `ogrpo render`"):
+            Plan.from_dict(bad)
+
+
+def test_a_section_has_no_dict_reads():
+    p = plan_from_config(load_run_config(str(RECIPES[0])), gpus="3xA40")
+    with pytest.raises(TypeError):
+        p.trainer["strategy"]  # noqa: B018
+    assert not hasattr(p.vllm, "get")
+
+
+# ------------------------------------------------------------------------------------------------- the guard
+
+# Names that hold the run's plan, and the plan's typed sections: `.get(` or `[...]` on them reads plan data as a dict.
+PLAN_NAMES = {"plan", "splan", "vplan"}
+SECTIONS = {"vllm", "trainer", "batch", "cluster", "model"}
+ITEMS = {"changes", "settings", "fix_actions"}
+# Parsing the dict form is the planner's job (and the JSON-writing side's).
+ALLOWED = ("ogrpo/planner/", "ogrpo/plan.py")
+
+
+def _is_plan(node: ast.AST, local_dicts: set[str]) -> bool:
+    """`plan`, `p.plan`, `(plan or {})`, `plan.trainer` ... (a local built there as a dict literal is not the plan)."""
+    if isinstance(node, ast.Name):
+        return node.id in PLAN_NAMES and node.id not in local_dicts
+    if isinstance(node, ast.Attribute):
+        return node.attr == "plan" or (node.attr in SECTIONS and _is_plan(node.value, local_dicts))
+    if isinstance(node, ast.BoolOp):
+        return _is_plan(node.values[0], local_dicts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return _is_plan(node.func.value, local_dicts)  # plan.get("vllm").get(...)
+    return False
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _walk_scope(scope: ast.AST):
+    """The nodes of one scope: ast.walk that does not enter nested functions (each is its own scope)."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _scope_facts(scope: ast.AST) -> tuple[set[str], set[str]]:
+    """(names assigned a dict literal in this scope, names bound to items of a `.changes`, `.settings` or
+    `.fix_actions`, whatever holds them: a Plan under any name, a preemption policy's changes)."""
+    local_dicts, items = set(), set()
+    for node in _walk_scope(scope):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Dict, ast.DictComp)):
+            local_dicts |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    for node in _walk_scope(scope):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            it = node.iter
+            if isinstance(it, ast.Attribute) and it.attr in ITEMS:  # p.changes, pol.changes, plan.settings ...
+                items.add(node.target.id)
+    return local_dicts, items
+
+
+def dict_reads(source: str, filename: str = "<src>") -> list[str]:
+    """Every `.get(`, subscript or `in` test on the plan, a section of it, or an item of its changes, settings or
+    fixes, as `file:line: code`."""
+    tree = ast.parse(source, filename=filename)
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, _SCOPES)]
+    found: dict[tuple[int, int, int], str] = {}
+    for scope in scopes:
+        local_dicts, items = _scope_facts(scope)
+
+        def flagged(node: ast.AST) -> bool:
+            return _is_plan(node, local_dicts) or (isinstance(node, ast.Name) and node.id in items)
+
+        for node in _walk_scope(scope):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                target = node.func.value
+            elif isinstance(node, ast.Subscript):
+                target = node.value
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                target = node.comparators[0]
+            if target is not None and flagged(target):
+                found[(node.lineno, node.col_offset, -node.end_col_offset)] = \
+                    f"{filename}:{node.lineno}: {ast.unparse(node)}"
+    return [found[k] for k in sorted(found)]
+
+
+def test_no_code_outside_the_planner_reads_plan_data_as_a_dict():
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if not rel.startswith(ALLOWED):
+            problems += dict_reads(path.read_text(), rel)
+    assert problems == [], "plan data read as a dict (take the Plan, parsed once where it is loaded):\n" + \
+        "\n".join(problems)
+
+
+def test_the_guard_finds_each_way_of_reading_a_plan_dict():
+    # the shapes the trainer, server, selftest and reproduce used before they took a Plan
+    source = '''
+def a(plan, p):
+    x = (plan.get("vllm") or {}).get("args")
+    y = (plan or {}).get("settings")
+    z = p.plan["trainer"]["memory_terms"]
+    w = plan.trainer.get("strategy")
+    v = "is_cpu" in plan.cluster.gpu and "fits" in plan
+    for item in plan.settings:
+        item.get("name")
+    rows = [[s["name"], s["value"]] for s in p.settings]
+    return [c["key"] for c in p.plan.changes]
+
+def fused(processors):
+    plan = {"temperature": 1.0}  # a local dict that happens to be called plan
+    plan["top_k"] = 0
+    return plan.get("top_k")
+'''
+    lines = [line.split(": ", 1)[1] for line in dict_reads(source)]
+    assert lines == ["(plan.get('vllm') or {}).get('args')", "plan.get('vllm')", "(plan or {}).get('settings')",
+                     "p.plan['trainer']", "plan.trainer.get('strategy')", "'fits' in plan", "item.get('name')",
+                     "s['name']", "s['value']", "c['key']"]  # not `plan.cluster.gpu` (a GPU's facts) nor the local dict in fused()

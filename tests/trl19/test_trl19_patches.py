@@ -1,0 +1,32 @@
+"""Every library patch's check against the images' TRL line as installed (TRL 1.9.2, transformers 5.5.4):
+tests/test_patches.py runs the same checks in the main env (TRL 1.16)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ogrpo import patches
+from ogrpo.patches.target import PatchTargetMoved
+
+
+def test_every_patch_check_passes_on_the_images_trl_line():
+    report = patches.run_checks()
+    assert {name: r["detail"] for name, r in report.items() if r["status"] == "failed"} == {}
+    # what a run on this line installs: vouched for here, not skipped
+    for name in ("trl_trainer_wraps", "transformers_atomic_checkpoint", "trl_vllm_client", "trl_linear_logprobs",
+                 "trl_vllm_serve", "trl_overlap", "transformers_fused_sample"):
+        assert report[name]["status"] == "ok", report[name]
+    # what this line never takes is skipped with the reason, not passed (its push has no per-parameter iterator)
+    for name in ("trl_zero3_push", "trl_colocate_cpu"):
+        assert report[name]["status"] == "skipped" and "trl 1.9.2: " in report[name]["detail"], report[name]
+
+
+def test_the_wrapped_trainer_methods_are_checked_on_this_line(monkeypatch):
+    from trl.trainer import grpo_trainer
+
+    monkeypatch.delattr(grpo_trainer.GRPOTrainer, "training_step")  # falls back to transformers' Trainer's
+    patches.module("trl_trainer_wraps").check()  # inherited still counts: the wrapper goes on the instance
+    monkeypatch.delattr(grpo_trainer.GRPOTrainer, "_generate_and_score_completions")
+    with pytest.raises(PatchTargetMoved, match=r"patch trl_trainer_wraps cannot apply to trl 1\.9\.2: .*"
+                                               r"_generate_and_score_completions is gone"):
+        patches.module("trl_trainer_wraps").check()

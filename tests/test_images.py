@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ogrpo import selfcheck
+from ogrpo.checks import image as selfcheck
 from ogrpo.stacks import FAMILIES, family, read_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,7 +259,7 @@ def test_caches_live_on_the_volume(fam):
 def test_self_check_is_the_last_build_step(fam):
     runtime = parse_dockerfile(dockerfile(fam))[1]
     last_run = runs(runtime)[-1]
-    assert last_run.startswith(f"python -m ogrpo.selfcheck --family {fam.name} ")
+    assert last_run.startswith(f"python -m ogrpo.checks.image --family {fam.name} ")
     assert "--lock /opt/ogrpo/requirements.lock" in last_run and "--build-info" in last_run
 
 
@@ -521,7 +521,7 @@ def test_apptainer_definition(tmp_path):
     assert header["From"].strip() == "{{ IMAGE }}"
     sections = dict(re.findall(r"^%(\w+)\n((?:(?!^%).*\n?)*)", text, re.M))
     assert 'exec ogrpo "$@"' in sections["runscript"]
-    assert "ogrpo.selfcheck" in sections["test"]
+    assert "ogrpo.checks.image" in sections["test"]
 
     # every cache the Docker image points under /data resolves to a writable place when the image runs
     # read-only: a bound data dir if there is one, else under $HOME; a user's own path is kept
@@ -701,16 +701,16 @@ def test_selfcheck_cli_exit_codes(tmp_path):
     facts_file = tmp_path / "facts.json"
     lock = str(REPO / "requirements" / "a40.lock")
     facts_file.write_text(json.dumps(good_facts("a40")))
-    ok = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "a40", "--facts", str(facts_file),
+    ok = subprocess.run([sys.executable, "-m", "ogrpo.checks.image", "--family", "a40", "--facts", str(facts_file),
                          "--lock", lock], capture_output=True, text=True, cwd=REPO)
     assert ok.returncode == 0 and "selfcheck a40: OK" in ok.stdout, ok.stderr
     bad = good_facts("a40")
     bad["flash_attn_import"] = "ImportError: libcudart.so.12: cannot open shared object file"
     facts_file.write_text(json.dumps(bad))
-    fail = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "a40", "--facts", str(facts_file)],
+    fail = subprocess.run([sys.executable, "-m", "ogrpo.checks.image", "--family", "a40", "--facts", str(facts_file)],
                           capture_output=True, text=True, cwd=REPO)
     assert fail.returncode == 1 and "FAIL: import flash_attn failed" in fail.stderr
-    unknown = subprocess.run([sys.executable, "-m", "ogrpo.selfcheck", "--family", "h100", "--facts",
+    unknown = subprocess.run([sys.executable, "-m", "ogrpo.checks.image", "--family", "h100", "--facts",
                               str(facts_file)], capture_output=True, text=True, cwd=REPO)
     assert unknown.returncode == 2 and "known: a40, v100" in unknown.stderr
 

@@ -461,9 +461,9 @@ def _lora_job(tmp_path, mode):
     from lora_checks import server_lora_overrides
     from overlap_jobs import run_job
 
-    keys = server_lora_overrides(STEPS)
+    keys = server_lora_overrides(STEPS)  # one checkpoint, at the end: the trained adapters
     ogrpo = {k: v for k, v in keys.pop("ogrpo").items() if k != "use_vllm"}
-    return run_job(tmp_path, mode, steps=STEPS, ogrpo=ogrpo, **keys)
+    return run_job(tmp_path, mode, steps=STEPS, ogrpo=ogrpo, save_strategy="steps", **keys)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def test_gpu_flag_without_cuda_exits_2_with_one_line(tmp_path):
 def test_selftest_reads_gpus_with_the_one_parser():
     """`selftest --gpus` goes through hardware.parse_gpus: a CPU spec with a memory suffix is a CPU plan like
     `cpu`, and one GPU of a type, however it is written, is planned as two of it (one for the vLLM server)."""
-    from ogrpo.selftest import selftest_plan
+    from ogrpo.checks.selftest import selftest_plan
 
     _, sized = selftest_plan("tiny", "cpu-32G", None, 0)
     _, plain = selftest_plan("tiny", "cpu", None, 0)
@@ -63,7 +63,7 @@ def overflowing_model(tmp_path_factory):
 
 
 def test_overflow_probe_names_the_first_module_past_fp16(overflowing_model):
-    from ogrpo.selftest import FP16_MAX, overflow_probe
+    from ogrpo.checks.selftest import FP16_MAX, overflow_probe
 
     clean, scaled = overflowing_model
     ok = overflow_probe(clean, "cpu", "fp16")

@@ -27,7 +27,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ogrpo.bench.harness import device_name, format_table
+from ogrpo.bench.harness import device_name
+from ogrpo.tables import format_table
 from ogrpo.bench.rollout import (RESULT_TAG, RolloutShape, Workload, _server_generate, _spawn, _start_server,
                                  _stop_server, _wait_health, build_model, make_prompts)
 

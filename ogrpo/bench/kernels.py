@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import TextIO
 
 from ogrpo import dtypes
-from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row, median_seconds
+from ogrpo.bench.harness import append_rows, environment_tags, make_row, median_seconds
+from ogrpo.tables import format_table
 from ogrpo.errors import OgrpoError
 
 RESULT_TAG = "OGRPO_BENCH_RESULT "

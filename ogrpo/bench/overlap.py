@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from ogrpo.bench.harness import environment_tags, format_table
+from ogrpo.bench.harness import environment_tags, save_figure
+from ogrpo.tables import format_table
 from ogrpo.errors import OgrpoError
 
 MODES = ("off", "one-step")
@@ -154,10 +155,4 @@ def _plot(curves: dict, summary: dict, at_times: list[float], path: Path) -> Pat
                     color=color, marker="o", capsize=3, lw=2, label=f"{mode}: mean ± std")
     ax.set_xlabel("seconds of training (sum of step times)")
     ax.set_ylabel("reward")
-    ax.set_title("tiny-math, split placement (2xcpu): off vs one-step", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, "tiny-math, split placement (2xcpu): off vs one-step", path)

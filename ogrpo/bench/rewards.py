@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 
-from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row
+from ogrpo.bench.harness import append_rows, environment_tags, make_row
+from ogrpo.tables import format_table
 
 OPEN_R1_FORMAT = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
 OPEN_R1_CODE_FORMAT = r"^<think>\n.*?\n</think>\n<answer>\n.*?```python.*?```.*?\n</answer>$"

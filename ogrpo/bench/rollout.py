@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ogrpo import dtypes
-from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row, median_seconds
+from ogrpo.bench.harness import append_rows, environment_tags, make_row, median_seconds
+from ogrpo.tables import format_table
 
 RESULT_TAG = "OGRPO_BENCH_RESULT "
 PATHS = ("hf", "vllm", "server", "vllm_inproc")

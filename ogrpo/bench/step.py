@@ -32,7 +32,8 @@ from pathlib import Path
 import yaml
 
 from ogrpo.bench.jobs import run_split_job, split_plan
-from ogrpo.bench.harness import append_rows, environment_tags, format_table, make_row
+from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_figure
+from ogrpo.tables import format_table
 from ogrpo.bench.rollout import RolloutShape, build_model, make_prompts
 from ogrpo.bench.task import token_reward
 from ogrpo import dtypes
@@ -305,13 +306,7 @@ def _plot(results: dict, title: str, path: Path, paths=PATHS) -> Path:
                label=f"{p} (step {results[p]['step']:.2f} s, peak {results[p]['peak_gib']:.2f} GiB)")
     ax.set_xticks(range(len(stages)), stages)
     ax.set_ylabel("seconds per step (median)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, title, path)
 
 
 if __name__ == "__main__":  # worker entry: python -m ogrpo.bench.step PATH WORKDIR

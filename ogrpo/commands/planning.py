@@ -154,7 +154,7 @@ def doctor(
                                       "(imports vLLM/TRL: slower)."),
 ) -> None:
     """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers, patch targets."""
-    from ogrpo.doctor import print_report, run_checks
+    from ogrpo.checks.doctor import print_report, run_checks
     from ogrpo.kernels._build import cache_root
     from ogrpo.train.quiet import libraries_note, libraries_to_log
 

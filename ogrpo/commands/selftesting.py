@@ -1,4 +1,4 @@
-"""`ogrpo selftest` (ogrpo/selftest.py does the work; imported only when the command runs)."""
+"""`ogrpo selftest` (ogrpo/checks/selftest.py does the work; imported only when the command runs)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -22,7 +22,7 @@ def selftest(
 ) -> None:
     """Check this node against what the plan relies on; write one JSON report (attach it to bug reports).
     Exit 0 when nothing failed, 1 when a check failed, 2 on bad input (e.g. --gpu without CUDA)."""
-    from ogrpo.selftest import run_selftest, write_report
+    from ogrpo.checks.selftest import run_selftest, write_report
 
     def progress(name: str, res: dict) -> None:
         typer.echo(f"{res['status']:4}  {name}: {res.get('detail', '')}  ({res.get('seconds', 0)} s)", err=True)

@@ -99,18 +99,12 @@ def run_checks(patches: bool = True) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from ogrpo.render.boxes import box_table, styled
 
-    con = Console(highlight=False)
-    t = Table(show_header=True, header_style="bold", title="ogrpo doctor")
-    t.add_column("check")
-    t.add_column("value")
-    t.add_column("ok")
+    rows: list[list[str]] = []
 
     def row(name, value, ok):
-        mark = "[green]yes[/green]" if ok else ("[red]no[/red]" if ok is False else "-")
-        t.add_row(name, str(value), mark)
+        rows.append([name, str(value), "yes" if ok else ("no" if ok is False else "-")])
 
     row("python", report["python"]["version"], report["python"]["ok"])
     tv = report["torch"]
@@ -133,8 +127,8 @@ def print_report(report: dict) -> None:
     for name, r in (report.get("patches") or {}).items():
         row(f"patch {name}", r["detail"] if r["status"] != "failed" else "target moved (see problems)",
             {"ok": True, "failed": False}.get(r["status"]))
-    con.print(t)
+    print(box_table(["check", "value", "ok"], rows, title="ogrpo doctor"))
     for p in report["problems"]:
-        con.print(f"[red]problem:[/red] {p}")
-    con.print("[bold green]a training run can start here[/bold green]" if report["can_train"] else
-              "[bold red]a training run cannot start here[/bold red]")
+        print(f"{styled('problem:', 'red')} {p}")
+    print(styled("a training run can start here", "bold", "green") if report["can_train"] else
+          styled("a training run cannot start here", "bold", "red"))

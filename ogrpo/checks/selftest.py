@@ -19,7 +19,7 @@ Checks (each: status pass | fail | skip, with its numbers):
   and after (must be under the dtype's tolerance). NCCL cannot
   join two ranks on one GPU: with one GPU the push is skipped and the gap is measured on the unperturbed model.
 
-Versions and devices come from `ogrpo doctor` (ogrpo.doctor.run_checks); the weight client and server command
+Versions and devices come from `ogrpo doctor` (ogrpo.checks.doctor.run_checks); the weight client and server command
 line from ogrpo.serve. Heavy imports happen inside the checks.
 """
 
@@ -508,7 +508,7 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
                  ds_ops: tuple[str, ...] = DEFAULT_DS_OPS, jit_ops: bool = True, server: bool = True,
                  health_timeout: float = 900.0, progress: Callable[[str, dict], None] | None = None) -> dict:
     """Every check, in order; returns the report (see `write_report`)."""
-    from ogrpo.doctor import run_checks
+    from ogrpo.checks.doctor import run_checks
 
     env = run_checks(patches=False)  # the checks below exercise the patches themselves; `ogrpo doctor` checks them
     import torch

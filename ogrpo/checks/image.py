@@ -1,7 +1,7 @@
 """Build-time self-check of a GPU image: the last step of the Dockerfile, so a wrong image never gets a tag.
 
-    python -m ogrpo.selfcheck --family a40 --lock /opt/ogrpo/requirements.lock --build-info /opt/ogrpo/build-info.json
-    python -m ogrpo.selfcheck --family v100 --facts facts.json      # judge recorded facts (tests, debugging)
+    python -m ogrpo.checks.image --family a40 --lock /opt/ogrpo/requirements.lock --build-info /opt/ogrpo/build-info.json
+    python -m ogrpo.checks.image --family v100 --facts facts.json      # judge recorded facts (tests, debugging)
 
 It fails (exit 1, one line per problem) when:
 - torch was not compiled for the family's GPU (`torch.cuda.get_arch_list()`), or is a build for another CUDA
@@ -308,7 +308,7 @@ def check_op(op: str, device: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ogrpo.selfcheck", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ogrpo.checks.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", required=True, help="v100 or a40")
     parser.add_argument("--facts", help="judge this JSON (from --dump) instead of the running environment")
     parser.add_argument("--lock", help="the image's lock file: installed versions must equal its pins")

@@ -29,6 +29,17 @@ def moved(patch: str, dist: str, problems: Iterable[str]) -> PatchTargetMoved:
                             + f" (update ogrpo/patches/{patch.rsplit('.', 1)[-1]}.py)")
 
 
+def trl_generation_module(patch: str) -> str:
+    """The name of TRL's module with VLLMGeneration and VLLMClient (it moved between TRL lines); PatchTargetMoved
+    for `patch` where it is gone."""
+    from ogrpo import compat
+
+    try:
+        return compat.vllm_generation_module().__name__
+    except ImportError as exc:
+        raise moved(patch, "trl", [f"TRL's generation module is gone ({exc})"]) from None
+
+
 def resolve(path: str) -> Any:
     """`pkg.module:Attr.sub` -> the object; raises ImportError/AttributeError as Python does."""
     mod_name, _, attrs = path.partition(":")

@@ -27,7 +27,7 @@ import inspect
 import threading
 import time
 
-from ogrpo.patches.target import moved, problems_of
+from ogrpo.patches.target import moved, problems_of, trl_generation_module
 
 NAME = "trl_overlap"
 LIBRARY = "trl"
@@ -36,9 +36,7 @@ _defer = threading.local()  # set on the reward thread: TRL's gather of the rewa
 
 
 def check() -> None:
-    from ogrpo import compat
-
-    gen = compat.vllm_generation_module().__name__
+    gen = trl_generation_module(NAME)
     problems = problems_of({
         f"{_GRPO}:GRPOTrainer._generate": ("prompts",),
         f"{_GRPO}:GRPOTrainer._generate_and_score_completions": ("inputs",),

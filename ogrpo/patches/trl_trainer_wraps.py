@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 
 from ogrpo.errors import OgrpoError
-from ogrpo.patches.target import moved, problems_of, resolve
+from ogrpo.patches.target import moved, problems_of, resolve, trl_generation_module
 
 NAME = "trl_trainer_wraps"
 LIBRARY = "trl"
@@ -70,12 +70,7 @@ def check() -> None:
 
     owners = {"trainer": f"{_GRPO}:GRPOTrainer"}
     if installed("vllm"):  # TRL's generation and client modules import vLLM
-        from ogrpo import compat
-
-        try:
-            gen = compat.vllm_generation_module().__name__
-        except ImportError as exc:
-            raise moved(NAME, LIBRARY, [f"TRL's generation module is gone ({exc})"]) from None
+        gen = trl_generation_module(NAME)
         owners.update(vllm_generation=f"{gen}:VLLMGeneration", vllm_client=f"{gen}:VLLMClient")
     problems = problems_of({f"{owners[kind]}.{method}": None for kind, method in ORDER
                             if kind in owners and (kind, method) not in OPTIONAL})

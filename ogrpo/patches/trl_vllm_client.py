@@ -17,7 +17,7 @@ methods on a subclass (a deadline around each; the pushed tensors cast), passing
 
 from __future__ import annotations
 
-from ogrpo.patches.target import moved, problems_of
+from ogrpo.patches.target import moved, problems_of, trl_generation_module
 
 NAME = "trl_vllm_client"
 LIBRARY = "trl"
@@ -47,10 +47,7 @@ def check() -> None:
 
     from ogrpo import compat
 
-    try:
-        gen = compat.vllm_generation_module().__name__
-    except ImportError as exc:
-        raise moved(NAME, LIBRARY, [f"TRL's generation module is gone ({exc})"]) from None
+    gen = trl_generation_module(NAME)
     fused_line = compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE
     targets: dict = {f"{gen}:VLLMClient": ("base_url", "host", "group_port"),
                      f"{gen}:VLLMClient.init_communicator": ("self", "device"),

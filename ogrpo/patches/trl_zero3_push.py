@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ogrpo.patches.target import moved, problems_of
+from ogrpo.patches.target import moved, problems_of, trl_generation_module
 
 NAME = "trl_zero3_push"
 LIBRARY = "trl"
@@ -31,12 +31,7 @@ def not_applicable() -> str | None:
 
 
 def check() -> None:
-    from ogrpo import compat
-
-    try:
-        gen = compat.vllm_generation_module().__name__
-    except ImportError as exc:
-        raise moved(NAME, LIBRARY, [f"TRL's generation module is gone ({exc})"]) from None
+    gen = trl_generation_module(NAME)
     problems = problems_of({"trl.distributed:DistributedBackend.gather_params": ("params",),
                             "trl.distributed:DistributedBackend.is_zero3": None,
                             f"{gen}:VLLMGeneration._iter_named_params": ("self",),

@@ -12,6 +12,9 @@ QWEN15 = resolve_model("Qwen/Qwen2.5-1.5B-Instruct")  # P = 1,543,714,304; H 153
 QWEN7 = resolve_model("Qwen/Qwen2.5-7B-Instruct")  # P = 7,615,616,512
 
 
+SCORES_BF16 = 8 * 12 * 1536 ** 2 * 2  # B x heads x S^2 x 2 B: one layer's attention probabilities (Qwen 1.5B)
+
+
 def _trainer(model=QWEN15, **kw):
     args = dict(num_processes=2, strategy="ddp", precision="bf16", micro_batch=8, prompt_len=512,
                 completion_len=1024, gradient_checkpointing=True, beta=0.0, budget_gib=40.5)
@@ -56,7 +59,10 @@ def test_terms_measured_on_cpu_and_which_count_on_gpu():
     assert "zero3_reference_gather" not in _trainer(**z3).terms
     # The reference pass keeps two bf16 copies gathered, each capped at DeepSpeed's stage3_max_live_parameters
     # (1e9 < P): 2 x 1e9 x 2 B; what exceeds the loss's activations (liger: no logits) counts.
-    assert _trainer(**z3, device=CPU_TERMS).terms["zero3_reference_gather"] == pytest.approx((2 * 1e9 * 2 - acts) / GiB)
+    # (on CPU the loss's activations also hold attention probabilities: the recomputed layer's and one gradient)
+    cpu_acts = acts + 2 * SCORES_BF16
+    assert _trainer(**z3, device=CPU_TERMS).terms["zero3_reference_gather"] == pytest.approx(
+        (2 * 1e9 * 2 - cpu_acts) / GiB)
 
 
 def test_gradients_and_activations_overlap_only_without_accumulation():
@@ -121,8 +127,14 @@ def test_liger_and_lora():
 
 def test_fp32_on_cpu():
     e = _trainer(precision="fp32", device=CPU_TERMS)
-    # fp32 activations are 4 B: twice the bf16 number; logits 4 + 4 + 4 = 12 B per value.
-    assert e.terms["activations"] == pytest.approx(12288 * 85248 * 4 / GiB)
+    # fp32 activations are 4 B: twice the bf16 number; logits 4 + 4 + 4 = 12 B per value. CPU SDPA keeps each
+    # layer's attention probabilities, B x 12 heads x S^2 (checkpointing: the recomputed layer's), and backward
+    # one layer's gradient of them.
+    assert e.terms["activations"] == pytest.approx((12288 * 85248 * 4 + 2 * 2 * SCORES_BF16) / GiB)
+    assert _trainer(precision="fp32", device=CPU_TERMS, gradient_checkpointing=False).terms["activations"] \
+        == pytest.approx((12288 * 28 * (10 * 1536 + 3 * 8960) * 4 + 29 * 2 * SCORES_BF16) / GiB)
+    # GPU attention kernels hold no B·heads·S²
+    assert _trainer(precision="fp32").terms["activations"] == pytest.approx(12288 * 85248 * 4 / GiB)
     assert e.terms["logits"] == pytest.approx(8 * 1024 * 151936 * 12 / GiB)
     assert e.terms["runtime"] == 0.5
 

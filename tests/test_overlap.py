@@ -394,6 +394,7 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         assert 1 <= x["overlap/groups_early"] <= groups - 1
         # TRL took the groups' rewards and both passes (reference: beta > 0; old policy: the vLLM correction)
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 2.0
+        assert x["overlap/rewards_ahead"] == 1.0
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per group, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * groups
@@ -452,6 +453,44 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
         assert push["full_gathers"] == push["pushes_from_gather"] == STEPS - 1, push
         assert push["per_parameter_gathers"] == 2 * push["parameters"] > 0, push
     assert requests(run) == STEPS
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,lora", [("ddp", True), ("zero3", False)], ids=["ddp-lora", "zero3"])
+def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora):
+    """3xcpu: two trainer processes under DDP training LoRA adapters (the merged push), or under ZeRO-3 (the
+    push gathers the partitions). `lossless` takes each batch whole there (the plan's `overlap.stream`: the
+    ranks score in step), runs the rewards beside the log-prob passes and pushes at the step's end; nothing
+    trained on changes."""
+    from lora_checks import assert_adapters_moved, server_lora_overrides
+    from overlap_jobs import completions, metrics, requests, run_job
+
+    keys = server_lora_overrides(STEPS) if lora else {}
+    ogrpo = {**{k: v for k, v in keys.pop("ogrpo", {}).items() if k != "use_vllm"}, "strategy": strategy}
+    if lora:
+        keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
+    runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS, ogrpo=ogrpo, **keys)
+            for mode in ("off", "lossless")}
+    for step in range(1, STEPS + 1):
+        a, b = completions(runs["lossless"], step), completions(runs["off"], step)
+        assert a["completion"].tolist() == b["completion"].tolist(), step
+    ours, theirs = metrics(runs["lossless"]), metrics(runs["off"])
+    assert len(ours) == len(theirs) == STEPS
+    for x, y in zip(ours, theirs):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
+        assert x["overlap/staleness"] == 0.0 and x["overlap/rewards_ahead"] == 1.0
+        assert "overlap/groups_early" not in x  # nothing streamed per group
+        # each push reached the server whole (merged, or gathered from the partitions) before the next request
+        assert x["sampling/sampling_logp_difference/mean"] < 1e-4
+    manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
+    assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
+    stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
+    assert stream["value"] == "batch" and "2 trainer processes" in stream["reason"]
+    assert requests(runs["lossless"]) == requests(runs["off"]) == STEPS  # one whole-batch request a step
+    if lora:
+        assert_adapters_moved(runs["lossless"])
 
 
 # ---- LoRA: the merged push (TRL merges the adapters into the base for each push and unmerges after) -------------

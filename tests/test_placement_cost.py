@@ -144,3 +144,18 @@ def test_shipped_table_sends_tiny_into_the_trainer(write_recipe, tiny_model_dir)
     assert table["entries"] and all(e["device"] == "cpu" for e in table["entries"])
     p = _plan(write_recipe, tiny_model_dir)
     assert p.mode == "none" and "measured per-token costs" in _setting(p, "generation").reason
+
+
+def test_regenerating_some_sizes_keeps_the_others_measured_the_same_way():
+    from ogrpo.bench.costs import merged
+
+    def entry(model, params, tok, date):
+        return {"device": "cpu", "model": model, "params": params, "server_tok_s": tok, "date": date}
+
+    old = merged({}, [entry("tiny", 10, 1.0, "d1"), entry("32.5M", 1000, 2.0, "d1")], "cpu A", "w")
+    new = merged(old, [entry("32.5M", 1000, 3.0, "d2")], "cpu A", "w")
+    assert [(e["model"], e["server_tok_s"], e["date"]) for e in new["entries"]] == [("tiny", 1.0, "d1"),
+                                                                                 ("32.5M", 3.0, "d2")]
+    # another machine or workload: the old numbers are not comparable, so they go
+    assert [e["model"] for e in merged(old, [entry("32.5M", 1000, 3.0, "d2")], "cpu B", "w")["entries"]] == ["32.5M"]
+    assert [e["model"] for e in merged(old, [entry("32.5M", 1000, 3.0, "d2")], "cpu A", "w2")["entries"]] == ["32.5M"]

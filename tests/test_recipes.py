@@ -147,11 +147,13 @@ HAND = [
     # Colocated at 0.3 on V100-16G (16 x 0.6 = 9.6 GiB left, DDP with buckets needs 11.7): ZeRO-2 over 4 GPUs
     (TRL, "4xV100-16G", None, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2
                                         + 2 * 331 * 151936 * 4) / GiB + 1),
-    # CPU, one process (no buckets): fp32 activations (4 B), the chunk is fp32 already; 0.5 GiB per process
-    (TRL, "cpu-64G", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 331 * 151936 * 4) / GiB + 0.5),
+    # CPU, one process (no buckets): fp32 activations (4 B) with SDPA's attention probabilities (B x 14 heads x
+    # S^2: the recomputed layer's and one layer's gradient), the chunk is fp32 already; 0.5 GiB per process
+    (TRL, "cpu-64G", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 8 * 14 * 1536 ** 2 * 4
+                                   + 2 * 331 * 151936 * 4) / GiB + 0.5),
     # CPU with TRL's full logits: fp32 logits (4 + 4 + 4 B)
-    (TRL, "cpu-64G", KERNELS_OFF, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 8 * 1024 * 151936 * 12) / GiB
-     + 0.5),
+    (TRL, "cpu-64G", KERNELS_OFF, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 4 + 2 * 8 * 14 * 1536 ** 2 * 4
+                                          + 8 * 1024 * 151936 * 12) / GiB + 0.5),
     # Without accumulation the gradients are freed after each step and come back as backward frees the
     # activations: the step holds the larger of the two. DDP over 2 A40s: 4 B/param of gradients (5.8 GiB)
     # outweigh activations + logits (4.4), which drop out; the buckets stay.

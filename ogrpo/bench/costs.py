@@ -1,6 +1,6 @@
 """`python -m ogrpo.bench.costs [--write]`: the per-token costs the planner chooses where generation runs with
-(ogrpo/planner/costs.py), measured on this machine for a few model sizes; `--write` replaces the shipped table
-ogrpo/data/generation_costs.json.
+(ogrpo/planner/costs.py), measured on this machine for a few model sizes; `--write` puts them in the shipped
+table ogrpo/data/generation_costs.json (`--models` a subset: the other sizes' entries stay).
 
 Per model size (random Qwen2 weights, fp32 checkpoint), one device each, as the split placement gives them:
 - hf_tok_s: TRL's rollout without vLLM (HF generate) in one process with one thread (a trainer process);
@@ -160,6 +160,17 @@ def _spawn_costs(kind: str, spec: Path, log_path: Path, env: dict | None = None)
     raise RuntimeError(f"costs worker {kind} failed (exit {proc.returncode}); see {log_path}")
 
 
+def merged(previous: dict, measured: list[dict], source: str, workload: str) -> dict:
+    """The table with `measured` entries in place of the previous ones of the same device and model; entries of
+    other sizes are kept (each carries when and under what load it was measured), as long as they were measured
+    on the same machine kind with the same workload, else the table starts afresh."""
+    same = previous.get("source") == source and previous.get("workload") == workload
+    fresh = {(e["device"], e["model"]) for e in measured}
+    kept = [e for e in previous.get("entries", []) if same and (e.get("device"), e.get("model")) not in fresh]
+    return {"version": 1, "generated_by": "python -m ogrpo.bench.costs --write", "source": source,
+            "workload": workload, "entries": sorted(kept + measured, key=lambda e: (e["device"], e["params"]))}
+
+
 def run(write: bool = False, models: list[str] | None = None, out=sys.stdout) -> dict:
     from ogrpo.planner import costs
 
@@ -167,21 +178,19 @@ def run(write: bool = False, models: list[str] | None = None, out=sys.stdout) ->
     work = Path(tempfile.mkdtemp(prefix="ogrpo-bench-costs-"))
     entries = []
     for name in models or list(SHAPES):
-        entries.append(measure(name, SHAPES[name], work, bf16, out))
-        out.write(json.dumps(entries[-1]) + "\n")  # as measured: a long run interrupted keeps what it has
+        entry = measure(name, SHAPES[name], work, bf16, out)
+        # a loaded machine skews every number: regenerate on a quiet one
+        entry.update(date=datetime.date.today().isoformat(), load_avg_1min=round(os.getloadavg()[0], 1))
+        entries.append(entry)
+        out.write(json.dumps(entry) + "\n")  # as measured: a long run interrupted keeps what it has
         out.flush()
-    table = {"version": 1, "generated_by": "python -m ogrpo.bench.costs --write",
-             "source": f"{device_name()}, {os.cpu_count()} cores, "
-                       f"{datetime.date.today().isoformat()}",
-             "workload": f"{PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} tokens, prompts of "
-                         f"{PROMPT_TOKENS}; median of {REPEATS}",
-             # a loaded machine skews every number: regenerate on a quiet one
-             "load_avg_1min": round(os.getloadavg()[0], 1),
-             "entries": entries}
+    table = merged(costs.table(), entries, source=f"{device_name()}, {os.cpu_count()} cores",
+                   workload=f"{PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} tokens, prompts of "
+                            f"{PROMPT_TOKENS}; median of {REPEATS}")
     keys = ["hf_tok_s", "server_tok_s", "server_bf16_tok_s", "request_s", "push_s", "train_tok_s"]
-    out.write(format_table(["model", "params", *keys],
-                           [[e["model"], f"{e['params']:,}", *[f"{e[k]:g}" if k in e else "-" for k in keys]]
-                            for e in entries]) + "\n")
+    out.write(format_table(["model", "params", *keys, "date"],
+                           [[e["model"], f"{e['params']:,}", *[f"{e[k]:g}" if k in e else "-" for k in keys],
+                             e.get("date", "-")] for e in table["entries"]]) + "\n")
     if write:
         costs.TABLE.write_text(json.dumps(table, indent=2) + "\n")
         out.write(f"wrote {costs.TABLE}\n")

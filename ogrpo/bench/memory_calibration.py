@@ -80,14 +80,13 @@ def recipe(case: Case, model_dir: Path, data: Path, steps: int = STEPS) -> dict:
 
 def prepare_shape(shape: str, work: Path) -> tuple[Path, Path]:
     """The shape's random fp32 model and a prompt file whose prompts are all PROMPT_TOKENS tokens long."""
-    from ogrpo.bench.rollout import build_model, make_prompts
+    from ogrpo.bench.rollout import build_model, text_prompts
 
     s = SHAPES[shape]
     model = build_model(s, "float32", work / f"model-{shape}")
     data = work / f"prompts-{s.vocab}.jsonl"
     if not data.is_file():
-        data.write_text("".join(json.dumps({"prompt": " ".join(f"t{i}" for i in p)}) + "\n"
-                                for p in make_prompts(64, PROMPT_TOKENS, s.vocab, seed=1)))
+        data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in text_prompts(model, 64, PROMPT_TOKENS, 1)))
     return model, data
 
 

@@ -103,30 +103,63 @@ def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_
     return kv_budget_bytes(per_token, seqs, max_model_len)
 
 
+MODEL_MARK = "ogrpo-bench-model.json"  # a model dir built by this version of build_model (reused as is)
+
+
 def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -> Path:
-    """Random Qwen2 weights of `shape` in `dtype`, with a word-level tokenizer covering the whole vocabulary
-    (so every sampled id detokenizes)."""
+    """Random Qwen2 weights of `shape` in `dtype`, with a byte-level BPE tokenizer of exactly `shape.vocab` ids
+    (so every sampled id detokenizes), trained with the split transformers' Qwen2Tokenizer rebuilds on load:
+    AutoTokenizer picks that class from the model type whatever tokenizer.json holds (a word-level vocabulary
+    came back as a BPE without merges that read every prompt as 3-5 unknown tokens)."""
+    import random
+
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ogrpo.tiny import SPECIAL_TOKENS, build_tokenizer
 
     out_dir = Path(out_dir)
-    if (out_dir / "config.json").is_file() and (out_dir / "tokenizer.json").is_file():
+    if (out_dir / MODEL_MARK).is_file():
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab = {f"t{i}": i for i in range(shape.vocab)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t1"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t0", pad_token="t0", unk_token="t1")
-    fast.save_pretrained(out_dir)
+    rng = random.Random(seed)
+    words = [" ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6)))
+                      for _ in range(50)) for _ in range(4000)]
+    tok = build_tokenizer(out_dir, words, shape.vocab, qwen2_split=True)
+    if len(tok) != shape.vocab:
+        raise RuntimeError(f"bench tokenizer has {len(tok)} ids, not the model's {shape.vocab}")
+    eos, pad = (tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS)
     cfg = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                       num_key_value_heads=shape.kv_heads, max_position_embeddings=4096,
-                      tie_word_embeddings=shape.tied, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                      tie_word_embeddings=shape.tied, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / MODEL_MARK).write_text(json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed}) + "\n")
     return out_dir
+
+
+def text_prompts(model_dir: Path, n: int, length: int, seed: int = 0) -> list[str]:
+    """`n` prompt texts of random tokens that the model's tokenizer, as the trainer and the server load it, reads
+    back as exactly `length` ids."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rng = random.Random(seed)
+    special = set(tok.all_special_ids)
+    out = []
+    for _ in range(1000 * n):
+        ids = [i for i in (rng.randrange(len(tok)) for _ in range(length + 8)) if i not in special]
+        ids = tok(tok.decode(ids))["input_ids"][:length]
+        text = tok.decode(ids)
+        if len(ids) == length and tok(text)["input_ids"] == ids:
+            out.append(text)
+            if len(out) == n:
+                return out
+    raise RuntimeError(f"no {length}-token prompts round-trip through {model_dir}'s tokenizer")
 
 
 def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -34,7 +34,7 @@ import yaml
 from ogrpo.bench.jobs import run_split_job, split_plan
 from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_figure
 from ogrpo.tables import format_table
-from ogrpo.bench.rollout import RolloutShape, build_model, make_prompts
+from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
 from ogrpo.bench.task import token_reward
 from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
@@ -112,8 +112,11 @@ def _run_split_trl(workdir: Path, rec: dict) -> None:
     """Plain TRL's server mode on the same split, with the server memory O-GRPO's plan gives its own."""
     from ogrpo.bench import trl_server
 
+    from ogrpo.launch.cpu_slots import SLOTS_ENV
+
     _, plan = split_plan(workdir, "split-trl", rec, "off")
-    trl_server.run(workdir, rec, dict(plan.vllm.args), workdir / "split-trl-profile.jsonl")
+    trl_server.run(workdir, rec, dict(plan.vllm.args), workdir / "split-trl-profile.jsonl",
+                   server_slots=plan.vllm.env.get(SLOTS_ENV), trainer_slots=plan.trainer.env.get(SLOTS_ENV))
 
 
 def _run_split(workdir: Path, rec: dict, mode: str) -> None:
@@ -142,12 +145,15 @@ def summarize(rows: list[dict]) -> dict[str, float]:
 
 def lanes(rows: list[dict]) -> dict[str, float]:
     """Per split-placement step: the server busy (generating or receiving weights), the trainer busy (the step
-    less its waits on the server), the ideal overlap max(server busy, trainer busy); medians over the steps, and
-    the bottleneck (the busier set) with its median idle share."""
+    less its waits on the server), the ideal overlap max(server busy, trainer busy) and the step over it; medians
+    over the steps, and the bottleneck (the busier set) with its median idle share. The step over its ideal is
+    taken step by step, then the median: a ratio of two medians could pair one step's time with another's ideal."""
     server = [r["server_busy_s"] for r in rows]
     trainer = [r["step_s"] - r["trainer_wait_s"] for r in rows]
+    ideal = [max(a, b) for a, b in zip(server, trainer)]
     out = {"server_busy": statistics.median(server), "trainer_busy": statistics.median(trainer),
-           "ideal_step": statistics.median(max(a, b) for a, b in zip(server, trainer)),
+           "ideal_step": statistics.median(ideal),
+           "step_over_ideal": statistics.median(r["step_s"] / i for r, i in zip(rows, ideal) if i > 0),
            "server_idle": statistics.median(r["idle_share"]["server"] for r in rows),
            "trainer_idle": statistics.median(r["idle_share"]["trainer"] for r in rows)}
     out["bottleneck"] = "server" if out["server_busy"] >= out["trainer_busy"] else "trainer"
@@ -167,8 +173,8 @@ def split_ratios(results: dict) -> dict[str, float]:
             out[f"{mode}_step_over_off"] = res["step"] / off
         if trl and path != "split-trl":
             out[f"{mode}_step_over_trl"] = res["step"] / trl
-        if res.get("ideal_step"):
-            out[f"{mode}_step_over_ideal"] = res["step"] / res["ideal_step"]
+        if res.get("step_over_ideal"):
+            out[f"{mode}_step_over_ideal"] = res["step_over_ideal"]
     if off:
         out["off_generation_share"] = results["split-off"]["generation"] / off
     return out
@@ -213,8 +219,7 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     work.mkdir(parents=True, exist_ok=True)
     model_dir = build_model(shape, _DTYPES[dtype], work / f"model-{shape.hidden}-{shape.layers}-{shape.vocab}")
     data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(f"t{i}" for i in p)}) + "\n"
-                            for p in make_prompts(64, prompt_tokens, shape.vocab, seed)))
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in text_prompts(model_dir, 64, prompt_tokens, seed)))
     stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" else None
     rec = recipe(str(model_dir), str(data), steps=steps, prompts=prompts, generations=generations,
                  new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed, stops=stops)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 def token_reward(completions, **kwargs) -> list[float]:
-    """Share of even-numbered tokens ("t2", "t4", ...) in each completion: dense, cheap, learnable."""
+    """Share of vowels among each completion's letters (the bench models' tokens are letter strings): dense,
+    cheap, learnable."""
     out = []
     for text in completions:
-        toks = str(text).split()
-        out.append(sum(1 for t in toks if t[1:].isdigit() and int(t[1:]) % 2 == 0) / max(1, len(toks)))
+        letters = [c for c in str(text).lower() if "a" <= c <= "z"]
+        out.append(sum(1 for c in letters if c in "aeiou") / max(1, len(letters)))
     return out

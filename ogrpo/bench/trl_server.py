@@ -50,16 +50,25 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def run(workdir: Path, rec: dict, vllm_args: dict, profile_path: Path) -> None:
-    """Start the server, train `rec` against it with plain TRL and the stage profiler, stop the server."""
+def run(workdir: Path, rec: dict, vllm_args: dict, profile_path: Path, server_slots: str | None = None,
+        trainer_slots: str | None = None) -> None:
+    """Start the server, train `rec` against it with plain TRL and the stage profiler, stop the server.
+    `server_slots`/`trainer_slots`: the plan's OGRPO_CPU_SLOTS of each side; each side is pinned to those cores
+    as the local launcher pins O-GRPO's (a server left on every core would generate on the trainer's too)."""
+    from ogrpo.launch import cpu_slots
     from ogrpo.launch.ports import free_ports
 
     (port,) = free_ports(1)
+    pinned = cpu_slots.step_env("server", server_slots)
     log = open(workdir / "split-trl-server.log", "wb")
     proc = subprocess.Popen(server_command(rec["model_name_or_path"], port, vllm_args), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=server_env())
+                            stderr=subprocess.STDOUT, start_new_session=True, env={**server_env(), **pinned},
+                            preexec_fn=lambda: cpu_slots.pin_from_env(pinned))
     try:
         _wait_health(f"http://127.0.0.1:{port}/health", proc, timeout=900)
+        cpu_slots.pin_from_env(cpu_slots.step_env("trainer", trainer_slots))
+        cores = {"server": sorted(os.sched_getaffinity(proc.pid)), "trainer": sorted(os.sched_getaffinity(0))}
+        (workdir / "split-trl-cores.json").write_text(json.dumps(cores) + "\n")
         _train(workdir, rec, port, profile_path)
     finally:
         _stop_server(proc, port, log)

@@ -15,6 +15,8 @@ its invariants are in ogrpo.train.overlap). No TRL file is edited; on the one tr
   `_get_per_token_logps_and_entropies` and `_calculate_rewards` then hand TRL those results, after checking that
   TRL's own batch tensors and completions are exactly the ones the groups were scored on (else TRL computes them
   as it would). `overlap/groups_early` logs how many groups were worked on before the last one arrived;
+  `overlap/rewards_ahead` is 1 where the reward functions ran beside the log-prob passes (streamed or whole
+  batch), 0 where TRL ran them on the main thread (a reward model);
 - the main process's VLLMClient instance (its generate, weight push and prefix-cache reset) goes through
   ogrpo.train.overlap.Pipeline;
 - a callback pushes the weights when the optimizer step ends and stages the next batch (lossless).
@@ -248,11 +250,15 @@ def _rewards(trainer, state, original):
 
     def _calculate_rewards(inputs, prompts, completions, completion_ids_list):
         streamed = _streamed_rewards(trainer, state, inputs, prompts, completions, completion_ids_list)
+        ahead = trainer._metrics["train"]["overlap/rewards_ahead"] if trainer.model.training else []
         if streamed is not None:
+            ahead.append(1.0)
             return _real_gather()(streamed)
         pending, state.rewards = state.rewards, None
         if pending is not None and pending[0] is inputs and pending[1] is prompts and pending[2] is completions:
+            ahead.append(1.0)
             return _real_gather()(pending[3].result())
+        ahead.append(0.0)
         return original(inputs, prompts, completions, completion_ids_list)
 
     return _calculate_rewards

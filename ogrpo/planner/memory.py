@@ -13,6 +13,8 @@ Trainer (per process/GPU), P parameters, N trainer processes:
 - activations: per token and layer a decoder keeps about 10·H + 3·I values for backward (norm inputs, q/k/v,
   attention output, o-proj input, residual: ≈10·H; gate, up, act(gate)·up: 3·I). With gradient
   checkpointing only each layer's input (H per token per layer) stays, plus one layer recomputed.
+  Where the attention is not a fused kernel (PyTorch SDPA on CPU), each layer also keeps its B·heads·S²
+  probabilities, and backward builds one layer's gradient of them.
 - logits: TRL computes logits for completion tokens only (B·C·V): half-precision logits, an fp32
   log-softmax working copy and the logits' gradient; `use_liger_kernel` chunks them away, and O-GRPO's
   linear_logprobs kernel keeps one chunk (<= 2 x 192 MiB) whatever B·C.
@@ -70,12 +72,15 @@ class DeviceTerms:
     cuda_graphs: bool  # whether vLLM captures CUDA graphs (unless enforce_eager)
     # DeepSpeed's zero2_full_gradients / zero3_reference_gather terms, measured on CPU over gloo
     measured_deepspeed_terms: bool
+    # whether the trainer's attention keeps each layer's B·heads·S² probabilities for backward: PyTorch's CPU
+    # SDPA takes its math path under the padding mask TRL passes; flash-attn 2 and SDPA's CUDA kernels do not
+    attention_scores: bool = False
 
 
 GPU_TERMS = DeviceTerms(runtime_gib=RUNTIME_GIB, kv_block_tokens=GPU_KV_BLOCK_TOKENS, cuda_graphs=True,
                         measured_deepspeed_terms=DEEPSPEED_CPU_TERMS_ON_GPU)
 CPU_TERMS = DeviceTerms(runtime_gib=CPU_RUNTIME_GIB, kv_block_tokens=KV_BLOCK_TOKENS, cuda_graphs=False,
-                        measured_deepspeed_terms=True)
+                        measured_deepspeed_terms=True, attention_scores=True)
 
 
 @dataclass
@@ -166,6 +171,12 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         acts = tokens * (L * H + per_layer) * act_b
     else:
         acts = tokens * L * per_layer * act_b
+    if device.attention_scores:
+        S = prompt_len + completion_len
+        scores = micro_batch * model.num_heads * S * S * act_b
+        # the kept probabilities of every layer (of the one recomputed, with checkpointing) and the gradient
+        # backward builds for one layer at a time
+        acts += ((1 if gradient_checkpointing else L) + 1) * scores
     if liger:
         logits = 0.0
     elif fused_logprobs:  # ogrpo.kernels.linear_logprobs: one chunk of fp32 logits at a time, never B·C·V

@@ -491,6 +491,10 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     assert requests(runs["lossless"]) == requests(runs["off"]) == STEPS  # one whole-batch request a step
     if lora:
         assert_adapters_moved(runs["lossless"])
+    else:  # the plan's linear_logprobs kernel scored every pass, ZeRO-3's partitioned lm_head gathered for it
+        assert manifest["distributed"]["deepspeed"]["zero_stage"] == 3
+        lp = manifest["kernels"]["linear_logprobs"]
+        assert lp["installed"] is True and lp["calls"]["kernel"] >= STEPS and lp["calls"]["trl"] == 0, lp
 
 
 # ---- LoRA: the merged push (TRL merges the adapters into the base for each push and unmerges after) -------------

@@ -245,10 +245,15 @@ What the measurement changed in the model (`ogrpo/planner/memory.py`):
 - These two DeepSpeed terms were measured over gloo only: CPU plans count them, GPU plans do not
   (`DEEPSPEED_CPU_TERMS_ON_GPU` in `ogrpo/planner/memory.py`) until a GPU measurement confirms them; the gpu-marked
   test in tests/test_memory_calibration.py compares DDP on one GPU so far.
+- **Attention probabilities on CPU** (in `activations`, `DeviceTerms.attention_scores`): PyTorch's CPU SDPA
+  takes its math path under the padding mask TRL passes and keeps each layer's B·heads·S² probabilities for
+  backward (with checkpointing, the recomputed layer's), and backward builds one layer's gradient of them. It
+  showed once the prompts were really {PROMPT_TOKENS} tokens (an earlier table was measured with a bench
+  tokenizer that read each prompt as 3-5 unknown ids): the tiny shape then measured 21-25% above an estimate
+  without it. Flash-attn 2 and SDPA's CUDA kernels hold no S² tensor: GPU plans do not count it.
 
-Left as it was: the activation coefficients (10·H + 3·I values per token and layer) read about 20% high
-against these runs' loss_backward peaks; one shape family is not enough to refit them, and they err on the
-safe side.
+Left as it was: the activation coefficients (10·H + 3·I values per token and layer); one shape family is not
+enough to refit them.
 
 Dominant terms: the estimate's largest terms as shares of its tensor total. Every run's own `profile.jsonl`
 carries `mem_estimate_gib`, `mem_measured_gib` and `mem_measure` per measured step, and its manifest the

@@ -113,7 +113,6 @@ def _run_ogrpo(workdir: Path, rec: dict) -> None:
 def _run_split_trl(workdir: Path, rec: dict) -> None:
     """Plain TRL's server mode on the same split, with the server memory O-GRPO's plan gives its own."""
     from ogrpo.bench import trl_server
-
     from ogrpo.launch.cpu_slots import SLOTS_ENV
 
     _, plan = split_plan(workdir, "split-trl", rec, "off")

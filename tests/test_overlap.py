@@ -174,6 +174,39 @@ def test_stream_works_on_finished_groups_before_the_last_returns_and_rewards_bes
     assert work.reward_results(groups) == [[10, 11]] * groups and work.scores == {i: i for i in range(groups)}
 
 
+def test_rank_groups_work_on_their_own_groups_and_under_lockstep_run_the_kth_pass_together():
+    """Two ranks, two groups each, handed over in the order the server finished them: each rank works only on
+    its own groups (indexed within the rank); its rewards start as a group arrives; free-running (DDP) a pass
+    runs as soon as its group is there, in lockstep (ZeRO-3: every pass a collective) a rank's k-th pass runs
+    only once every rank has k groups, so both ranks run the same passes at the same points of the stream."""
+    from ogrpo.train.overlap import GroupWork, RankGroups
+
+    order = [2, 3, 0, 1]  # rank 1's groups finish first
+    answers = {i: {"completion_ids": [[i]]} for i in range(4)}
+
+    def run(rank, lockstep):
+        passes = []  # (group scored, groups handed over so far)
+        seen = [0]
+        work = GroupWork(lambda i, a: a["completion_ids"][0][0],
+                         lambda i, a: passes.append((i, seen[0])) or a["completion_ids"][0][0])
+        groups = RankGroups(work, rank, ranks=2, per_rank=2, lockstep=lockstep)
+        for index in order:
+            seen[0] += 1
+            groups.arrived(index, answers[index])
+        return work, passes
+
+    work, passes = run(1, lockstep=False)
+    assert passes == [(0, 1), (1, 2)]  # scored as each arrived
+    assert work.reward_results(2) == [2, 3] and work.scores == {0: 2, 1: 3}
+    work, passes = run(0, lockstep=False)
+    assert passes == [(0, 3), (1, 4)] and work.reward_results(2) == [0, 1]
+    # lockstep: both ranks run pass 1 when the third group arrives and pass 2 when the fourth does
+    assert run(1, lockstep=True)[1] == [(0, 3), (1, 4)]
+    assert run(0, lockstep=True)[1] == [(0, 3), (1, 4)]
+    with pytest.raises(OverlapError, match="outside the batch"):
+        RankGroups(None, 0, ranks=2, per_rank=2, lockstep=False).arrived(4, answers[0])
+
+
 class _Server:
     """TRL's VLLMClient.generate as the server answers it: one choice per completion, prompt-major; each
     completion's tokens are (prompt token, the seed vLLM gives it: the request's seed + i x n + j)."""
@@ -325,8 +358,9 @@ def test_plan_default_is_lossless_where_a_separate_server_exists(tmp_path):
 
 
 def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_path):
-    """One trainer process on TRL 1.16: group by group. Two (3xcpu, DDP/ZeRO): whole batches, visibly, and the
-    trainer's pipeline sends them whole. TRL 1.9's `trl vllm-serve`: whole batches (tests/trl19 plans it)."""
+    """TRL 1.16: group by group, with one trainer process or several (3xcpu: the main process hands each group to
+    its rank); whole batches, visibly, where a rank's share of a batch is not whole groups. TRL 1.9's `trl
+    vllm-serve`: whole batches (tests/trl19 plans it). The trainer's pipeline decides the same."""
     from types import SimpleNamespace
 
     import trl
@@ -338,18 +372,24 @@ def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_pa
 
     assert _setting(_plan(tmp_path, "2xcpu"), "overlap.stream")["value"] == "groups"
     two = _setting(_plan(tmp_path, "3xcpu"), "overlap.stream")
-    assert two["value"] == "batch" and "2 trainer processes" in two["reason"]
+    assert two["value"] == "groups" and "2 trainer processes" in two["reason"]
+    # 6 completions a rank in groups of 4: a group would straddle two ranks
+    odd = _setting(_plan(tmp_path, "3xcpu", trl={"per_device_train_batch_size": 6, "num_generations": 4}),
+                   "overlap.stream")
+    assert odd["value"] == "batch" and "not whole groups of 4" in odd["reason"]
     assert _setting(_plan(tmp_path, "3xcpu", overlap="one-step"), "overlap.stream") is None  # lossless only
     for version in ("1.9.2", "1.16.0"):  # the planner's rule and the client's agree on which servers stream
         assert (overlap_stream.decide(version, 1)[0] == "groups") == can_split(compat.server_flavor(version))
     assert "one request at a time" in overlap_stream.decide("1.9.2", 1)[1]
 
-    def trainer(processes):
-        return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes),
-                               vllm_generation=SimpleNamespace(vllm_client=object()))
+    def trainer(processes, rows, n=4):
+        return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes), num_generations=n,
+                               args=SimpleNamespace(per_device_train_batch_size=rows, steps_per_generation=None,
+                                                    gradient_accumulation_steps=1))
 
     assert trl.__version__ == compat.CPU_TRL_VERSION
-    assert trl_overlap._splitter(trainer(1)) is not None and trl_overlap._splitter(trainer(2)) is None
+    assert trl_overlap._streams(trainer(1, 6)) and trl_overlap._streams(trainer(2, 8))
+    assert not trl_overlap._streams(trainer(2, 6))
 
 
 def test_bad_overlap_value_is_one_line_exit_2(run_cli, tmp_path):
@@ -460,9 +500,10 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
 @pytest.mark.parametrize("strategy,lora", [("ddp", True), ("zero3", False)], ids=["ddp-lora", "zero3"])
 def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora):
     """3xcpu: two trainer processes under DDP training LoRA adapters (the merged push), or under ZeRO-3 (the
-    push gathers the partitions). `lossless` takes each batch whole there (the plan's `overlap.stream`: the
-    ranks score in step), runs the rewards beside the log-prob passes and pushes at the step's end; nothing
-    trained on changes."""
+    push gathers the partitions). `lossless` streams the groups there too (the plan's `overlap.stream`): the main
+    process hands each finished group to the rank that owns it, which computes its rewards and log-prob passes
+    while the server generates the rest (under ZeRO-3 the ranks' passes run in step); the push goes out at the
+    step's end; nothing trained on changes."""
     from lora_checks import assert_adapters_moved, server_lora_overrides
     from overlap_jobs import completions, metrics, requests, run_job
 
@@ -472,6 +513,7 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
     runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS, ogrpo=ogrpo, **keys)
             for mode in ("off", "lossless")}
+    groups = 16 // 4  # a rank's groups: per_device_train_batch_size / num_generations (overlap_jobs)
     for step in range(1, STEPS + 1):
         a, b = completions(runs["lossless"], step), completions(runs["off"], step)
         assert a["completion"].tolist() == b["completion"].tolist(), step
@@ -481,14 +523,18 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
         assert x["overlap/staleness"] == 0.0 and x["overlap/rewards_ahead"] == 1.0
-        assert "overlap/groups_early" not in x  # nothing streamed per group
+        # rank 0's groups streamed: work on one began before its last group arrived; TRL took their rewards and
+        # passes (the old policy's; with LoRA the reference pass is TRL's, adapters disabled, on the same model)
+        assert 1 <= x["overlap/groups_early"] <= groups - 1
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == (1.0 if lora else 2.0)
         # each push reached the server whole (merged, or gathered from the partitions) before the next request
         assert x["sampling/sampling_logp_difference/mean"] < 1e-4
     manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
     stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
-    assert stream["value"] == "batch" and "2 trainer processes" in stream["reason"]
-    assert requests(runs["lossless"]) == requests(runs["off"]) == STEPS  # one whole-batch request a step
+    assert stream["value"] == "groups" and "2 trainer processes" in stream["reason"]
+    # one request per group of both ranks, nothing requested that was not trained on
+    assert requests(runs["off"]) == STEPS and requests(runs["lossless"]) == STEPS * 2 * groups
     if lora:
         assert_adapters_moved(runs["lossless"])
     else:  # the plan's linear_logprobs kernel scored every pass, ZeRO-3's partitioned lm_head gathered for it

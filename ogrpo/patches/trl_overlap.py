@@ -9,12 +9,17 @@ its invariants are in ogrpo.train.overlap). No TRL file is edited; on the one tr
   and logs the importance-ratio statistics (`overlap/importance_ratio/*`, one-step);
 - `_calculate_rewards` takes the thread's rewards; the module-level `gather` of TRL's trainer module defers its
   collective while it runs on that thread, and the main thread gathers, where TRL does;
-- lossless, one trainer process, a server that batches concurrent requests: the batch streams group by group
-  (ogrpo.train.overlap.Stream, GroupWork). Each finished group's rewards run on the reward thread and its
-  old-policy/reference log-probs on the main thread while the server generates the rest;
+- lossless, a server that batches concurrent requests: the batch streams group by group (ogrpo.train.overlap.Stream,
+  GroupWork). Each finished group's rewards run on the reward thread and its old-policy/reference log-probs on the
+  main thread while the server generates the rest. With several trainer processes the main process broadcasts
+  each finished group (its completion ids) as it arrives, inside its wait for the server, while the other ranks,
+  instead of waiting in TRL's one broadcast of the whole batch, take the groups one by one and work on their own
+  (ogrpo.train.overlap.RankGroups); TRL's broadcast then runs as before. Under ZeRO-3 the ranks' per-group passes
+  and the choice to use them are kept in step, since every forward is a collective;
   `_get_per_token_logps_and_entropies` and `_calculate_rewards` then hand TRL those results, after checking that
   TRL's own batch tensors and completions are exactly the ones the groups were scored on (else TRL computes them
-  as it would). `overlap/groups_early` logs how many groups were worked on before the last one arrived;
+  as it would). `overlap/groups_early` logs how many groups were worked on before the last one arrived (the
+  least over the ranks, as `overlap/streamed_passes` and `overlap/streamed_rewards`);
   `overlap/rewards_ahead` is 1 where the reward functions ran beside the log-prob passes (streamed or whole
   batch), 0 where TRL ran them on the main thread (a reward model);
 - the main process's VLLMClient instance (its generate, weight push and prefix-cache reset) goes through
@@ -48,6 +53,7 @@ def check() -> None:
                                                                      "logits_to_keep", "batch_size"),
         f"{_GRPO}:gather": None,
         f"{_GRPO}:disable_gradient_checkpointing": None,
+        f"{gen}:broadcast_object_list": None,
         "trl.data_utils:is_conversational": None,
         "transformers:Trainer.get_batch_samples": ("epoch_iterator", "num_batches", "device"),
         "transformers:Trainer._get_num_items_in_batch": ("batch_samples", "device"),
@@ -56,6 +62,8 @@ def check() -> None:
         f"{gen}:VLLMClient.reset_prefix_cache": ("self",),
     })
     if not problems:
+        import importlib
+
         from trl.trainer import grpo_trainer
         from transformers import Trainer
 
@@ -64,6 +72,10 @@ def check() -> None:
                    "GRPOTrainer._generate": (grpo_trainer.GRPOTrainer._generate,
                                              "return prompt_ids, completion_ids, tool_mask, completions"),
                    "Trainer.get_batch_samples": (Trainer.get_batch_samples, "next(epoch_iterator)"),
+                   # every rank reaches this broadcast after the main process's request: where the groups are handed
+                   # over (RankGroups), the ranks that wait in it take them first
+                   "VLLMGeneration.generate": (importlib.import_module(gen).VLLMGeneration.generate,
+                                               "broadcast_object_list(obj_list, from_process=0)"),
                    # the per-group passes build what TRL's batch pass reads (a mismatch only loses the overlap)
                    "GRPOTrainer._generate_and_score_completions": (
                        grpo_trainer.GRPOTrainer._generate_and_score_completions,
@@ -83,6 +95,8 @@ class _State:
         self.staleness: list[int] = []
         self.work = None  # the streamed batch's GroupWork (ogrpo.train.overlap), while it is scored
         self.logps = None  # the trainer's log-prob pass as installed before the overlap
+        self.streams = False  # lossless batches come back group by group (the plan's overlap.stream)
+        self.lockstep = False  # several ranks whose forward passes are collectives (ZeRO-3)
 
 
 def install(trainer, mode: str, timeline=None) -> dict:
@@ -101,12 +115,18 @@ def install(trainer, mode: str, timeline=None) -> dict:
 
     timeline = timeline or getattr(trainer, "_ogrpo_timeline", None) or Timeline()
     trainer._ogrpo_timeline = timeline  # the stage profiler reads the same spans
+    streams = mode == overlap.LOSSLESS and _streams(trainer)  # the same on every rank
     pipeline = None
     if trainer.accelerator.is_main_process:
-        split = _splitter(trainer) if mode == overlap.LOSSLESS else None
+        split = _splitter(trainer) if streams else None
         pipeline = overlap.Pipeline(mode, lambda: trainer.state.global_step, timeline, split=split)
         pipeline.attach(trainer.vllm_generation.vllm_client)
     state = _State(mode, overlap.Lookahead(), pipeline, timeline)
+    state.streams = streams
+    if streams and trainer.accelerator.num_processes > 1:
+        state.lockstep = bool(getattr(trainer, "is_deepspeed_enabled", False)
+                              or getattr(trainer, "is_fsdp_enabled", False))
+        _hand_groups_over()
     trainer._ogrpo_overlap = state
     _defer_reward_gather()
     _wrap(trainer, "get_batch_samples", lambda orig: _get_batch_samples(trainer, state))
@@ -198,9 +218,12 @@ def _generate(trainer, state, original):
         if state.pipeline is not None:
             state.pipeline.active = True
             state.pipeline.on_group = work.arrived if work is not None else None
+        if state.streams and trainer.accelerator.num_processes > 1:
+            _rank_groups(trainer, state, work, prompts)
         try:
             out = original(prompts)
         finally:
+            _handoff.groups = None
             if state.pipeline is not None:
                 state.pipeline.active = False
                 state.pipeline.on_group = None
@@ -211,13 +234,26 @@ def _generate(trainer, state, original):
         trainer._metrics["train"]["overlap/sampled_version"].append(float(version))
         if state.timeline is not None:
             state.timeline.note(staleness=staleness, sampled_version=version)
-        if work is not None:
-            trainer._metrics["train"]["overlap/groups_early"].append(float(work.early()))
         if state.inputs is not None and _rewards_can_run_ahead(trainer) and not (work is not None and work.rewards):
             _start_rewards(trainer, state, prompts, completions=out[3], completion_ids=out[1])
         return out
 
     return _generate
+
+
+def _log_streamed(trainer, state) -> None:
+    """What the streamed groups gave TRL instead of its own computation: `overlap/streamed_passes`, `_rewards` and
+    `overlap/groups_early`, the least over the ranks (each rank streams its own groups)."""
+    work = state.work
+    counts = [float(len(work.taken)), float(work.used_rewards), float(work.early())] if work is not None else None
+    if state.streams and trainer.accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        everyone = gather_object([counts])
+        counts = None if None in everyone else [min(c) for c in zip(*everyone)]
+    if counts is not None:
+        for name, value in zip(("streamed_passes", "streamed_rewards", "groups_early"), counts):
+            trainer._metrics["train"][f"overlap/{name}"].append(value)
 
 
 def _rewards_can_run_ahead(trainer) -> bool:
@@ -271,9 +307,8 @@ def _score(trainer, state, original):
         state.inputs = inputs if trainer.model.training else None
         try:
             out = original(inputs)
-            if state.work is not None:  # what TRL took from the streamed groups instead of computing it
-                trainer._metrics["train"]["overlap/streamed_passes"].append(float(len(state.work.taken)))
-                trainer._metrics["train"]["overlap/streamed_rewards"].append(float(state.work.used_rewards))
+            if trainer.model.training:
+                _log_streamed(trainer, state)
         finally:
             state.inputs = None
             work, state.work = state.work, None
@@ -298,30 +333,100 @@ _REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref -
 _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
 
 
-def _splitter(trainer):
-    """The pipeline's `split`, or None where batches are requested whole: the plan's `overlap.stream`, decided by
-    the same rule (this TRL line's server, the number of trainer processes)."""
+def _streams(trainer) -> bool:
+    """Whether lossless batches come back group by group: the plan's `overlap.stream`, decided by the same rule
+    (this TRL line's server, the trainer processes and their share of each batch)."""
     import trl
 
     from ogrpo import compat
     from ogrpo.planner.overlap_stream import GROUPS, decide
-    from ogrpo.serve.client import can_split, group_calls
+    from ogrpo.serve.client import can_split
+
+    args = trainer.args
+    rows = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
+    decided = decide(trl.__version__, trainer.accelerator.num_processes, rows, trainer.num_generations)[0]
+    return decided == GROUPS and can_split(compat.server_flavor(trl.__version__))
+
+
+def _splitter(trainer):
+    """The main process's pipeline `split`: one request per prompt group."""
+    import trl
+
+    from ogrpo import compat
+    from ogrpo.serve.client import group_calls
 
     flavor = compat.server_flavor(trl.__version__)
-    if decide(trl.__version__, trainer.accelerator.num_processes)[0] != GROUPS or not can_split(flavor):
-        return None
     client = trainer.vllm_generation.vllm_client
     return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor)
 
 
+_handoff = threading.local()  # the batch whose groups the main process hands over (RankGroups), until TRL's broadcast
+
+
+def _hand_groups_over() -> None:
+    """TRL's broadcast of the generated batch, where a batch's groups are handed over first: the main process
+    ends its per-group broadcasts with None, the other ranks take groups until that None; then TRL's own
+    broadcast runs on every rank as before. Idempotent."""
+    import importlib
+
+    from ogrpo.patches.target import trl_generation_module
+
+    mod = importlib.import_module(trl_generation_module(NAME))
+    if getattr(mod.broadcast_object_list, "_ogrpo_original", None) is not None:
+        return
+    real = mod.broadcast_object_list
+
+    def broadcast_object_list(object_list, from_process=0):
+        groups, _handoff.groups = getattr(_handoff, "groups", None), None
+        if groups is not None:
+            from accelerate.state import PartialState
+
+            if PartialState().is_main_process:
+                real([None], from_process=0)
+            else:
+                while True:
+                    item = [None]
+                    real(item, from_process=0)
+                    if item[0] is None:
+                        break
+                    groups.arrived(*item[0])
+        return real(object_list, from_process=from_process)
+
+    broadcast_object_list._ogrpo_original = real
+    mod.broadcast_object_list = broadcast_object_list
+
+
+def _rank_groups(trainer, state, work, prompts):
+    """This rank's RankGroups for the batch; on the main process, the pipeline's `on_group` hands each finished
+    group to every rank. Under lockstep the ranks score per group only if all of them can (one collective)."""
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    from ogrpo.train.overlap import RankGroups
+
+    acc = trainer.accelerator
+    if state.lockstep:
+        everyone = gather_object([work is not None and work.score_fn is not None])
+        if work is not None and not all(everyone):
+            work.score_fn = None
+    groups = RankGroups(work, acc.process_index, acc.num_processes, len(prompts) // trainer.num_generations,
+                        state.lockstep)
+    _handoff.groups = groups
+    if state.pipeline is not None:
+        def hand_over(index, answer):
+            broadcast_object_list([(index, {"completion_ids": answer["completion_ids"]})], from_process=0)
+            groups.arrived(index, answer)
+
+        state.pipeline.on_group = hand_over
+    return groups
+
+
 def _group_work(trainer, state, prompts):
-    """A GroupWork for this training batch, or None where it cannot stream: several trainer processes (the main
-    process's groups are every rank's, and the other ranks wait in a collective), images, a batch that is not
+    """This rank's GroupWork for this training batch, or None where it cannot stream: images, a batch that is not
     whole groups, or nothing to do ahead."""
     from ogrpo.train.overlap import GroupWork
 
-    pipeline, inputs = state.pipeline, state.inputs
-    if pipeline is None or pipeline.split is None or inputs is None or trainer.accelerator.num_processes != 1:
+    inputs = state.inputs
+    if not state.streams or inputs is None:
         return None
     n = trainer.num_generations
     if not prompts or len(prompts) % n or any(k in inputs[0] for k in ("image", "images")):
@@ -461,9 +566,9 @@ def _group_score(trainer, state, prompts):
 
     def score(index, answer):
         prompt, completions = prompt_ids[index * trainer.num_generations], answer["completion_ids"]
-        length = max(len(c) for c in completions)
-        if length == 0:
-            return None
+        # at least one column, so a group of empty completions still runs its pass (lockstep: every rank runs as
+        # many as the others); the extra column is masked, as TRL's right padding would be
+        length = max(1, max(len(c) for c in completions))
         n = len(completions)
         ids = torch.full((n, width + length), pad_id, dtype=torch.long)
         mask = torch.zeros((n, width + length), dtype=torch.long)
@@ -503,6 +608,11 @@ def _logps(trainer, state, original):
             if kind is not None and kind not in work.tried:
                 work.tried.add(kind)
                 out = _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep)
+                if state.lockstep:  # TRL's pass is a collective: every rank takes the groups' result, or none does
+                    from accelerate.utils import gather_object
+
+                    if not all(gather_object([out is not None])):
+                        out = None
                 if out is not None:
                     work.taken.add(kind)
                     return out, None, None

@@ -2,11 +2,14 @@
 `overlap.stream` setting, with its reason).
 
 Group by group (ogrpo.patches.trl_overlap, ogrpo.serve.client.group_calls): one request per prompt group, each
-finished group's rewards and log-prob passes running while the server generates the rest. That needs a server that
-batches concurrent requests and a trainer whose one process holds every group. Elsewhere the batch comes back
-whole and only the rewards run beside its log-prob passes; the samples, losses and updates are the same either
-way, only the waiting differs. The trainer decides the same way at run time (its own TRL and process count), and
-also takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a reward model).
+finished group's rewards and log-prob passes running while the server generates the rest. With several trainer
+processes the main process hands each finished group to every rank as it arrives and the rank that owns it works
+on it; where the log-prob passes are collectives (ZeRO-3) the ranks run their k-th passes together. That needs a
+server that batches concurrent requests and groups that each sit whole on one rank. Elsewhere the batch comes
+back whole and only the rewards run beside its log-prob passes; the samples, losses and updates are the same
+either way, only the waiting differs. The trainer decides the same way at run time (its own TRL, process count
+and batch), and also takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a
+reward model).
 """
 
 from __future__ import annotations
@@ -17,22 +20,27 @@ GROUPS, BATCH = "groups", "batch"
 FIRST_STREAMING_LINE = (1, 16)
 
 
-def decide(trl_version: str, trainer_processes: int) -> tuple[str, str]:
-    """(GROUPS or BATCH, why) for a lossless run under `trl_version` with this many trainer processes."""
+def decide(trl_version: str, trainer_processes: int, rank_rows: int | None = None,
+           num_generations: int | None = None) -> tuple[str, str]:
+    """(GROUPS or BATCH, why) for a lossless run under `trl_version` with this many trainer processes, each
+    scoring `rank_rows` completions per generation in groups of `num_generations`."""
     from ogrpo.stacks import parse_version
 
     if parse_version(trl_version)[:2] < FIRST_STREAMING_LINE:
         return BATCH, (f"TRL {trl_version}'s server (`trl vllm-serve`) answers one request at a time (each a "
                        "blocking LLM.generate): per-group requests would be generated one after another in small "
                        "batches, so each batch is requested whole and the rewards run beside its log-prob passes")
+    if trainer_processes > 1 and rank_rows and num_generations and rank_rows % num_generations:
+        return BATCH, (f"{trainer_processes} trainer processes with {rank_rows} completions each per generation, "
+                       f"not whole groups of {num_generations}: a group would be split between ranks, so each "
+                       "batch comes back whole and the rewards run beside its log-prob passes")
+    why = ("one request per prompt group (each with the seeds it has inside the one request): a finished group's "
+           "rewards and reference/old-policy log-probs are computed while the server generates the rest")
     if trainer_processes > 1:
-        return BATCH, (f"{trainer_processes} trainer processes: the main process generates every rank's groups "
-                       "while the others wait in its broadcast, and each rank scores only its own share in "
-                       "forward passes that must run in step on every rank (collectives under ZeRO-3); each batch "
-                       "comes back whole and the rewards run beside its log-prob passes")
-    return GROUPS, ("one request per prompt group (each with the seeds it has inside the one request): a finished "
-                    "group's rewards and reference/old-policy log-probs are computed while the server generates "
-                    "the rest")
+        why += (f"; the main process hands each finished group to the one of the {trainer_processes} trainer "
+                "processes that owns it (the ranks run their k-th log-prob passes together where those are "
+                "collectives, as under ZeRO-3)")
+    return GROUPS, why
 
 
 def trl_version(rules) -> str:

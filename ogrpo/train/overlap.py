@@ -199,25 +199,35 @@ class GroupWork:
 
     def arrived(self, index: int, answer: dict) -> None:
         self.event("arrived", index)
-        if self.reward_fn is not None:
-            before = self._last
+        self.reward(index, answer)
+        self.score(index, answer)
 
-            def run():
-                if before is not None:
-                    before.exception()  # one group at a time, in arrival order
-                self.event("reward_start", index)
-                try:
-                    return self.reward_fn(index, answer)
-                finally:
-                    self.event("reward_end", index)
+    def reward(self, index: int, answer: dict) -> None:
+        """Queue the group's rewards on the reward thread (after the groups queued before it)."""
+        if self.reward_fn is None:
+            return
+        before = self._last
 
-            self._last = self.rewards[index] = _spawn(run, f"ogrpo-overlap-reward-{index}")
-        if self.score_fn is not None:
-            self.event("score_start", index)
+        def run():
+            if before is not None:
+                before.exception()  # one group at a time, in arrival order
+            self.event("reward_start", index)
             try:
-                self.scores[index] = self.score_fn(index, answer)
+                return self.reward_fn(index, answer)
             finally:
-                self.event("score_end", index)
+                self.event("reward_end", index)
+
+        self._last = self.rewards[index] = _spawn(run, f"ogrpo-overlap-reward-{index}")
+
+    def score(self, index: int, answer: dict) -> None:
+        """The group's log-prob passes, on the calling thread."""
+        if self.score_fn is None:
+            return
+        self.event("score_start", index)
+        try:
+            self.scores[index] = self.score_fn(index, answer)
+        finally:
+            self.event("score_end", index)
 
     def early(self) -> int:
         """Groups whose reward or log-prob work started before the last group arrived."""
@@ -239,6 +249,40 @@ class GroupWork:
     def wait(self) -> None:
         for fut in list(self.rewards.values()):
             fut.exception()
+
+
+class RankGroups:
+    """One rank's side of a batch streamed to several trainer processes. The main process hands every finished
+    group to every rank in the order they finish (`arrived(index, answer)`, `index` in the whole batch, called
+    on each rank's main thread in the same order); a rank owns `per_rank` consecutive groups (TRL's process slice)
+    and works on its own with `work` (its GroupWork, indexed within the rank): the rewards as the group arrives,
+    the log-prob passes as soon as they may run. `lockstep`: the passes are collectives (ZeRO-3 gathers the
+    parameters in each forward), so every rank must run as many as the others, in the same order: a rank's k-th
+    group is scored once every rank has k groups, which each rank knows from the shared arrival order."""
+
+    def __init__(self, work: GroupWork | None, rank: int, ranks: int, per_rank: int, lockstep: bool):
+        self.work, self.rank, self.per_rank, self.lockstep = work, rank, per_rank, lockstep
+        self.counts = [0] * ranks
+        self.mine: list[tuple[int, dict]] = []
+        self.scored = 0
+
+    def arrived(self, index: int, answer: dict) -> None:
+        owner, local = divmod(index, self.per_rank)
+        if not 0 <= owner < len(self.counts):
+            raise OverlapError(f"overlap: group {index} is outside the batch of {len(self.counts)} ranks x "
+                               f"{self.per_rank} groups")
+        self.counts[owner] += 1
+        if owner == self.rank:
+            self.mine.append((local, answer))
+            if self.work is not None:
+                self.work.event("arrived", local)
+                self.work.reward(local, answer)
+        ready = min(self.counts) if self.lockstep else self.counts[self.rank]
+        while self.scored < ready:
+            local, answer = self.mine[self.scored]
+            self.scored += 1
+            if self.work is not None:
+                self.work.score(local, answer)
 
 
 class Ticket:

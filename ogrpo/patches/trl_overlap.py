@@ -99,9 +99,10 @@ class _State:
         self.lockstep = False  # several ranks whose forward passes are collectives (ZeRO-3)
 
 
-def install(trainer, mode: str, timeline=None) -> dict:
+def install(trainer, mode: str, timeline=None, server_dp: int = 1) -> dict:
     """Pipeline `trainer` (built, not yet training) in `mode` (lossless | one-step). Raises OgrpoError where the
-    mode cannot apply. Returns what was installed, for the manifest. `timeline`: ogrpo.train.profiler.Timeline."""
+    mode cannot apply. Returns what was installed, for the manifest. `timeline`: ogrpo.train.profiler.Timeline;
+    `server_dp`: the server's data-parallel engines (the plan's)."""
     from ogrpo.errors import OgrpoError
     from ogrpo.train import overlap
 
@@ -115,7 +116,7 @@ def install(trainer, mode: str, timeline=None) -> dict:
 
     timeline = timeline or getattr(trainer, "_ogrpo_timeline", None) or Timeline()
     trainer._ogrpo_timeline = timeline  # the stage profiler reads the same spans
-    streams = mode == overlap.LOSSLESS and _streams(trainer)  # the same on every rank
+    streams = mode == overlap.LOSSLESS and _streams(trainer, server_dp)  # the same on every rank
     pipeline = None
     if trainer.accelerator.is_main_process:
         split = _splitter(trainer) if streams else None
@@ -333,7 +334,7 @@ _REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref -
 _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
 
 
-def _streams(trainer) -> bool:
+def _streams(trainer, server_dp: int = 1) -> bool:
     """Whether lossless batches come back group by group: the plan's `overlap.stream`, decided by the same rule
     (this TRL line's server, the trainer processes and their share of each batch)."""
     import trl
@@ -344,7 +345,8 @@ def _streams(trainer) -> bool:
 
     args = trainer.args
     rows = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
-    decided = decide(trl.__version__, trainer.accelerator.num_processes, rows, trainer.num_generations)[0]
+    decided = decide(trl.__version__, trainer.accelerator.num_processes, rows, trainer.num_generations,
+                     server_dp)[0]
     return decided == GROUPS and can_split(compat.server_flavor(trl.__version__))
 
 
@@ -600,7 +602,8 @@ def _group_score(trainer, state, prompts):
 def _logps(trainer, state, original):
     def _get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         work = state.work
-        if work is not None and work.score_fn is not None and not args and _plain(kwargs):
+        # batch_size comes by keyword (TRL 1.16) or fifth (TRL 1.9.2's old-policy pass); nothing else may come
+        if work is not None and work.score_fn is not None and len(args) <= 1 and _plain(kwargs):
             kind = "old" if model is trainer.model else "ref" if model is getattr(trainer, "ref_model", None) \
                 else None
             # only the first pass on a model can be the one the groups scored: with LoRA the reference pass runs

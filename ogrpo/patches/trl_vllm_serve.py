@@ -3,7 +3,8 @@ ogrpo.serve.trl_serve_cpu: the CPU weight-sync extension), its routes, parser an
 
 TRL's `main` starts one worker process per data-parallel rank from the module's `llm_worker`, which imports `LLM`
 from vllm when it runs: `install` swaps that module-level `llm_worker` for one that first replaces `vllm.LLM` in
-the worker process, then runs TRL's.
+the worker process and keeps the worker's end of its pipe (ogrpo.serve.trl_stream answers on it), then runs
+TRL's.
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ def check() -> None:
 def _llm_worker(*args, **kwargs):
     import vllm
 
+    from ogrpo.serve import trl_stream
+
     # TRL's workers are forked (multiprocessing's default on Linux): they inherit the state install() set
     vllm.LLM = _WRAP_LLM(vllm.LLM)
+    # the worker's end of its pipe (TRL's llm_worker(script_args, data_parallel_rank, master_port, connection)):
+    # the streaming generation answers each request on it as it finishes
+    trl_stream._worker_connection = kwargs.get("connection", args[3] if len(args) > 3 else None)
     return _TRL_LLM_WORKER(*args, **kwargs)
 
 

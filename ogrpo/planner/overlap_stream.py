@@ -5,7 +5,8 @@ Group by group (ogrpo.patches.trl_overlap, ogrpo.serve.client.group_calls): one 
 finished group's rewards and log-prob passes running while the server generates the rest. With several trainer
 processes the main process hands each finished group to every rank as it arrives and the rank that owns it works
 on it; where the log-prob passes are collectives (ZeRO-3) the ranks run their k-th passes together. That needs a
-server that batches concurrent requests and groups that each sit whole on one rank. Elsewhere the batch comes
+server that batches concurrent requests (vLLM's API server; `trl vllm-serve` for TRL 1.9's client with one engine,
+through ogrpo.serve.trl_stream) and groups that each sit whole on one rank. Elsewhere the batch comes
 back whole and only the rewards run beside its log-prob passes; the samples, losses and updates are the same
 either way, only the waiting differs. The trainer decides the same way at run time (its own TRL, process count
 and batch), and also takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a
@@ -15,27 +16,34 @@ reward model).
 from __future__ import annotations
 
 GROUPS, BATCH = "groups", "batch"
-# The first TRL line whose VLLMClient speaks to vLLM's OpenAI API server (ogrpo.compat.server_flavor), which
-# batches concurrent requests; tests/test_overlap.py checks the two agree.
-FIRST_STREAMING_LINE = (1, 16)
+# The first TRL line whose VLLMClient speaks to vLLM's OpenAI API server (ogrpo.compat.server_flavor); earlier
+# lines talk to `trl vllm-serve`. tests/test_overlap.py checks the two agree.
+FIRST_VLLM_API_LINE = (1, 16)
 
 
 def decide(trl_version: str, trainer_processes: int, rank_rows: int | None = None,
-           num_generations: int | None = None) -> tuple[str, str]:
+           num_generations: int | None = None, server_dp: int = 1) -> tuple[str, str]:
     """(GROUPS or BATCH, why) for a lossless run under `trl_version` with this many trainer processes, each
-    scoring `rank_rows` completions per generation in groups of `num_generations`."""
+    scoring `rank_rows` completions per generation in groups of `num_generations`, against a server of
+    `server_dp` data-parallel engines."""
     from ogrpo.stacks import parse_version
 
-    if parse_version(trl_version)[:2] < FIRST_STREAMING_LINE:
-        return BATCH, (f"TRL {trl_version}'s server (`trl vllm-serve`) answers one request at a time (each a "
-                       "blocking LLM.generate): per-group requests would be generated one after another in small "
-                       "batches, so each batch is requested whole and the rewards run beside its log-prob passes")
+    trl_serve = parse_version(trl_version)[:2] < FIRST_VLLM_API_LINE
+    if trl_serve and server_dp > 1:
+        return BATCH, (f"TRL {trl_version}'s server (`trl vllm-serve`) with {server_dp} data-parallel engines "
+                       "answers one request at a time (each a blocking LLM.generate over the engines; O-GRPO "
+                       "batches concurrent requests for one engine only): per-group requests would be generated "
+                       "one after another, so each batch is requested whole and the rewards run beside its "
+                       "log-prob passes")
     if trainer_processes > 1 and rank_rows and num_generations and rank_rows % num_generations:
         return BATCH, (f"{trainer_processes} trainer processes with {rank_rows} completions each per generation, "
                        f"not whole groups of {num_generations}: a group would be split between ranks, so each "
                        "batch comes back whole and the rewards run beside its log-prob passes")
     why = ("one request per prompt group (each with the seeds it has inside the one request): a finished group's "
            "rewards and reference/old-policy log-probs are computed while the server generates the rest")
+    if trl_serve:
+        why += (f" (TRL {trl_version}'s `trl vllm-serve`, whose /generate/ answers one request at a time, runs "
+                "with O-GRPO's handler: concurrent requests join one engine batch and each is answered when done)")
     if trainer_processes > 1:
         why += (f"; the main process hands each finished group to the one of the {trainer_processes} trainer "
                 "processes that owns it (the ranks run their k-th log-prob passes together where those are "

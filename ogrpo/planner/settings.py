@@ -163,7 +163,7 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
         rc = d.run_config  # one generation per optimizer step (above): a rank's rows are its micro-batches'
         rows = int(rc.get("per_device_train_batch_size")) * int(rc.get("gradient_accumulation_steps"))
         s.add("overlap.stream", *overlap_stream.decide(overlap_stream.trl_version(d.rules), p.num_processes, rows,
-                                                       int(rc.get("num_generations"))))
+                                                       int(rc.get("num_generations")), max(1, p.dp or 1)))
     if mode == "one-step":
         key, reason = ("vllm_importance_sampling_correction",
                        "ogrpo.overlap one-step samples with weights one step old: TRL's importance-sampling "

@@ -96,15 +96,16 @@ class JobKeyMiddleware:
 # --------------------------------------------------------------------------------------------- TRL's server
 
 
-def install_starlette_guard(key: str | None = None) -> None:
+def install_starlette_guard(key: str | None = None, inner=None) -> None:
     """Every Starlette/FastAPI app in this process answers through `JobKeyMiddleware` (for `trl vllm-serve`, which
-    has no middleware option; the patch: ogrpo.patches.starlette_job_key)."""
+    has no middleware option; the patch: ogrpo.patches.starlette_job_key), around `inner(app)` where given (an ASGI
+    middleware that only requests carrying the key reach)."""
     from ogrpo.patches import starlette_job_key
 
     if starlette_job_key.installed():
         return
     key = key or server_key()  # no key, no guard: fail at start-up, not on the first request
-    starlette_job_key.install(lambda app: JobKeyMiddleware(app, key=key))
+    starlette_job_key.install(lambda app: JobKeyMiddleware(inner(app) if inner is not None else app, key=key))
 
 
 # ------------------------------------------------------------------------------------------------ the client

@@ -245,10 +245,11 @@ def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call
 
 
 def can_split(flavor: str) -> bool:
-    """Whether requests to a server of this flavor go out one per prompt group (`group_calls`)."""
+    """Whether requests to a server of this flavor go out one per prompt group (`group_calls`): O-GRPO's servers
+    of both flavors generate concurrent requests together (vLLM's API server; ogrpo.serve.trl_stream)."""
     from ogrpo import compat
 
-    return flavor == compat.VLLM_API
+    return flavor in compat.FLAVORS
 
 
 def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | None:
@@ -256,24 +257,27 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     `client.generate(prompts=prompts, **sampling)` asks in one request, each group with the sampling seeds it has
     inside that one request, so the completions are the same; None where the request must stay whole.
 
-    Sent at once, the groups' requests reach vLLM's API server together and its engine batches them as it would
-    the one request, while each answer comes back when its group finishes (ogrpo.train.overlap.Stream). TRL 1.9's
-    `trl vllm-serve` answers one request at a time (a blocking LLM.generate per request): split there, the groups
-    would be generated one after the other in small batches, so its requests stay whole. A request that carries
-    image features stays whole too. The seeds: a seeded request's prompt i samples with seed + i x n on O-GRPO's
-    server (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; an unseeded one stays
-    unseeded (the engine's generator: no two runs agree anyway)."""
-    if not can_split(flavor) or len(prompts) < 2 or sampling.get("features") is not None:
+    Sent at once, the groups' requests reach the server together and its engine batches them as it would the
+    one request (vLLM's API server; for TRL 1.9's client, ogrpo.serve.trl_stream), while each answer comes back
+    when its group finishes (ogrpo.train.overlap.Stream). A request that carries images stays whole. The seeds: a
+    seeded request's prompt i samples with seed + i x n on O-GRPO's vLLM API server
+    (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; TRL 1.9's server samples
+    every prompt of a request with the request's seed, so each group keeps it; an unseeded request stays unseeded
+    (the engine's generator: no two runs agree anyway)."""
+    from ogrpo import compat
+
+    if not can_split(flavor) or len(prompts) < 2 or any(sampling.get(k) is not None for k in ("features", "images")):
         return None
     seeded = getattr(client, "seeded_kwargs", None)
     sampling = seeded(dict(sampling)) if seeded is not None else dict(sampling)  # one seed per call, as generate
     n = max(1, int(sampling.get("n") or 1))
     base = dict(sampling.get("generation_kwargs") or {})
+    spread = flavor == compat.VLLM_API
     _widen_pool(client, len(prompts))
     calls = []
     for i, prompt in enumerate(prompts):
         part = dict(sampling)
-        if base.get("seed") is not None:
+        if spread and base.get("seed") is not None:
             part["generation_kwargs"] = {**base, "seed": int(base["seed"]) + i * n}
         part["prompts"] = [prompt]
         # the class's generate: the instance's is the overlap pipeline's; a seeded part is not seeded again

@@ -124,16 +124,9 @@ def _cpu_llm(base):
 
 def main(argv: list[str] | None = None) -> None:
     """TRL's `vllm-serve` main, with its own argument parser, on CPU, behind the job-key guard."""
-    from trl.scripts import vllm_serve
+    from ogrpo.serve import trl_stream
 
-    from ogrpo.patches import trl_vllm_serve
-    from ogrpo.serve.auth import install_starlette_guard
-
-    install_starlette_guard()
-    trl_vllm_serve.install(_cpu_llm)  # its engine workers build CPUWeightSyncLLM
-    parser = vllm_serve.make_parser(prog="ogrpo.serve.trl_serve_cpu")
-    (script_args,) = parser.parse_args_and_config(args=argv)
-    vllm_serve.main(script_args)
+    trl_stream.serve("ogrpo.serve.trl_serve_cpu", _cpu_llm, argv)  # its engine workers build CPUWeightSyncLLM
 
 
 # ---- trainer side ---------------------------------------------------------------------------------------

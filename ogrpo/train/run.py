@@ -234,7 +234,8 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
         return {"mode": OFF, "reason": "; ".join(problems)}
     from ogrpo.patches import trl_overlap
 
-    installed = trl_overlap.install(trainer, mode)
+    vllm = getattr(plan, "vllm", None)
+    installed = trl_overlap.install(trainer, mode, server_dp=max(1, getattr(vllm, "data_parallel_size", 1) or 1))
     if mode == ONE_STEP:  # the batch in flight goes into each checkpoint: a resumed run sees the same stream
         from ogrpo.train import overlap_resume, zero3_push
 

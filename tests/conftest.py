@@ -181,3 +181,28 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def _lock_module(items):
+    return next((item.module for item in items
+                 if getattr(item, "originalname", None) == "test_lock_is_consistent_against_the_index"), None)
+
+
+def pytest_collection_finish(session):
+    """tests/test_locks.py's resolutions against the index wait on the network for about a minute: started here,
+    they run beside the tests collected before them."""
+    module = _lock_module(session.items)
+    if module is not None:
+        import tempfile
+
+        session.config._ogrpo_locks_tmp = tempfile.mkdtemp(prefix="ogrpo-locks-")
+        module.start_index_resolutions(Path(session.config._ogrpo_locks_tmp))
+
+
+def pytest_sessionfinish(session):
+    module = _lock_module(getattr(session, "items", []))
+    if module is not None:
+        import shutil
+
+        module.stop_index_resolutions()
+        shutil.rmtree(getattr(session.config, "_ogrpo_locks_tmp", ""), ignore_errors=True)

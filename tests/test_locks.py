@@ -220,29 +220,45 @@ def _pypi_reachable() -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def index_reports(tmp_path_factory) -> dict:
-    """pip's resolution of every GPU lock against the index, run side by side (each waits on the network for about
-    a minute): name -> (returncode, stderr tail, the report's install items, the pins, the builder wheels)."""
-    if not _pypi_reachable():
-        pytest.skip("PyPI is not reachable from this machine")
-    started = {}
+_RESOLVING: dict = {}  # name -> (pip process, report, pins, builder wheels, stderr file)
+
+
+def start_index_resolutions(tmp: Path) -> None:
+    """Start pip's resolution of every GPU lock against the index, side by side: each waits on the network for
+    about a minute, so tests/conftest.py starts them once the session is collected and they run beside the tests
+    before these. Nothing is started where PyPI cannot be reached."""
+    if _RESOLVING or not _pypi_reachable():
+        return
     for name in GPU_LOCKS:
-        tmp = tmp_path_factory.mktemp(f"lock-{name}")
         pins = read_lock(REPO / "requirements" / f"{name}.lock")
         builder = {normalize_name(b) for b in FAMILIES[name].builder_wheels}
-        reqs = tmp / "reqs.txt"
+        reqs, report, err = tmp / f"{name}-reqs.txt", tmp / f"{name}-report.json", tmp / f"{name}.err"
         reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if n not in builder))
-        report = tmp / "report.json"
-        cmd = [*lockgen.pip_base(report, tmp / "t"), "--no-deps", "-r", str(reqs)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env=lockgen.pip_env())
-        started[name] = (proc, report, pins, builder)
+        cmd = [*lockgen.pip_base(report, tmp / f"{name}-t"), "--no-deps", "-r", str(reqs)]
+        with open(err, "w") as stderr:  # a file, not a pipe nobody reads while the other tests run
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=lockgen.pip_env())
+        _RESOLVING[name] = (proc, report, pins, builder, err)
+
+
+def stop_index_resolutions() -> None:
+    """End any resolution still running (a session stopped before these tests)."""
+    for proc, *_ in _RESOLVING.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def index_reports(tmp_path_factory) -> dict:
+    """name -> (returncode, stderr tail, the report's install items, the pins, the builder wheels)."""
+    start_index_resolutions(tmp_path_factory.mktemp("locks"))  # started already where the session is
+    if not _RESOLVING:
+        pytest.skip("PyPI is not reachable from this machine")
     out = {}
-    for name, (proc, report, pins, builder) in started.items():
-        _, err = proc.communicate(timeout=900)
+    for name, (proc, report, pins, builder, err) in _RESOLVING.items():
+        proc.wait(timeout=900)
         items = json.loads(report.read_text())["install"] if proc.returncode == 0 else []
-        out[name] = (proc.returncode, err[-3000:], items, pins, builder)
+        out[name] = (proc.returncode, err.read_text()[-3000:], items, pins, builder)
     return out
 
 

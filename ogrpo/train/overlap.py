@@ -7,10 +7,12 @@ the trainer pushes weights, asks for a batch, waits for it, scores and trains wh
 - `lossless`: the same requests in the same order with the same weights, so the same samples, losses and updates
   as `off`; only waiting changes. The weight push starts when the optimizer step ends (a callback, before logging
   and checkpointing) and the next batch is requested the moment the server has the weights. Where the server
-  batches concurrent requests (vLLM's API server), a batch goes out as one request per prompt group, each with the
-  seed the group had inside the one request (`Stream`), and the groups are taken as they finish: the rewards of a
-  finished group run on a reward thread while the main thread computes its reference/old-policy log-probs
-  (`GroupWork`), and the server still generates the rest. Elsewhere the reward functions run in a thread while the
+  batches concurrent requests (vLLM's API server; TRL 1.9's `trl vllm-serve` through ogrpo.serve.trl_stream), a
+  batch goes out as one request per prompt group, each with the seed the group had inside the one request
+  (`Stream`), and the groups are taken as they finish: the rewards of a finished group run on a reward thread
+  while the main thread computes its reference/old-policy log-probs (`GroupWork`), and the server still generates
+  the rest; with several trainer processes each rank works on its own groups as the main process hands them over
+  (`RankGroups`). Elsewhere the reward functions run in a thread while the
   trainer computes the log-probs of the whole batch. Either way their cross-rank gather is put back on the main
   thread, in TRL's order, so no two threads ever drive a collective at once.
 - `one-step`: the server generates batch k+1 with the weights of step k while the trainer scores and trains on

@@ -1,0 +1,161 @@
+"""ogrpo.serve.trl_stream's server side against a stand-in engine worker on a real pipe (the real one, vLLM in TRL
+1.9's `trl vllm-serve`, runs in tests/trl19/test_trl19_overlap.py): concurrent /generate/ requests all reach the
+worker before any is answered, each is answered when its own outputs come back, routes that talk to the worker
+wait until nothing is in flight, and the health check never waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from multiprocessing import Pipe
+from types import SimpleNamespace
+
+import pytest
+
+from ogrpo.serve import trl_stream
+
+WAIT_S = 30
+
+
+def _output(prompt):
+    return SimpleNamespace(prompt_token_ids=prompt,
+                           outputs=[SimpleNamespace(token_ids=(prompt[0], 100 + k), logprobs=None) for k in range(2)])
+
+
+class Worker(threading.Thread):
+    """The engine worker's side of the pipe: takes `expect` streamed requests (all before answering any), waits
+    for `release`, then answers them in reverse order and reports how many it took."""
+
+    def __init__(self, conn, expect: int):
+        super().__init__(daemon=True)
+        self.conn, self.expect, self.release = conn, expect, threading.Event()
+        self.took: list = []
+
+    def run(self):
+        while len(self.took) < self.expect:
+            if not self.conn.poll(WAIT_S):
+                return  # the batcher never sent them all: the requests time out, the test fails
+            command = self.conn.recv()
+            assert command["method"] == trl_stream.METHOD
+            self.took.append(command["kwargs"])
+        self.release.wait(WAIT_S)
+        for kw in reversed(self.took):
+            self.conn.send((trl_stream.PART, kw["tag"], [_output(p["prompt_token_ids"]) for p in kw["prompts"]]))
+        self.conn.send((trl_stream.IDLE, len(self.took)))
+
+
+class InnerApp:
+    """TRL's app: records what reached it, and when."""
+
+    def __init__(self, log):
+        self.log = log
+
+    async def __call__(self, scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.log.append(("inner", scope["path"], body))
+        await trl_stream._json(send, 200, {"path": scope["path"]})
+
+
+async def _call(app, path, payload=None, log=None, name=None):
+    body = json.dumps(payload).encode() if payload is not None else b""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await asyncio.sleep(3600)
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    out = {}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        else:
+            out["json"] = json.loads(message["body"])
+
+    scope = {"type": "http", "method": "POST" if payload is not None else "GET", "path": path, "headers": []}
+    await app(scope, receive, send)
+    if log is not None:
+        log.append(("answered", name))
+    return out
+
+
+def _request(prompts):
+    return {"prompts": prompts, "images": None, "n": 2, "repetition_penalty": 1.0, "temperature": 1.0,
+            "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_tokens": 8, "logprobs": 0,
+            "structured_outputs_regex": None, "generation_kwargs": {"seed": 3}}
+
+
+@pytest.fixture
+def pipe(monkeypatch):
+    parent, child = Pipe()
+    monkeypatch.setattr(trl_stream, "_connections", [parent])
+    monkeypatch.setattr(trl_stream, "sampling_params", lambda payload: {"n": payload["n"], "seed": 3})
+    yield parent, child
+    parent.close()
+    child.close()
+
+
+def test_concurrent_generates_run_together_answer_as_done_and_other_routes_wait(pipe):
+    _, child = pipe
+    worker = Worker(child, expect=2)
+    worker.start()
+    log: list = []
+    app = trl_stream.GroupBatcher(InnerApp(log))
+
+    async def scenario():
+        first = asyncio.create_task(_call(app, "/generate/", _request([[1], [2]]), log, "first"))
+        second = asyncio.create_task(_call(app, "/generate/", _request([[3]]), log, "second"))
+        await asyncio.sleep(0.2)
+        reset = asyncio.create_task(_call(app, "/reset_prefix_cache/", {}, log, "reset"))
+        health = await asyncio.wait_for(_call(app, "/health/"), WAIT_S)  # answered while both are in flight
+        await asyncio.sleep(0.2)
+        assert not any(e[0] == "answered" or e[1:2] == ("/reset_prefix_cache/",) for e in log), log
+        worker.release.set()
+        return health, await asyncio.wait_for(asyncio.gather(first, second, reset), WAIT_S)
+
+    health, (first, second, reset) = asyncio.run(scenario())
+    worker.join(WAIT_S)
+    assert health["status"] == 200 and len(worker.took) == 2  # both were sent before either was answered
+    assert first["status"] == second["status"] == reset["status"] == 200
+    # TRL's response, each for its own prompts
+    assert first["json"] == {"prompt_ids": [[1], [2]], "completion_ids": [[1, 100], [1, 101], [2, 100], [2, 101]],
+                             "logprobs": None, "logprob_token_ids": None}
+    assert second["json"]["completion_ids"] == [[3, 100], [3, 101]]
+    answered = [e[1] for e in log if e[0] == "answered"]
+    assert answered.index("second") < answered.index("first")  # the one the worker finished first came first
+    # the reset reached TRL's handler only once the worker had answered everything
+    inner = [i for i, e in enumerate(log) if e[:2] == ("inner", "/reset_prefix_cache/")]
+    assert inner and inner[0] > max(i for i, e in enumerate(log) if e[0] == "answered" and e[1] != "reset")
+    assert not app.busy()
+
+
+def test_text_prompts_and_images_go_to_trls_handler_with_their_body(pipe):
+    log: list = []
+    app = trl_stream.GroupBatcher(InnerApp(log))
+    for payload in ({**_request(["a prompt"])}, {**_request([[1]]), "images": [["aW1n"]]}):
+        out = asyncio.run(_call(app, "/generate/", payload))
+        assert out["status"] == 200 and out["json"] == {"path": "/generate/"}
+        assert json.loads(log[-1][2]) == payload
+
+
+def test_a_worker_that_dies_fails_its_requests_with_a_reason(pipe):
+    _, child = pipe
+    app = trl_stream.GroupBatcher(InnerApp([]))
+
+    def die():
+        child.recv()
+        child.close()
+
+    threading.Thread(target=die, daemon=True).start()
+    out = asyncio.run(asyncio.wait_for(_call(app, "/generate/", _request([[1]])), WAIT_S))
+    assert out["status"] == 500 and "engine worker is gone" in out["json"]["detail"]
+    assert not app.busy()

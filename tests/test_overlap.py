@@ -238,8 +238,13 @@ def test_group_calls_give_each_group_the_seeds_it_has_inside_the_one_request():
     assert [p["prompts"] for p in split.posted] == [[[1]], [[2]], [[3]]] and {p["top_k"] for p in split.posted} == {5}
     assert split._generation_calls == whole._generation_calls == 1  # the next request gets off's next seed
     assert whole.generate(prompts=prompts, n=2)["completion_ids"] != out["completion_ids"]
-    # `trl vllm-serve` (TRL 1.9) answers one request at a time: its requests stay whole
-    assert group_calls(Client(), prompts, {"n": 2}, compat.TRL_VLLM_SERVE) is None
+    # `trl vllm-serve` (TRL 1.9) samples every prompt of a request with the request's seed: each group keeps it
+    trl19 = Client()
+    calls = group_calls(trl19, prompts, {"n": 2}, compat.TRL_VLLM_SERVE)
+    [call() for call in calls]
+    assert [p["seed"] for p in trl19.posted] == [seed] * 3 and len(calls) == 3
+    # images go whole
+    assert group_calls(Client(), prompts, {"n": 2, "images": [None, ["aW1n"], None]}, compat.TRL_VLLM_SERVE) is None
 
 
 def test_staleness_beyond_the_mode_bound_is_an_assertion_error():

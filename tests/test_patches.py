@@ -18,8 +18,10 @@ def test_every_check_passes_on_the_installed_libraries():
     assert {name: r["detail"] for name, r in report.items() if r["status"] == "failed"} == {}
     assert report["typer_options"]["status"] == "ok"  # the CLI's own dependency is always here
     if patches.installed("trl") and patches.installed("vllm"):  # the CPU stack: every TRL patch applies here
-        assert {name: r["status"] for name, r in report.items() if r["library"] == "trl"} == {
-            name: "ok" for name, (dist, _) in patches.PATCHES.items() if dist == "trl"}
+        expected = {name: "ok" for name, (dist, _) in patches.PATCHES.items() if dist == "trl"}
+        expected["trl_stream"] = "skipped"  # `trl vllm-serve`'s handler: TRL 1.9's client only (tests/trl19)
+        assert {name: r["status"] for name, r in report.items() if r["library"] == "trl"} == expected
+        assert "vLLM's API server" in report["trl_stream"]["detail"]
 
 
 def _vllm_generation():
@@ -38,6 +40,7 @@ MOVES = {
     "transformers_fused_sample": ("transformers.generation.utils", "GenerationMixin._sample"),
     "trl_vllm_client": ("@gen", "VLLMClient.init_communicator"),
     "trl_vllm_serve": ("trl.scripts.vllm_serve", "make_parser"),
+    "trl_stream": ("vllm", "LLM.enqueue"),  # TRL 1.9's line only: tests/trl19/test_trl19_patches.py
     "trl_overlap": ("trl.trainer.grpo_trainer", "GRPOTrainer._calculate_rewards"),
     "trl_trainer_wraps": ("trl.trainer.grpo_trainer", "GRPOTrainer._generate_and_score_completions"),
     "trl_zero3_push": ("trl.distributed", "DistributedBackend.gather_params"),
@@ -57,6 +60,9 @@ def test_check_fails_loudly_when_its_target_moves(name, monkeypatch):
     for need in (dist, *patches.REQUIRES.get(name, ())):
         if not patches.installed(need):
             pytest.skip(f"{need} is not installed")
+    why_not = getattr(patches.module(name), "not_applicable", lambda: None)()
+    if why_not:
+        pytest.skip(f"{name}: {why_not}")
     where, chain = MOVES[name]
     owner = _vllm_generation() if where == "@gen" else importlib.import_module(where)
     *parents, attr = chain.split(".")

@@ -3,8 +3,8 @@ ogrpo.serve.trl_serve_cpu: the CPU weight-sync extension), its routes, parser an
 
 TRL's `main` starts one worker process per data-parallel rank from the module's `llm_worker`, which imports `LLM`
 from vllm when it runs: `install` swaps that module-level `llm_worker` for one that first replaces `vllm.LLM` in
-the worker process and keeps the worker's end of its pipe (ogrpo.serve.trl_stream answers on it), then runs
-TRL's.
+the worker process and hands the worker's end of its pipe to `on_worker` (ogrpo.serve.trl_stream answers on
+it), then runs TRL's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ LIBRARY = "trl"
 
 _TRL_LLM_WORKER = None
 _WRAP_LLM = None
+_ON_WORKER = None
 
 
 def check() -> None:
@@ -33,24 +34,22 @@ def check() -> None:
 def _llm_worker(*args, **kwargs):
     import vllm
 
-    from ogrpo.serve import trl_stream
-
     # TRL's workers are forked (multiprocessing's default on Linux): they inherit the state install() set
     vllm.LLM = _WRAP_LLM(vllm.LLM)
-    # the worker's end of its pipe (TRL's llm_worker(script_args, data_parallel_rank, master_port, connection)):
-    # the streaming generation answers each request on it as it finishes
-    trl_stream._worker_connection = kwargs.get("connection", args[3] if len(args) > 3 else None)
+    if _ON_WORKER is not None:  # TRL's llm_worker(script_args, data_parallel_rank, master_port, connection)
+        _ON_WORKER(kwargs.get("connection", args[3] if len(args) > 3 else None))
     return _TRL_LLM_WORKER(*args, **kwargs)
 
 
-def install(wrap_llm) -> None:
-    """Engine workers of `trl.scripts.vllm_serve.main` build `wrap_llm(vllm.LLM)` instead of vLLM's `LLM`.
-    Call before that `main`; a second call replaces `wrap_llm`, never wraps TRL's worker twice."""
-    global _TRL_LLM_WORKER, _WRAP_LLM
+def install(wrap_llm, on_worker=None) -> None:
+    """Engine workers of `trl.scripts.vllm_serve.main` build `wrap_llm(vllm.LLM)` instead of vLLM's `LLM`, after
+    `on_worker(connection)` with the worker's end of its pipe. Call before that `main`; a second call replaces
+    both, never wraps TRL's worker twice."""
+    global _TRL_LLM_WORKER, _WRAP_LLM, _ON_WORKER
     check()
     require(NAME, LIBRARY, {"trl.scripts.vllm_serve:llm_worker": None})  # check() asks it of the 1.9 line only
     from trl.scripts import vllm_serve
 
     _TRL_LLM_WORKER = _TRL_LLM_WORKER or vllm_serve.llm_worker
-    _WRAP_LLM = wrap_llm
+    _WRAP_LLM, _ON_WORKER = wrap_llm, on_worker
     vllm_serve.llm_worker = _llm_worker

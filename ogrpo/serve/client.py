@@ -266,7 +266,9 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     (the engine's generator: no two runs agree anyway)."""
     from ogrpo import compat
 
-    if not can_split(flavor) or len(prompts) < 2 or any(sampling.get(k) is not None for k in ("features", "images")):
+    images = sampling.get("images")
+    if not can_split(flavor) or len(prompts) < 2 or sampling.get("features") is not None \
+            or (images is not None and any(i is not None for i in images)):
         return None
     seeded = getattr(client, "seeded_kwargs", None)
     sampling = seeded(dict(sampling)) if seeded is not None else dict(sampling)  # one seed per call, as generate

@@ -32,8 +32,51 @@ METHOD = "ogrpo_generate_stream"
 _SAMPLING = ("n", "repetition_penalty", "temperature", "top_p", "top_k", "min_p", "max_tokens", "logprobs")
 _PASS_THROUGH = ("/health/", "/get_world_size/")  # routes that never touch the engine worker
 
-_worker_connection = None  # the engine worker's end of its pipe (set in the worker by ogrpo.patches.trl_vllm_serve)
+NAME = "trl_stream"
+LIBRARY = "trl"
+
+_worker_connection = None  # the engine worker's end of its pipe (kept in the worker, `_keep_worker_connection`)
 _connections: list = []  # the server process's ends of the workers' pipes, in rank order
+
+
+def not_applicable() -> str | None:
+    """Only TRL 1.9's client talks to `trl vllm-serve`; later lines talk to vLLM's API server."""
+    import trl
+
+    from ogrpo import compat
+
+    if compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE:
+        return "this TRL line's client talks to vLLM's API server, not `trl vllm-serve` (never applies)"
+    return None
+
+
+def check() -> None:
+    """What this module reads of TRL's server script and of vLLM's LLM: the names, and the lines of TRL's
+    `/generate/` handler whose sampling parameters `sampling_params` rebuilds."""
+    from ogrpo.patches.target import moved, problems_of
+
+    problems = problems_of({
+        "trl.scripts.vllm_serve:Pipe": None, "trl.scripts.vllm_serve:main": ("script_args",),
+        "trl.scripts.vllm_serve:llm_worker": None, "trl.generation.vllm_generation:extract_logprobs": None,
+        "vllm:LLM.enqueue": ("prompts", "sampling_params", "use_tqdm"), "vllm:LLM._add_request": None,
+        "vllm.v1.engine.llm_engine:LLMEngine.step": None,
+        "vllm.v1.engine.llm_engine:LLMEngine.has_unfinished_requests": None,
+        "vllm.sampling_params:StructuredOutputsParams": None,
+    })
+    if not problems:
+        import inspect
+
+        from trl.scripts import vllm_serve
+        from vllm import LLM
+
+        main = inspect.getsource(vllm_serve.main)
+        needles = [(main, "Pipe()"), (main, "generation_kwargs.update(request.generation_kwargs)"),
+                   (main, "StructuredOutputsParams(regex=request.structured_outputs_regex)"),
+                   (inspect.getsource(LLM._add_request), "next(self.request_counter)")]
+        needles += [(main, f'"{k}": request.{k}') for k in _SAMPLING]
+        problems = [f"no longer contains `{needle}`" for source, needle in needles if needle not in source]
+    if problems:
+        raise moved(NAME, LIBRARY, problems)
 
 
 # ---- engine worker ----------------------------------------------------------------------------------------------
@@ -239,6 +282,11 @@ async def _json(send, status: int, content: dict) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _keep_worker_connection(connection) -> None:
+    global _worker_connection
+    _worker_connection = connection
+
+
 def install(wrap_llm=None) -> None:
     """Before TRL's `main`: its engine workers build `streaming_llm(wrap_llm(vllm.LLM))`, its pipes are recorded
     and every Starlette app it builds answers through the job-key guard around `GroupBatcher`."""
@@ -247,8 +295,10 @@ def install(wrap_llm=None) -> None:
     from ogrpo.patches import trl_vllm_serve
     from ogrpo.serve.auth import install_starlette_guard
 
+    check()  # fail at start-up, naming what moved, not on the first request
     install_starlette_guard(inner=GroupBatcher)
-    trl_vllm_serve.install(lambda base: streaming_llm(wrap_llm(base) if wrap_llm is not None else base))
+    trl_vllm_serve.install(lambda base: streaming_llm(wrap_llm(base) if wrap_llm is not None else base),
+                           on_worker=_keep_worker_connection)
     if getattr(vllm_serve.Pipe, "_ogrpo_recording", False) is False:
         vllm_serve.Pipe = recording_pipe(vllm_serve.Pipe)
         vllm_serve.Pipe._ogrpo_recording = True

@@ -14,7 +14,7 @@ def test_every_patch_check_passes_on_the_images_trl_line():
     assert {name: r["detail"] for name, r in report.items() if r["status"] == "failed"} == {}
     # what a run on this line installs: vouched for here, not skipped
     for name in ("trl_trainer_wraps", "transformers_atomic_checkpoint", "trl_vllm_client", "trl_linear_logprobs",
-                 "trl_vllm_serve", "trl_overlap", "transformers_fused_sample"):
+                 "trl_vllm_serve", "trl_overlap", "transformers_fused_sample", "trl_stream"):
         assert report[name]["status"] == "ok", report[name]
     # what this line never takes is skipped with the reason, not passed (its push has no per-parameter iterator)
     for name in ("trl_zero3_push", "trl_colocate_cpu"):
@@ -30,3 +30,19 @@ def test_the_wrapped_trainer_methods_are_checked_on_this_line(monkeypatch):
     with pytest.raises(PatchTargetMoved, match=r"patch trl_trainer_wraps cannot apply to trl 1\.9\.2: .*"
                                                r"_generate_and_score_completions is gone"):
         patches.module("trl_trainer_wraps").check()
+
+
+@pytest.mark.parametrize("where,attr", [("vllm:LLM", "enqueue"), ("trl.scripts.vllm_serve", "Pipe")])
+def test_the_streaming_handler_fails_loudly_when_its_target_moves(where, attr, monkeypatch):
+    """ogrpo.serve.trl_stream (O-GRPO's `/generate/` for `trl vllm-serve`) refuses to start on a moved target."""
+    import importlib
+
+    module, _, cls = where.partition(":")
+    owner = importlib.import_module(module)
+    owner = getattr(owner, cls) if cls else owner
+    stream = patches.module("trl_stream")
+    stream.check()
+    monkeypatch.delattr(owner, attr)
+    with pytest.raises(PatchTargetMoved, match=rf"patch trl_stream cannot apply to trl 1\.9\.2: .*{attr}"):
+        stream.check()
+

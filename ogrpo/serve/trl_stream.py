@@ -227,10 +227,10 @@ class GroupBatcher:
             try:
                 message = conn.recv()
             except (EOFError, OSError) as exc:
+                with self._lock:  # before the answers go out: nothing reads the pipe once they have
+                    self._reading = False
                 for tag in list(self._pending):
                     self._resolve(tag, error=RuntimeError(f"the engine worker is gone ({exc!r})"))
-                with self._lock:
-                    self._reading = False
                 return
             if isinstance(message, tuple) and message[:1] == (PART,):
                 self._resolve(message[1], outputs=message[2])

@@ -125,3 +125,7 @@ def test_server_and_trainer_on_two_nodes_push_weights_and_resume(two_nodes, tmp_
     assert manifest.get("resumed_from")
     # a separate server: the plan's default overlap, lossless, across the two nodes and the requeue
     assert manifest["overlap"]["mode"] == "lossless", manifest.get("overlap")
+    # ... streamed group by group from the other node: each step's rewards were computed on the groups as they came
+    stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
+    assert stream["value"] == "groups", stream
+    assert all(r["overlap/streamed_rewards"] == 1.0 for r in rows), rows

@@ -365,7 +365,8 @@ def test_plan_default_is_lossless_where_a_separate_server_exists(tmp_path):
 def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_path):
     """TRL 1.16: group by group, with one trainer process or several (3xcpu: the main process hands each group to
     its rank); whole batches, visibly, where a rank's share of a batch is not whole groups. TRL 1.9's `trl
-    vllm-serve`: whole batches (tests/trl19 plans it). The trainer's pipeline decides the same."""
+    vllm-serve`: group by group with one engine (O-GRPO's handler; tests/trl19 plans it), whole batches with
+    several. The trainer's pipeline decides the same."""
     from types import SimpleNamespace
 
     import trl
@@ -373,7 +374,7 @@ def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_pa
     from ogrpo import compat
     from ogrpo.patches import trl_overlap
     from ogrpo.planner import overlap_stream
-    from ogrpo.serve.client import can_split
+    from ogrpo.stacks import parse_version
 
     assert _setting(_plan(tmp_path, "2xcpu"), "overlap.stream")["value"] == "groups"
     two = _setting(_plan(tmp_path, "3xcpu"), "overlap.stream")
@@ -383,9 +384,14 @@ def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_pa
                    "overlap.stream")
     assert odd["value"] == "batch" and "not whole groups of 4" in odd["reason"]
     assert _setting(_plan(tmp_path, "3xcpu", overlap="one-step"), "overlap.stream") is None  # lossless only
-    for version in ("1.9.2", "1.16.0"):  # the planner's rule and the client's agree on which servers stream
-        assert (overlap_stream.decide(version, 1)[0] == "groups") == can_split(compat.server_flavor(version))
-    assert "one request at a time" in overlap_stream.decide("1.9.2", 1)[1]
+    # the planner tells TRL's server lines apart as compat does (it sits below compat, so it keeps its own bound)
+    for version in ("1.9.2", "1.15.0", "1.16.0", "1.17.1"):
+        old_line = parse_version(version)[:2] < overlap_stream.FIRST_VLLM_API_LINE
+        assert old_line == (compat.server_flavor(version) == compat.TRL_VLLM_SERVE)
+        assert overlap_stream.decide(version, 1)[0] == "groups"  # both lines stream (one engine)
+    assert overlap_stream.decide("1.9.2", 1, server_dp=2)[0] == "batch"
+    assert overlap_stream.decide("1.16.0", 1, server_dp=2)[0] == "groups"  # vLLM's API server batches anyway
+    assert "O-GRPO's handler" in overlap_stream.decide("1.9.2", 1)[1]
 
     def trainer(processes, rows, n=4):
         return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes), num_generations=n,

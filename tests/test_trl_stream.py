@@ -169,3 +169,33 @@ def test_a_worker_that_dies_fails_its_requests_with_a_reason(pipe):
     out = asyncio.run(asyncio.wait_for(_call(app, "/generate/", _request([[1]])), WAIT_S))
     assert out["status"] == 500 and "engine worker is gone" in out["json"]["detail"]
     assert _idle(app)
+
+
+def test_a_request_vllm_refuses_fails_alone_with_its_reason_and_the_worker_goes_on(pipe):
+    _, child = pipe
+    app = trl_stream.GroupBatcher(InnerApp([]))
+
+    def refuse_then_answer():
+        refused = child.recv()["kwargs"]
+        child.send((trl_stream.FAILED, refused["tag"], "ValueError: the prompt is longer than max_model_len"))
+        child.send((trl_stream.IDLE, 1))
+        kept = child.recv()["kwargs"]
+        child.send((trl_stream.PART, kept["tag"], [_output(p["prompt_token_ids"]) for p in kept["prompts"]]))
+        child.send((trl_stream.IDLE, 1))
+
+    threading.Thread(target=refuse_then_answer, daemon=True).start()
+    out = asyncio.run(asyncio.wait_for(_call(app, "/generate/", _request([[1] * 300])), WAIT_S))
+    assert out["status"] == 400 and "longer than max_model_len" in out["json"]["detail"]
+    assert _idle(app)
+    out = asyncio.run(asyncio.wait_for(_call(app, "/generate/", _request([[5]])), WAIT_S))
+    assert out["status"] == 200 and out["json"]["completion_ids"] == [[5, 100], [5, 101]]
+
+
+def test_malformed_prompts_go_to_trls_request_model(pipe):
+    log: list = []
+    app = trl_stream.GroupBatcher(InnerApp(log))
+    for prompts in ([["a", "b"]], [[]], [[1.5]], "not a list"):
+        out = asyncio.run(_call(app, "/generate/", _request(prompts)))
+        assert out["json"] == {"path": "/generate/"}, prompts  # TRL's handler (its pydantic model) answered
+    assert len(log) == 4
+

@@ -339,15 +339,12 @@ def _streams(trainer, server_dp: int = 1) -> bool:
     (this TRL line's server, the trainer processes and their share of each batch)."""
     import trl
 
-    from ogrpo import compat
     from ogrpo.planner.overlap_stream import GROUPS, decide
-    from ogrpo.serve.client import can_split
 
     args = trainer.args
     rows = args.per_device_train_batch_size * (args.steps_per_generation or args.gradient_accumulation_steps)
-    decided = decide(trl.__version__, trainer.accelerator.num_processes, rows, trainer.num_generations,
-                     server_dp)[0]
-    return decided == GROUPS and can_split(compat.server_flavor(trl.__version__))
+    return decide(trl.__version__, trainer.accelerator.num_processes, rows, trainer.num_generations,
+                  server_dp)[0] == GROUPS
 
 
 def _splitter(trainer):

@@ -244,14 +244,6 @@ def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call
     return kwargs
 
 
-def can_split(flavor: str) -> bool:
-    """Whether requests to a server of this flavor go out one per prompt group (`group_calls`): O-GRPO's servers
-    of both flavors generate concurrent requests together (vLLM's API server; ogrpo.serve.trl_stream)."""
-    from ogrpo import compat
-
-    return flavor in compat.FLAVORS
-
-
 def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | None:
     """One thunk per prompt group (each prompt with its n completions) that together ask the server for what
     `client.generate(prompts=prompts, **sampling)` asks in one request, each group with the sampling seeds it has
@@ -267,7 +259,7 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     from ogrpo import compat
 
     images = sampling.get("images")
-    if not can_split(flavor) or len(prompts) < 2 or sampling.get("features") is not None \
+    if len(prompts) < 2 or sampling.get("features") is not None \
             or (images is not None and any(i is not None for i in images)):
         return None
     seeded = getattr(client, "seeded_kwargs", None)

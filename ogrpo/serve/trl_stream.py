@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-PART, IDLE = "ogrpo-part", "ogrpo-idle"
+PART, FAILED, IDLE = "ogrpo-part", "ogrpo-failed", "ogrpo-idle"
 METHOD = "ogrpo_generate_stream"
 # TRL 1.9's GenerateRequest fields that make its SamplingParams; a request carrying all of them (TRL's client
 # always sends every one) is answered here, any other by TRL's handler
@@ -93,16 +93,20 @@ def streaming_llm(base):
 
             def add(tag, prompts, sampling_params):
                 nonlocal taken
+                taken += 1
                 # the outputs carry the ids LLM numbers its requests with (enqueue returns the engine's internal,
                 # randomized ones): the counter's values across the call
                 first = self.request_counter.counter
-                self.enqueue(prompts, sampling_params, use_tqdm=False)
+                try:  # a request vLLM refuses (too long a prompt...) fails alone; the engine and the rest go on
+                    self.enqueue(prompts, sampling_params, use_tqdm=False)
+                except Exception as exc:  # noqa: BLE001 - answered to its request
+                    conn.send((FAILED, tag, f"{type(exc).__name__}: {exc}"))
+                    return
                 ids = [str(i) for i in range(first, self.request_counter.counter)]
                 if len(ids) != len(prompts):
                     raise RuntimeError(f"ogrpo: {len(prompts)} prompts were numbered {ids}")
                 order[tag] = ids
                 owner.update({rid: tag for rid in ids})
-                taken += 1
 
             add(tag, prompts, sampling_params)
             while self.llm_engine.has_unfinished_requests():
@@ -151,9 +155,12 @@ def sampling_params(payload: dict):
 
 
 def _streamable(payload) -> bool:
+    """Token-id prompts with every sampling field and no images; anything else (malformed included: TRL's
+    request model answers it 422) goes to TRL's handler."""
     prompts = payload.get("prompts") if isinstance(payload, dict) else None
-    return (bool(prompts) and all(isinstance(p, list) for p in prompts) and all(k in payload for k in _SAMPLING)
-            and not any(payload.get("images") or ()))
+    return (isinstance(prompts, list) and bool(prompts)
+            and all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompts)
+            and all(k in payload for k in _SAMPLING) and not any(payload.get("images") or ()))
 
 
 class GroupBatcher:
@@ -211,6 +218,8 @@ class GroupBatcher:
             threading.Thread(target=self._read, name="ogrpo-stream-reader", daemon=True).start()
         try:
             outputs = await future
+        except ValueError as exc:  # vLLM refused this request (its worker goes on)
+            return await _json(send, 400, {"detail": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the worker failed: this request's answer says so
             return await _json(send, 500, {"detail": f"{type(exc).__name__}: {exc}"})
         from trl.generation.vllm_generation import extract_logprobs
@@ -234,6 +243,8 @@ class GroupBatcher:
                 return
             if isinstance(message, tuple) and message[:1] == (PART,):
                 self._resolve(message[1], outputs=message[2])
+            elif isinstance(message, tuple) and message[:1] == (FAILED,):
+                self._resolve(message[1], error=ValueError(message[2]))
             elif isinstance(message, tuple) and message[:1] == (IDLE,):
                 with self._lock:
                     self._taken += message[1]

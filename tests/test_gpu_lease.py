@@ -99,6 +99,8 @@ def test_dry_mode_says_no_gpu_and_what_it_would_run(tmp_path, capsys):
             "memory model"} <= set(parts)
     assert {f"bench step {c} kernels {k}" for c in ("default", "0.5B", "long") for k in ("on", "off")} <= set(parts)
     assert sum(p["budget_s"] for p in report["would_run"]) <= 480  # inside the lease's 8 minutes
+    # the figures no lease has measured come before the gpu tests an earlier lease ran
+    assert list(parts).index("train tiny-math") < list(parts).index("gpu tests") == len(parts) - 1
     assert "--no-index" in parts["install"]["command"] and "--target" in parts["install"]["command"]
     assert "--no-server" in parts["selftest --gpu"]["command"]
     assert "--tokens 2048" in parts["bench step long kernels off"]["command"]
@@ -107,7 +109,7 @@ def test_dry_mode_says_no_gpu_and_what_it_would_run(tmp_path, capsys):
     assert "1xH100" in parts["train tiny-math"]["command"]  # no device: the lease's first kind
     text = capsys.readouterr().out
     assert not (tmp_path / "w").exists()  # nothing installed or run
-    assert "no GPU: nothing run" in text and "would run: train tiny-math (60 s)" in text
+    assert "no GPU: nothing run" in text and "would run: train tiny-math (50 s)" in text
 
 
 def test_the_commands_it_would_run_are_valid_cli(run_cli):

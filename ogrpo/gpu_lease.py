@@ -16,6 +16,12 @@ carried wheel's requirements against that dir plus the image, and then runs the 
 its own time budget (a part that overruns is stopped and reported; the rest still runs), into one report
 (ogrpo/gpu_report.py's JSON + table) beside the step CSV/PNG. Without CUDA it runs nothing: it reports "no GPU"
 and each part's command, exit 0 (CI runs this dry mode).
+
+With this workplace's device tool, one call (the wheelhouse is under the ignored build/, so it is carried; the
+report dir holds a log per part, more files than a call brings back, hence the archive):
+    carry ["build/gpu-wheelhouse"], timeout_s 570, command
+    PYTHONUNBUFFERED=1 make test-gpu-lease GPU_REPORT=/tmp/lease; tar czf $OUT/lease.tgz -C /tmp/lease .;
+    cp /tmp/lease/gpu-report.txt /tmp/lease/step.csv $OUT/
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OGRPO := $(VENV)/bin/ogrpo
 
-.PHONY: setup setup-trl19 demo test test-fast test-gpu bench clean
+.PHONY: setup setup-trl19 demo test test-fast test-gpu gpu-wheelhouse test-gpu-lease bench clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +55,16 @@ test-fast: setup
 GPU_REPORT ?= gpu-report
 test-gpu: setup
 	$(PY) -m ogrpo.gpu_report --out $(GPU_REPORT)
+
+# A lent GPU machine (PyTorch, transformers, peft, accelerate; no network, 64 MiB per call): the wheels it lacks
+# are built here, then `make test-gpu-lease` runs there with build/gpu-wheelhouse carried, on the image's python3.
+GPU_WHEELHOUSE ?= build/gpu-wheelhouse
+LEASE_PY ?= python3
+gpu-wheelhouse: setup
+	$(PY) -m ogrpo.gpu_lease build --out $(GPU_WHEELHOUSE)
+
+test-gpu-lease:
+	$(LEASE_PY) -m ogrpo.gpu_lease run --wheelhouse $(GPU_WHEELHOUSE) --out $(GPU_REPORT)
 
 bench: setup
 	$(PY) -m ogrpo.bench.cli_timing

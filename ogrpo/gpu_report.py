@@ -93,13 +93,14 @@ SUMMARIES = {"gpu tests": lambda out: junit_summary(out / "gpu-tests.xml"),
              "bench rollout": lambda out: bench_summary(out / "rollout.csv")}
 
 
-def run_part(name: str, argv: list[str], out: Path, timeout_s: float) -> dict:
+def run_part(name: str, argv: list[str], out: Path, timeout_s: float, summary=None, env=None) -> dict:
+    """`summary`: what the part's files say (default: SUMMARIES by name); `env`: the part's environment."""
     cmd = [sys.executable, *[a.format(out=out) for a in argv]]
     log = out / (name.replace(" ", "-").replace("--", "") + ".log")
     start = time.monotonic()
     with log.open("w") as f:
         # its own process group: a part past its limit is stopped with everything it started (servers, workers)
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=timeout_s)
             outcome = "pass" if rc == 0 else "fail"
@@ -118,7 +119,8 @@ def run_part(name: str, argv: list[str], out: Path, timeout_s: float) -> dict:
     seconds = round(time.monotonic() - start, 1)
     tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
     return {"part": name, "command": " ".join(cmd), "rc": rc, "outcome": outcome, "seconds": seconds,
-            "summary": SUMMARIES.get(name, lambda _out: "")(out), "log": str(log), "last_line": tail[0][:300]}
+            "summary": summary() if summary else SUMMARIES.get(name, lambda _out: "")(out), "log": str(log),
+            "last_line": tail[0][:300]}
 
 
 def table(report: dict) -> str:
@@ -127,6 +129,8 @@ def table(report: dict) -> str:
              f"{', '.join(report['cuda'].get('devices') or []) or '-'}  torch {report['cuda'].get('torch')}"]
     if not report["cuda"]["cuda"]:
         lines.append(f"no GPU: nothing run ({report['cuda'].get('reason')})")
+        # a lease run (ogrpo/gpu_lease.py) says what it would have run there, with each part's budget
+        lines += [f"would run: {p['part']} ({p['budget_s']:g} s): {p['command']}" for p in report.get("would_run", [])]
         return "\n".join(lines) + "\n"
     from ogrpo.tables import format_table
 

@@ -40,3 +40,37 @@ def test_plan_reports_its_kernels_and_a_config_can_turn_them_off(tmp_path):
     assert "chunk" in names["kernels.linear_logprobs"]["reason"]
     off = plan_from_config(load_run_config("tiny", {"ogrpo": {"kernels": False}}), gpus="cpu").to_dict()
     assert off["kernels"] == {"linear_logprobs": False, "fused_sample": False}
+
+
+def _logprobs(recipe: str, gpus: str, overrides: dict | None = None) -> tuple[bool, str, str]:
+    plan = plan_from_config(load_run_config(recipe, overrides), gpus=gpus)
+    reason = next(s.reason for s in plan.settings if s.name == "kernels.linear_logprobs")
+    return plan.kernels["linear_logprobs"], reason, plan.trainer.strategy
+
+
+MATH_1_5B = "slurm/examples/recipes/qwen2.5-1.5b-math.yaml"  # Qwen2.5-1.5B, 8 x 1024 completion tokens
+
+
+def test_on_a_gpu_the_kernel_is_on_only_where_memory_needs_it():
+    """issue 34: on an H200 linear_logprobs ran ~1.5x slower than TRL's full logits, so a GPU plan keeps it only
+    where the full logits would not fit or would force a worse fit; on CPU (where it is faster) it stays on."""
+    # a small model on one A40: 0.0 GiB of logits fit beside DDP either way
+    on, why, strategy = _logprobs("tiny-math", "1xA40")
+    assert (on, strategy) == (False, "ddp") and why.startswith("full logits fit: DDP either way")
+    # the 1.5B recipe on 4xV100-32G fits ZeRO-2 with 9.3 GiB of full logits too: off, TRL's faster path
+    on, why, strategy = _logprobs(MATH_1_5B, "4xV100-32G")
+    assert (on, strategy) == (False, "zero2") and "full logits fit: ZeRO-2" in why and "9.3 GiB" in why
+    # ... with 2048-token completions (18.5 GiB of logits) only ZeRO-3 + offload would hold them: on
+    on, why, strategy = _logprobs(MATH_1_5B, "4xV100-32G", {"max_completion_length": 2048})
+    assert (on, strategy) == (True, "zero2")
+    assert why.startswith("without it ZeRO-3 with optimizer offload") and "instead of ZeRO-2" in why
+    # on 3xA40 the full logits would push DDP to ZeRO-2 (the all-reduce buckets leave no room for them)
+    on, why, strategy = _logprobs(MATH_1_5B, "3xA40")
+    assert (on, strategy) == (True, "ddp") and why.startswith("without it ZeRO-2") and "instead of DDP" in why
+    # and where nothing fits without it, it stays on: the only answer is a smaller micro-batch
+    on, why, _ = _logprobs(MATH_1_5B, "4xV100-16G")
+    assert on and why.startswith("without it nothing fits")
+    # `ogrpo.kernels: true` keeps it on regardless; CPU keeps it on (it is the faster path there)
+    assert _logprobs("tiny-math", "1xA40", {"ogrpo": {"kernels": True}})[0] is True
+    on, why, _ = _logprobs("tiny-math", "cpu")
+    assert on and "chunk" in why

@@ -118,7 +118,9 @@ HAND = [
     # DDP, 16 B/param unsharded + 4 of buckets: 34.2 GiB fits an A40 (40.5) and an A100-80G (72)
     (DEMO, "3xA40", None, "ddp", DEMO_DDP),
     (DEMO, "4xV100-32G", None, "zero2", DEMO_ZERO2_V100),  # 15.0 of 28.8
-    (DEMO, "2x8xA100-80G", None, "ddp", DEMO_DDP),
+    # On a GPU the plan keeps linear_logprobs only where the full logits would not fit or would force a worse
+    # fit (planner/kernels.py): on A100-80G DDP holds TRL's 16 x 1024 x V x 8 B = 18.5 GiB of logits (52.2)
+    (DEMO, "2x8xA100-80G", None, "ddp", DEMO_DDP + (16 * 1024 * 151936 * 8 - 2 * 331 * 151936 * 4) / GiB),
     # ZeRO-3 over 3 V100-16G (14.4; ZeRO-2 is 15.0): 16 B/param / 3 ranks; one embedding gathered twice
     # (2 x 151936 x 1536 x 2 B)
     (DEMO, "4xV100-16G", None, "zero3", (1.544e9 * 16 / 3 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
@@ -137,13 +139,15 @@ HAND = [
     (DEEPSEEK, "4xV100-32G", None, "zero2", (1.777e9 * 2 + 1.777e9 * 14 / 3 + 16 * 2560 * 85248 * 2
                                              + 2 * 331 * 151936 * 4) / GiB + 1),
     # 7B, ZeRO-2 over 8 A100s: L·H + 10·H + 3·I = 193024 values per token
+    # (TRL's full logits, 18.6 GiB, fit ZeRO-2 as well: the kernel is off)
     (MATH7B, "2x8xA100-80G", None, "zero2", (7.616e9 * 2 + 7.616e9 * 14 / 8 + 16 * 1674 * 193024 * 2
-                                             + 2 * 331 * 152064 * 4) / GiB + 1),
+                                             + 16 * 1024 * 152064 * 8) / GiB + 1),
     # ZeRO-3 + offload over 7 V100s: ZeRO-3 needs 16.2 + 9.6 activations + 2.0 gathered + 0.5 + 1 = 29.4 > 28.8
     (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
                                                    + 2 * 152064 * 3584 * 2) / GiB + 1),
     # 0.5B, DDP in one process (no buckets), B 8 x (512 default prompt + 1024): L·H + 10·H + 3·I = 45056
-    (TRL, "1xH100", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 2 + 2 * 331 * 151936 * 4) / GiB + 1),
+    # (TRL's full logits, 8 x 1024 x V x 8 B = 9.3 GiB, fit DDP too: the kernel is off)
+    (TRL, "1xH100", None, "ddp", (0.494e9 * 16 + 8 * 1536 * 45056 * 2 + 8 * 1024 * 151936 * 8) / GiB + 1),
     # Colocated at 0.3 on V100-16G (16 x 0.6 = 9.6 GiB left, DDP with buckets needs 11.7): ZeRO-2 over 4 GPUs
     (TRL, "4xV100-16G", None, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2
                                         + 2 * 331 * 151936 * 4) / GiB + 1),

@@ -86,8 +86,10 @@ def _run_trl(workdir: Path, rec: dict) -> None:
 
     from ogrpo.train.profiler import StageProfiler
 
-    keys = {k: v for k, v in rec.items() if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype")}
-    args = GRPOConfig(output_dir=str(workdir / "trl-out"), use_cpu=True, bf16=rec["dtype"] == "bfloat16",
+    keys = {k: v for k, v in rec.items()
+            if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "ogrpo")}
+    on_cpu = rec.get("ogrpo", {}).get("gpus", "cpu") == "cpu"
+    args = GRPOConfig(output_dir=str(workdir / "trl-out"), use_cpu=on_cpu, bf16=rec["dtype"] == "bfloat16",
                       model_init_kwargs={"dtype": rec["dtype"]}, **{**keys, "report_to": []})
     tok = AutoTokenizer.from_pretrained(rec["model_name_or_path"])
     ds = datasets.load_dataset("json", data_files=rec["dataset_name"], split="train")
@@ -100,9 +102,11 @@ def _run_trl(workdir: Path, rec: dict) -> None:
 def _run_ogrpo(workdir: Path, rec: dict) -> None:
     """O-GRPO: the same recipe through `ogrpo train`, planned for this machine."""
     cfg = workdir / "ogrpo-recipe.yaml"
-    cfg.write_text(yaml.safe_dump({**rec, "ogrpo": {"gpus": "cpu"}}))
+    ogrpo = {"gpus": "cpu", **rec.get("ogrpo", {})}  # --gpus 1xH100 / --no-kernels (run_step_bench)
+    cfg.write_text(yaml.safe_dump({**rec, "ogrpo": ogrpo}))
     out = workdir / "ogrpo-run"
-    cmd = [sys.executable, "-m", "ogrpo", "train", "--config", str(cfg), "--output-dir", str(out), "--gpus", "cpu"]
+    cmd = [sys.executable, "-m", "ogrpo", "train", "--config", str(cfg), "--output-dir", str(out),
+           "--gpus", ogrpo["gpus"]]
     with open(workdir / "ogrpo-train.log", "wb") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if rc != 0:
@@ -205,13 +209,16 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
                    generations: int = 8, new_tokens: int = 64, prompt_tokens: int = 32, seed: int = 42,
                    csv_path: str = "bench/results/step.csv", png_path: str | None = "bench/results/step.png",
                    workdir: str | None = None, out=None, placement: str = "single", stop_every: int | None = None,
-                   shape_name: str = "") -> dict:
+                   shape_name: str = "", gpus: str = "cpu", kernels: bool | None = None) -> dict:
     """`stop_every` (split placement): completions end at an end token about once in that many tokens
-    (default: half the completion budget), so their lengths vary."""
+    (default: half the completion budget), so their lengths vary. `gpus` (single placement): "cpu" or one local
+    GPU ("1xH100"), both paths on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice)."""
     out = out or sys.stdout
     if placement not in PLACEMENTS:
         raise OgrpoError(f"--placement {placement!r}: use single or split")
     paths = PLACEMENTS[placement]
+    if placement == "split" and (gpus != "cpu" or kernels is not None):
+        raise OgrpoError("--gpus and --kernels/--no-kernels apply to the single placement")
     if dtype not in _DTYPES:
         raise OgrpoError(f"--dtype {dtype!r}: use fp32 or bf16")
     if steps < 2:
@@ -224,6 +231,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" else None
     rec = recipe(str(model_dir), str(data), steps=steps, prompts=prompts, generations=generations,
                  new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed, stops=stops)
+    if placement == "single" and (gpus != "cpu" or kernels is not None):
+        rec["ogrpo"] = {"gpus": gpus, **({"kernels": kernels} if kernels is not None else {})}
     (work / "recipe.json").write_text(json.dumps(rec))
     results = {}
     for path in paths:
@@ -257,7 +266,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         out.write(f"note: generation is {100 * share:.0f}% of an off step here, under the {100 * GEN_HEAVY_SHARE:.0f}% "
                   "this shape is meant to reach: pick a smaller model or fewer completions per step\n")
     tags = environment_tags()
-    case = f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + (" split" if placement == "split" else "")
+    case = (f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + (" split" if placement == "split" else "")
+            + {None: "", True: " kernels on", False: " kernels off"}[kernels])
     csv_rows = [make_row("step", case, p, f"{s}_s", results[p][s], "s", str(shape.params()), tags)
                 for p in paths for s in STAGES]
     csv_rows += [make_row("step", case, p, "peak_mem", results[p]["peak_gib"], "GiB", str(shape.params()), tags)

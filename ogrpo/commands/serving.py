@@ -129,6 +129,9 @@ def bench_step(
                                                  "server on one core, the trainer on the other (2xcpu), with "
                                                  "plain TRL's server mode and ogrpo.overlap off, lossless and "
                                                  "one-step."),
+    gpus: str = typer.Option("cpu", "--gpus", help="single placement: cpu, or one local GPU (1xH100)."),
+    kernels: Optional[bool] = typer.Option(None, "--kernels/--no-kernels", help="O-GRPO's ogrpo.kernels "
+                                                                               "(default: the plan's choice)."),
 ) -> None:
     """The same GRPO steps as plain TRL (its defaults) and as O-GRPO's plan: per-stage seconds, memory, ratios."""
     from ogrpo.bench.step import preset, run_step_bench
@@ -140,7 +143,7 @@ def bench_step(
     with exit_on_signals():
         run_step_bench(model, dtype=dtype, steps=steps, prompts=batch["prompts"], generations=batch["generations"],
                        new_tokens=batch["tokens"], csv_path=csv, png_path=png, workdir=workdir,
-                       placement=placement, shape_name=shape)
+                       placement=placement, shape_name=shape, gpus=gpus, kernels=kernels)
 
 
 @bench_app.command("overlap")

@@ -9,7 +9,7 @@ from ogrpo.planner.memory import Estimate, trainer_estimate
 from ogrpo.planner.device_rules import COLOCATE_UTIL_MAX, COLOCATE_UTIL_STEP, STRATEGY_NAMES
 from ogrpo.planner.draft import Draft
 from ogrpo.planner.fixes import Fix, set_key, trainer_fixes
-from ogrpo.planner.kernels import plan_kernels
+from ogrpo.planner.kernels import logprobs_where_it_pays, plan_kernels
 from ogrpo.planner.placement import Placement, valid_tp_sizes
 from ogrpo.planner.lora import lora_spec
 
@@ -88,16 +88,15 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
     budget = r.trainer_budget(d.gpu.memory_gib, prof["headroom"], v.colocate_util, n, server_gib)
     gc_user = trl.get("gradient_checkpointing") if d.user_set("gradient_checkpointing") else None
 
-    kernels = plan_kernels(profile, p.mode, liger, getattr(d.run_config.ogrpo, "kernels", None))
-    for name, (on, why) in kernels.items():
-        s.add(f"kernels.{name}", on, why)
+    wanted_kernels = getattr(d.run_config.ogrpo, "kernels", None)
+    kernels = plan_kernels(profile, p.mode, liger, wanted_kernels)
 
-    def est(strategy: str, gc: bool, micro: int = B) -> Estimate:
+    def est(strategy: str, gc: bool, micro: int = B, fused: bool | None = None) -> Estimate:
         # A smaller micro-batch is suggested with the accumulation that keeps the effective batch (trainer_fixes).
         return trainer_estimate(d.model, num_processes=n, strategy=strategy, precision=precision, micro_batch=micro,
                                 prompt_len=p.prompt_len, completion_len=p.completion_len, gradient_checkpointing=gc,
                                 beta=beta, liger=liger, lora=lora, budget_gib=budget, device=r.memory_terms,
-                                fused_logprobs=kernels["linear_logprobs"][0],
+                                fused_logprobs=kernels["linear_logprobs"][0] if fused is None else fused,
                                 grad_accumulation_steps=ga * max(1, B // micro))
 
     want = getattr(d.run_config.ogrpo, "strategy", None)
@@ -115,7 +114,15 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
         gc_order = [False, True]
     else:
         gc_order = [True]
-    chosen = next(((st, gc) for st in strategies for gc in gc_order if est(st, gc).fits), None)
+
+    def pick(fused: bool | None = None) -> tuple[str, bool] | None:
+        return next(((st, gc) for st in strategies for gc in gc_order if est(st, gc, fused=fused).fits), None)
+
+    kernels = logprobs_where_it_pays(kernels, r.kind, wanted_kernels, pick,
+                                     lambda fused: est(strategies[0], gc_order[0], fused=fused).terms["logits"])
+    for name, (on, why) in kernels.items():
+        s.add(f"kernels.{name}", on, why)
+    chosen = pick()
     if chosen is None:
         strategy, gc = strategies[-1], (gc_order[-1] if gc_user is not None else True)
         e = est(strategy, gc)

@@ -12,22 +12,6 @@ from pathlib import Path
 
 from ogrpo.errors import ConfigError
 
-# Why a local path of the recipe is written absolute into the job's run.yaml (a change the plan lists).
-ABSOLUTE_REASON = "a local path, made absolute: the job runs in its job directory, not where it was planned"
-
-
-def local_path(name: str, base_dirs: list[Path], found=Path.exists) -> Path | None:
-    """The path a recipe's local file or directory name stands for: as written when absolute (`~` expanded), else
-    the first of `base_dirs` (the submit directory, then the config's) where `found` holds; None when nowhere."""
-    path = Path(name).expanduser()
-    for candidate in [path] if path.is_absolute() else [d / path for d in base_dirs]:
-        try:
-            if found(candidate):
-                return candidate
-        except OSError:  # a directory on the way that this user may not search
-            continue
-    return None
-
 
 def check_inputs(rc, changes: list | None = None) -> list[str]:
     """Check rc's rewards, datasets and system prompt; returns warnings, raises one ConfigError naming every
@@ -38,6 +22,7 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     """
     from ogrpo.train.data import prompt_settings
     from ogrpo.train.data_sources import absolute_sources, check_data
+    from ogrpo.train.local_paths import ABSOLUTE_REASON
     from ogrpo.train.rewards import check_rewards, required_columns
 
     problems: list[str] = []

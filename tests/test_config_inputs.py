@@ -230,9 +230,11 @@ def test_an_unreadable_hf_cache_is_noted(unprivileged):
     (cache / "hub").mkdir(parents=True)
     cache.chmod(0o700)
     cfg = scratch / "hub.yaml"
-    cfg.write_text(TINY + "dataset_name: org/some-dataset\n")
+    # a hub model (its config.json looked up in the cache too) and a hub dataset
+    cfg.write_text("model_name_or_path: someorg/unknown-model\nreward_funcs: [tiny_letter]\n"
+                   "dataset_name: org/some-dataset\n")
     cfg.chmod(0o644)
-    proc = run("plan", "--gpus", "cpu", "--config", cfg, "--json", env={"HF_HOME": str(cache)})
+    proc = run("plan", "--gpus", "3xA40", "--params", "1B", "--config", cfg, "--json", env={"HF_HOME": str(cache)})
     assert proc.returncode in (0, 3), proc.stderr[-1500:]
     warnings = json.loads(proc.stdout)["warnings"]
     assert any("columns not checked" in w and "cannot be read" in w for w in warnings), warnings

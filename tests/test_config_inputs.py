@@ -212,8 +212,8 @@ def test_a_system_prompt_longer_than_the_budget_is_refused(tmp_path):
 
 def test_a_huge_system_prompt_is_refused_quickly(run_cli, tmp_path):
     cfg = tmp_path / "recipe.yaml"
-    cfg.write_text(TINY + "dataset_name: ogrpo:tiny\nsystem_prompt: \"" + "Answer with one letter. " * 2_000_000
-                   + "\"\n")  # 48 MB
+    cfg.write_text(TINY + "dataset_name: ogrpo:tiny\nsystem_prompt: \"" + "Answer with one letter. " * 1_000_000
+                   + "\"\n")  # 24 MB
     start = time.monotonic()
     proc = run_cli("render", "--gpus", "cpu", "--config", cfg, "-o", tmp_path / "job")
     took = time.monotonic() - start

@@ -18,8 +18,9 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     problem.
 
     Reward file paths and local dataset paths are made absolute in `rc.trl`, so the job finds them from its own
-    directory; each dataset path rewritten is appended to `changes` as {key, from, to, reason}.
+    directory; each dataset path rewritten is appended to `changes` as a Change.
     """
+    from ogrpo.planner.types import Change
     from ogrpo.train.data import prompt_settings
     from ogrpo.train.data_sources import absolute_sources, check_data
     from ogrpo.train.local_paths import ABSOLUTE_REASON
@@ -45,7 +46,7 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     try:
         for key, old, new in absolute_sources(rc.trl, base_dirs):
             if changes is not None:
-                changes.append({"key": key, "from": old, "to": new, "reason": ABSOLUTE_REASON})
+                changes.append(Change(key, old, new, ABSOLUTE_REASON))
         warnings += check_data(rc.trl, column, required_columns(rc.trl.get("reward_funcs")))
     except ConfigError as exc:
         problems += exc.problems

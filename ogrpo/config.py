@@ -409,10 +409,14 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         words (noted, so the quoting stays visible)."""
         word = bool_as_choice(value, allowed)
         if word is None:
+            if isinstance(value, bool) and allowed:
+                spelled = "on, yes or true" if value else "off, no or false"
+                quoting[name] = f" (YAML reads an unquoted {spelled} as a boolean: quote the word)"
             return value
         warnings.append(f"{name}: YAML reads an unquoted {word} as {str(value).lower()}; taken as {word!r}")
         return word
 
+    quoting: dict[str, str] = {}  # key -> the hint for a YAML boolean where a word was meant
     index = _field_index()
     for key in list(data):
         value = data[key]
@@ -434,7 +438,7 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         try:
             value = data[key] = coerce(key, value, info["kinds"])
         except ValueError as exc:
-            problems.append(str(exc))
+            problems.append(str(exc) + quoting.get(key, ""))
             continue
         out_of_range = range_problem(key, value) or choice_problem(key, value)
         if out_of_range:
@@ -464,7 +468,7 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             try:
                 value = coerce(f"ogrpo.{key}", value, _OGRPO_KINDS[key])
             except ValueError as exc:
-                problems.append(str(exc))
+                problems.append(str(exc) + quoting.get(f"ogrpo.{key}", ""))
                 continue
             bad = range_problem(f"ogrpo.{key}", value) if isinstance(value, float) else None
             if bad:

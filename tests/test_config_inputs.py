@@ -74,8 +74,8 @@ def test_local_dataset_paths_become_absolute_changes(tmp_path, monkeypatch):
 
 # --- 2. YAML alias bombs and self-containing aliases refused at load time ---------------------------------------
 
-BOMB = TINY + "dataset_name: ogrpo:tiny\ngradient_checkpointing_kwargs:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, " \
-    "lol, lol]\n" + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
+BOMB = TINY + "dataset_name: ogrpo:tiny\ngradient_checkpointing_kwargs:\n  l0: &l0 [" + ", ".join(["lol"] * 9) + "]\n" \
+    + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
 RECURSIVE = TINY + "dataset_name: ogrpo:tiny\nmodel_init_kwargs:\n  trust_remote_code: false\n  loop: &me [1, *me]\n"
 
 
@@ -115,7 +115,7 @@ def test_yaml_booleans_are_taken_as_the_words_they_spell(tmp_path):
     assert any("ogrpo.overlap" in w and "'off'" in w for w in rc.warnings)
     # a boolean that spells none of the words is still refused, naming the key
     cfg.write_text(TINY + "dataset_name: ogrpo:tiny\nogrpo:\n  overlap: on\n")
-    with pytest.raises(ConfigError, match="ogrpo.overlap: expected str, got bool True"):
+    with pytest.raises(ConfigError, match="ogrpo.overlap: expected str, got bool True .*on, yes or true.*quote"):
         load_run_config(str(cfg))
 
 
@@ -193,7 +193,8 @@ def test_render_into_a_writable_dir_under_a_read_only_parent(unprivileged):
     assert {"job.sbatch", "run.yaml", "manifest.json"} <= {p.name for p in out.iterdir()}
     assert not [p for p in out.iterdir() if p.name.startswith(".")] and os.listdir(parent) == ["mine"]
     # a new directory there still needs the parent: one line naming it
-    _one_line_refusal(run("render", "--gpus", "cpu", "--config", cfg, "-o", parent / "new"), f"cannot write in {parent}")
+    _one_line_refusal(run("render", "--gpus", "cpu", "--config", cfg, "-o", parent / "new"),
+                      f"cannot write in {parent}")
 
 
 # --- 5. the system prompt against the prompt budget ------------------------------------------------------------

@@ -33,6 +33,9 @@ TRL_GROUPS = ("GRPOConfig", "GRPOScriptArguments", "DatasetMixtureConfig", "Mode
 PROFILES = ("conservative", "balanced", "aggressive")
 STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategies ogrpo/plan.py knows
 OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/train/overlap.py)
+SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/train/sandbox_policy.py)
+# O-GRPO options that take one of a few words (checked in _check_values).
+OPTION_CHOICES = {"profile": PROFILES, "strategy": STRATEGIES, "overlap": OVERLAPS, "sandbox": SANDBOXES}
 
 
 @dataclass
@@ -173,6 +176,9 @@ def dump_yaml(data: dict) -> str:
 # Recipes nest three or four levels; a deeper document is not a recipe, and libyaml's recursive constructor
 # overflows the C stack (a segfault, not an exception) on tens of thousands of levels.
 MAX_DEPTH = 64
+# Values a document may expand to through its aliases (open-r1's longest recipes have a few hundred; a chat
+# template or a prompt is one value however long).
+MAX_EXPANDED = 100_000
 
 
 def _loader():
@@ -223,21 +229,65 @@ def _decode(raw: bytes, where: str) -> str:
         raise ConfigError([f"not UTF-8 text (byte 0x{bad} at line {line}); save the file as UTF-8"], where) from None
 
 
+def _walk_events(text: str, loader, where: str) -> None:
+    """Refuse, from the parser's events and before anything is constructed, what PyYAML would build but nothing
+    downstream survives: nesting deeper than MAX_DEPTH, an alias inside its own anchor (a cyclic value: JSON and
+    YAML dumps die on it) and aliases expanding past MAX_EXPANDED values (a "billion laughs" document: PyYAML
+    shares the aliased objects, so it loads in milliseconds, then every dump or walk of it expands all of it).
+    Each collection's expanded size is summed as it closes; an alias adds its anchor's size."""
+    import yaml
+
+    stack: list[list] = []  # per open collection: [anchor, expanded values, is mapping, next scalar is a key]
+    sizes: dict[str, int] = {}  # anchor -> expanded values of its node
+    top_key = None  # the top-level key whose value is being read (named in the refusal)
+
+    def add(n: int, event) -> None:
+        nonlocal top_key
+        if not stack:
+            return
+        frame = stack[-1]
+        frame[1] += n
+        if len(stack) == 1 and frame[2]:  # the document's top-level mapping: keys and values alternate
+            if frame[3] and isinstance(event, yaml.ScalarEvent):
+                top_key = event.value
+            frame[3] = not frame[3]
+        total = sum(f[1] for f in stack)
+        if total > MAX_EXPANDED:
+            name = f"{top_key}: " if top_key is not None else ""
+            raise ConfigError([f"{name}YAML aliases expand to more than {MAX_EXPANDED} values (line "
+                               f"{event.start_mark.line + 1}); a recipe value is a few keys, write them out"], where)
+
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(stack) >= MAX_DEPTH:
+                mark = event.start_mark
+                raise ConfigError([f"nested deeper than {MAX_DEPTH} levels at line {mark.line + 1}; a recipe is "
+                                   "a mapping of keys, a few levels deep"], where)
+            stack.append([event.anchor, 1, isinstance(event, yaml.MappingStartEvent), True])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, n, _, _ = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = n
+            add(n, event)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+            add(1, event)
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor not in sizes and any(f[0] == event.anchor for f in stack):
+                name = f"{top_key}: " if top_key is not None else ""
+                raise ConfigError([f"{name}the YAML alias *{event.anchor} at line {event.start_mark.line + 1} is "
+                                   f"inside its own anchor &{event.anchor} (a value that contains itself); write "
+                                   "the value out"], where)
+            add(sizes.get(event.anchor, 1), event)  # an undefined alias: the composer's own error follows
+
+
 def _yaml_load(text: str, where: str, warnings: list[str] | None = None):
     import yaml
 
     loader = _loader()
     try:
-        depth = 0
-        for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    mark = event.start_mark
-                    raise ConfigError([f"nested deeper than {MAX_DEPTH} levels at line {mark.line + 1}; a recipe is "
-                                       "a mapping of keys, a few levels deep"], where)
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                depth -= 1
+        _walk_events(text, loader, where)
         data = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
         if warnings is not None:
             warnings.extend(loader.duplicates)
@@ -352,8 +402,21 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         section = {}
 
     from ogrpo import fields as rules
-    from ogrpo.values import choice_problem, coerce, range_problem
+    from ogrpo.values import bool_as_choice, choice_problem, choices, coerce, range_problem
 
+    def as_word(name: str, value, allowed):
+        """An unquoted `off`/`no` read by YAML as a boolean, taken as the word where the setting's values are
+        words (noted, so the quoting stays visible)."""
+        word = bool_as_choice(value, allowed)
+        if word is None:
+            if isinstance(value, bool) and allowed:
+                spelled = "on, yes or true" if value else "off, no or false"
+                quoting[name] = f" (YAML reads an unquoted {spelled} as a boolean: quote the word)"
+            return value
+        warnings.append(f"{name}: YAML reads an unquoted {word} as {str(value).lower()}; taken as {word!r}")
+        return word
+
+    quoting: dict[str, str] = {}  # key -> the hint for a YAML boolean where a word was meant
     index = _field_index()
     for key in list(data):
         value = data[key]
@@ -370,10 +433,12 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             value, why = rules.NULL_MEANS[key]
             data[key] = value
             warnings.append(f"{key}: null mapped to {value!r} ({why})")
+        if "bool" not in info["kinds"]:
+            value = data[key] = as_word(key, value, choices(key))
         try:
             value = data[key] = coerce(key, value, info["kinds"])
         except ValueError as exc:
-            problems.append(str(exc))
+            problems.append(str(exc) + quoting.get(key, ""))
             continue
         out_of_range = range_problem(key, value) or choice_problem(key, value)
         if out_of_range:
@@ -399,10 +464,11 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             problems.append(f"unknown key ogrpo.{key}: {hint}")
             continue
         if value is not None:
+            value = as_word(f"ogrpo.{key}", value, OPTION_CHOICES.get(key, ()))
             try:
                 value = coerce(f"ogrpo.{key}", value, _OGRPO_KINDS[key])
             except ValueError as exc:
-                problems.append(str(exc))
+                problems.append(str(exc) + quoting.get(f"ogrpo.{key}", ""))
                 continue
             bad = range_problem(f"ogrpo.{key}", value) if isinstance(value, float) else None
             if bad:
@@ -466,14 +532,15 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
     if isinstance(rw, list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                         and math.isfinite(x) for x in rw):
         problems.append(f"reward_weights: must be a list of finite numbers (got {rw!r:.60})")
-    for key, choices in (("profile", PROFILES), ("strategy", STRATEGIES), ("overlap", OVERLAPS)):
+    for key in ("profile", "strategy", "overlap"):
+        choices = OPTION_CHOICES[key]
         value = opts.get(key)
         if value is not None and value not in choices:
             close = difflib.get_close_matches(str(value), choices, n=1)
             problems.append(f"ogrpo.{key}: {value!r} is not one of {', '.join(choices)}"
                             + (f" (did you mean {close[0]}?)" if close else ""))
     sandbox = opts.get("sandbox")
-    if sandbox is not None and sandbox not in ("auto", "none"):
+    if sandbox is not None and sandbox not in SANDBOXES:
         problems.append(f"ogrpo.sandbox: {sandbox!r} is not one of auto, none (none runs model-written programs "
                         "without isolation)")
     vg = opts.get("vllm_gpus")

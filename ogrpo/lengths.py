@@ -9,11 +9,37 @@ Pure: no torch import.
 
 from __future__ import annotations
 
+import re
+
 DEFAULT_PROMPT_LENGTH = 512
 DEFAULT_COMPLETION_LENGTH = 512  # TRL GRPOConfig.max_completion_length default (1.16)
 # A model with fewer positions left than this after the completion gets the default prompt budget anyway, and
 # the planner reports the overflow instead of planning a uselessly short prompt.
 MIN_PROMPT_ROOM = 16
+
+
+# Runs of letters and groups of up to three digits: every byte-level BPE pre-tokenizer in use (GPT-2's, Llama 3's,
+# Qwen's) and SentencePiece's whitespace/script/number split put each in a piece of its own, so their count is a
+# lower bound on the tokens of a text under any of them; a long run holds at least one token per LONGEST_TOKEN
+# characters (vocabularies' longest pieces are shorter), and any text at least one per LONGEST_ANY (whitespace and
+# punctuation runs included).
+_PIECES = re.compile(r"[^\W\d_]+|\d{1,3}")
+LONGEST_TOKEN = 64
+LONGEST_ANY = 256
+
+
+def min_tokens(text: str, stop: int | None = None) -> int:
+    """A lower bound on the tokens of `text` without a tokenizer (cheap: the plan loads none). Counting ends once
+    it passes `stop`, so a 50 MB text costs no more than a short one over the same bound."""
+    floor = len(text) // LONGEST_ANY
+    if stop is not None and floor > stop:
+        return floor
+    n = 0
+    for m in _PIECES.finditer(text):
+        n += -(-(m.end() - m.start()) // LONGEST_TOKEN)
+        if stop is not None and n > stop:
+            break
+    return max(n, floor)
 
 
 def completion_length(trl: dict) -> int:

@@ -47,8 +47,10 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     rc = load_run_config(config, overrides)
     from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
 
-    rc.warnings.extend(check_inputs(rc))
+    input_changes: list = []  # local dataset paths made absolute for the job
+    rc.warnings.extend(check_inputs(rc, input_changes))
     plan = plan_from_config(rc)
+    plan.changes.extend(input_changes)
     from ogrpo.train.sandbox_policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
 
     plan_notes(rc, plan)

@@ -393,13 +393,13 @@ def _hf_cache_config(name: str) -> dict | None:
     home = os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
     snaps = Path(home) / ("models--" + name.replace("/", "--")) / "snapshots"
-    if not snaps.is_dir():
-        return None
-    for snap in sorted(snaps.iterdir()):
-        f = snap / "config.json"
-        if f.is_file():
-            try:
+    try:
+        if not snaps.is_dir():
+            return None
+        for snap in sorted(snaps.iterdir()):
+            f = snap / "config.json"
+            if f.is_file():
                 return json.loads(f.read_text())
-            except (OSError, ValueError):
-                return None
+    except (OSError, ValueError):  # a cache this user cannot read (another user's HF_HOME) is no cache here
+        return None
     return None

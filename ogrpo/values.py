@@ -152,6 +152,25 @@ def _choices() -> dict[str, dict[str, list[str]]]:
     return json.loads((Path(__file__).with_name("data") / "trl_choices.json").read_text())
 
 
+def choices(key: str) -> list[str]:
+    """The values an enum-typed TrainingArguments field accepts on any supported TRL line ([] for other keys)."""
+    return sorted({c for table in _choices().values() for c in table.get(key, ())})
+
+
+# The plain scalars YAML 1.1 (PyYAML) reads as booleans.
+_YAML11_BOOL_WORDS = {True: ("yes", "on", "true"), False: ("no", "off", "false")}
+
+
+def bool_as_choice(value, allowed) -> str | None:
+    """The allowed value a YAML boolean stands for where a setting's values are words such as `off` or `no`:
+    PyYAML reads an unquoted `off` as False (`ogrpo.overlap: off`, `save_strategy: no`), and the one allowed word
+    of that truth value is what was written. None when the value is no boolean or no single word matches."""
+    if not isinstance(value, bool):
+        return None
+    words = [c for c in allowed if isinstance(c, str) and c.lower() in _YAML11_BOOL_WORDS[value]]
+    return words[0] if len(words) == 1 else None
+
+
 def choice_problem(key: str, value, line: str | None = None) -> str | None:
     """An enum-typed TrainingArguments field (optim, lr_scheduler_type, *_strategy) given a value transformers'
     `Enum(value)` refuses on the job's TRL line (any supported line when `line` is None)."""

@@ -40,3 +40,30 @@ def test_the_trainer_resolves_what_the_plan_accepted():
 
     func = resolve_reward("trl.rewards:think_format_reward")
     assert callable(func) and func(completions=[[{"content": "<think>\nx\n</think>\ny"}]]) == [1.0]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("os.path:nonexistent_function", "has no attribute 'nonexistent_function'"),
+    ("os.path.nonexistent_function", "has no attribute 'nonexistent_function'"),  # TRL's dotted form
+    ("os:sep", "'sep' of module 'os' is not callable"),
+    ("os.path:sep", "is not callable"),
+])
+def test_loaded_modules_resolve_names_exactly(spec, words):
+    """os and os.path re-export with `import *`, which reading their source cannot follow: the module this
+    process has loaded already answers, without running anything."""
+    with pytest.raises(ConfigError, match=words) as exc:
+        check_rewards({"reward_funcs": [spec]})
+    assert len(exc.value.problems) == 1
+    assert check_rewards({"reward_funcs": ["os.path:join"]}) == ["os.path:join"]
+
+
+def test_a_name_bound_to_a_value_is_refused(tmp_path):
+    (tmp_path / "scores.py").write_text("THRESHOLD = 0.5\nNAMES = ['a']\n\ndef score(completions, **kw):\n"
+                                        "    return [1.0] * len(completions)\n\nmaybe = 1\nif THRESHOLD:\n"
+                                        "    def maybe(completions, **kw):\n        return [0.0]\n")
+    f = tmp_path / "scores.py"
+    for attr in ("THRESHOLD", "NAMES"):
+        with pytest.raises(ConfigError, match=f"'{attr}' of file .* is not callable"):
+            check_rewards({"reward_funcs": [f"{f}:{attr}"]})
+    # a function, and a name also bound to a function in a branch (cannot tell: the trainer's import decides)
+    assert check_rewards({"reward_funcs": [f"{f}:score", f"{f}:maybe"]}) == [f"{f}:score", f"{f}:maybe"]

@@ -72,7 +72,8 @@ def submit(
                                            "zero3_offload (default: the cheapest that fits; DDP on CPU)."),
     overlap: Optional[str] = typer.Option(None, "--overlap", help="Server and trainer at work together on the "
                                           "split placement: off | lossless | one-step (default: the plan's)."),
-    force: bool = typer.Option(False, "--force", help="Submit even when the plan does not fit."),
+    force: bool = typer.Option(False, "--force", help="Submit even when the plan does not fit, and over the files "
+                               "of an earlier job in the run directory."),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 2) when the run would differ from the "
                                 "recipe in any way, instead of listing the changes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
@@ -99,7 +100,7 @@ def submit(
     if dry_run:
         typer.echo("\n".join([*summary, *executor.dry_run(spec, files)]))
         return
-    write_job(files, job_dir)
+    write_job(files, job_dir, force=force)
     if backend == "local" and not detach:
         typer.echo("\n".join(summary) + f"\nrunning locally in {job_dir}")
     job = executor.submit(spec)

@@ -93,7 +93,8 @@ def render(
     strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     overlap: Optional[str] = typer.Option(None, "--overlap", help=OVERLAP_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the files instead of writing them."),
-    force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit."),
+    force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit, and over the files "
+                               "of an earlier job in DIR."),
     job_dir_opt: Optional[str] = typer.Option(
         None, "--job-dir", help="Path the job will have on the cluster (default: the absolute --output path)."),
     strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
@@ -139,7 +140,7 @@ def render(
             typer.echo(text.rstrip("\n"))
             typer.echo("")
         return
-    written = write_job(files, output)
+    written = write_job(files, output, force=force)
     if as_json:
         typer.echo(json.dumps({**summary, "written": [str(path) for path in written]}, indent=2))
     for path in written if not as_json else ():

@@ -32,16 +32,21 @@ def precision(d: Draft) -> str:
 
 def attention(d: Draft) -> str:
     r, trl = d.rules, d.trl
-    user_mik = _user_mik(trl)
-    key = "attn_implementation" if trl.get("attn_implementation") else (
-        "model_init_kwargs.attn_implementation" if user_mik.get("attn_implementation") else None)
-    want = trl.get("attn_implementation") or user_mik.get("attn_implementation")
+    top, inner = trl.get("attn_implementation"), _user_mik(trl).get("attn_implementation")
+    # model_init_kwargs is what from_pretrained gets: its explicit value is the more specific one and wins over
+    # ModelConfig's top-level key (which `trl grpo` would write over it); the top-level value then is a change.
+    key = "model_init_kwargs.attn_implementation" if inner else "attn_implementation" if top else None
+    want = inner or top
     if want and r.attn_supported(want):
         attn = d.settings.add("attn_implementation", want, "set in the run config")
     else:
         attn = d.settings.add("attn_implementation", *r.default_attn())
     if key and attn != want:
         d.changes.add(key, want, attn, r.attn_change_reason(want))
+    if top and inner and top != attn:
+        d.changes.add("attn_implementation", top, attn, "model_init_kwargs.attn_implementation is set too, "
+                      f"to {inner!r}, and wins (the more specific setting)"
+                      + ("" if attn == inner else f"; {r.attn_change_reason(inner)}"))
     return attn
 
 

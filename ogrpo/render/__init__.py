@@ -154,22 +154,28 @@ def render_job(plan, run_config, jobspec, inputs: dict | None = None, slurm=None
     return files
 
 
-def write_job(files: dict[str, str], out_dir) -> list[Path]:
-    """Write the files atomically: all into a temporary sibling directory, then moved into place one by one
-    with os.replace. Refuses a path that exists and is not a directory; nothing is written on error."""
+def write_job(files: dict[str, str], out_dir, force: bool = False) -> list[Path]:
+    """Write the files atomically: all into a temporary directory inside the output directory (which may sit in a
+    directory this user cannot write, the usual cluster layout), then moved into place one by one with os.replace.
+    Refuses a path that exists and is not a directory and, without `force`, a directory that already holds one of
+    the files (a job rendered or submitted before: nothing already written is lost); nothing is written on
+    error."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OgrpoError(f"-o {out}: exists and is not a directory; choose another output directory")
-    parent = out.parent if str(out.parent) else Path(".")
-    existing = parent
+    existing = out
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise OgrpoError(f"-o {out}: cannot write in {existing}; choose a writable directory")
-    # Missing parents are created (like `mkdir -p`) and removed again if the write fails.
-    created = [d for d in [parent, *parent.parents] if not d.exists()]
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    present = [name for name in files if os.path.lexists(out / name)] if out.is_dir() else []
+    if present and not force:
+        raise OgrpoError(f"-o {out}: already holds {', '.join(present)} from an earlier job; pass --force to replace "
+                         "them, or choose another output directory")
+    # Missing directories are created (like `mkdir -p`) and removed again if the write fails.
+    created = [d for d in [out, *out.parents] if not d.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".ogrpo-render.", dir=out))
     written: list[Path] = []
     ok = False
     try:
@@ -177,7 +183,6 @@ def write_job(files: dict[str, str], out_dir) -> list[Path]:
             (tmp / name).write_text(text)
             if name.endswith(".sbatch"):
                 os.chmod(tmp / name, 0o755)
-        out.mkdir(exist_ok=True)
         (out / layout.LOGS).mkdir(exist_ok=True)
         for name in files:
             os.replace(tmp / name, out / name)

@@ -73,6 +73,38 @@ def sources(trl: dict) -> tuple[str, list[Source]]:
     return "name", [Source(str(name), trl.get("dataset_config"), trl.get("dataset_train_split") or "train")]
 
 
+def _is_builtin(name: str) -> bool:
+    return name.startswith("ogrpo:") or name == "tiny"
+
+
+def absolute_sources(trl: dict, base_dirs: list[Path]) -> list[tuple[str, str, str]]:
+    """Rewrite the recipe's relative local dataset paths (dataset_name, open-r1's mixture ids, TRL's `datasets`
+    paths) in `trl` as absolute paths, found as reward files are (the submit directory, then the config's): the
+    job reads them from its job directory. Returns (key, old, new) for each; hub ids (found nowhere here) stay."""
+    from ogrpo.train.local_paths import local_path
+
+    slots: list[tuple[str, dict, str]] = []  # (key as listed, the dict holding it, its field)
+    mix = trl.get("dataset_mixture")
+    if isinstance(mix, dict) and isinstance(mix.get("datasets"), list):
+        slots += [(f"dataset_mixture.datasets[{i}].id", d, "id") for i, d in enumerate(mix["datasets"])
+                  if isinstance(d, dict)]
+    if isinstance(trl.get("datasets"), list):
+        slots += [(f"datasets[{i}].path", d, "path") for i, d in enumerate(trl["datasets"]) if isinstance(d, dict)]
+    slots.append(("dataset_name", trl, "dataset_name"))
+    out = []
+    for key, holder, name in slots:
+        value = holder.get(name)
+        if not isinstance(value, str) or not value or _is_builtin(value) or Path(value).is_absolute():
+            continue
+        if value in FILE_BUILDERS.values() and holder.get("data_files"):
+            continue  # TRL's DatasetConfig(path="json", data_files=...): a builder name
+        found = local_path(value, base_dirs)
+        if found is not None:
+            holder[name] = os.path.abspath(found)
+            out.append((key, value, holder[name]))
+    return out
+
+
 # --- reading columns -------------------------------------------------------------------------------------------
 
 
@@ -193,10 +225,13 @@ def columns_of(src: Source) -> list[str]:
         return _dir_columns(path, src.split, src.config)
     if is_local(src.name):
         raise ValueError("does not exist; fix the path (a hub name or a local file/directory)")
-    cached = hub_cache_dir(src.name)
-    if cached is None:
-        raise Unreadable("not in the local HF hub cache")
-    return _dir_columns(cached, src.split, src.config)
+    try:
+        cached = hub_cache_dir(src.name)
+        if cached is None:
+            raise Unreadable("not in the local HF hub cache")
+        return _dir_columns(cached, src.split, src.config)
+    except PermissionError as exc:  # another user's HF_HOME, or a shared cache closed to this user
+        raise Unreadable(f"the HF hub cache cannot be read by this user: {exc.filename}") from None
 
 
 def builtin_columns(name: str) -> list[str]:
@@ -227,7 +262,7 @@ def check_data(trl: dict, prompt_column: str, needed: dict[str, list[str]]) -> l
     for src in srcs:
         label = f"dataset {src.name!r}" + (f" (split {src.split!r})" if kind != "name" or src.split != "train" else "")
         try:
-            cols = builtin_columns(src.name) if src.name.startswith("ogrpo:") or src.name == "tiny" \
+            cols = builtin_columns(src.name) if _is_builtin(src.name) \
                 else columns_of(src)
         except Unreadable as exc:
             warnings.append(f"{label}: columns not checked ({exc}); the trainer checks them when it loads it")

@@ -1,4 +1,5 @@
-"""The plan-time check of what a run reads: its reward functions and its dataset (columns, splits).
+"""The plan-time check of what a run reads: its reward functions, its dataset (columns, splits) and its system
+prompt (against the prompt budget).
 
 Called by `plan`/`render`/`submit` (ogrpo/load_plan.py) so a typo in a reward name or a
 missing column exits 2 before anything is written or queued. Imports nothing heavy: reward names are looked up
@@ -12,14 +13,17 @@ from pathlib import Path
 from ogrpo.errors import ConfigError
 
 
-def check_inputs(rc) -> list[str]:
-    """Check rc's rewards and datasets; returns warnings, raises one ConfigError naming every problem.
+def check_inputs(rc, changes: list | None = None) -> list[str]:
+    """Check rc's rewards, datasets and system prompt; returns warnings, raises one ConfigError naming every
+    problem.
 
-    Reward file paths are made absolute in `rc.trl["reward_funcs"]`, so the job finds them from its own
-    directory.
+    Reward file paths and local dataset paths are made absolute in `rc.trl`, so the job finds them from its own
+    directory; each dataset path rewritten is appended to `changes` as a Change.
     """
+    from ogrpo.planner.types import Change
     from ogrpo.train.data import prompt_settings
-    from ogrpo.train.data_sources import check_data
+    from ogrpo.train.data_sources import absolute_sources, check_data
+    from ogrpo.train.local_paths import ABSOLUTE_REASON
     from ogrpo.train.rewards import check_rewards, required_columns
 
     problems: list[str] = []
@@ -27,6 +31,10 @@ def check_inputs(rc) -> list[str]:
     base_dirs = [Path.cwd()]
     if Path(str(rc.source)).is_file() and Path(str(rc.source)).resolve().parent != Path.cwd().resolve():
         base_dirs.append(Path(str(rc.source)).resolve().parent)
+    column, system, _ = prompt_settings(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
+    too_long = _system_prompt_problem(rc, system)
+    if too_long:  # first and alone: a huge prompt is refused before anything else reads or copies it
+        raise ConfigError([too_long], str(rc.source))
     weights = rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None else rc.trl.get("reward_weights")
     try:
         specs = check_rewards(rc.trl, weights, base_dirs)
@@ -35,11 +43,30 @@ def check_inputs(rc) -> list[str]:
         rc.trl["reward_funcs"] = specs  # written into the job's run.yaml: the trainer runs what was checked
     except ConfigError as exc:
         problems += exc.problems
-    column, _, _ = prompt_settings(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
     try:
+        for key, old, new in absolute_sources(rc.trl, base_dirs):
+            if changes is not None:
+                changes.append(Change(key, old, new, ABSOLUTE_REASON))
         warnings += check_data(rc.trl, column, required_columns(rc.trl.get("reward_funcs")))
     except ConfigError as exc:
         problems += exc.problems
     if problems:
         raise ConfigError(problems, str(rc.source))
     return warnings
+
+
+def _system_prompt_problem(rc, system) -> str | None:
+    """The system prompt is part of every prompt (TRL 1.16 truncates none): alone over the prompt budget, no
+    prompt fits. Counted with a lower bound (ogrpo/lengths.py), so only a prompt that surely does not fit is
+    refused."""
+    if not isinstance(system, str) or not system:
+        return None
+    from ogrpo.lengths import min_tokens, prompt_length
+
+    budget = prompt_length(rc.trl, rc.ogrpo.max_prompt_length)
+    n = min_tokens(system, stop=budget)
+    if n <= budget:
+        return None
+    return (f"system prompt: at least {n} tokens ({len(system)} characters, counted without a tokenizer), more than "
+            f"the prompt budget of {budget} (max_prompt_length) before any question is added, and TRL does not "
+            "truncate prompts; shorten it or raise ogrpo.max_prompt_length")

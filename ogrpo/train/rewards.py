@@ -235,9 +235,9 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
     if not attr or not target:
         return spec, f"reward {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
     if _is_file(target):
-        candidates = [Path(target).expanduser()] if Path(target).expanduser().is_absolute() else \
-            [d / target for d in base_dirs]
-        path = next((p for p in candidates if p.is_file()), None)
+        from ogrpo.train.local_paths import local_path
+
+        path = local_path(target, base_dirs, Path.is_file)
         if path is None:
             return spec, f"reward {spec!r}: file {target} does not exist (looked in {', '.join(map(str, base_dirs))})"
         spec = f"{path.resolve()}:{attr}"
@@ -256,14 +256,82 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
         if found is None:
             return spec, (f"reward {spec!r}: cannot import module {target!r} ({why}); check the path and that "
                           "the module is on PYTHONPATH")
+        loaded = _loaded_attr(target, attr)
+        if loaded is not None:
+            return spec, None if loaded == "callable" else _attr_problem(spec, f"module {target!r}", attr, loaded)
         origin = found.origin or ""
         if not origin.endswith(".py"):
             return spec, None  # a compiled or namespace module: checked when the trainer imports it
         source = Path(origin).read_text(errors="replace")
         where = f"module {target!r}"
     if _defines(source, attr) is False:
-        return spec, f"reward {spec!r}: {where} has no attribute {attr!r}; check the function name after the colon"
+        return spec, _attr_problem(spec, where, attr, "missing")
+    if _binds_value(source, attr):
+        return spec, _attr_problem(spec, where, attr, "not callable")
     return spec, None
+
+
+def _attr_problem(spec: str, where: str, attr: str, what: str) -> str:
+    if what == "missing":
+        return f"reward {spec!r}: {where} has no attribute {attr!r}; check the function name after the colon"
+    return f"reward {spec!r}: {attr!r} of {where} is not callable ({what}); point at a function"
+
+
+def _loaded_attr(target: str, attr: str) -> str | None:
+    """"callable", "missing" or the type name of a non-callable, for a module this process has imported already
+    (os, os.path, the standard library's: their sources re-export with `import *`, which the source reading cannot
+    follow); read from the module's own namespace, so nothing runs (no lazy import, no module __getattr__). None
+    when the module is not loaded, or when only running its __getattr__ could tell."""
+    import types
+
+    module = sys.modules.get(target)
+    if module is None or type(module) is not types.ModuleType:  # a lazy module resolves names on access
+        return None
+    namespace = vars(module)
+    head, *rest = attr.split(".")
+    if head not in namespace:
+        return None if "__getattr__" in namespace else "missing"
+    value = namespace[head]
+    for part in rest:  # Class.method: plain attribute reads on what the module holds
+        try:
+            value = getattr(value, part)
+        except Exception:  # noqa: BLE001 - a descriptor's own error: the trainer's import reports it
+            return "missing"
+    return "callable" if callable(value) else type(value).__name__
+
+
+def _binds_value(source: str, attr: str) -> bool:
+    """Whether a module's source binds `attr` only to literal values (a string, a number, a list...), never to a
+    function, a class or an import: such a name cannot be a reward function."""
+    import ast
+
+    if "." in attr:
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    literal = (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr, ast.ListComp, ast.DictComp,
+               ast.SetComp)
+    literal_targets = set()  # the Name nodes of top-level `attr = <literal>`
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, literal):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            literal_targets |= {id(t) for t in targets if isinstance(t, ast.Name) and t.id == attr}
+    if not literal_targets:
+        return False
+    for node in ast.walk(tree):  # any other binding anywhere (a def, an import, a branch, a global): cannot tell
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
+            return False
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name).split(".")[0] == attr or a.name == "*" for a in node.names):
+            return False
+        if isinstance(node, ast.Name) and node.id == attr and isinstance(node.ctx, ast.Store) \
+                and id(node) not in literal_targets:
+            return False
+        if isinstance(node, ast.Global) and attr in node.names:
+            return False
+    return True
 
 
 def _param_problems(names: list[str], trl: dict) -> list[str]:

@@ -477,3 +477,113 @@ def test_audit_hook_bypass_through_posixsubprocess_is_closed(attacked):
     if attacked["level"] != "none":
         pytest.skip("the audit hook is the 'none' level's (namespaces and seccomp hold elsewhere)")
     assert attacked["bypass"]["stdout"].startswith("refused"), attacked["bypass"]
+
+
+# ================================ the cleaner, raced (no Landlock to stop the program) ================================
+# What a program of a slot's uid could do to its own earlier tree on a kernel without Landlock, while the cleaner
+# is inside it: the race is made deterministic by hooks on the os functions the cleaner calls (old and new
+# code alike), in a trainer process of root or of the unprivileged user.
+CLEANER_DRIVER = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train import sandbox_cleanup
+base, scenario = sys.argv[2:4]
+# base/p1/p2/tmp_root/top: the old cleaner's climb through `..` stops 3 levels above the tree's root, so even
+# a broken cleaner stays inside this test's own dirs (p1 is the farthest it reaches); canaries in p1, p2 and
+# tmp_root (beside the tree, beside tmp_root, in its parent)
+p1, p2 = os.path.join(base, "p1"), os.path.join(base, "p1", "p2")
+tmp_root = os.path.join(p2, "tmp_root")
+top = os.path.join(tmp_root, "ogrpo-sbx-x")
+os.makedirs(os.path.join(top, "work", "x", "y", "z"))
+for d in (p1, p2, tmp_root, os.path.join(top, "work", "x", "y")):
+    open(os.path.join(d, "canary"), "w").close()
+canary = os.path.join(p1, "canary")
+os.chmod(canary, 0o644)
+real_scandir, real_stat, real_open = os.scandir, os.stat, os.open
+done = []
+def fd_path(fd):
+    return os.readlink(f"/proc/self/fd/{fd}") if isinstance(fd, int) else fd
+if scenario == "rename":  # the cleaner lists x/y; the program moves y next to the tree
+    y = os.path.join(top, "work", "x", "y")
+    def scandir(fd=None):
+        if not done and fd is not None and fd_path(fd) == y:
+            done.append(1)
+            os.rename(y, os.path.join(tmp_root, "moved"))
+        return real_scandir(fd)
+    os.scandir = scandir
+elif scenario == "symlink":  # a mode-000 directory becomes a symlink to a file outside, between check and use
+    locked = os.path.join(top, "work", "locked")
+    os.makedirs(os.path.join(locked, "inner"))
+    os.chmod(locked, 0)
+    def swap():
+        if not done:
+            done.append(1)
+            os.rename(locked, locked + ".real")
+            os.symlink(canary, locked)
+    looks = []
+    def stat(p, *a, dir_fd=None, **kw):  # the check right before a chmod (the old cleaner's second look)
+        r = real_stat(p, *a, dir_fd=dir_fd, **kw)
+        if p == "locked" and dir_fd is not None:
+            looks.append(1)
+            if len(looks) == 2:
+                swap()
+        return r
+    def open_(p, *a, dir_fd=None, **kw):
+        if p == "locked" and dir_fd is not None:
+            swap()
+        return real_open(p, *a, dir_fd=dir_fd, **kw)
+    os.stat, os.open = stat, open_
+elif scenario == "mount":  # a mount inside the tree (root only): never entered
+    m = os.path.join(top, "work", "mnt")
+    os.mkdir(m)
+    assert os.system(f"mount -t tmpfs none {m} && touch {m}/inside") == 0
+try:
+    left = sandbox_cleanup.remove_tree(top, max_fds=2)  # a tiny fd window: the re-open path too
+except TypeError:  # the old cleaner
+    left = sandbox_cleanup.remove_tree(top)
+os.scandir, os.stat, os.open = real_scandir, real_stat, real_open
+out = {"raced": bool(done), "left": left, "canaries": [os.path.exists(os.path.join(d, "canary"))
+                                                       for d in (p1, p2, tmp_root)],
+       "canary_mode": oct(os.stat(canary).st_mode & 0o7777), "top": os.path.exists(top),
+       "moved": os.path.isdir(os.path.join(tmp_root, "moved"))}
+if scenario == "mount":
+    out["inside"] = os.path.exists(os.path.join(top, "work", "mnt", "inside"))
+    os.system(f"umount {os.path.join(top, 'work', 'mnt')}")
+print(json.dumps(out))
+"""
+
+
+def _bases():
+    """A tmp_root under /tmp and one outside it (a site's /var/lib- or /scratch-like dir)."""
+    return ["/tmp", "/var/lib" if os.access("/var/lib", os.W_OK) else str(REPO)]
+
+
+@pytest.mark.parametrize("where", _bases(), ids=["under-tmp", "outside-tmp"])
+@pytest.mark.parametrize("unprivileged", [False, True], ids=["root", "user"])
+@pytest.mark.parametrize("scenario", ["rename", "symlink", "mount"])
+def test_the_cleaner_never_leaves_its_root(scenario, unprivileged, where, package, request):
+    if scenario == "mount" and unprivileged:
+        pytest.skip("only root mounts")
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-clean-", dir=where))
+    try:
+        cmd = [shutil.which("python3", path="/usr/bin:/bin") or sys.executable, "-c", CLEANER_DRIVER,
+               str(package), str(base), scenario]
+        if user:
+            os.chown(base, user.pw_uid, user.pw_gid)
+            cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["canaries"] == [True, True, True], out  # in tmp_root, beside it and in its parent
+        assert out["canary_mode"] == "0o644", out  # no chmod through a swapped-in symlink
+        if scenario == "rename":
+            # the directory moved out of the tree stays where it went (what it held when the cleaner entered it
+            # may go: nothing the program could not remove itself)
+            assert out["raced"] and out["moved"] and not out["top"], out
+        if scenario == "symlink":
+            assert out["raced"], out
+        if scenario == "mount":
+            assert out["inside"] and out["left"], out  # the mount is not entered, and it is reported
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)

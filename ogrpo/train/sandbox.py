@@ -531,7 +531,7 @@ class Sandbox:
         self.cc, self.cxx, self.c_flags, self.cxx_flags = cc, cxx, tuple(c_flags), tuple(cxx_flags)
         self.tmp_root = tmp_root
         self._slots: "list[int]" = list(range(self.max_workers))
-        self._slots_lock = threading.Lock()
+        self._slots_lock = threading.Condition()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # Root runs programs as the slot's uid at every level ("userns" maps it into the namespace).
@@ -622,47 +622,55 @@ class Sandbox:
         return "unavailable"
 
     def _run_job(self, job: Job, limits: Limits) -> JobResult:
+        # A slot (and its uid) comes back only once the cleaner has removed its work dir: a later program of
+        # the same uid must find no tree of it left to tamper with while it is being removed.
         with self._slots_lock:
+            self._slots_lock.wait_for(lambda: self._slots)
             slot = self._slots.pop()
+        top = None
         try:
-            return self._run_job_in_slot(job, limits, slot)
+            top = tempfile.mkdtemp(prefix="ogrpo-sbx-", dir=self.tmp_root)
+            return self._run_job_in_slot(job, limits, slot, top)
         except Exception as exc:  # a sandbox failure is a failed run, never a crashed reward stage
             return JobResult(None, [RunResult(SANDBOX_ERROR, stderr=f"{type(exc).__name__}: {exc}")])
         finally:
-            with self._slots_lock:
-                self._slots.append(slot)
+            if top is None:
+                self._free_slot(slot)
+            else:  # off the trainer's path: a hostile tree can take seconds to remove
+                CLEANER.submit(top, lambda: self._free_slot(slot))
 
-    def _run_job_in_slot(self, job: Job, limits: Limits, slot: int) -> JobResult:
+    def _free_slot(self, slot: int) -> None:
+        with self._slots_lock:
+            self._slots.append(slot)
+            self._slots_lock.notify()
+
+    def _run_job_in_slot(self, job: Job, limits: Limits, slot: int, top: str) -> JobResult:
         uid = self.uid_base + slot if self.drop_uid else None
-        top = tempfile.mkdtemp(prefix="ogrpo-sbx-", dir=self.tmp_root)
-        try:
-            os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
-            work, io = os.path.join(top, "work"), os.path.join(top, "io")
-            os.mkdir(work, 0o700)
-            os.mkdir(io, 0o700)
-            if uid is not None:
-                os.chown(work, uid, uid)
-            compile_res, argv = self._build(job, work, io, uid)
-            if compile_res is not None and not compile_res.ok:
-                compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
-                return JobResult(compile_res, [])
-            # At the namespace levels a program run works on its own tmpfs, holding a copy of what it runs.
-            copy = [argv[-1].removeprefix("./")] if self.isolation != "none" and not job.language.startswith(
-                "exec:") else None
-            runs = []
-            for stdin in job.inputs:
-                cgroup = self._cgroup(limits)
-                try:
-                    res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python",
-                                  copy, cgroup)
-                finally:
-                    _remove_cgroup(cgroup)
-                runs.append(res)
-                if res.status in job.stop_on:
-                    break
-            return JobResult(compile_res, runs)
-        finally:
-            CLEANER.submit(top)  # off the trainer's path: a hostile tree can take seconds to remove
+        os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
+        work, io = os.path.join(top, "work"), os.path.join(top, "io")
+        os.mkdir(work, 0o700)
+        os.mkdir(io, 0o700)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        compile_res, argv = self._build(job, work, io, uid)
+        if compile_res is not None and not compile_res.ok:
+            compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
+            return JobResult(compile_res, [])
+        # At the namespace levels a program run works on its own tmpfs, holding a copy of what it runs.
+        copy = [argv[-1].removeprefix("./")] if self.isolation != "none" and not job.language.startswith(
+            "exec:") else None
+        runs = []
+        for stdin in job.inputs:
+            cgroup = self._cgroup(limits)
+            try:
+                res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python",
+                              copy, cgroup)
+            finally:
+                _remove_cgroup(cgroup)
+            runs.append(res)
+            if res.status in job.stop_on:
+                break
+        return JobResult(compile_res, runs)
 
     def _cgroup(self, limits: Limits) -> str | None:
         if not self.cgroup_parent:

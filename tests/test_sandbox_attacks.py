@@ -587,3 +587,118 @@ def test_the_cleaner_never_leaves_its_root(scenario, unprivileged, where, packag
             assert out["inside"] and out["left"], out  # the mount is not entered, and it is reported
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+# ================================ no run reads another's files (reward hacking) ================================
+# Victims print the answer to a secret on their stdin and stay alive; the attacker, run beside them, looks for
+# their inputs and outputs wherever a path could lead (tmp_root and its parent, the shared tmp dirs, every fd
+# /proc lets it open) and for host paths on its reaper's command line. Scored as a reward would: the attacker
+# "solves" a victim when it prints that victim's answer.
+VICTIM_PY = """import sys, time
+s = sys.stdin.read().strip()
+print("ANSWER-" + s[len("SECRET-"):], flush=True)
+time.sleep(3)
+"""
+SNOOP_PY = r"""import os, re, stat, sys, time
+root = sys.stdin.read().strip()
+pat = re.compile(rb"(?:SECRET|ANSWER)-[0-9a-f]{16}")
+found, opened = set(), 0
+def grab(path):
+    global opened
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        data = os.pread(fd, 1 << 16, 0)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    opened += 1
+    found.update(m.group(0).decode() for m in pat.finditer(data))
+end = time.time() + 2.0
+while time.time() < end:
+    for top in {root, os.path.dirname(root), "/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR", "/tmp")}:
+        for d, _, files in os.walk(top):
+            for f in files:
+                grab(os.path.join(d, f))
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                grab(f"/proc/{pid}/fd/{fd}")
+    time.sleep(0.2)
+with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    cmdline = f.read()
+print(" ".join(sorted(found)) or "nothing")
+print("cmdline", cmdline.hex())
+"""
+SIBLINGS_DRIVER = r"""
+import json, os, secrets, sys
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root, victim, snoop = sys.argv[2], sys.argv[3], open(sys.argv[4]).read(), open(sys.argv[5]).read()
+keys = [secrets.token_hex(8) for _ in range(3)]
+with Sandbox(max_workers=4, isolation=level, tmp_root=root) as box:
+    jobs = [Job(victim, "python", ["SECRET-" + k]) for k in keys] + [Job(snoop, "python", [root])]
+    res = box.run_jobs(jobs, limits=Limits(wall_s=30.0, cpu_s=20))
+    uids = box.uids()
+runs = [r.runs[0] for r in res]
+print(json.dumps({"keys": keys, "uids": uids, "status": [r.status for r in runs], "stdout": [r.stdout for r in runs],
+                  "stderr": [r.stderr[-2000:] for r in runs], "drained": CLEANER.drain(timeout=60),
+                  "left": os.listdir(root)}))
+"""
+
+
+def _outside_base() -> Path:
+    """A throwaway dir outside /tmp and the other shared tmp dirs (a site's /scratch): under the checkout."""
+    base = REPO / ".scratch"
+    base.mkdir(exist_ok=True)
+    return base
+
+
+@pytest.mark.parametrize("where", ["under-tmp", "outside-tmp"])
+@pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
+def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, request):
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-sib-", dir="/tmp" if where == "under-tmp" else _outside_base()))
+    root = base / "p1" / "p2" / "tmp_root"  # deep: a broken cleaner stays inside this test's own dirs
+    root.mkdir(parents=True)
+    (package / "victim.py").write_text(VICTIM_PY)
+    (package / "snoop.py").write_text(SNOOP_PY)
+    for p in (package / "victim.py", package / "snoop.py"):
+        p.chmod(0o644)
+    try:
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        cmd = [python, "-c", SIBLINGS_DRIVER, str(package), level, str(root), str(package / "victim.py"),
+               str(package / "snoop.py")]
+        if user:
+            for p in (base, base / "p1", base / "p1" / "p2", root):
+                os.chown(p, user.pw_uid, user.pw_gid)
+            cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        if out["status"][:3] != ["ok"] * 3 and "unshare" in " ".join(out["stderr"]):
+            pytest.skip(f"{level} is not available here")
+        assert out["status"] == ["ok"] * 4, out
+        answers = ["ANSWER-" + k for k in out["keys"]]
+        assert [s.strip() for s in out["stdout"][:3]] == answers, out  # the victims ran and answered
+        snooped, cmdline = out["stdout"][3].splitlines()
+        score = sum(a in snooped for a in answers) / len(answers)
+        assert score == 0 and snooped == "nothing", out
+        reaper_cmdline = bytes.fromhex(cmdline.split()[1])
+        for leak in (str(root).encode(), str(root).encode().hex().encode()):  # the old spec was hex on argv
+            assert leak not in reaper_cmdline, reaper_cmdline
+        assert out["drained"] and out["left"] == []
+        uids = set(out["uids"]) | ({user.pw_uid} if user else set())
+        assert _processes_of(uids) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)

@@ -46,9 +46,10 @@ Why this shape:
   lock is copied into a child that could use it. Without preexec_fn/user/group, CPython (3.10+) starts the
   launcher with vfork, so a trainer with tens of GiB mapped pays no page-table copy per program; that is why
   the uid change and the rlimits happen in the launcher, not through Popen's arguments.
-- stdin/stdout/stderr are files outside the work dir, so output is bounded by RLIMIT_FSIZE (SIGXFSZ past it,
-  reset from Python's "ignored" before execve) instead of being read into the trainer's memory, and there are
-  no pipes to deadlock on.
+- stdin/stdout/stderr are memfds (files on no path: no other run can read them), so output is bounded by
+  RLIMIT_FSIZE (SIGXFSZ past it, reset from Python's "ignored" before execve) instead of being read into the
+  trainer's memory, and there are no pipes to deadlock on. Inside the mount namespace tmp_root itself is covered
+  by an empty read-only tmpfs: the program sees no other run's work dir, whatever TMPDIR is.
 
 Isolation levels (`Sandbox.isolation`):
 - "root": all of the above (needs CAP_SYS_ADMIN, e.g. the tests here, containers run as root).
@@ -68,8 +69,8 @@ Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one p
 (`my_pkg.rewards:score` in `reward_funcs`) calling its client; the helpers in code_rewards.py (`extract_code`,
 `lines_match`) are plain functions it can reuse to score the same way.
 
-This module is also the launcher (`python -P -S -m ogrpo.train.sandbox SPEC`, SPEC a hex-encoded marshal of the
-run written by the trainer), so it imports only the standard library (and its sandbox_* siblings), and the
+This module is also the launcher (`python -P -S -m ogrpo.train.sandbox`, reading a marshal of the run written
+by the trainer from the memfd named by OGRPO_SBX_SPEC_FD), so it imports only the standard library (and its sandbox_* siblings), and the
 launcher part runs before the trainer-side imports.
 """
 
@@ -140,6 +141,16 @@ def _write_id_maps(inside: int, outside_uid: int, outside_gid: int) -> None:
                        ("gid_map", f"{inside} {outside_gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
+
+
+def _read_spec(fd: int) -> dict:
+    """The run's spec comes on an fd, not the command line: the reaper's /proc/1/cmdline, which every program
+    can read, then shows no host path (the work dir, tmp_root)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return marshal.loads(b"".join(chunks))
 
 
 def _launcher_main(spec: dict) -> int:
@@ -230,6 +241,14 @@ def _private_dirs(libc, spec: dict) -> None:
     writes there costs the host no disk and needs no cleanup (it goes with the mount namespace), and a tree
     built to defeat removal never reaches the host. A compile run gets the host work dir itself, where the
     compiler's output must stay for the runs that follow."""
+    hide = spec.get("hide")
+    if hide and hide != "/":
+        # tmp_root, where every run's work dir lives, becomes an empty read-only dir: a program (at "userns" of
+        # the trainer's host uid) finds none of its concurrent siblings' files whatever TMPDIR is. The work dir
+        # is still reached through the cwd (the covered mount), and the binds below come after this one. The
+        # target is named from the cwd (work -> top -> tmp_root): a slot uid may not search tmp_root's parents.
+        _check(libc.mount(b"tmpfs", b"../..", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          b"size=4k,nr_inodes=1,mode=0555"), "mount tmpfs over tmp_root")
     if spec["tmpfs"]:
         owner = spec["uid"] if spec["isolation"] == "root" and spec["uid"] is not None else 0
         lim = spec["limits"]
@@ -421,7 +440,7 @@ def _exec_program(spec: dict, status_fd: int) -> None:
 if __name__ == "__main__":
     if not __package__:  # run as a file (Python < 3.11, see _launcher_cmd): the package is three levels up
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    sys.exit(_launcher_main(marshal.loads(bytes.fromhex(sys.argv[1]))))
+    sys.exit(_launcher_main(_read_spec(int(os.environ["OGRPO_SBX_SPEC_FD"]))))
 
 # ========================================= trainer side ========================================================
 
@@ -647,12 +666,11 @@ class Sandbox:
     def _run_job_in_slot(self, job: Job, limits: Limits, slot: int, top: str) -> JobResult:
         uid = self.uid_base + slot if self.drop_uid else None
         os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
-        work, io = os.path.join(top, "work"), os.path.join(top, "io")
+        work = os.path.join(top, "work")
         os.mkdir(work, 0o700)
-        os.mkdir(io, 0o700)
         if uid is not None:
             os.chown(work, uid, uid)
-        compile_res, argv = self._build(job, work, io, uid)
+        compile_res, argv = self._build(job, work, uid)
         if compile_res is not None and not compile_res.ok:
             compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
             return JobResult(compile_res, [])
@@ -663,7 +681,7 @@ class Sandbox:
         for stdin in job.inputs:
             cgroup = self._cgroup(limits)
             try:
-                res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python",
+                res = _launch(argv, stdin, work, uid, limits, self.isolation, job.language == "python",
                               copy, cgroup)
             finally:
                 _remove_cgroup(cgroup)
@@ -689,7 +707,7 @@ class Sandbox:
                     raise
         return path
 
-    def _build(self, job: Job, work: str, io: str, uid: int | None) -> tuple[RunResult | None, list[str]]:
+    def _build(self, job: Job, work: str, uid: int | None) -> tuple[RunResult | None, list[str]]:
         lang = job.language
         if lang.startswith("exec:"):  # an existing binary (the probe)
             return None, [lang[5:]]
@@ -707,7 +725,7 @@ class Sandbox:
         compiler = shutil.which(compiler, path=_SAFE_PATH) or compiler
         cgroup = self._cgroup(self.compile_limits)
         try:
-            res = _launch([compiler, name, "-o", "prog", *flags], "", work, io, uid, self.compile_limits,
+            res = _launch([compiler, name, "-o", "prog", *flags], "", work, uid, self.compile_limits,
                           self.isolation, False, None, cgroup)
         finally:
             _remove_cgroup(cgroup)
@@ -785,23 +803,39 @@ def _env(isolation: str) -> dict[str, str]:
     return {"PATH": _SAFE_PATH, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
 
 
-def _launch(argv: list[str], stdin: str, work: str, io: str, uid: int | None, limits: Limits,
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _launch(argv: list[str], stdin: str, work: str, uid: int | None, limits: Limits,
             isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None) -> RunResult:
-    """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result."""
-    stdin_path, out_path, err_path = (os.path.join(io, n) for n in ("stdin", "stdout", "stderr"))
-    with open(stdin_path, "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.write(stdin)
+    """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result.
+
+    stdin, stdout and stderr are memfds: no file of the run exists on any path, so no other run (of the same
+    host uid at "userns", or at "none") can read its input or output whatever tmp_root is, and reopening
+    /proc/self/fd/N reaches only the program's own memfd. They are regular files, so RLIMIT_FSIZE still bounds
+    the output (SIGXFSZ) and nothing has to drain a pipe."""
     spec = {"argv": argv, "work": work, "uid": uid, "isolation": isolation, "limits": asdict(limits),
             "env": _env(isolation), "audit_hook": isolation == "none" and python_program,
-            "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup}
+            "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup,
+            "hide": os.path.dirname(os.path.dirname(work))}
+    fin = _memfd("stdin", stdin.encode("utf-8", errors="surrogateescape"))
+    fspec = _memfd("spec", marshal.dumps(spec))
+    fout, ferr = _memfd("stdout"), _memfd("stderr")
     status_r, status_w = os.pipe()
     launcher, env = _launcher_cmd()
-    env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w))
+    env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w), OGRPO_SBX_SPEC_FD=str(fspec))
     t0 = time.perf_counter()
     try:
-        with open(stdin_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen([*launcher, marshal.dumps(spec).hex()], stdin=fin, stdout=fout, stderr=ferr,
-                                    pass_fds=(status_w,), close_fds=True, start_new_session=True, cwd=io, env=env)
+        try:
+            proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, pass_fds=(status_w, fspec),
+                                    close_fds=True, start_new_session=True, cwd=os.path.dirname(work), env=env)
+        finally:  # the trainer keeps only the outputs (a program could reach its fds through /proc at "none")
+            os.close(fin)
+            os.close(fspec)
         os.close(status_w)
         status_w = -1
         timed_out = not _wait(proc, limits.wall_s + 0.5)  # + the launcher's start-up (~30 ms) and slack
@@ -815,11 +849,13 @@ def _launch(argv: list[str], stdin: str, work: str, io: str, uid: int | None, li
         proc.wait()
         wall = time.perf_counter() - t0
         report = _read_report(status_r)
+        out, err = _read_capped(fout, limits.output_bytes), _read_capped(ferr, limits.output_bytes)
     finally:
         os.close(status_r)
+        os.close(fout)
+        os.close(ferr)
         if status_w >= 0:
             os.close(status_w)
-    out, err = _read_capped(out_path, limits.output_bytes), _read_capped(err_path, limits.output_bytes)
     if timed_out:
         return RunResult(TIMEOUT, out, err, report.get("wall_s", wall))
     if "error" in report or not report:
@@ -906,11 +942,7 @@ def parse_report(data: bytes) -> dict:
     return report
 
 
-def _read_capped(path: str, cap: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(cap).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+def _read_capped(fd: int, cap: int) -> str:
+    return os.pread(fd, cap, 0).decode("utf-8", errors="replace")
 
 

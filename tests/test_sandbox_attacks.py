@@ -702,3 +702,113 @@ def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, re
         assert _processes_of(uids) == []
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+# ==================================== limits that do not punish correct programs ===================================
+THREADS_DRIVER = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root, have_cc = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(64)]  # a trainer's dataloader, NCCL, ... threads
+for t in threads:
+    t.start()
+C = '#include <stdio.h>\nint main(void){long a,b;if(scanf("%ld %ld",&a,&b)!=2)return 1;printf("%ld\\n",a+b);return 0;}\n'
+PY = ("import threading\nn = int(input())\nout = [0] * 4\ndef f(i): out[i] = i * n\n"
+      "ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n"
+      "print(sum(out))\n")
+with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
+    jobs = [Job(PY, "python", ["5"])] + ([Job(C, "c", ["2 3"])] if have_cc else [])
+    res = box.run_jobs(jobs)
+    uids = box.uids()
+threads_seen = threading.active_count()
+stop.set()
+out = [{"status": (r.runs[0] if r.runs else r.compile).status, "stdout": (r.runs[0] if r.runs else r.compile).stdout,
+        "stderr": (r.runs[0] if r.runs else r.compile).stderr[-1500:]} for r in res]
+print(json.dumps({"runs": out, "threads": threads_seen, "uids": uids, "drained": CLEANER.drain(timeout=60),
+                  "left": os.listdir(root)}))
+"""
+
+
+def _trainer_cmd(user, driver: str, *args) -> list[str]:
+    cmd = [shutil.which("python3", path="/usr/bin:/bin") or sys.executable, "-c", driver, *map(str, args)]
+    if user:
+        cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+    return cmd
+
+
+def _deep_root(user) -> tuple[Path, Path]:
+    """base/p1/p2/tmp_root under /tmp, owned by the trainer's user: a broken cleaner stays inside base."""
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-lim-"))
+    root = base / "p1" / "p2" / "tmp_root"
+    root.mkdir(parents=True)
+    if user:
+        for p in (base, base / "p1", base / "p1" / "p2", root):
+            os.chown(p, user.pw_uid, user.pw_gid)
+    return base, root
+
+
+@pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
+def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileged, package, request):
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base, root = _deep_root(user)
+    try:
+        proc = subprocess.run(_trainer_cmd(user, THREADS_DRIVER, package, level, root, int(bool(shutil.which("gcc")))),
+                              capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["threads"] > 64
+        assert [(r["status"], r["stdout"]) for r in out["runs"]] == [("ok", "30\n"), ("ok", "5\n")][:len(out["runs"])], out
+        assert out["drained"] and out["left"] == []
+        assert _processes_of(set(out["uids"]) | ({user.pw_uid} if user else set())) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+TWO_POOLS_DRIVER = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root = sys.argv[2], sys.argv[3]
+PY = "import time\nn = int(input())\ntime.sleep(1)\nprint(n * n)\n"
+boxes = [Sandbox(max_workers=16, isolation=level, tmp_root=root) for _ in range(2)]  # two pools, one process
+results = [None, None]
+def run(i):
+    results[i] = boxes[i].run_jobs([Job(PY, "python", [str(100 * i + k)]) for k in range(16)],
+                                   limits=Limits(wall_s=60.0, cpu_s=30))
+ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+uids = [b.uids() for b in boxes]
+for b in boxes:
+    b.close()
+print(json.dumps({"uids": uids, "out": [[(r.runs[0].status, r.runs[0].stdout) for r in res] for res in results],
+                  "drained": CLEANER.drain(timeout=60), "left": os.listdir(root)}))
+"""
+
+
+@pytest.mark.parametrize("level", ["root", "none"])
+def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
+    """Two trainer processes, each with two pools of 16 (32 sandboxes at once per trainer): every slot uid is
+    unique node-wide, every reward right (no pool's sweep kills another's program), nothing left behind."""
+    base, root = _deep_root(None)
+    try:
+        procs = [subprocess.Popen(_trainer_cmd(None, TWO_POOLS_DRIVER, package, level, root), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}) for _ in range(2)]
+        outs = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=300)
+            assert p.returncode == 0, stderr[-3000:]
+            outs.append(json.loads(stdout))
+        pools = [u for out in outs for u in out["uids"]]
+        assert all(len(u) == 16 for u in pools) and len(set().union(*map(set, pools))) == 64, pools
+        for out in outs:
+            assert out["out"] == [[["ok", f"{(100 * i + k) ** 2}\n"] for k in range(16)] for i in range(2)], out
+            assert out["drained"]
+        assert list(root.iterdir()) == []  # once both are done (they share tmp_root)
+        assert _processes_of(set().union(*map(set, pools))) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)

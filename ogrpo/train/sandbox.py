@@ -25,9 +25,13 @@ Why this shape:
   a program of the same host uid can neither ptrace them nor open their /proc/PID/fd (the status pipe).
 - The status report is parsed as data (JSON, each field type-checked), never unmarshalled.
 - RLIMIT_NPROC counts processes per real uid and is not enforced for host uid 0. As root, each worker slot
-  runs its programs under its own unprivileged uid (`uid_base + slot`) at every level ("userns" maps it into
-  the namespace), so the limit applies and one program's fork bomb cannot use up another's budget; the uid also
-  keeps it out of root's files. For an unprivileged trainer, Linux 5.14+ counts NPROC per user namespace.
+  runs its programs under its own unprivileged uid at every level ("userns" maps it into the namespace), so the
+  limit applies and one program's fork bomb cannot use up another's budget; the uid also keeps it out of root's
+  files. Slot uids are unique on the node: each is held through an flock on a file named by it under a
+  root-owned dir (/run/ogrpo-sandbox-slots), so two pools (one process or two trainers) never share one. For an
+  unprivileged trainer at "userns", Linux 5.14+ counts NPROC per user namespace; at "none" the program shares
+  the trainer's uid, so its limit is that uid's task count at launch (the trainer's threads, sibling runs) plus
+  `Limits.nproc`.
 - Writes: the run's tmpfs is the only writable place (64 MiB, 8,192 inodes by default: what a program writes
   costs no disk and needs no cleanup, since the tmpfs goes with its mount namespace). Every other mount of the
   private mount namespace is remounted read-only, which also covers a site's 1777 /scratch and everything the
@@ -378,6 +382,22 @@ def _reap(spec: dict, status_fd: int, t0: float, report) -> int:
     return 0
 
 
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads) whose real uid is `uid`, as RLIMIT_NPROC counts them (fewer under hidepid)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                n += int(fields[b"Threads"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return n
+
+
 def _drop_bounding_set(libc) -> None:
     """Empty the capability bounding set: nothing the program execs can gain a capability, file caps included."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -393,10 +413,13 @@ def _exec_program(spec: dict, status_fd: int) -> None:
 
     os.close(status_fd)
     limits, isolation, uid = spec["limits"], spec["isolation"], spec["uid"]
+    nproc = limits["nproc"]
+    if isolation == "none" and os.getuid() != 0:  # the trainer's uid: its threads and other tasks count too
+        nproc += _tasks_of(os.getuid()) - 1  # less this process, the program: it is one of its own nproc
     for res, value in ((resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
                        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
                        (resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2),
-                       (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
+                       (resource.RLIMIT_NPROC, (nproc,) * 2),
                        (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),  # also bounds socket-buffer memory
                        (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(res, value)
@@ -444,6 +467,7 @@ if __name__ == "__main__":
 
 # ========================================= trainer side ========================================================
 
+import fcntl  # noqa: E402
 import json  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
@@ -451,6 +475,7 @@ import stat  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
+import weakref  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 
@@ -462,6 +487,9 @@ GIB = 1024**3
 
 LANGUAGES = ("python", "c", "cpp")
 _UID_BASE, _UIDS_PER_PROCESS = 1_879_048_192, 256  # 0x70000000: up to 0x71000000, below 2**31 for old tools
+_UID_SPAN = 1 << 24
+# Root-owned and not writable by others (checked): a lock file per slot uid held by the pool using it.
+_SLOT_DIRS = ("/run/ogrpo-sandbox-slots", "/dev/shm/ogrpo-sandbox-slots")
 
 # Run statuses. Only "ok" means the program exited 0 in time.
 OK, ERROR, SIGNALED, CPU_LIMIT, TIMEOUT, COMPILE_ERROR, SANDBOX_ERROR = (
@@ -526,9 +554,10 @@ class Sandbox:
     """A bounded pool that runs jobs in parallel, each contained as described in the module docstring.
 
     `max_workers` defaults to the CPU cores this process may use (its affinity mask, i.e. the Slurm
-    allocation, not the node). `uid_base` is the first of `max_workers` uids used when running as root; they
-    need no passwd entry and must not belong to anyone. The default range is far above login and subuid ranges
-    and offset by this process's pid, so the trainer ranks of one node do not share uids (and NPROC budgets).
+    allocation, not the node). As root, programs run as `max_workers` slot uids taken from [uid_base,
+    uid_base + 2**24) (they need no passwd entry and must not belong to anyone); each is locked node-wide while
+    this pool holds it, so no other pool or trainer on the node gets it. The default range is far above login
+    and subuid ranges; the search starts at an offset from this process's pid, so claims rarely contend.
     """
 
     def __init__(self, max_workers: int | None = None, limits: Limits = Limits(),
@@ -546,7 +575,8 @@ class Sandbox:
         if isolation not in ("auto", "root", "userns", "none"):
             raise OgrpoError(f"sandbox isolation {isolation!r}: use auto, root, userns or none")
         self.limits, self.compile_limits = limits, compile_limits
-        self.uid_base = uid_base if uid_base is not None else _UID_BASE + (os.getpid() % 65536) * _UIDS_PER_PROCESS
+        self.uid_base = uid_base if uid_base is not None else _UID_BASE
+        self._uid_start = 0 if uid_base is not None else (os.getpid() % 65536) * _UIDS_PER_PROCESS
         self.cc, self.cxx, self.c_flags, self.cxx_flags = cc, cxx, tuple(c_flags), tuple(cxx_flags)
         self.tmp_root = tmp_root
         self._slots: "list[int]" = list(range(self.max_workers))
@@ -555,6 +585,10 @@ class Sandbox:
         self._pool_lock = threading.Lock()
         # Root runs programs as the slot's uid at every level ("userns" maps it into the namespace).
         self.drop_uid = os.geteuid() == 0
+        self._slot_uids: list[int] = []
+        self._slot_locks: list[int] = []
+        weakref.finalize(self, _release_locks, self._slot_locks)
+        self._claim_slot_uids()
         self.python = python or _python_for(self.drop_uid)
         self.probe_errors: dict[str, str] = {}
         from ogrpo.train.sandbox_landlock import abi
@@ -589,6 +623,7 @@ class Sandbox:
             self._pool.shutdown(wait=True)
             self._pool = None
         CLEANER.drain()  # the work dirs of this pool's runs are gone when close() returns
+        _release_locks(self._slot_locks)  # nothing of theirs is left: another pool may have them
 
     @property
     def memory_limit(self) -> str:
@@ -613,12 +648,17 @@ class Sandbox:
 
     def uids(self) -> list[int]:
         """The uids programs run under (empty when they keep the trainer's uid)."""
-        return [self.uid_base + s for s in range(self.max_workers)] if self.drop_uid else []
+        return list(self._slot_uids)
 
     # --- internals -------------------------------------------------------------------------------------------
+    def _claim_slot_uids(self) -> None:
+        if self.drop_uid and not self._slot_locks:
+            self._slot_uids[:] = _claim_uids(self.uid_base, self._uid_start, self.max_workers, self._slot_locks)
+
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
+                self._claim_slot_uids()  # given back by close()
                 self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="ogrpo-sandbox")
             return self._pool
 
@@ -664,7 +704,7 @@ class Sandbox:
             self._slots_lock.notify()
 
     def _run_job_in_slot(self, job: Job, limits: Limits, slot: int, top: str) -> JobResult:
-        uid = self.uid_base + slot if self.drop_uid else None
+        uid = self._slot_uids[slot] if self.drop_uid else None
         os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
         work = os.path.join(top, "work")
         os.mkdir(work, 0o700)
@@ -736,6 +776,56 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _slot_dir() -> int:
+    """An fd of the node-wide dir of slot locks: made by root, owned by root and writable by nobody else (a
+    dir someone else made could hold anything)."""
+    for path in _SLOT_DIRS:
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        st = os.fstat(fd)
+        if st.st_uid == 0 and not st.st_mode & 0o022:
+            return fd
+        os.close(fd)
+    raise OgrpoError(f"sandbox: no root-owned directory for the slot uid locks (tried {', '.join(_SLOT_DIRS)})")
+
+
+def _claim_uids(base: int, start: int, count: int, locks: list[int]) -> list[int]:
+    """`count` uids of [base, base + 2**24) that no other pool on the node holds, searched from base + start:
+    each is held by an exclusive flock on a file named by it (released by close() or this process's exit)."""
+    dfd = _slot_dir()
+    uids: list[int] = []
+    try:
+        for i in range(_UID_SPAN):
+            uid = base + (start + i) % _UID_SPAN
+            fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            locks.append(fd)
+            uids.append(uid)
+            if len(uids) == count:
+                return uids
+    finally:
+        os.close(dfd)
+    _release_locks(locks)
+    raise OgrpoError(f"sandbox: no {count} free slot uids from {base}")
+
+
+def _release_locks(locks: list[int]) -> None:
+    while locks:
+        os.close(locks.pop())
 
 
 def _memory_cgroup() -> str | None:

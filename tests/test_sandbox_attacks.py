@@ -47,8 +47,12 @@ ATTACKS_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -145,6 +149,52 @@ int main(void) {
     rep("keyctl", syscall(SYS_keyctl, 0, 0, 0, 0, 0));
     return 0;
   }
+  if (!strcmp(what, "sysv")) {  /* 3 GiB of shared memory past the 1 GiB RLIMIT_AS; queues, semaphores */
+    long id = syscall(SYS_shmget, IPC_PRIVATE, 3UL << 30, IPC_CREAT | 0600);
+    rep("shmget", id);
+    if (id >= 0) syscall(SYS_shmctl, id, IPC_RMID, 0);  /* never left on the host, whatever the code under test */
+    long m = syscall(SYS_msgget, IPC_PRIVATE, IPC_CREAT | 0600);
+    rep("msgget", m);
+    if (m >= 0) syscall(SYS_msgctl, m, IPC_RMID, 0);
+    long s = syscall(SYS_semget, IPC_PRIVATE, 1, IPC_CREAT | 0600);
+    rep("semget", s);
+    if (s >= 0) syscall(SYS_semctl, s, 0, IPC_RMID, 0);
+    return 0;
+  }
+  if (!strcmp(what, "procs")) {  /* other processes (the parent; at "none" the trainer's kin) and the user */
+    struct rlimit z = {0, 0}, cur;
+    rep("prlimit_parent", syscall(SYS_prlimit64, getppid(), RLIMIT_CORE, &z, NULL));
+    rep("prlimit_self", syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &cur));
+    cpu_set_t set; CPU_ZERO(&set); sched_getaffinity(0, sizeof set, &set);
+    rep("affinity_parent", sched_setaffinity(getppid(), sizeof set, &set));
+    rep("affinity_self", sched_setaffinity(0, sizeof set, &set));
+    rep("prio_user", setpriority(PRIO_USER, 0, 19));
+    rep("prio_parent", setpriority(PRIO_PROCESS, getppid(), 19));
+    rep("prio_self", setpriority(PRIO_PROCESS, 0, 19));
+    rep("ioprio_user", syscall(SYS_ioprio_set, 3 /* IOPRIO_WHO_USER */, 0, 3 << 13 /* idle */));
+    rep("ioprio_self", syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, 3 << 13));
+    rep("statmount", syscall(457, 0, 0, 0, 0));
+    rep("listmount", syscall(458, 0, 0, 0, 0));
+    return 0;
+  }
+  if (!strcmp(what, "meta")) {  /* setuid bits on its own file; metadata of its own file and of one outside */
+    int fd = open("own", O_WRONLY | O_CREAT, 0755);
+    rep("own", fd);
+    rep("chmod_suid", chmod("own", 04755));
+    rep("fchmod_sgid", fchmod(fd, 02755));
+    rep("fchmodat_suid", fchmodat(AT_FDCWD, "own", 04755, 0));
+    rep("chmod_plain", chmod("own", 0700));
+    rep("chown_own", chown("own", -1, -1));
+    rep("utime_own", utimensat(AT_FDCWD, "own", NULL, 0));
+    rep("xattr_own", setxattr("own", "user.ogrpo", "x", 1, 0));
+    struct stat st;
+    if (stat(arg, &st) == 0) {  /* harmless if it passes: the same mode, owner; a timestamp */
+      rep("chmod_out", chmod(arg, st.st_mode & 07777));
+      rep("chown_out", chown(arg, -1, -1));
+      rep("utime_out", utimensat(AT_FDCWD, arg, NULL, 0));
+    }
+    return 0;
+  }
   return 98;
 }
 """
@@ -209,7 +259,7 @@ c_src, workdir_py, bypass_py = (open(p).read() for p in sys.argv[8:11])
 out = {}
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     names = ["remount " + target, "umount", "ptrace", "creds", "nproc", "unix " + sock, "inet " + port, "nofile",
-             "fsize", "sigpipe", "unshare", "signal"]
+             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target]
     limits = Limits(wall_s=10.0, file_bytes=1024 ** 2, nproc=16)
     jobs = [Job(c_src, "c", [n]) for n in names]
     results = box.run_jobs(jobs, limits=limits)
@@ -467,6 +517,32 @@ def test_signals_to_the_reaper_are_refused(attacked):
     if attacked["level"] == "none" and attacked["unprivileged"] and attacked["landlock"] < 6:
         pytest.skip("the same uid without Landlock's signal scoping (ABI 6) may signal its reaper")
     assert got["kill"] == (-1, 1), attacked["signal"]
+
+
+def test_sysv_ipc_is_refused(attacked):
+    got = _lines(attacked["sysv"])
+    assert got["shmget"] == got["msgget"] == got["semget"] == (-1, 1), attacked["sysv"]
+
+
+def test_other_processes_and_the_user_are_out_of_reach(attacked):
+    got = _lines(attacked["procs"])
+    for call in ("prlimit_parent", "affinity_parent", "prio_user", "prio_parent", "ioprio_user", "statmount",
+                 "listmount"):
+        assert got[call] == (-1, 1), (call, attacked["procs"])
+    assert got["prlimit_self"] == got["affinity_self"] == got["prio_self"] == got["ioprio_self"] == (0, 0), got
+
+
+def test_setuid_bits_and_metadata_outside_landlock_are_refused(attacked):
+    got = _lines(attacked["meta"])
+    assert got["own"][0] >= 0, attacked["meta"]
+    assert got["chmod_suid"] == got["fchmod_sgid"] == got["fchmodat_suid"] == (-1, 1), attacked["meta"]
+    if attacked["level"] == "none":  # no Landlock rule covers these: the filter refuses the families
+        for call in ("chmod_plain", "chown_own", "utime_own", "xattr_own", "chmod_out", "chown_out", "utime_out"):
+            assert got.get(call, (-1, 1)) == (-1, 1), (call, attacked["meta"])
+        if attacked["unprivileged"]:
+            assert "utime_out" in got  # the trainer's user's own file was there to attack
+    else:
+        assert got["chmod_plain"] == (0, 0), attacked["meta"]
 
 
 def test_no_process_survives(attacked):

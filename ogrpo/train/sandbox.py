@@ -456,7 +456,7 @@ def _exec_program(spec: dict, status_fd: int) -> None:
     if spec["audit_hook"]:  # argv is [python, -I, -B, main.py]
         argv = [argv[0], "-I", "-B", "-c", _AUDIT_PRELUDE, argv[-1]]
     families = () if isolation == "none" else (sandbox_seccomp.AF_INET, sandbox_seccomp.AF_INET6)
-    sandbox_seccomp.install(libc, families)  # last: from here on only execve
+    sandbox_seccomp.install(libc, families, metadata=isolation == "none")  # last: from here on only execve
     os.execve(argv[0], argv, spec["env"])
 
 
@@ -769,6 +769,8 @@ class Sandbox:
                           self.isolation, False, None, cgroup)
         finally:
             _remove_cgroup(cgroup)
+        if res.ok:
+            _make_executable(os.path.join(work, "prog"))
         return res, ["./prog"]
 
     def __enter__(self) -> "Sandbox":
@@ -776,6 +778,21 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _make_executable(path: str) -> None:
+    """At "none" the filter refuses the linker's chmod of its output (the whole chmod family: Landlock does not
+    cover it), which it does best effort; the trainer adds the x bits, on the file itself (never a symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # no output: the run reports it
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            os.fchmod(fd, (st.st_mode & 0o777) | 0o111)
+    finally:
+        os.close(fd)
 
 
 def _slot_dir() -> int:

@@ -149,6 +149,18 @@ int main(void) {
     rep("keyctl", syscall(SYS_keyctl, 0, 0, 0, 0, 0));
     return 0;
   }
+  if (!strcmp(what, "stdio")) {  /* stdio opened before unshare: a host file to reopen read-write, chmod? */
+    for (int fd = 0; fd < 3; fd++) {
+      char p[64], l[512] = {0};
+      snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+      if (readlink(p, l, sizeof l - 1) < 0) strcpy(l, "?");
+      printf("fd%d %s\n", fd, l);
+    }
+    int w = open("/proc/self/fd/1", O_RDWR);
+    rep("reopen", w);
+    if (w >= 0) rep("fchmod", fchmod(w, 0666));
+    return 0;
+  }
   if (!strcmp(what, "sysv")) {  /* 3 GiB of shared memory past the 1 GiB RLIMIT_AS; queues, semaphores */
     long id = syscall(SYS_shmget, IPC_PRIVATE, 3UL << 30, IPC_CREAT | 0600);
     rep("shmget", id);
@@ -259,7 +271,7 @@ c_src, workdir_py, bypass_py = (open(p).read() for p in sys.argv[8:11])
 out = {}
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     names = ["remount " + target, "umount", "ptrace", "creds", "nproc", "unix " + sock, "inet " + port, "nofile",
-             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target]
+             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio"]
     limits = Limits(wall_s=10.0, file_bytes=1024 ** 2, nproc=16)
     jobs = [Job(c_src, "c", [n]) for n in names]
     results = box.run_jobs(jobs, limits=limits)
@@ -461,7 +473,12 @@ def test_program_holds_no_privilege(attacked):
 
 def test_nproc_is_enforced(attacked):
     forks = int(attacked["nproc"]["stdout"].split()[1])
-    assert forks < 16, attacked["nproc"]
+    if attacked["level"] == "none" and attacked["unprivileged"]:
+        # the trainer's uid: the budget is its task count at launch + 16, and tasks of a concurrent run (a
+        # compile: up to 32) that end meanwhile leave their room to this one
+        assert forks < 16 + 32, attacked["nproc"]
+    else:
+        assert forks < 16, attacked["nproc"]
 
 
 def test_unix_sockets_are_refused(attacked):
@@ -517,6 +534,12 @@ def test_signals_to_the_reaper_are_refused(attacked):
     if attacked["level"] == "none" and attacked["unprivileged"] and attacked["landlock"] < 6:
         pytest.skip("the same uid without Landlock's signal scoping (ABI 6) may signal its reaper")
     assert got["kill"] == (-1, 1), attacked["signal"]
+
+
+def test_stdio_is_no_host_file(attacked):
+    lines = dict(line.split(" ", 1) for line in attacked["stdio"]["stdout"].splitlines() if line.startswith("fd"))
+    assert sorted(lines) == ["fd0", "fd1", "fd2"], attacked["stdio"]
+    assert all(path.startswith("/memfd:") for path in lines.values()), lines  # reopened: only its own memfd
 
 
 def test_sysv_ipc_is_refused(attacked):
@@ -630,8 +653,8 @@ print(json.dumps(out))
 
 
 def _bases():
-    """A tmp_root under /tmp and one outside it (a site's /var/lib- or /scratch-like dir)."""
-    return ["/tmp", "/var/lib" if os.access("/var/lib", os.W_OK) else str(REPO)]
+    """A tmp_root under /tmp and one outside it (a site's /scratch-like dir): throwaway dirs, never a system one."""
+    return ["/tmp", ".scratch"]
 
 
 @pytest.mark.parametrize("where", _bases(), ids=["under-tmp", "outside-tmp"])
@@ -641,7 +664,7 @@ def test_the_cleaner_never_leaves_its_root(scenario, unprivileged, where, packag
     if scenario == "mount" and unprivileged:
         pytest.skip("only root mounts")
     user = request.getfixturevalue("ci_user") if unprivileged else None
-    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-clean-", dir=where))
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-clean-", dir="/tmp" if where == "/tmp" else _outside_base()))
     try:
         cmd = [shutil.which("python3", path="/usr/bin:/bin") or sys.executable, "-c", CLEANER_DRIVER,
                str(package), str(base), scenario]
@@ -673,7 +696,7 @@ def test_the_cleaner_never_leaves_its_root(scenario, unprivileged, where, packag
 VICTIM_PY = """import sys, time
 s = sys.stdin.read().strip()
 print("ANSWER-" + s[len("SECRET-"):], flush=True)
-time.sleep(3)
+time.sleep(2)
 """
 SNOOP_PY = r"""import os, re, stat, sys, time
 root = sys.stdin.read().strip()
@@ -695,7 +718,7 @@ def grab(path):
         os.close(fd)
     opened += 1
     found.update(m.group(0).decode() for m in pat.finditer(data))
-end = time.time() + 2.0
+end = time.time() + 1.2
 while time.time() < end:
     for top in {root, os.path.dirname(root), "/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR", "/tmp")}:
         for d, _, files in os.walk(top):
@@ -791,9 +814,11 @@ stop = threading.Event()
 threads = [threading.Thread(target=stop.wait) for _ in range(64)]  # a trainer's dataloader, NCCL, ... threads
 for t in threads:
     t.start()
-C = '#include <stdio.h>\nint main(void){long a,b;if(scanf("%ld %ld",&a,&b)!=2)return 1;printf("%ld\\n",a+b);return 0;}\n'
+C = ('#include <stdio.h>\nint main(void){long a,b;if(scanf("%ld %ld",&a,&b)!=2)return 1;'
+     'printf("%ld\\n",a+b);return 0;}\n')
 PY = ("import threading\nn = int(input())\nout = [0] * 4\ndef f(i): out[i] = i * n\n"
-      "ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n"
+      "ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]\n"
+      "[t.start() for t in ts]\n[t.join() for t in ts]\n"
       "print(sum(out))\n")
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     jobs = [Job(PY, "python", ["5"])] + ([Job(C, "c", ["2 3"])] if have_cc else [])
@@ -836,7 +861,8 @@ def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileg
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = json.loads(proc.stdout)
         assert out["threads"] > 64
-        assert [(r["status"], r["stdout"]) for r in out["runs"]] == [("ok", "30\n"), ("ok", "5\n")][:len(out["runs"])], out
+        want = [("ok", "30\n"), ("ok", "5\n")][:len(out["runs"])]  # the C program where gcc exists
+        assert [(r["status"], r["stdout"]) for r in out["runs"]] == want, out
         assert out["drained"] and out["left"] == []
         assert _processes_of(set(out["uids"]) | ({user.pw_uid} if user else set())) == []
     finally:

@@ -74,8 +74,8 @@ Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one p
 `lines_match`) are plain functions it can reuse to score the same way.
 
 This module is also the launcher (`python -P -S -m ogrpo.train.sandbox`, reading a marshal of the run written
-by the trainer from the memfd named by OGRPO_SBX_SPEC_FD), so it imports only the standard library (and its sandbox_* siblings), and the
-launcher part runs before the trainer-side imports.
+by the trainer from the memfd named by OGRPO_SBX_SPEC_FD), so it imports only the standard library (and its
+sandbox_* siblings), and the launcher part runs before the trainer-side imports.
 """
 
 from __future__ import annotations

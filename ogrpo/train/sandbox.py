@@ -221,6 +221,8 @@ def _launcher_main(spec: dict) -> int:
     if reaper and killed:  # SIGTERM came before the fork
         os.kill(reaper, signal.SIGKILL)
     if reaper == 0:  # I: pid 1 of the new pid namespace when there is one
+        if "OGRPO_SBX_LOCK_FD" in os.environ:  # the slot's lock stays with the launcher, not the program
+            os.close(int(os.environ["OGRPO_SBX_LOCK_FD"]))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
@@ -556,8 +558,8 @@ class Sandbox:
     `max_workers` defaults to the CPU cores this process may use (its affinity mask, i.e. the Slurm
     allocation, not the node). As root, programs run as `max_workers` slot uids taken from [uid_base,
     uid_base + 2**24) (they need no passwd entry and must not belong to anyone); each is locked node-wide while
-    this pool holds it, so no other pool or trainer on the node gets it. The default range is far above login
-    and subuid ranges; the search starts at an offset from this process's pid, so claims rarely contend.
+    this pool or one of its launchers holds it, so no other pool or trainer on the node gets it. The default
+    range is far above login and subuid ranges.
     """
 
     def __init__(self, max_workers: int | None = None, limits: Limits = Limits(),
@@ -576,7 +578,6 @@ class Sandbox:
             raise OgrpoError(f"sandbox isolation {isolation!r}: use auto, root, userns or none")
         self.limits, self.compile_limits = limits, compile_limits
         self.uid_base = uid_base if uid_base is not None else _UID_BASE
-        self._uid_start = 0 if uid_base is not None else (os.getpid() % 65536) * _UIDS_PER_PROCESS
         self.cc, self.cxx, self.c_flags, self.cxx_flags = cc, cxx, tuple(c_flags), tuple(cxx_flags)
         self.tmp_root = tmp_root
         self._slots: "list[int]" = list(range(self.max_workers))
@@ -653,7 +654,7 @@ class Sandbox:
     # --- internals -------------------------------------------------------------------------------------------
     def _claim_slot_uids(self) -> None:
         if self.drop_uid and not self._slot_locks:
-            self._slot_uids[:] = _claim_uids(self.uid_base, self._uid_start, self.max_workers, self._slot_locks)
+            self._slot_uids[:] = _claim_uids(self.uid_base, self.max_workers, self._slot_locks)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -705,12 +706,13 @@ class Sandbox:
 
     def _run_job_in_slot(self, job: Job, limits: Limits, slot: int, top: str) -> JobResult:
         uid = self._slot_uids[slot] if self.drop_uid else None
+        lock = self._slot_locks[slot] if self.drop_uid else None
         os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
         work = os.path.join(top, "work")
         os.mkdir(work, 0o700)
         if uid is not None:
             os.chown(work, uid, uid)
-        compile_res, argv = self._build(job, work, uid)
+        compile_res, argv = self._build(job, work, uid, lock)
         if compile_res is not None and not compile_res.ok:
             compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
             return JobResult(compile_res, [])
@@ -722,7 +724,7 @@ class Sandbox:
             cgroup = self._cgroup(limits)
             try:
                 res = _launch(argv, stdin, work, uid, limits, self.isolation, job.language == "python",
-                              copy, cgroup)
+                              copy, cgroup, lock)
             finally:
                 _remove_cgroup(cgroup)
             runs.append(res)
@@ -747,7 +749,7 @@ class Sandbox:
                     raise
         return path
 
-    def _build(self, job: Job, work: str, uid: int | None) -> tuple[RunResult | None, list[str]]:
+    def _build(self, job: Job, work: str, uid: int | None, lock: int | None) -> tuple[RunResult | None, list[str]]:
         lang = job.language
         if lang.startswith("exec:"):  # an existing binary (the probe)
             return None, [lang[5:]]
@@ -766,7 +768,7 @@ class Sandbox:
         cgroup = self._cgroup(self.compile_limits)
         try:
             res = _launch([compiler, name, "-o", "prog", *flags], "", work, uid, self.compile_limits,
-                          self.isolation, False, None, cgroup)
+                          self.isolation, False, None, cgroup, lock)
         finally:
             _remove_cgroup(cgroup)
         if res.ok:
@@ -816,14 +818,16 @@ def _slot_dir() -> int:
     raise OgrpoError(f"sandbox: no root-owned directory for the slot uid locks (tried {', '.join(_SLOT_DIRS)})")
 
 
-def _claim_uids(base: int, start: int, count: int, locks: list[int]) -> list[int]:
-    """`count` uids of [base, base + 2**24) that no other pool on the node holds, searched from base + start:
-    each is held by an exclusive flock on a file named by it (released by close() or this process's exit)."""
+def _claim_uids(base: int, count: int, locks: list[int]) -> list[int]:
+    """The first `count` uids from `base` that nothing on the node holds: each is held by an exclusive flock on a
+    file named by it, released by close() or this process's exit, and by every launcher still running as it
+    (each inherits the lock: a uid whose program outlived a killed trainer stays taken). Searching from `base`
+    keeps the lock files as few as the node's most slots at once."""
     dfd = _slot_dir()
     uids: list[int] = []
     try:
         for i in range(_UID_SPAN):
-            uid = base + (start + i) % _UID_SPAN
+            uid = base + i
             fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -918,7 +922,8 @@ def _memfd(name: str, data: bytes = b"") -> int:
 
 
 def _launch(argv: list[str], stdin: str, work: str, uid: int | None, limits: Limits,
-            isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None) -> RunResult:
+            isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None,
+            lock: int | None = None) -> RunResult:
     """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result.
 
     stdin, stdout and stderr are memfds: no file of the run exists on any path, so no other run (of the same
@@ -935,10 +940,13 @@ def _launch(argv: list[str], stdin: str, work: str, uid: int | None, limits: Lim
     status_r, status_w = os.pipe()
     launcher, env = _launcher_cmd()
     env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w), OGRPO_SBX_SPEC_FD=str(fspec))
+    if lock is not None:  # the launcher holds the slot uid's lock until it exits (see _claim_uids)
+        env["OGRPO_SBX_LOCK_FD"] = str(lock)
     t0 = time.perf_counter()
     try:
         try:
-            proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, pass_fds=(status_w, fspec),
+            fds = (status_w, fspec) + ((lock,) if lock is not None else ())
+            proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, pass_fds=fds,
                                     close_fds=True, start_new_session=True, cwd=os.path.dirname(work), env=env)
         finally:  # the trainer keeps only the outputs (a program could reach its fds through /proc at "none")
             os.close(fin)

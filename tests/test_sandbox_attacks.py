@@ -914,3 +914,64 @@ def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
         assert _processes_of(set().union(*map(set, pools))) == []
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+KILLED_TRAINER_DRIVER = r"""
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+box = Sandbox(max_workers=1, isolation="root", tmp_root=sys.argv[2])
+print(box.uids()[0], flush=True)
+box.run_jobs([Job("import time\ntime.sleep(60)")], limits=Limits(wall_s=120.0))
+"""
+
+
+def test_a_slot_uid_stays_taken_while_a_killed_trainers_program_lives(package):
+    """The trainer is SIGKILLed mid-run (its pool's locks go with it): the launcher still holds the slot's lock,
+    so no other pool on the node gets that uid until the program is gone."""
+    import fcntl
+    import time
+
+    base, root = _deep_root(None)
+    trainer = subprocess.Popen(_trainer_cmd(None, KILLED_TRAINER_DRIVER, package, root), stdout=subprocess.PIPE,
+                               text=True, env={"PATH": "/usr/bin:/bin"})
+    launcher = None
+    try:
+        uid = int(trainer.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not _processes_of({uid}) and time.monotonic() < deadline:  # wait for the program to run
+            time.sleep(0.1)
+        (program,) = _processes_of({uid})
+        ppid = lambda pid: int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                                    if line.startswith("PPid:")))  # noqa: E731
+        launcher = ppid(ppid(program))  # program <- reaper <- launcher
+        trainer.kill()
+        trainer.wait()
+        fd = os.open(f"/run/ogrpo-sandbox-slots/{uid}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.kill(launcher, signal.SIGTERM)  # the wall clock's way: the launcher kills the tree and exits
+            deadline = time.monotonic() + 30
+            while _processes_of({uid}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _processes_of({uid}) == []
+            for _ in range(100):  # the launcher's exit releases the lock
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the slot's lock outlived its launcher")
+        finally:
+            os.close(fd)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        if launcher is not None:
+            try:
+                os.killpg(launcher, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)

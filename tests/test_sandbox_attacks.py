@@ -47,8 +47,12 @@ ATTACKS_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -145,6 +149,64 @@ int main(void) {
     rep("keyctl", syscall(SYS_keyctl, 0, 0, 0, 0, 0));
     return 0;
   }
+  if (!strcmp(what, "stdio")) {  /* stdio opened before unshare: a host file to reopen read-write, chmod? */
+    for (int fd = 0; fd < 3; fd++) {
+      char p[64], l[512] = {0};
+      snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+      if (readlink(p, l, sizeof l - 1) < 0) strcpy(l, "?");
+      printf("fd%d %s\n", fd, l);
+    }
+    int w = open("/proc/self/fd/1", O_RDWR);
+    rep("reopen", w);
+    if (w >= 0) rep("fchmod", fchmod(w, 0666));
+    return 0;
+  }
+  if (!strcmp(what, "sysv")) {  /* 3 GiB of shared memory past the 1 GiB RLIMIT_AS; queues, semaphores */
+    long id = syscall(SYS_shmget, IPC_PRIVATE, 3UL << 30, IPC_CREAT | 0600);
+    rep("shmget", id);
+    if (id >= 0) syscall(SYS_shmctl, id, IPC_RMID, 0);  /* never left on the host, whatever the code under test */
+    long m = syscall(SYS_msgget, IPC_PRIVATE, IPC_CREAT | 0600);
+    rep("msgget", m);
+    if (m >= 0) syscall(SYS_msgctl, m, IPC_RMID, 0);
+    long s = syscall(SYS_semget, IPC_PRIVATE, 1, IPC_CREAT | 0600);
+    rep("semget", s);
+    if (s >= 0) syscall(SYS_semctl, s, 0, IPC_RMID, 0);
+    return 0;
+  }
+  if (!strcmp(what, "procs")) {  /* other processes (the parent; at "none" the trainer's kin) and the user */
+    struct rlimit z = {0, 0}, cur;
+    rep("prlimit_parent", syscall(SYS_prlimit64, getppid(), RLIMIT_CORE, &z, NULL));
+    rep("prlimit_self", syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &cur));
+    cpu_set_t set; CPU_ZERO(&set); sched_getaffinity(0, sizeof set, &set);
+    rep("affinity_parent", sched_setaffinity(getppid(), sizeof set, &set));
+    rep("affinity_self", sched_setaffinity(0, sizeof set, &set));
+    rep("prio_user", setpriority(PRIO_USER, 0, 19));
+    rep("prio_parent", setpriority(PRIO_PROCESS, getppid(), 19));
+    rep("prio_self", setpriority(PRIO_PROCESS, 0, 19));
+    rep("ioprio_user", syscall(SYS_ioprio_set, 3 /* IOPRIO_WHO_USER */, 0, 3 << 13 /* idle */));
+    rep("ioprio_self", syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, 3 << 13));
+    rep("statmount", syscall(457, 0, 0, 0, 0));
+    rep("listmount", syscall(458, 0, 0, 0, 0));
+    return 0;
+  }
+  if (!strcmp(what, "meta")) {  /* setuid bits on its own file; metadata of its own file and of one outside */
+    int fd = open("own", O_WRONLY | O_CREAT, 0755);
+    rep("own", fd);
+    rep("chmod_suid", chmod("own", 04755));
+    rep("fchmod_sgid", fchmod(fd, 02755));
+    rep("fchmodat_suid", fchmodat(AT_FDCWD, "own", 04755, 0));
+    rep("chmod_plain", chmod("own", 0700));
+    rep("chown_own", chown("own", -1, -1));
+    rep("utime_own", utimensat(AT_FDCWD, "own", NULL, 0));
+    rep("xattr_own", setxattr("own", "user.ogrpo", "x", 1, 0));
+    struct stat st;
+    if (stat(arg, &st) == 0) {  /* harmless if it passes: the same mode, owner; a timestamp */
+      rep("chmod_out", chmod(arg, st.st_mode & 07777));
+      rep("chown_out", chown(arg, -1, -1));
+      rep("utime_out", utimensat(AT_FDCWD, arg, NULL, 0));
+    }
+    return 0;
+  }
   return 98;
 }
 """
@@ -209,7 +271,7 @@ c_src, workdir_py, bypass_py = (open(p).read() for p in sys.argv[8:11])
 out = {}
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     names = ["remount " + target, "umount", "ptrace", "creds", "nproc", "unix " + sock, "inet " + port, "nofile",
-             "fsize", "sigpipe", "unshare", "signal"]
+             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio"]
     limits = Limits(wall_s=10.0, file_bytes=1024 ** 2, nproc=16)
     jobs = [Job(c_src, "c", [n]) for n in names]
     results = box.run_jobs(jobs, limits=limits)
@@ -411,7 +473,12 @@ def test_program_holds_no_privilege(attacked):
 
 def test_nproc_is_enforced(attacked):
     forks = int(attacked["nproc"]["stdout"].split()[1])
-    assert forks < 16, attacked["nproc"]
+    if attacked["level"] == "none" and attacked["unprivileged"]:
+        # the trainer's uid: the budget is its task count at launch + 16, and tasks of a concurrent run (a
+        # compile: up to 32) that end meanwhile leave their room to this one
+        assert forks < 16 + 32, attacked["nproc"]
+    else:
+        assert forks < 16, attacked["nproc"]
 
 
 def test_unix_sockets_are_refused(attacked):
@@ -469,6 +536,38 @@ def test_signals_to_the_reaper_are_refused(attacked):
     assert got["kill"] == (-1, 1), attacked["signal"]
 
 
+def test_stdio_is_no_host_file(attacked):
+    lines = dict(line.split(" ", 1) for line in attacked["stdio"]["stdout"].splitlines() if line.startswith("fd"))
+    assert sorted(lines) == ["fd0", "fd1", "fd2"], attacked["stdio"]
+    assert all(path.startswith("/memfd:") for path in lines.values()), lines  # reopened: only its own memfd
+
+
+def test_sysv_ipc_is_refused(attacked):
+    got = _lines(attacked["sysv"])
+    assert got["shmget"] == got["msgget"] == got["semget"] == (-1, 1), attacked["sysv"]
+
+
+def test_other_processes_and_the_user_are_out_of_reach(attacked):
+    got = _lines(attacked["procs"])
+    for call in ("prlimit_parent", "affinity_parent", "prio_user", "prio_parent", "ioprio_user", "statmount",
+                 "listmount"):
+        assert got[call] == (-1, 1), (call, attacked["procs"])
+    assert got["prlimit_self"] == got["affinity_self"] == got["prio_self"] == got["ioprio_self"] == (0, 0), got
+
+
+def test_setuid_bits_and_metadata_outside_landlock_are_refused(attacked):
+    got = _lines(attacked["meta"])
+    assert got["own"][0] >= 0, attacked["meta"]
+    assert got["chmod_suid"] == got["fchmod_sgid"] == got["fchmodat_suid"] == (-1, 1), attacked["meta"]
+    if attacked["level"] == "none":  # no Landlock rule covers these: the filter refuses the families
+        for call in ("chmod_plain", "chown_own", "utime_own", "xattr_own", "chmod_out", "chown_out", "utime_out"):
+            assert got.get(call, (-1, 1)) == (-1, 1), (call, attacked["meta"])
+        if attacked["unprivileged"]:
+            assert "utime_out" in got  # the trainer's user's own file was there to attack
+    else:
+        assert got["chmod_plain"] == (0, 0), attacked["meta"]
+
+
 def test_no_process_survives(attacked):
     assert attacked["survivors"] == []
 
@@ -477,3 +576,402 @@ def test_audit_hook_bypass_through_posixsubprocess_is_closed(attacked):
     if attacked["level"] != "none":
         pytest.skip("the audit hook is the 'none' level's (namespaces and seccomp hold elsewhere)")
     assert attacked["bypass"]["stdout"].startswith("refused"), attacked["bypass"]
+
+
+# ================================ the cleaner, raced (no Landlock to stop the program) ================================
+# What a program of a slot's uid could do to its own earlier tree on a kernel without Landlock, while the cleaner
+# is inside it: the race is made deterministic by hooks on the os functions the cleaner calls (old and new
+# code alike), in a trainer process of root or of the unprivileged user.
+CLEANER_DRIVER = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train import sandbox_cleanup
+base, scenario = sys.argv[2:4]
+# base/p1/p2/tmp_root/top: the old cleaner's climb through `..` stops 3 levels above the tree's root, so even
+# a broken cleaner stays inside this test's own dirs (p1 is the farthest it reaches); canaries in p1, p2 and
+# tmp_root (beside the tree, beside tmp_root, in its parent)
+p1, p2 = os.path.join(base, "p1"), os.path.join(base, "p1", "p2")
+tmp_root = os.path.join(p2, "tmp_root")
+top = os.path.join(tmp_root, "ogrpo-sbx-x")
+os.makedirs(os.path.join(top, "work", "x", "y", "z"))
+for d in (p1, p2, tmp_root, os.path.join(top, "work", "x", "y")):
+    open(os.path.join(d, "canary"), "w").close()
+canary = os.path.join(p1, "canary")
+os.chmod(canary, 0o644)
+real_scandir, real_stat, real_open = os.scandir, os.stat, os.open
+done = []
+def fd_path(fd):
+    return os.readlink(f"/proc/self/fd/{fd}") if isinstance(fd, int) else fd
+if scenario == "rename":  # the cleaner lists x/y; the program moves y next to the tree
+    y = os.path.join(top, "work", "x", "y")
+    def scandir(fd=None):
+        if not done and fd is not None and fd_path(fd) == y:
+            done.append(1)
+            os.rename(y, os.path.join(tmp_root, "moved"))
+        return real_scandir(fd)
+    os.scandir = scandir
+elif scenario == "symlink":  # a mode-000 directory becomes a symlink to a file outside, between check and use
+    locked = os.path.join(top, "work", "locked")
+    os.makedirs(os.path.join(locked, "inner"))
+    os.chmod(locked, 0)
+    def swap():
+        if not done:
+            done.append(1)
+            os.rename(locked, locked + ".real")
+            os.symlink(canary, locked)
+    looks = []
+    def stat(p, *a, dir_fd=None, **kw):  # the check right before a chmod (the old cleaner's second look)
+        r = real_stat(p, *a, dir_fd=dir_fd, **kw)
+        if p == "locked" and dir_fd is not None:
+            looks.append(1)
+            if len(looks) == 2:
+                swap()
+        return r
+    def open_(p, *a, dir_fd=None, **kw):
+        if p == "locked" and dir_fd is not None:
+            swap()
+        return real_open(p, *a, dir_fd=dir_fd, **kw)
+    os.stat, os.open = stat, open_
+elif scenario == "mount":  # a mount inside the tree (root only): never entered
+    m = os.path.join(top, "work", "mnt")
+    os.mkdir(m)
+    assert os.system(f"mount -t tmpfs none {m} && touch {m}/inside") == 0
+try:
+    left = sandbox_cleanup.remove_tree(top, max_fds=2)  # a tiny fd window: the re-open path too
+except TypeError:  # the old cleaner
+    left = sandbox_cleanup.remove_tree(top)
+os.scandir, os.stat, os.open = real_scandir, real_stat, real_open
+out = {"raced": bool(done), "left": left, "canaries": [os.path.exists(os.path.join(d, "canary"))
+                                                       for d in (p1, p2, tmp_root)],
+       "canary_mode": oct(os.stat(canary).st_mode & 0o7777), "top": os.path.exists(top),
+       "moved": os.path.isdir(os.path.join(tmp_root, "moved"))}
+if scenario == "mount":
+    out["inside"] = os.path.exists(os.path.join(top, "work", "mnt", "inside"))
+    os.system(f"umount {os.path.join(top, 'work', 'mnt')}")
+print(json.dumps(out))
+"""
+
+
+def _bases():
+    """A tmp_root under /tmp and one outside it (a site's /scratch-like dir): throwaway dirs, never a system one."""
+    return ["/tmp", ".scratch"]
+
+
+@pytest.mark.parametrize("where", _bases(), ids=["under-tmp", "outside-tmp"])
+@pytest.mark.parametrize("unprivileged", [False, True], ids=["root", "user"])
+@pytest.mark.parametrize("scenario", ["rename", "symlink", "mount"])
+def test_the_cleaner_never_leaves_its_root(scenario, unprivileged, where, package, request):
+    if scenario == "mount" and unprivileged:
+        pytest.skip("only root mounts")
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-clean-", dir="/tmp" if where == "/tmp" else _outside_base()))
+    try:
+        cmd = [shutil.which("python3", path="/usr/bin:/bin") or sys.executable, "-c", CLEANER_DRIVER,
+               str(package), str(base), scenario]
+        if user:
+            os.chown(base, user.pw_uid, user.pw_gid)
+            cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["canaries"] == [True, True, True], out  # in tmp_root, beside it and in its parent
+        assert out["canary_mode"] == "0o644", out  # no chmod through a swapped-in symlink
+        if scenario == "rename":
+            # the directory moved out of the tree stays where it went (what it held when the cleaner entered it
+            # may go: nothing the program could not remove itself)
+            assert out["raced"] and out["moved"] and not out["top"], out
+        if scenario == "symlink":
+            assert out["raced"], out
+        if scenario == "mount":
+            assert out["inside"] and out["left"], out  # the mount is not entered, and it is reported
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+# ================================ no run reads another's files (reward hacking) ================================
+# Victims print the answer to a secret on their stdin and stay alive; the attacker, run beside them, looks for
+# their inputs and outputs wherever a path could lead (tmp_root and its parent, the shared tmp dirs, every fd
+# /proc lets it open) and for host paths on its reaper's command line. Scored as a reward would: the attacker
+# "solves" a victim when it prints that victim's answer.
+VICTIM_PY = """import sys, time
+s = sys.stdin.read().strip()
+print("ANSWER-" + s[len("SECRET-"):], flush=True)
+time.sleep(2)
+"""
+SNOOP_PY = r"""import os, re, stat, sys, time
+root = sys.stdin.read().strip()
+pat = re.compile(rb"(?:SECRET|ANSWER)-[0-9a-f]{16}")
+found, opened = set(), 0
+def grab(path):
+    global opened
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        data = os.pread(fd, 1 << 16, 0)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    opened += 1
+    found.update(m.group(0).decode() for m in pat.finditer(data))
+end = time.time() + 1.2
+while time.time() < end:
+    for top in {root, os.path.dirname(root), "/tmp", "/var/tmp", "/dev/shm", os.environ.get("TMPDIR", "/tmp")}:
+        for d, _, files in os.walk(top):
+            for f in files:
+                grab(os.path.join(d, f))
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                grab(f"/proc/{pid}/fd/{fd}")
+    time.sleep(0.2)
+with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    cmdline = f.read()
+print(" ".join(sorted(found)) or "nothing")
+print("cmdline", cmdline.hex())
+"""
+SIBLINGS_DRIVER = r"""
+import json, os, secrets, sys
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root, victim, snoop = sys.argv[2], sys.argv[3], open(sys.argv[4]).read(), open(sys.argv[5]).read()
+keys = [secrets.token_hex(8) for _ in range(3)]
+with Sandbox(max_workers=4, isolation=level, tmp_root=root) as box:
+    jobs = [Job(victim, "python", ["SECRET-" + k]) for k in keys] + [Job(snoop, "python", [root])]
+    res = box.run_jobs(jobs, limits=Limits(wall_s=30.0, cpu_s=20))
+    uids = box.uids()
+runs = [r.runs[0] for r in res]
+print(json.dumps({"keys": keys, "uids": uids, "status": [r.status for r in runs], "stdout": [r.stdout for r in runs],
+                  "stderr": [r.stderr[-2000:] for r in runs], "drained": CLEANER.drain(timeout=60),
+                  "left": os.listdir(root)}))
+"""
+
+
+def _outside_base() -> Path:
+    """A throwaway dir outside /tmp and the other shared tmp dirs (a site's /scratch): under the checkout."""
+    base = REPO / ".scratch"
+    base.mkdir(exist_ok=True)
+    return base
+
+
+@pytest.mark.parametrize("where", ["under-tmp", "outside-tmp"])
+@pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
+def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, request):
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-sib-", dir="/tmp" if where == "under-tmp" else _outside_base()))
+    root = base / "p1" / "p2" / "tmp_root"  # deep: a broken cleaner stays inside this test's own dirs
+    root.mkdir(parents=True)
+    (package / "victim.py").write_text(VICTIM_PY)
+    (package / "snoop.py").write_text(SNOOP_PY)
+    for p in (package / "victim.py", package / "snoop.py"):
+        p.chmod(0o644)
+    try:
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        cmd = [python, "-c", SIBLINGS_DRIVER, str(package), level, str(root), str(package / "victim.py"),
+               str(package / "snoop.py")]
+        if user:
+            for p in (base, base / "p1", base / "p1" / "p2", root):
+                os.chown(p, user.pw_uid, user.pw_gid)
+            cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        if out["status"][:3] != ["ok"] * 3 and "unshare" in " ".join(out["stderr"]):
+            pytest.skip(f"{level} is not available here")
+        assert out["status"] == ["ok"] * 4, out
+        answers = ["ANSWER-" + k for k in out["keys"]]
+        assert [s.strip() for s in out["stdout"][:3]] == answers, out  # the victims ran and answered
+        snooped, cmdline = out["stdout"][3].splitlines()
+        score = sum(a in snooped for a in answers) / len(answers)
+        assert score == 0 and snooped == "nothing", out
+        reaper_cmdline = bytes.fromhex(cmdline.split()[1])
+        for leak in (str(root).encode(), str(root).encode().hex().encode()):  # the old spec was hex on argv
+            assert leak not in reaper_cmdline, reaper_cmdline
+        assert out["drained"] and out["left"] == []
+        uids = set(out["uids"]) | ({user.pw_uid} if user else set())
+        assert _processes_of(uids) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+# ==================================== limits that do not punish correct programs ===================================
+THREADS_DRIVER = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root, have_cc = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(64)]  # a trainer's dataloader, NCCL, ... threads
+for t in threads:
+    t.start()
+C = ('#include <stdio.h>\nint main(void){long a,b;if(scanf("%ld %ld",&a,&b)!=2)return 1;'
+     'printf("%ld\\n",a+b);return 0;}\n')
+PY = ("import threading\nn = int(input())\nout = [0] * 4\ndef f(i): out[i] = i * n\n"
+      "ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]\n"
+      "[t.start() for t in ts]\n[t.join() for t in ts]\n"
+      "print(sum(out))\n")
+with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
+    jobs = [Job(PY, "python", ["5"])] + ([Job(C, "c", ["2 3"])] if have_cc else [])
+    res = box.run_jobs(jobs)
+    uids = box.uids()
+threads_seen = threading.active_count()
+stop.set()
+out = [{"status": (r.runs[0] if r.runs else r.compile).status, "stdout": (r.runs[0] if r.runs else r.compile).stdout,
+        "stderr": (r.runs[0] if r.runs else r.compile).stderr[-1500:]} for r in res]
+print(json.dumps({"runs": out, "threads": threads_seen, "uids": uids, "drained": CLEANER.drain(timeout=60),
+                  "left": os.listdir(root)}))
+"""
+
+
+def _trainer_cmd(user, driver: str, *args) -> list[str]:
+    cmd = [shutil.which("python3", path="/usr/bin:/bin") or sys.executable, "-c", driver, *map(str, args)]
+    if user:
+        cmd = ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups", *cmd]
+    return cmd
+
+
+def _deep_root(user) -> tuple[Path, Path]:
+    """base/p1/p2/tmp_root under /tmp, owned by the trainer's user: a broken cleaner stays inside base."""
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-lim-"))
+    root = base / "p1" / "p2" / "tmp_root"
+    root.mkdir(parents=True)
+    if user:
+        for p in (base, base / "p1", base / "p1" / "p2", root):
+            os.chown(p, user.pw_uid, user.pw_gid)
+    return base, root
+
+
+@pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
+def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileged, package, request):
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base, root = _deep_root(user)
+    try:
+        proc = subprocess.run(_trainer_cmd(user, THREADS_DRIVER, package, level, root, int(bool(shutil.which("gcc")))),
+                              capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["threads"] > 64
+        want = [("ok", "30\n"), ("ok", "5\n")][:len(out["runs"])]  # the C program where gcc exists
+        assert [(r["status"], r["stdout"]) for r in out["runs"]] == want, out
+        assert out["drained"] and out["left"] == []
+        assert _processes_of(set(out["uids"]) | ({user.pw_uid} if user else set())) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+TWO_POOLS_DRIVER = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.train.sandbox_cleanup import CLEANER
+level, root = sys.argv[2], sys.argv[3]
+PY = "import time\nn = int(input())\ntime.sleep(1)\nprint(n * n)\n"
+boxes = [Sandbox(max_workers=16, isolation=level, tmp_root=root) for _ in range(2)]  # two pools, one process
+results = [None, None]
+def run(i):
+    results[i] = boxes[i].run_jobs([Job(PY, "python", [str(100 * i + k)]) for k in range(16)],
+                                   limits=Limits(wall_s=60.0, cpu_s=30))
+ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+uids = [b.uids() for b in boxes]
+for b in boxes:
+    b.close()
+print(json.dumps({"uids": uids, "out": [[(r.runs[0].status, r.runs[0].stdout) for r in res] for res in results],
+                  "drained": CLEANER.drain(timeout=60), "left": os.listdir(root)}))
+"""
+
+
+@pytest.mark.parametrize("level", ["root", "none"])
+def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
+    """Two trainer processes, each with two pools of 16 (32 sandboxes at once per trainer): every slot uid is
+    unique node-wide, every reward right (no pool's sweep kills another's program), nothing left behind."""
+    base, root = _deep_root(None)
+    try:
+        procs = [subprocess.Popen(_trainer_cmd(None, TWO_POOLS_DRIVER, package, level, root), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}) for _ in range(2)]
+        outs = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=300)
+            assert p.returncode == 0, stderr[-3000:]
+            outs.append(json.loads(stdout))
+        pools = [u for out in outs for u in out["uids"]]
+        assert all(len(u) == 16 for u in pools) and len(set().union(*map(set, pools))) == 64, pools
+        for out in outs:
+            assert out["out"] == [[["ok", f"{(100 * i + k) ** 2}\n"] for k in range(16)] for i in range(2)], out
+            assert out["drained"]
+        assert list(root.iterdir()) == []  # once both are done (they share tmp_root)
+        assert _processes_of(set().union(*map(set, pools))) == []
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
+
+
+KILLED_TRAINER_DRIVER = r"""
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from ogrpo.train.sandbox import Job, Limits, Sandbox
+box = Sandbox(max_workers=1, isolation="root", tmp_root=sys.argv[2])
+print(box.uids()[0], flush=True)
+box.run_jobs([Job("import time\ntime.sleep(60)")], limits=Limits(wall_s=120.0))
+"""
+
+
+def test_a_slot_uid_stays_taken_while_a_killed_trainers_program_lives(package):
+    """The trainer is SIGKILLed mid-run (its pool's locks go with it): the launcher still holds the slot's lock,
+    so no other pool on the node gets that uid until the program is gone."""
+    import fcntl
+    import time
+
+    base, root = _deep_root(None)
+    trainer = subprocess.Popen(_trainer_cmd(None, KILLED_TRAINER_DRIVER, package, root), stdout=subprocess.PIPE,
+                               text=True, env={"PATH": "/usr/bin:/bin"})
+    launcher = None
+    try:
+        uid = int(trainer.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not _processes_of({uid}) and time.monotonic() < deadline:  # wait for the program to run
+            time.sleep(0.1)
+        (program,) = _processes_of({uid})
+        ppid = lambda pid: int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                                    if line.startswith("PPid:")))  # noqa: E731
+        launcher = ppid(ppid(program))  # program <- reaper <- launcher
+        trainer.kill()
+        trainer.wait()
+        fd = os.open(f"/run/ogrpo-sandbox-slots/{uid}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.kill(launcher, signal.SIGTERM)  # the wall clock's way: the launcher kills the tree and exits
+            deadline = time.monotonic() + 30
+            while _processes_of({uid}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _processes_of({uid}) == []
+            for _ in range(100):  # the launcher's exit releases the lock
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the slot's lock outlived its launcher")
+        finally:
+            os.close(fd)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        if launcher is not None:
+            try:
+                os.killpg(launcher, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)

@@ -157,7 +157,8 @@ def test_syscall_numbers_match_the_kernel_headers(arch, header, pattern):
         pytest.skip(f"{header} is not installed")
     table = sandbox_seccomp.SYSCALLS[arch]
     assert {name: numbers.get(name) for name in table} == table
-    assert set(sandbox_seccomp.DENIED) <= set(table)
+    assert set(sandbox_seccomp.DENIED) <= set(table) | set(sandbox_seccomp.UNIFIED)
+    assert set(sandbox_seccomp.SELF_ONLY) <= set(table) and not set(table) & set(sandbox_seccomp.UNIFIED)
 
 
 @needs_gcc

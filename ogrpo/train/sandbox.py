@@ -25,9 +25,13 @@ Why this shape:
   a program of the same host uid can neither ptrace them nor open their /proc/PID/fd (the status pipe).
 - The status report is parsed as data (JSON, each field type-checked), never unmarshalled.
 - RLIMIT_NPROC counts processes per real uid and is not enforced for host uid 0. As root, each worker slot
-  runs its programs under its own unprivileged uid (`uid_base + slot`) at every level ("userns" maps it into
-  the namespace), so the limit applies and one program's fork bomb cannot use up another's budget; the uid also
-  keeps it out of root's files. For an unprivileged trainer, Linux 5.14+ counts NPROC per user namespace.
+  runs its programs under its own unprivileged uid at every level ("userns" maps it into the namespace), so the
+  limit applies and one program's fork bomb cannot use up another's budget; the uid also keeps it out of root's
+  files. Slot uids are unique on the node: each is held through an flock on a file named by it under a
+  root-owned dir (/run/ogrpo-sandbox-slots), so two pools (one process or two trainers) never share one. For an
+  unprivileged trainer at "userns", Linux 5.14+ counts NPROC per user namespace; at "none" the program shares
+  the trainer's uid, so its limit is that uid's task count at launch (the trainer's threads, sibling runs) plus
+  `Limits.nproc`.
 - Writes: the run's tmpfs is the only writable place (64 MiB, 8,192 inodes by default: what a program writes
   costs no disk and needs no cleanup, since the tmpfs goes with its mount namespace). Every other mount of the
   private mount namespace is remounted read-only, which also covers a site's 1777 /scratch and everything the
@@ -46,9 +50,10 @@ Why this shape:
   lock is copied into a child that could use it. Without preexec_fn/user/group, CPython (3.10+) starts the
   launcher with vfork, so a trainer with tens of GiB mapped pays no page-table copy per program; that is why
   the uid change and the rlimits happen in the launcher, not through Popen's arguments.
-- stdin/stdout/stderr are files outside the work dir, so output is bounded by RLIMIT_FSIZE (SIGXFSZ past it,
-  reset from Python's "ignored" before execve) instead of being read into the trainer's memory, and there are
-  no pipes to deadlock on.
+- stdin/stdout/stderr are memfds (files on no path: no other run can read them), so output is bounded by
+  RLIMIT_FSIZE (SIGXFSZ past it, reset from Python's "ignored" before execve) instead of being read into the
+  trainer's memory, and there are no pipes to deadlock on. Inside the mount namespace tmp_root itself is covered
+  by an empty read-only tmpfs: the program sees no other run's work dir, whatever TMPDIR is.
 
 Isolation levels (`Sandbox.isolation`):
 - "root": all of the above (needs CAP_SYS_ADMIN, e.g. the tests here, containers run as root).
@@ -68,9 +73,9 @@ Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one p
 (`my_pkg.rewards:score` in `reward_funcs`) calling its client; the helpers in code_rewards.py (`extract_code`,
 `lines_match`) are plain functions it can reuse to score the same way.
 
-This module is also the launcher (`python -P -S -m ogrpo.train.sandbox SPEC`, SPEC a hex-encoded marshal of the
-run written by the trainer), so it imports only the standard library (and its sandbox_* siblings), and the
-launcher part runs before the trainer-side imports.
+This module is also the launcher (`python -P -S -m ogrpo.train.sandbox`, reading a marshal of the run written
+by the trainer from the memfd named by OGRPO_SBX_SPEC_FD), so it imports only the standard library (and its
+sandbox_* siblings), and the launcher part runs before the trainer-side imports.
 """
 
 from __future__ import annotations
@@ -142,6 +147,16 @@ def _write_id_maps(inside: int, outside_uid: int, outside_gid: int) -> None:
             f.write(text)
 
 
+def _read_spec(fd: int) -> dict:
+    """The run's spec comes on an fd, not the command line: the reaper's /proc/1/cmdline, which every program
+    can read, then shows no host path (the work dir, tmp_root)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return marshal.loads(b"".join(chunks))
+
+
 def _launcher_main(spec: dict) -> int:
     # Everything the launcher needs is imported now: at the "userns" level under a root trainer it soon runs as
     # the slot uid, which may not read the interpreter's library directory (a pyenv under /root).
@@ -206,6 +221,8 @@ def _launcher_main(spec: dict) -> int:
     if reaper and killed:  # SIGTERM came before the fork
         os.kill(reaper, signal.SIGKILL)
     if reaper == 0:  # I: pid 1 of the new pid namespace when there is one
+        if "OGRPO_SBX_LOCK_FD" in os.environ:  # the slot's lock stays with the launcher, not the program
+            os.close(int(os.environ["OGRPO_SBX_LOCK_FD"]))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
@@ -230,6 +247,14 @@ def _private_dirs(libc, spec: dict) -> None:
     writes there costs the host no disk and needs no cleanup (it goes with the mount namespace), and a tree
     built to defeat removal never reaches the host. A compile run gets the host work dir itself, where the
     compiler's output must stay for the runs that follow."""
+    hide = spec.get("hide")
+    if hide and hide != "/":
+        # tmp_root, where every run's work dir lives, becomes an empty read-only dir: a program (at "userns" of
+        # the trainer's host uid) finds none of its concurrent siblings' files whatever TMPDIR is. The work dir
+        # is still reached through the cwd (the covered mount), and the binds below come after this one. The
+        # target is named from the cwd (work -> top -> tmp_root): a slot uid may not search tmp_root's parents.
+        _check(libc.mount(b"tmpfs", b"../..", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          b"size=4k,nr_inodes=1,mode=0555"), "mount tmpfs over tmp_root")
     if spec["tmpfs"]:
         owner = spec["uid"] if spec["isolation"] == "root" and spec["uid"] is not None else 0
         lim = spec["limits"]
@@ -359,6 +384,22 @@ def _reap(spec: dict, status_fd: int, t0: float, report) -> int:
     return 0
 
 
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads) whose real uid is `uid`, as RLIMIT_NPROC counts them (fewer under hidepid)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                n += int(fields[b"Threads"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return n
+
+
 def _drop_bounding_set(libc) -> None:
     """Empty the capability bounding set: nothing the program execs can gain a capability, file caps included."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -374,10 +415,13 @@ def _exec_program(spec: dict, status_fd: int) -> None:
 
     os.close(status_fd)
     limits, isolation, uid = spec["limits"], spec["isolation"], spec["uid"]
+    nproc = limits["nproc"]
+    if isolation == "none" and os.getuid() != 0:  # the trainer's uid: its threads and other tasks count too
+        nproc += _tasks_of(os.getuid()) - 1  # less this process, the program: it is one of its own nproc
     for res, value in ((resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1)),
                        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
                        (resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2),
-                       (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
+                       (resource.RLIMIT_NPROC, (nproc,) * 2),
                        (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),  # also bounds socket-buffer memory
                        (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(res, value)
@@ -414,17 +458,18 @@ def _exec_program(spec: dict, status_fd: int) -> None:
     if spec["audit_hook"]:  # argv is [python, -I, -B, main.py]
         argv = [argv[0], "-I", "-B", "-c", _AUDIT_PRELUDE, argv[-1]]
     families = () if isolation == "none" else (sandbox_seccomp.AF_INET, sandbox_seccomp.AF_INET6)
-    sandbox_seccomp.install(libc, families)  # last: from here on only execve
+    sandbox_seccomp.install(libc, families, metadata=isolation == "none")  # last: from here on only execve
     os.execve(argv[0], argv, spec["env"])
 
 
 if __name__ == "__main__":
     if not __package__:  # run as a file (Python < 3.11, see _launcher_cmd): the package is three levels up
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    sys.exit(_launcher_main(marshal.loads(bytes.fromhex(sys.argv[1]))))
+    sys.exit(_launcher_main(_read_spec(int(os.environ["OGRPO_SBX_SPEC_FD"]))))
 
 # ========================================= trainer side ========================================================
 
+import fcntl  # noqa: E402
 import json  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
@@ -432,6 +477,7 @@ import stat  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
+import weakref  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 
@@ -443,6 +489,9 @@ GIB = 1024**3
 
 LANGUAGES = ("python", "c", "cpp")
 _UID_BASE, _UIDS_PER_PROCESS = 1_879_048_192, 256  # 0x70000000: up to 0x71000000, below 2**31 for old tools
+_UID_SPAN = 1 << 24
+# Root-owned and not writable by others (checked): a lock file per slot uid held by the pool using it.
+_SLOT_DIRS = ("/run/ogrpo-sandbox-slots", "/dev/shm/ogrpo-sandbox-slots")
 
 # Run statuses. Only "ok" means the program exited 0 in time.
 OK, ERROR, SIGNALED, CPU_LIMIT, TIMEOUT, COMPILE_ERROR, SANDBOX_ERROR = (
@@ -507,9 +556,10 @@ class Sandbox:
     """A bounded pool that runs jobs in parallel, each contained as described in the module docstring.
 
     `max_workers` defaults to the CPU cores this process may use (its affinity mask, i.e. the Slurm
-    allocation, not the node). `uid_base` is the first of `max_workers` uids used when running as root; they
-    need no passwd entry and must not belong to anyone. The default range is far above login and subuid ranges
-    and offset by this process's pid, so the trainer ranks of one node do not share uids (and NPROC budgets).
+    allocation, not the node). As root, programs run as `max_workers` slot uids taken from [uid_base,
+    uid_base + 2**24) (they need no passwd entry and must not belong to anyone); each is locked node-wide while
+    this pool or one of its launchers holds it, so no other pool or trainer on the node gets it. The default
+    range is far above login and subuid ranges.
     """
 
     def __init__(self, max_workers: int | None = None, limits: Limits = Limits(),
@@ -527,15 +577,19 @@ class Sandbox:
         if isolation not in ("auto", "root", "userns", "none"):
             raise OgrpoError(f"sandbox isolation {isolation!r}: use auto, root, userns or none")
         self.limits, self.compile_limits = limits, compile_limits
-        self.uid_base = uid_base if uid_base is not None else _UID_BASE + (os.getpid() % 65536) * _UIDS_PER_PROCESS
+        self.uid_base = uid_base if uid_base is not None else _UID_BASE
         self.cc, self.cxx, self.c_flags, self.cxx_flags = cc, cxx, tuple(c_flags), tuple(cxx_flags)
         self.tmp_root = tmp_root
         self._slots: "list[int]" = list(range(self.max_workers))
-        self._slots_lock = threading.Lock()
+        self._slots_lock = threading.Condition()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # Root runs programs as the slot's uid at every level ("userns" maps it into the namespace).
         self.drop_uid = os.geteuid() == 0
+        self._slot_uids: list[int] = []
+        self._slot_locks: list[int] = []
+        weakref.finalize(self, _release_locks, self._slot_locks)
+        self._claim_slot_uids()
         self.python = python or _python_for(self.drop_uid)
         self.probe_errors: dict[str, str] = {}
         from ogrpo.train.sandbox_landlock import abi
@@ -570,6 +624,7 @@ class Sandbox:
             self._pool.shutdown(wait=True)
             self._pool = None
         CLEANER.drain()  # the work dirs of this pool's runs are gone when close() returns
+        _release_locks(self._slot_locks)  # nothing of theirs is left: another pool may have them
 
     @property
     def memory_limit(self) -> str:
@@ -594,12 +649,17 @@ class Sandbox:
 
     def uids(self) -> list[int]:
         """The uids programs run under (empty when they keep the trainer's uid)."""
-        return [self.uid_base + s for s in range(self.max_workers)] if self.drop_uid else []
+        return list(self._slot_uids)
 
     # --- internals -------------------------------------------------------------------------------------------
+    def _claim_slot_uids(self) -> None:
+        if self.drop_uid and not self._slot_locks:
+            self._slot_uids[:] = _claim_uids(self.uid_base, self.max_workers, self._slot_locks)
+
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
+                self._claim_slot_uids()  # given back by close()
                 self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="ogrpo-sandbox")
             return self._pool
 
@@ -622,47 +682,55 @@ class Sandbox:
         return "unavailable"
 
     def _run_job(self, job: Job, limits: Limits) -> JobResult:
+        # A slot (and its uid) comes back only once the cleaner has removed its work dir: a later program of
+        # the same uid must find no tree of it left to tamper with while it is being removed.
         with self._slots_lock:
+            self._slots_lock.wait_for(lambda: self._slots)
             slot = self._slots.pop()
+        top = None
         try:
-            return self._run_job_in_slot(job, limits, slot)
+            top = tempfile.mkdtemp(prefix="ogrpo-sbx-", dir=self.tmp_root)
+            return self._run_job_in_slot(job, limits, slot, top)
         except Exception as exc:  # a sandbox failure is a failed run, never a crashed reward stage
             return JobResult(None, [RunResult(SANDBOX_ERROR, stderr=f"{type(exc).__name__}: {exc}")])
         finally:
-            with self._slots_lock:
-                self._slots.append(slot)
+            if top is None:
+                self._free_slot(slot)
+            else:  # off the trainer's path: a hostile tree can take seconds to remove
+                CLEANER.submit(top, lambda: self._free_slot(slot))
 
-    def _run_job_in_slot(self, job: Job, limits: Limits, slot: int) -> JobResult:
-        uid = self.uid_base + slot if self.drop_uid else None
-        top = tempfile.mkdtemp(prefix="ogrpo-sbx-", dir=self.tmp_root)
-        try:
-            os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
-            work, io = os.path.join(top, "work"), os.path.join(top, "io")
-            os.mkdir(work, 0o700)
-            os.mkdir(io, 0o700)
-            if uid is not None:
-                os.chown(work, uid, uid)
-            compile_res, argv = self._build(job, work, io, uid)
-            if compile_res is not None and not compile_res.ok:
-                compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
-                return JobResult(compile_res, [])
-            # At the namespace levels a program run works on its own tmpfs, holding a copy of what it runs.
-            copy = [argv[-1].removeprefix("./")] if self.isolation != "none" and not job.language.startswith(
-                "exec:") else None
-            runs = []
-            for stdin in job.inputs:
-                cgroup = self._cgroup(limits)
-                try:
-                    res = _launch(argv, stdin, work, io, uid, limits, self.isolation, job.language == "python",
-                                  copy, cgroup)
-                finally:
-                    _remove_cgroup(cgroup)
-                runs.append(res)
-                if res.status in job.stop_on:
-                    break
-            return JobResult(compile_res, runs)
-        finally:
-            CLEANER.submit(top)  # off the trainer's path: a hostile tree can take seconds to remove
+    def _free_slot(self, slot: int) -> None:
+        with self._slots_lock:
+            self._slots.append(slot)
+            self._slots_lock.notify()
+
+    def _run_job_in_slot(self, job: Job, limits: Limits, slot: int, top: str) -> JobResult:
+        uid = self._slot_uids[slot] if self.drop_uid else None
+        lock = self._slot_locks[slot] if self.drop_uid else None
+        os.chmod(top, 0o711)  # the program may cross it to reach work/, not list or write it
+        work = os.path.join(top, "work")
+        os.mkdir(work, 0o700)
+        if uid is not None:
+            os.chown(work, uid, uid)
+        compile_res, argv = self._build(job, work, uid, lock)
+        if compile_res is not None and not compile_res.ok:
+            compile_res.status = COMPILE_ERROR if compile_res.status == ERROR else compile_res.status
+            return JobResult(compile_res, [])
+        # At the namespace levels a program run works on its own tmpfs, holding a copy of what it runs.
+        copy = [argv[-1].removeprefix("./")] if self.isolation != "none" and not job.language.startswith(
+            "exec:") else None
+        runs = []
+        for stdin in job.inputs:
+            cgroup = self._cgroup(limits)
+            try:
+                res = _launch(argv, stdin, work, uid, limits, self.isolation, job.language == "python",
+                              copy, cgroup, lock)
+            finally:
+                _remove_cgroup(cgroup)
+            runs.append(res)
+            if res.status in job.stop_on:
+                break
+        return JobResult(compile_res, runs)
 
     def _cgroup(self, limits: Limits) -> str | None:
         if not self.cgroup_parent:
@@ -681,7 +749,7 @@ class Sandbox:
                     raise
         return path
 
-    def _build(self, job: Job, work: str, io: str, uid: int | None) -> tuple[RunResult | None, list[str]]:
+    def _build(self, job: Job, work: str, uid: int | None, lock: int | None) -> tuple[RunResult | None, list[str]]:
         lang = job.language
         if lang.startswith("exec:"):  # an existing binary (the probe)
             return None, [lang[5:]]
@@ -699,10 +767,12 @@ class Sandbox:
         compiler = shutil.which(compiler, path=_SAFE_PATH) or compiler
         cgroup = self._cgroup(self.compile_limits)
         try:
-            res = _launch([compiler, name, "-o", "prog", *flags], "", work, io, uid, self.compile_limits,
-                          self.isolation, False, None, cgroup)
+            res = _launch([compiler, name, "-o", "prog", *flags], "", work, uid, self.compile_limits,
+                          self.isolation, False, None, cgroup, lock)
         finally:
             _remove_cgroup(cgroup)
+        if res.ok:
+            _make_executable(os.path.join(work, "prog"))
         return res, ["./prog"]
 
     def __enter__(self) -> "Sandbox":
@@ -710,6 +780,73 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _make_executable(path: str) -> None:
+    """At "none" the filter refuses the linker's chmod of its output (the whole chmod family: Landlock does not
+    cover it), which it does best effort; the trainer adds the x bits, on the file itself (never a symlink)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # no output: the run reports it
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            os.fchmod(fd, (st.st_mode & 0o777) | 0o111)
+    finally:
+        os.close(fd)
+
+
+def _slot_dir() -> int:
+    """An fd of the node-wide dir of slot locks: made by root, owned by root and writable by nobody else (a
+    dir someone else made could hold anything)."""
+    for path in _SLOT_DIRS:
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        st = os.fstat(fd)
+        if st.st_uid == 0 and not st.st_mode & 0o022:
+            return fd
+        os.close(fd)
+    raise OgrpoError(f"sandbox: no root-owned directory for the slot uid locks (tried {', '.join(_SLOT_DIRS)})")
+
+
+def _claim_uids(base: int, count: int, locks: list[int]) -> list[int]:
+    """The first `count` uids from `base` that nothing on the node holds: each is held by an exclusive flock on a
+    file named by it, released by close() or this process's exit, and by every launcher still running as it
+    (each inherits the lock: a uid whose program outlived a killed trainer stays taken). Searching from `base`
+    keeps the lock files as few as the node's most slots at once."""
+    dfd = _slot_dir()
+    uids: list[int] = []
+    try:
+        for i in range(_UID_SPAN):
+            uid = base + i
+            fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            locks.append(fd)
+            uids.append(uid)
+            if len(uids) == count:
+                return uids
+    finally:
+        os.close(dfd)
+    _release_locks(locks)
+    raise OgrpoError(f"sandbox: no {count} free slot uids from {base}")
+
+
+def _release_locks(locks: list[int]) -> None:
+    while locks:
+        os.close(locks.pop())
 
 
 def _memory_cgroup() -> str | None:
@@ -777,23 +914,43 @@ def _env(isolation: str) -> dict[str, str]:
     return {"PATH": _SAFE_PATH, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
 
 
-def _launch(argv: list[str], stdin: str, work: str, io: str, uid: int | None, limits: Limits,
-            isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None) -> RunResult:
-    """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result."""
-    stdin_path, out_path, err_path = (os.path.join(io, n) for n in ("stdin", "stdout", "stderr"))
-    with open(stdin_path, "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.write(stdin)
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _launch(argv: list[str], stdin: str, work: str, uid: int | None, limits: Limits,
+            isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None,
+            lock: int | None = None) -> RunResult:
+    """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result.
+
+    stdin, stdout and stderr are memfds: no file of the run exists on any path, so no other run (of the same
+    host uid at "userns", or at "none") can read its input or output whatever tmp_root is, and reopening
+    /proc/self/fd/N reaches only the program's own memfd. They are regular files, so RLIMIT_FSIZE still bounds
+    the output (SIGXFSZ) and nothing has to drain a pipe."""
     spec = {"argv": argv, "work": work, "uid": uid, "isolation": isolation, "limits": asdict(limits),
             "env": _env(isolation), "audit_hook": isolation == "none" and python_program,
-            "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup}
+            "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup,
+            "hide": os.path.dirname(os.path.dirname(work))}
+    fin = _memfd("stdin", stdin.encode("utf-8", errors="surrogateescape"))
+    fspec = _memfd("spec", marshal.dumps(spec))
+    fout, ferr = _memfd("stdout"), _memfd("stderr")
     status_r, status_w = os.pipe()
     launcher, env = _launcher_cmd()
-    env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w))
+    env.update(PATH=_SAFE_PATH, OGRPO_SBX_STATUS_FD=str(status_w), OGRPO_SBX_SPEC_FD=str(fspec))
+    if lock is not None:  # the launcher holds the slot uid's lock until it exits (see _claim_uids)
+        env["OGRPO_SBX_LOCK_FD"] = str(lock)
     t0 = time.perf_counter()
     try:
-        with open(stdin_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen([*launcher, marshal.dumps(spec).hex()], stdin=fin, stdout=fout, stderr=ferr,
-                                    pass_fds=(status_w,), close_fds=True, start_new_session=True, cwd=io, env=env)
+        try:
+            fds = (status_w, fspec) + ((lock,) if lock is not None else ())
+            proc = subprocess.Popen(launcher, stdin=fin, stdout=fout, stderr=ferr, pass_fds=fds,
+                                    close_fds=True, start_new_session=True, cwd=os.path.dirname(work), env=env)
+        finally:  # the trainer keeps only the outputs (a program could reach its fds through /proc at "none")
+            os.close(fin)
+            os.close(fspec)
         os.close(status_w)
         status_w = -1
         timed_out = not _wait(proc, limits.wall_s + 0.5)  # + the launcher's start-up (~30 ms) and slack
@@ -807,11 +964,13 @@ def _launch(argv: list[str], stdin: str, work: str, io: str, uid: int | None, li
         proc.wait()
         wall = time.perf_counter() - t0
         report = _read_report(status_r)
+        out, err = _read_capped(fout, limits.output_bytes), _read_capped(ferr, limits.output_bytes)
     finally:
         os.close(status_r)
+        os.close(fout)
+        os.close(ferr)
         if status_w >= 0:
             os.close(status_w)
-    out, err = _read_capped(out_path, limits.output_bytes), _read_capped(err_path, limits.output_bytes)
     if timed_out:
         return RunResult(TIMEOUT, out, err, report.get("wall_s", wall))
     if "error" in report or not report:
@@ -898,11 +1057,7 @@ def parse_report(data: bytes) -> dict:
     return report
 
 
-def _read_capped(path: str, cap: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(cap).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+def _read_capped(fd: int, cap: int) -> str:
+    return os.pread(fd, cap, 0).decode("utf-8", errors="replace")
 
 

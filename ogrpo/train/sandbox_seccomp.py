@@ -18,6 +18,16 @@ What it does (errno EPERM unless said otherwise):
   clone() with a CLONE_NEW* flag (a fresh user namespace gives back every capability), keyrings, bpf,
   perf_event_open, userfaultfd and io_uring (kernel attack surface; io_uring also bypasses this filter),
   kexec, modules, swap, reboot, syslog, acct, quotactl, open_by_handle_at, kcmp, pidfd_getfd.
+- SysV IPC (shm*, msg*, sem*): RLIMIT_AS does not count a SysV segment, and one outlives its creator (on the
+  host at "none"); statmount/listmount (host mount paths).
+- calls that act on another process or user: prlimit64, sched_setparam/setscheduler/setaffinity/setattr,
+  migrate_pages and move_pages only with pid 0 (the caller), setpriority only (PRIO_PROCESS, 0), ioprio_set only
+  (IOPRIO_WHO_PROCESS, 0). At "none" the program shares the trainer's uid and sees its processes (Landlock
+  covers neither); elsewhere the rule costs nothing and keeps the filter one.
+- chmod/fchmod/fchmodat/fchmodat2 with a setuid or setgid bit in the mode.
+- at "none" only (`metadata=True`): the whole chmod, chown, utime and xattr-write families. Landlock does not
+  cover them, and the filter cannot tell which path a call names, so it refuses the class (a compiler's chmod
+  of its output is best effort; the file is created executable).
 - clone3() returns ENOSYS: its flags sit in a struct the filter cannot read, and glibc (2.34+) falls back to
   clone() on ENOSYS, whose flags it can.
 """
@@ -47,7 +57,22 @@ DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
           "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
           "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module",
           "delete_module", "swapon", "swapoff", "reboot", "syslog", "acct", "quotactl", "open_by_handle_at",
-          "name_to_handle_at", "kcmp", "pidfd_getfd", "lookup_dcookie", "vhangup")
+          "name_to_handle_at", "kcmp", "pidfd_getfd", "lookup_dcookie", "vhangup",
+          "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl",
+          "semtimedop", "statmount", "listmount")
+# Allowed only when every (argument, value) pair matches: the call targets the caller itself.
+SELF_ONLY = {"prlimit64": ((0, 0),), "sched_setparam": ((0, 0),), "sched_setscheduler": ((0, 0),),
+             "sched_setaffinity": ((0, 0),), "sched_setattr": ((0, 0),), "migrate_pages": ((0, 0),),
+             "move_pages": ((0, 0),), "setpriority": ((0, 0), (1, 0)), "ioprio_set": ((0, 1), (1, 0))}
+# The mode's argument index: refused with S_ISUID or S_ISGID in it.
+MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+S_ISUID_ISGID = 0o6000
+# Refused at "none" (where Landlock does not reach them); names an architecture lacks are skipped.
+METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
+            "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+            "fremovexattr", "setxattrat", "removexattrat")
+# Newer than some installed kernel headers; the same number on every architecture (the unified table from 424).
+UNIFIED = {"fchmodat2": 452, "statmount": 457, "listmount": 458, "setxattrat": 463, "removexattrat": 466}
 SYSCALLS = {
     "x86_64": {
         "socket": 41, "clone": 56, "clone3": 435, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
@@ -58,7 +83,13 @@ SYSCALLS = {
         "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
         "swapon": 167, "swapoff": 168, "reboot": 169, "syslog": 103, "acct": 163, "quotactl": 179,
         "open_by_handle_at": 304, "name_to_handle_at": 303, "kcmp": 312, "pidfd_getfd": 438,
-        "lookup_dcookie": 212, "vhangup": 153},
+        "lookup_dcookie": 212, "vhangup": 153, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68,
+        "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
+        "prlimit64": 302, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "sched_setattr": 314, "migrate_pages": 256, "move_pages": 279, "setpriority": 141, "ioprio_set": 251,
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "chown": 92, "fchown": 93, "lchown": 94, "fchownat": 260,
+        "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188, "lsetxattr": 189,
+        "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199},
     "aarch64": {
         "socket": 198, "clone": 220, "clone3": 435, "ptrace": 117, "process_vm_readv": 270,
         "process_vm_writev": 271, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430,
@@ -68,7 +99,12 @@ SYSCALLS = {
         "io_uring_register": 427, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
         "finit_module": 273, "delete_module": 106, "swapon": 224, "swapoff": 225, "reboot": 142, "syslog": 116,
         "acct": 89, "quotactl": 60, "open_by_handle_at": 265, "name_to_handle_at": 264, "kcmp": 272,
-        "pidfd_getfd": 438, "lookup_dcookie": 18, "vhangup": 58},
+        "pidfd_getfd": 438, "lookup_dcookie": 18, "vhangup": 58, "shmget": 194, "shmat": 196, "shmctl": 195,
+        "shmdt": 197, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193,
+        "semctl": 191, "semtimedop": 192, "prlimit64": 261, "sched_setparam": 118, "sched_setscheduler": 119,
+        "sched_setaffinity": 122, "sched_setattr": 274, "migrate_pages": 238, "move_pages": 239, "setpriority": 140,
+        "ioprio_set": 30, "fchmod": 52, "fchmodat": 53, "fchown": 55, "fchownat": 54, "utimensat": 88,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16},
 }
 
 
@@ -76,18 +112,44 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build(arch: str, socket_families: tuple[int, ...]) -> bytes:
-    """The filter for `arch` as packed struct sock_filter entries (see the module docstring)."""
+def _self_only(number: int, checks: tuple[tuple[int, int], ...]) -> list[bytes]:
+    """`number` allowed when args[i] == value for every (i, value) (their low 32 bits: pids, `which` are ints),
+    else EPERM. Every path of the block returns, so the syscall number need not be reloaded after it."""
+    n = len(checks)
+    body = []
+    for i, (arg, value) in enumerate(checks):
+        last = i == n - 1
+        # a mismatch jumps to the EPERM at the end; the last match jumps over it
+        body += [_op(_LD_W_ABS, _ARG0 + 8 * arg),
+                 _op(_JEQ_K, value, jt=1 if last else 0, jf=0 if last else 2 * (n - 1 - i))]
+    body += [_op(_RET_K, RET_ERRNO | EPERM), _op(_RET_K, RET_ALLOW)]
+    return [_op(_JEQ_K, number, jf=len(body))] + body
+
+
+def _no_mode_bits(number: int, arg: int) -> list[bytes]:
+    return [_op(_JEQ_K, number, jf=4), _op(_LD_W_ABS, _ARG0 + 8 * arg), _op(_JSET_K, S_ISUID_ISGID, jf=1),
+            _op(_RET_K, RET_ERRNO | EPERM), _op(_RET_K, RET_ALLOW)]
+
+
+def build(arch: str, socket_families: tuple[int, ...], metadata: bool = False) -> bytes:
+    """The filter for `arch` as packed struct sock_filter entries (see the module docstring); `metadata`: also
+    refuse the chmod/chown/utime/xattr families (the "none" level)."""
     if arch not in SYSCALLS:
         raise OSError(f"seccomp: no syscall table for {arch}")
-    nr = SYSCALLS[arch]
+    nr = {**SYSCALLS[arch], **UNIFIED}
     deny = _op(_RET_K, RET_ERRNO | EPERM)
     prog = [_op(_LD_W_ABS, _ARCH), _op(_JEQ_K, AUDIT_ARCH[arch], jt=1), _op(_RET_K, RET_KILL_PROCESS),
             _op(_LD_W_ABS, _NR)]
     if arch == "x86_64":
         prog += [_op(_JSET_K, X32_SYSCALL_BIT, jf=1), deny]
-    for name in DENIED:
-        prog += [_op(_JEQ_K, nr[name], jf=1), deny]
+    for name in DENIED + (METADATA if metadata else ()):
+        if name in nr:
+            prog += [_op(_JEQ_K, nr[name], jf=1), deny]
+    for name, checks in SELF_ONLY.items():
+        prog += _self_only(nr[name], checks)
+    for name, arg in MODE_ARG.items():
+        if name in nr:
+            prog += _no_mode_bits(nr[name], arg)
     prog += [_op(_JEQ_K, nr["clone3"], jf=1), _op(_RET_K, RET_ERRNO | ENOSYS)]
     m = len(socket_families)
     prog += [_op(_JEQ_K, nr["socket"], jf=m + 3), _op(_LD_W_ABS, _ARG0)]
@@ -103,11 +165,11 @@ def machine() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m.lower(), m)
 
 
-def install(libc, socket_families: tuple[int, ...]) -> None:
+def install(libc, socket_families: tuple[int, ...], metadata: bool = False) -> None:
     """Install the filter on the calling thread (no_new_privs must already be set); raises OSError."""
     import ctypes
 
-    code = build(machine(), socket_families)
+    code = build(machine(), socket_families, metadata)
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]

@@ -35,7 +35,9 @@ SHAPES = {
     "32.5M": RolloutShape(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=2048, vocab=4096),
     "78.7M": RolloutShape(hidden=768, layers=12, heads=12, kv_heads=4, intermediate=2048, vocab=4096),
 }
-STRATEGIES = ("ddp", "zero2", "zero3")
+# zero3_offload on CPU: DeepSpeed's offload code path over gloo, its "host" the same RAM (memory.py's
+# DeviceTerms.offload_is_local), so the measured peak holds the offloaded optimizer and gradient copies too
+STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")
 TOLERANCE = 0.2  # |measured / estimate - 1| the model must stay within
 STEPS = 3
 PROMPT_TOKENS = 64
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs/memory-calibration.md", help="Markdown table to write.")
     ap.add_argument("--json", default=None, help="Also write the raw results here.")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma list of {', '.join(SHAPES)}.")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="Comma list of ddp, zero2, zero3.")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES), help=f"Comma list of {', '.join(STRATEGIES)}.")
     ap.add_argument("--gc", default="off,on", help="Gradient checkpointing: comma list of off, on.")
     ap.add_argument("--betas", default="0,0.04", help="Comma list of beta values.")
     ap.add_argument("--workdir", default=None, help="Where models and runs are written (default: a temp dir).")

@@ -247,6 +247,14 @@ What the measurement changed in the model (`ogrpo/planner/memory.py`):
 - These two DeepSpeed terms were measured over gloo only: CPU plans count them, GPU plans do not
   (`DEEPSPEED_CPU_TERMS_ON_GPU` in `ogrpo/planner/memory.py`) until a GPU measurement confirms them; the gpu-marked
   test in tests/test_memory_calibration.py compares DDP on one GPU so far.
+- **ZeRO-3 with optimizer offload** (issue 33): DeepSpeed 0.19.8's `stage3.py` allocates the optimizer's
+  fp32 master weights and Adam moments, the fp32 gradients its optimizer steps on and the gradient partition
+  (`grad_partitions_flat_buffer`, in the half dtype) on the CPU once `offload_optimizer` is set: a GPU keeps
+  only the half weights' partition and the gathers, the host 12 + 4 + 2 bytes per parameter over N
+  (`host_terms`, counted by `ogrpo/planner/host_memory.py`). The GPU side equals DeepSpeed's own estimator
+  (`estimate_zero3_model_states_mem_needs`, offload_optimizer=cpu: tests/test_memory.py); its host figure leaves
+  out the half gradient partition. On CPU processes that host RAM is the process's own, so the estimate keeps
+  the offloaded terms and the runs below measure them.
 - **Attention probabilities on CPU** (in `activations`, `DeviceTerms.attention_scores`): PyTorch's CPU SDPA
   takes its math path under the padding mask TRL passes and keeps each layer's B·heads·S² probabilities for
   backward (with checkpointing, the recomputed layer's), and backward builds one layer's gradient of them. It

@@ -99,7 +99,7 @@ def test_zero_stages_shard_what_they_should():
     assert z3.terms["zero3_gather"] == pytest.approx(2 * 151936 * 1536 * 2 / GiB)
     off = _trainer(strategy="zero3_offload", num_processes=4)
     assert off.terms["optimizer"] == 0.0
-    assert off.notes["offloaded_optimizer_gib_per_process"] == pytest.approx(12 * P / 4 / GiB, abs=0.01)
+    assert off.notes["host_terms"]["optimizer"] == pytest.approx(12 * P / 4 / GiB, abs=0.01)
     assert _trainer().total_gib > z2.total_gib > z3.total_gib > off.total_gib
 
 
@@ -252,3 +252,114 @@ def test_lora_under_zero_shards_what_deepspeed_shards():
     # the loss step's activations and logits exceed the base's partition (here they do not: 1.1 GiB < 3.5 GiB).
     state = sum(z3.terms[k] for k in ("weights", "gradients", "optimizer", "runtime"))
     assert z3.total_gib == pytest.approx(state + whole) and z3.total_gib > z2.total_gib
+
+
+# --- issue 33: ZeRO-3 + optimizer offload keeps the gradient partition on the host; one process gathers nothing ---
+
+
+def test_zero3_offload_keeps_gradients_on_the_host():
+    """DeepSpeed 0.19.8's stage3.py allocates the gradient partition (grad_partitions_flat_buffer, half dtype) and the
+    fp32 gradients its CPU Adam steps on on `self.device`, the CPU once `offload_optimizer` is set: the GPU keeps
+    the half weights' partition and the gathers; the host 12 (master + Adam) + 4 (fp32 grads) + 2 B per parameter."""
+    P, n = 1_543_714_304, 4
+    off = _trainer(strategy="zero3_offload", num_processes=n)
+    assert off.terms["gradients"] == 0.0 and off.terms["optimizer"] == 0.0
+    assert off.terms["weights"] == pytest.approx(2 * P / n / GiB)
+    assert off.notes["host_terms"]["gradients"] == pytest.approx((4 + 2) * P / n / GiB, abs=1e-3)
+    assert sum(off.notes["host_terms"].values()) == pytest.approx(18 * P / n / GiB, abs=2e-3)
+    # ZeRO-3 without offload keeps its gradient partition on the GPU: offload saves exactly that and the optimizer.
+    z3 = _trainer(strategy="zero3", num_processes=n)
+    assert z3.total_gib - off.total_gib == pytest.approx((2 + 12) * P / n / GiB)
+    # LoRA: only the adapters have gradients and optimizer states, and they go to the host too.
+    from ogrpo.planner.lora import lora_spec
+    from ogrpo.planner.memory import lora_params
+
+    lora = lora_spec({"use_peft": True}, "bf16")
+    A = sum(lora_params(QWEN15, lora))
+    lo = _trainer(strategy="zero3_offload", num_processes=n, lora=lora)
+    assert lo.terms["gradients"] == lo.terms["optimizer"] == 0.0
+    assert sum(lo.notes["host_terms"].values()) == pytest.approx(18 * A / n / GiB, abs=2e-6)
+    # On CPU processes the host is the device: the offloaded state stays in the estimate (nothing left over for
+    # the host count), fp32 throughout: grad partition 4 + fp32 grads 4 + master and Adam 12.
+    cpu = _trainer(strategy="zero3_offload", num_processes=n, precision="fp32", device=CPU_TERMS)
+    assert "host_terms" not in cpu.notes
+    assert cpu.terms["gradients"] == pytest.approx(8 * P / n / GiB) and cpu.terms["optimizer"] == pytest.approx(
+        12 * P / n / GiB)
+
+
+def test_one_process_has_no_zero3_gathers():
+    """With one process DeepSpeed's partition is the whole parameter and a gather hands it back in place
+    (partition_parameters.py `_no_gather_coalesced`): no layer gathers, no LoRA merge gather, no reference gather."""
+    for strategy in ("zero3", "zero3_offload"):
+        one = _trainer(strategy=strategy, num_processes=1, lora=True, beta=0.04)
+        assert not [k for k in one.terms if "gather" in k], one.terms
+        cpu = _trainer(strategy=strategy, num_processes=1, beta=0.04, precision="fp32", device=CPU_TERMS)
+        assert not [k for k in cpu.terms if "gather" in k], cpu.terms
+    assert _trainer(strategy="zero3", num_processes=2, lora=True, micro_batch=1,
+                    liger=True).terms["zero3_lora_full_gather"] > 0
+
+
+@pytest.fixture(scope="module")
+def ds_stage3():
+    return pytest.importorskip("deepspeed.runtime.zero.stage3")
+
+
+def _ds_offload(ds_stage3, total, largest, gpn, nodes):
+    """DeepSpeed's own estimate (the function its _all_cold and _all_live print) for offload_optimizer=cpu,
+    parameters on the GPU, zero.Init: (host bytes per node, GPU bytes per GPU, largest layer's gather bytes)."""
+    return ds_stage3.estimate_zero3_model_states_mem_needs(
+        total_params=total, largest_layer_params=largest, num_gpus_per_node=gpn, num_nodes=nodes,
+        cpu_offload=True, cpu_offload_params=False, zero_init=True, additional_buffer_factor=1.0)
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-32B-Instruct"])
+@pytest.mark.parametrize("gpn,nodes", [(2, 1), (8, 1), (8, 4)])
+def test_zero3_offload_model_states_match_deepspeeds_estimator(ds_stage3, capsys, name, gpn, nodes):
+    """Model states per GPU and per node against DeepSpeed 0.19.8's estimator (offload_optimizer=cpu,
+    offload_param=none, zero_init=1, no buffer factor): the GPU holds 2 B per parameter over N plus twice the
+    largest layer in 2 B (the embedding, for these dense models), exactly. The host holds DeepSpeed's 16 B per
+    parameter per node plus the half gradient partition, 2 B: stage3.py puts grad_partitions_flat_buffer on the
+    CPU under offload, which the estimator (written for ZeRO-Infinity) leaves out."""
+    model = resolve_model(name)
+    P, n = model.params, gpn * nodes
+    embed = model.vocab_size * model.hidden_size
+    host_node, gpu, gather = _ds_offload(ds_stage3, P, embed, gpn, nodes)
+    e = _trainer(model=model, num_processes=n, strategy="zero3_offload", liger=True)
+    states = sum(e.terms[k] for k in ("weights", "gradients", "optimizer"))
+    assert states * GiB == pytest.approx(gpu - gather, rel=1e-9)
+    assert e.terms["zero3_gather"] * GiB == pytest.approx(gather)
+    # (host terms are rounded to 1 MiB per term and process)
+    assert gpn * sum(e.notes["host_terms"].values()) * GiB == pytest.approx(host_node + gpn * 2 * P / n,
+                                                                           abs=gpn * 2**20)
+    # The printed table of _all_cold carries the same figure (GB there are 2^30 bytes).
+    ds_stage3.estimate_zero3_model_states_mem_needs_all_cold(total_params=P, largest_layer_params=embed,
+                                                            num_gpus_per_node=gpn, num_nodes=nodes,
+                                                            additional_buffer_factor=1.0)
+    row = next(x for x in capsys.readouterr().out.splitlines()
+               if "offload_param=none" in x and "offload_optimizer=none" not in x and "zero_init=1" in x)
+    per_cpu, per_gpu = (float(c.strip().rstrip("GB")) for c in row.split("|")[:2])
+    assert (per_cpu, per_gpu) == pytest.approx((host_node / GiB, gpu / GiB), abs=0.006)
+
+
+def test_zero3_offload_live_model_matches_deepspeeds_count(ds_stage3):
+    """_all_live's count on a real module (transformers' Qwen2, tied embeddings): total parameters (shared ones once)
+    and the largest module are what the plan's model facts say, so the GPU figure is DeepSpeed's for that module."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ogrpo.models import from_config_dict
+
+    cfg = dict(vocab_size=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+               num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    live = Qwen2ForCausalLM(Qwen2Config(**cfg))
+    total, largest = ds_stage3.model_to_params(live)
+    facts = from_config_dict({"model_type": "qwen2", "torch_dtype": "bfloat16", **cfg}, "live-qwen2")
+    assert facts.params == total and largest == facts.vocab_size * facts.hidden_size
+    for gpn in (2, 4):
+        _, gpu, gather = _ds_offload(ds_stage3, total, largest, gpn, 1)
+        e = _trainer(model=facts, num_processes=gpn, strategy="zero3_offload", liger=True)
+        assert (e.terms["weights"] + e.terms["gradients"] + e.terms["optimizer"]) * GiB == pytest.approx(gpu - gather)
+        # DeepSpeed's unit is one module (here the embedding); the plan's a whole decoder layer where that is
+        # larger (3.8M > 2.1M parameters in this small shape): never less than DeepSpeed's
+        assert e.terms["zero3_gather"] * GiB >= gather

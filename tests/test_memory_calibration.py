@@ -98,9 +98,17 @@ def test_profiler_measures_the_first_steps_only(tmp_path):
 
 # --- the calibration subset (slow) -----------------------------------------------------------------------------
 
-# Both shapes, both strategies, checkpointing on and off, beta 0 and 0.04, in four runs (~1 min each).
+# Both shapes, both strategies, checkpointing on and off, beta 0 and 0.04, in four runs (~1 min each); and ZeRO-3
+# with optimizer offload, whose optimizer and gradient copies stay in the CPU process's RAM (issue 33: an estimate
+# without them is 0.45 of the 0.71 GiB measured).
 SUBSET = [cal.Case("tiny", "ddp", False, 0.0), cal.Case("tiny", "zero3", True, 0.04),
-          cal.Case("32.5M", "ddp", True, 0.04), cal.Case("32.5M", "zero3", False, 0.0)]
+          cal.Case("32.5M", "ddp", True, 0.04), cal.Case("32.5M", "zero3", False, 0.0),
+          cal.Case("32.5M", "zero3_offload", True, 0.04)]
+
+
+def test_offload_cases_are_calibration_cases():
+    assert cal.parse_case("32.5M-zero3_offload-gc1-b0.04") == cal.Case("32.5M", "zero3_offload", True, 0.04)
+    assert {c.strategy for c in cal.cases()} == {"ddp", "zero2", "zero3", "zero3_offload"}
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +123,9 @@ def calibration_work(tmp_path_factory):
 def test_estimate_within_20_percent_of_the_measured_peak(calibration_work, case):
     r = cal.run_case(case, calibration_work)
     # the run ran what the case asked: DeepSpeed at stage 3 for zero3, plain DDP otherwise; checkpointing as set
-    assert r["ran"] == ("DEEPSPEED" if case.strategy == "zero3" else "MULTI_CPU")
-    assert r["zero_stage"] == (3 if case.strategy == "zero3" else None) and r["plan_gc"] is case.gc
+    zero3 = case.strategy.startswith("zero3")
+    assert r["ran"] == ("DEEPSPEED" if zero3 else "MULTI_CPU")
+    assert r["zero_stage"] == (3 if zero3 else None) and r["plan_gc"] is case.gc
     assert r["method"] == "cpu_live_tensor_peak" and len(r["per_step_gib"]) == cal.STEPS
     # the profile carries the plan's estimate (without the runtime term); the table's is the same estimate, its
     # terms not rounded to 1 MiB as the plan's are
@@ -126,6 +135,8 @@ def test_estimate_within_20_percent_of_the_measured_peak(calibration_work, case)
     assert r["terms"]["weights"] < r["measured_gib"] < r["rss_peak_gib"]
     assert abs(r["ratio"] - 1) <= cal.TOLERANCE, (case.name, r["ratio"], r["per_step_gib"], r["terms"])
     manifest = json.loads((calibration_work / case.name / "manifest.json").read_text())
+    ds = manifest["distributed"].get("deepspeed") or {}
+    assert bool(ds.get("offload_optimizer")) is (case.strategy == "zero3_offload")
     # the manifest's record for users' runs: the largest measured step over the plan's own estimate
     assert manifest["profile"]["mem_measured_over_estimate"] == pytest.approx(
         r["measured_gib"] / r["plan_estimate_gib"], abs=1e-3)

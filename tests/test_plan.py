@@ -232,7 +232,10 @@ def test_7b_on_8xa40_takes_zero2(basic_recipe):
 
 
 def test_no_fit_names_fixes(basic_recipe):
-    p = _plan(basic_recipe, "1xV100-16G")
+    # (1.5B fits one V100-16G with ZeRO-3 + optimizer offload: the GPU keeps only the fp16 weights, 2.9 GiB; 7.6B
+    # does not, with 14.2 GiB of fp16 weights.)
+    assert _plan(basic_recipe, "1xV100-16G").trainer.strategy == "zero3_offload"
+    p = _plan(basic_recipe, "1xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not p.fits and p.reasons and p.fixes
     assert [f.text for f in p.fix_actions] == p.fixes
     # 7.6e9 params with TRL's own log-prob path (kernels off, as the conservative profile runs): logits of
@@ -245,9 +248,10 @@ def test_no_fit_names_fixes(basic_recipe):
     on = _plan(basic_recipe, "2xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not on.fits
     assert any(f.cli.get("gpus", "").endswith("xV100-16G") and f.config == {} for f in on.fix_actions)
-    # Hardware fixes name the fewest GPUs first, of any type at least this large: one H100 (colocated, ZeRO-3 +
-    # offload) before seven V100-16Gs.
-    assert on.fixes[0] == "1xH100" and "7xV100-16G" in on.fixes
+    # Hardware fixes name the fewest GPUs first, of any type at least this large: one A40 (colocated, ZeRO-3 +
+    # offload: the GPU keeps the 14.2 GiB of fp16 weights, the gradients and optimizer are in host RAM) before
+    # five V100-16Gs (a TP-2 server and three ZeRO-3 + offload trainer GPUs; seven while the gradients counted).
+    assert on.fixes[0] == "1xA40" and "5xV100-16G" in on.fixes
 
 
 def test_batch_arithmetic(write_recipe):
@@ -377,9 +381,13 @@ def test_prompt_length_default_fits_small_models(write_recipe):
 
 def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     # 7.6e9 params x 2 B = 14.2 GiB of weights: 0.3 x 45 GiB = 13.5 is too small, 0.4 x 45 = 18 holds them
-    # plus overhead and a KV cache. The trainer keeps 45 x (1 - 0.1 - 0.4) = 22.5 GiB, less than ZeRO-3 with
-    # offload needs on one GPU (fp16 weights + grads alone are 28 GiB), so LoRA is the fix named.
-    p = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct").to_dict()
+    # plus overhead and a KV cache. The trainer keeps 45 x (1 - 0.1 - 0.4) = 22.5 GiB: ZeRO-3 with offload fits it
+    # (the GPU keeps the 14.2 GiB of fp16 weights; DeepSpeed holds the gradients and optimizer in host RAM), DDP
+    # does not, and with DDP pinned LoRA is the fix named.
+    auto = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct")
+    assert auto.fits and auto.trainer.strategy == "zero3_offload"
+    ddp = {"strategy": "ddp"}
+    p = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo=ddp).to_dict()
     assert p["mode"] == "colocate"
     assert p["trainer_args"]["vllm_gpu_memory_utilization"] == 0.4 == p["vllm"]["args"]["gpu_memory_utilization"]
     assert p["vllm"]["memory_terms"]["max_concurrent_seqs"] >= 1
@@ -388,7 +396,7 @@ def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     assert "LoRA (use_peft: true)" in p["fixes"]
     # TRL's own log-prob path (kernels off): LoRA alone leaves 8 x 1024 x 152k logits (9.3 GiB) over the
     # budget, so it is offered with the largest micro-batch that fits: 4 (4.6 GiB of logits), accumulation 2.
-    off = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={"kernels": False}).to_dict()
+    off = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo={**ddp, "kernels": False}).to_dict()
     assert off["trainer"]["memory_terms"]["budget_gib"] == pytest.approx(22.5)
     assert "LoRA (use_peft: true)" not in off["fixes"]
     assert ("LoRA (use_peft: true) with per_device_train_batch_size 4 and gradient_accumulation_steps 2"
@@ -555,3 +563,76 @@ def test_params_zero_negative_or_nonsense_exit_2_in_one_line(tiny_recipe, bad):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert [ln for ln in out.stderr.splitlines() if "--params" in ln] == [out.stderr.strip()], out.stderr
+
+
+# --- issue 33: planner accuracy -------------------------------------------------------------------------------------
+
+
+def test_zero3_offload_keeps_gradients_off_the_gpu_qwen3_30b_on_v100s(basic_recipe):
+    """Qwen3-30B-A3B on 8xV100-32G: a TP-4 server and 4 trainer GPUs with ZeRO-3 + optimizer offload. DeepSpeed keeps
+    the gradient partition on the host with the optimizer, so a GPU holds the fp16 weights' quarter (14.2 GiB), not
+    that plus 14.2 GiB of gradients (it said 35.3 GiB needed, no fit); the host counts the 18 B per parameter."""
+    from ogrpo.planner.host_memory import step_host_gib
+
+    p = _plan(basic_recipe, "8xV100-32G", model="Qwen/Qwen3-30B-A3B")
+    t = p.trainer
+    assert p.fits and t.strategy == "zero3_offload" and t.num_processes == 4
+    P = p.model.params
+    assert t.memory_terms["terms"]["gradients"] == 0 and t.memory_gib_per_gpu < 22
+    assert sum(t.memory_terms["host_terms"].values()) == pytest.approx(18 * P / 4 / 2**30, abs=0.01)
+    # host RAM per node: 4 processes x (3 GiB runtime + the fp32-loaded weights' quarter + 18·P/4), + 10 %
+    per_proc = 3 + 4 * P / 4 / 2**30 + 18 * P / 4 / 2**30
+    assert step_host_gib(p)["trainer"] == pytest.approx(-(-4 * per_proc * 1.1 // 1), abs=1)
+
+
+def test_one_gpu_no_fit_names_the_ddp_figure(basic_recipe, write_recipe):
+    """7B LoRA colocated on one H100 with 0.7 of it for vLLM: nothing fits the 15.9 GiB left. ZeRO-3 used to be
+    named with its layer and merge gathers (29.4 GiB), which one process never allocates; DDP's figure is named."""
+    from ogrpo.planner.memory import trainer_estimate
+
+    text = (basic_recipe.read_text().replace("Qwen2.5-1.5B-Instruct", "Qwen2.5-7B-Instruct")
+            + "use_peft: true\nvllm_gpu_memory_utilization: 0.7\n")
+    p = _plan(write_recipe(text), "1xH100")
+    assert not p.fits and p.trainer.num_processes == 1
+    reason = next(r for r in p.reasons if r.startswith("trainer:"))
+    assert p.trainer.strategy == "ddp" and "with DDP" in reason and "gather" not in reason
+    assert reason.startswith(f"trainer: {p.trainer.memory_gib_per_gpu:.1f} GiB per GPU needed")
+    # DDP's own estimate, as the plan's inputs give it
+    b = p.batch
+    from ogrpo.planner.lora import lora_spec
+
+    ddp = trainer_estimate(p.model, num_processes=1, strategy="ddp", precision=p.precision,
+                           micro_batch=b.per_device_train_batch_size, prompt_len=b.prompt_length,
+                           completion_len=b.completion_length, gradient_checkpointing=p.trainer.gradient_checkpointing,
+                           beta=0.0, lora=lora_spec({"use_peft": True}, p.precision),
+                           fused_logprobs=bool(p.kernels.get("linear_logprobs")),
+                           grad_accumulation_steps=b.gradient_accumulation_steps)
+    assert f"{ddp.total_gib:.1f} GiB per GPU needed" in reason
+
+
+def test_many_trainer_nodes_on_one_server_node_is_a_note_with_numbers(basic_recipe):
+    """TRL's client reaches one server, so the plan keeps one server node; with 999 trainer nodes it says so, with
+    the rounds of the server's concurrent sequences one step's generation batch takes."""
+    p = _plan(basic_recipe, "1000x8xA100-80G")
+    assert p.vllm.nodes == [0] and len(p.trainer.nodes) == 999
+    note = next(w for w in p.warnings if "one vLLM server node" in w)
+    gbs = p.batch.generation_batch_size
+    at_once = min(p.vllm.args["max_num_seqs"], p.vllm.memory_terms["max_concurrent_seqs"]) * p.vllm.data_parallel_size
+    assert gbs == 8 * 999 * 8 and "999 trainer nodes (7992 GPUs)" in note
+    assert f"generation batch of {gbs} completions is {-(-gbs // at_once)} round(s) of at most {at_once}" in note
+    assert not any("one vLLM server node" in w for w in _plan(basic_recipe, "2x8xA100-80G").warnings)
+    assert any("2 trainer nodes" in w for w in _plan(basic_recipe, "3x8xA100-80G").warnings)
+
+
+def test_num_processes_one_on_3xa40_names_the_gpu_it_runs_on(basic_recipe, write_recipe, tmp_path):
+    """num_processes 1 on 3xA40: the trainer runs on GPU 1, GPU 2 idle; the placement printed used to list [1, 2]."""
+    from ogrpo.config import load_run_config
+    from ogrpo.jobspec import build_jobspec
+
+    path = write_recipe(basic_recipe.read_text() + "num_processes: 1\n", "n1.yaml")
+    p = _plan(path, "3xA40")
+    assert p.trainer.num_processes == 1 and p.trainer.gpus == [1]
+    assert p.setting("placement") == "server GPU(s) [0], trainer GPU(s) [1]; GPU(s) [2] idle"
+    assert any("GPU(s) [2]" in w and "trainer runs on node 0, GPU(s) [1]" in w for w in p.warnings)
+    steps = {s.role: s for s in build_jobspec(p, load_run_config(path), tmp_path).steps}
+    assert steps["trainer"].gpus == [1] and steps["server"].gpus == [0]

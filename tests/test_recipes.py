@@ -125,13 +125,12 @@ HAND = [
     # (2 x 151936 x 1536 x 2 B)
     (DEMO, "4xV100-16G", None, "zero3", (1.544e9 * 16 / 3 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
                                          + 2 * 151936 * 1536 * 2) / GiB + 1),
-    # One H100 beside vLLM's 0.7 share (15.9 GiB left): nothing to shard over, so ZeRO-3 with the optimizer
-    # offloaded, (2 + 2) B/param
-    (DEMO, "1xH100", None, "zero3_offload", (1.544e9 * 4 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4
-                                             + 2 * 151936 * 1536 * 2) / GiB + 1),
-    # TRL's full logits, 16 x 1024 x 151936 x 8 B = 18.5 GiB: ZeRO-3 + offload over 3 V100s, (2 + 2) B/param / 3
-    # (DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0 > 28.8)
-    (DEMO, "4xV100-32G", KERNELS_OFF, "zero3_offload", (1.544e9 * 4 / 3 + 16 * 1536 * 85248 * 2
+    # One H100 beside vLLM's 0.7 share (15.9 GiB left): nothing to shard over, so ZeRO-3 with the optimizer and
+    # the gradient partition offloaded, 2 B/param; one process gathers nothing
+    (DEMO, "1xH100", None, "zero3_offload", (1.544e9 * 2 + 16 * 1536 * 85248 * 2 + 2 * 331 * 151936 * 4) / GiB + 1),
+    # TRL's full logits, 16 x 1024 x 151936 x 8 B = 18.5 GiB: ZeRO-3 + offload over 3 V100s, 2 B/param / 3 (the
+    # gradient partition is on the host) (DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0 > 28.8)
+    (DEMO, "4xV100-32G", KERNELS_OFF, "zero3_offload", (1.544e9 * 2 / 3 + 16 * 1536 * 85248 * 2
                                                         + 16 * 1024 * 151936 * 8 + 2 * 151936 * 1536 * 2) / GiB + 1),
     (DEEPSEEK, "2x8xA100-80G", None, "ddp", DEEPSEEK_DDP),
     (DEEPSEEK, "3xA40", None, "zero2", DEEPSEEK_ZERO2_A40),  # 22.9 of 40.5
@@ -143,7 +142,7 @@ HAND = [
     (MATH7B, "2x8xA100-80G", None, "zero2", (7.616e9 * 2 + 7.616e9 * 14 / 8 + 16 * 1674 * 193024 * 2
                                              + 16 * 1024 * 152064 * 8) / GiB + 1),
     # ZeRO-3 + offload over 7 V100s: ZeRO-3 needs 16.2 + 9.6 activations + 2.0 gathered + 0.5 + 1 = 29.4 > 28.8
-    (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
+    (MATH7B, "8xV100-32G", None, "zero3_offload", (7.616e9 * 2 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
                                                    + 2 * 152064 * 3584 * 2) / GiB + 1),
     # 0.5B, DDP in one process (no buckets), B 8 x (512 default prompt + 1024): L·H + 10·H + 3·I = 45056
     # (TRL's full logits, 8 x 1024 x V x 8 B = 9.3 GiB, fit DDP too: the kernel is off)
@@ -182,26 +181,26 @@ KERNEL_CASES = [
     # open-r1 Qwen2.5-1.5B on 4xV100-32G (28.8 GiB per trainer GPU): 18.5 GiB of logits leave only ZeRO-3 +
     # offload (26.2; DDP 52.2, ZeRO-2 33.0, ZeRO-3 32.0); one chunk lets ZeRO-2 fit (15.0).
     (DEMO, "4xV100-32G",
-     (True, "zero3_offload", (1.544e9 * 4 / 3 + 16 * 1536 * 85248 * 2 + 16 * 1024 * 151936 * 8
+     (True, "zero3_offload", (1.544e9 * 2 / 3 + 16 * 1536 * 85248 * 2 + 16 * 1024 * 151936 * 8
                               + 2 * 151936 * 1536 * 2) / GiB + 1),
      (True, "zero2", DEMO_ZERO2_V100)),
     # DeepSeek-R1-Distill-1.5B on 3xA40 (40.5): 2048 completion tokens make 37.1 GiB of logits, over the budget
     # even with ZeRO-3 + offload over 2 (48.8); one chunk: ZeRO-2 (22.9).
     (DEEPSEEK, "3xA40",
-     (False, "zero3_offload", (1.777e9 * 4 / 2 + 16 * 2560 * 85248 * 2 + 16 * 2048 * 151936 * 8
+     (False, "zero3_offload", (1.777e9 * 2 / 2 + 16 * 2560 * 85248 * 2 + 16 * 2048 * 151936 * 8
                                + 2 * 151936 * 1536 * 2) / GiB + 1),
      (True, "zero2", DEEPSEEK_ZERO2_A40)),
     # Qwen2.5-Math-7B on 8xV100-32G (7 trainer GPUs divide its 7 generations): 18.6 GiB of logits leave
     # ZeRO-3 + offload at 35.3 > 28.8; one chunk: 17.2.
     (MATH7B, "8xV100-32G",
-     (False, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 16 * 1024 * 152064 * 8
+     (False, "zero3_offload", (7.616e9 * 2 / 7 + 16 * 1674 * 193024 * 2 + 16 * 1024 * 152064 * 8
                                + 2 * 152064 * 3584 * 2) / GiB + 1),
-     (True, "zero3_offload", (7.616e9 * 4 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
+     (True, "zero3_offload", (7.616e9 * 2 / 7 + 16 * 1674 * 193024 * 2 + 2 * 331 * 152064 * 4
                               + 2 * 152064 * 3584 * 2) / GiB + 1)),
     # TRL's Qwen2.5-0.5B colocated on 4xV100-16G (9.6 GiB left per GPU): 9.3 GiB of logits, 12.3 even with
     # ZeRO-3 + offload over 4; one chunk: ZeRO-2 (5.1; DDP 11.7 with its buckets).
     (TRL, "4xV100-16G",
-     (False, "zero3_offload", (0.494e9 * 4 / 4 + 8 * 1536 * 45056 * 2 + 8 * 1024 * 151936 * 8
+     (False, "zero3_offload", (0.494e9 * 2 / 4 + 8 * 1536 * 45056 * 2 + 8 * 1024 * 151936 * 8
                                + 2 * 151936 * 896 * 2) / GiB + 1),
      (True, "zero2", (0.494e9 * 2 + 0.494e9 * 14 / 4 + 8 * 1536 * 45056 * 2 + 2 * 331 * 151936 * 4) / GiB + 1)),
 ]

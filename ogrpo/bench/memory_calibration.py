@@ -35,7 +35,9 @@ SHAPES = {
     "32.5M": RolloutShape(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=2048, vocab=4096),
     "78.7M": RolloutShape(hidden=768, layers=12, heads=12, kv_heads=4, intermediate=2048, vocab=4096),
 }
-STRATEGIES = ("ddp", "zero2", "zero3")
+# zero3_offload on CPU: DeepSpeed's offload code path over gloo, its "host" the same RAM (memory.py's
+# DeviceTerms.offload_is_local), so the measured peak holds the offloaded optimizer and gradient copies too
+STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")
 TOLERANCE = 0.2  # |measured / estimate - 1| the model must stay within
 STEPS = 3
 PROMPT_TOKENS = 64
@@ -245,6 +247,14 @@ What the measurement changed in the model (`ogrpo/planner/memory.py`):
 - These two DeepSpeed terms were measured over gloo only: CPU plans count them, GPU plans do not
   (`DEEPSPEED_CPU_TERMS_ON_GPU` in `ogrpo/planner/memory.py`) until a GPU measurement confirms them; the gpu-marked
   test in tests/test_memory_calibration.py compares DDP on one GPU so far.
+- **ZeRO-3 with optimizer offload** (issue 33): DeepSpeed 0.19.8's `stage3.py` allocates the optimizer's
+  fp32 master weights and Adam moments, the fp32 gradients its optimizer steps on and the gradient partition
+  (`grad_partitions_flat_buffer`, in the half dtype) on the CPU once `offload_optimizer` is set: a GPU keeps
+  only the half weights' partition and the gathers, the host 12 + 4 + 2 bytes per parameter over N
+  (`host_terms`, counted by `ogrpo/planner/host_memory.py`). The GPU side equals DeepSpeed's own estimator
+  (`estimate_zero3_model_states_mem_needs`, offload_optimizer=cpu: tests/test_memory.py); its host figure leaves
+  out the half gradient partition. On CPU processes that host RAM is the process's own, so the estimate keeps
+  the offloaded terms and the runs below measure them.
 - **Attention probabilities on CPU** (in `activations`, `DeviceTerms.attention_scores`): PyTorch's CPU SDPA
   takes its math path under the padding mask TRL passes and keeps each layer's B·heads·S² probabilities for
   backward (with checkpointing, the recomputed layer's), and backward builds one layer's gradient of them. It
@@ -273,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs/memory-calibration.md", help="Markdown table to write.")
     ap.add_argument("--json", default=None, help="Also write the raw results here.")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma list of {', '.join(SHAPES)}.")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="Comma list of ddp, zero2, zero3.")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES), help=f"Comma list of {', '.join(STRATEGIES)}.")
     ap.add_argument("--gc", default="off,on", help="Gradient checkpointing: comma list of off, on.")
     ap.add_argument("--betas", default="0,0.04", help="Comma list of beta values.")
     ap.add_argument("--workdir", default=None, help="Where models and runs are written (default: a temp dir).")

@@ -7,9 +7,9 @@ The GPU-memory model is ogrpo/planner/memory.py; this adds only what lives in ho
   (trainer_args.model_init_kwargs.dtype: fp32 master weights are 4 bytes per parameter): from_pretrained builds
   the state dict on the host before it moves to the GPU, every process at once; ZeRO-3 partitions it while
   loading (zero3_init), 1/N each;
-- ZeRO-3 offload: the optimizer lives in pinned host RAM, sharded over the N processes: fp32 master weights +
-  Adam m and v (12 bytes per parameter, memory.py's optimizer term) plus the fp32 gradients DeepSpeed's CPU
-  Adam steps on (4 bytes): 16·P/N per process;
+- ZeRO-3 offload: what the trainer estimate keeps in host RAM per process (memory.py's `host_terms`: the
+  optimizer's fp32 master weights and Adam m, v, the fp32 gradients DeepSpeed's CPU Adam steps on and the
+  half gradient partition, 18 bytes per trainable parameter over the N processes);
 - vLLM server on GPUs: the API server + engine (~4 GiB) and one worker per GPU (~2 GiB each), plus the weights
   once (safetensors are read through the page cache: P·2 bytes per node);
 - ZeRO-3 under `ogrpo.overlap: one-step`: rank 0 keeps a host copy of the full weights between the optimizer
@@ -30,7 +30,6 @@ GiB = float(2**30)
 TRAINER_RUNTIME_GIB = 3.0
 SERVER_RUNTIME_GIB = 4.0
 SERVER_WORKER_GIB = 2.0
-OFFLOAD_BYTES_PER_PARAM = 16.0  # fp32 master + Adam m, v (12) + fp32 grads (4)
 MARGIN = 1.10
 
 
@@ -58,8 +57,7 @@ def step_host_gib(plan) -> dict[str, float]:
     else:
         shard = max(1, int(t.num_processes)) if t.strategy.startswith("zero3") else 1
         per_proc = TRAINER_RUNTIME_GIB + params * weight_bytes / shard / GiB
-        if t.strategy == "zero3_offload":
-            per_proc += params * OFFLOAD_BYTES_PER_PARAM / max(1, int(t.num_processes)) / GiB
+        per_proc += sum((t.memory_terms or {}).get("host_terms", {}).values())
         trainer = procs * per_proc
         if t.strategy.startswith("zero3") and p.has_server and p.setting("overlap") == "one-step":
             # the one-step push's copy of the full weights, on rank 0's node (ogrpo/train/zero3_push.py; LoRA's

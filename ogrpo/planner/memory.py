@@ -4,7 +4,12 @@ Trainer (per process/GPU), P parameters, N trainer processes:
 - weights / gradients / optimizer: mixed precision keeps fp32 master weights and fp32 Adam moments, so a
   parameter costs 16 bytes in all: DDP holds 4 (fp32 weights) + 4 (fp32 grads) + 8 (Adam m, v) on every
   GPU; DeepSpeed holds 2 (half weights) + 2 (half grads) + 12 (fp32 master + m + v), with ZeRO-2 sharding
-  grads and optimizer over N, ZeRO-3 also the weights, and offload moving the optimizer to host RAM.
+  grads and optimizer over N, ZeRO-3 also the weights. ZeRO-3 with optimizer offload keeps only the half
+  weights' partition on the GPU: DeepSpeed 0.19.8's stage3.py allocates the optimizer's fp32 master weights,
+  Adam moments, fp32 gradients *and* the gradient partition (`grad_partitions_flat_buffer`, in the half dtype)
+  on `self.device`, the CPU when `offload_optimizer` is set: 12 + 4 + 2 bytes per trainable parameter over N,
+  in host RAM (`Estimate.notes["host_terms"]`, what ogrpo/planner/host_memory.py counts). On a CPU device that
+  host RAM is the device memory: the terms stay in the estimate.
 - DDP buckets: with more than one process, torch DDP keeps flat all-reduce buckets as large as the gradients
   (+4 bytes per parameter; measured, docs/memory-calibration.md).
 - gradients vs activations: without gradient accumulation (`grad_accumulation_steps` 1) gradients are freed
@@ -26,6 +31,8 @@ Trainer (per process/GPU), P parameters, N trainer processes:
   the adapters (a phase of its own: `zero3_lora_full_gather`).
 - runtime: CUDA context + allocator slack, ~1 GiB per process (the interpreter on CPU); not a tensor, so not
   in what the calibration measures (`tensor_gib`).
+- one process: ZeRO-3's partition is the whole parameter and DeepSpeed's gather returns it in place
+  (partition_parameters.py `_no_gather_coalesced` when the partition world size is 1): no gather terms.
 
 vLLM server (per GPU, tensor parallel size t): weights (half precision, /t), the profiled activation peak,
 CUDA graphs, and the KV cache that fills the rest of `gpu_memory_utilization` x memory; the plan checks it
@@ -75,12 +82,14 @@ class DeviceTerms:
     # whether the trainer's attention keeps each layer's B·heads·S² probabilities for backward: PyTorch's CPU
     # SDPA takes its math path under the padding mask TRL passes; flash-attn 2 and SDPA's CUDA kernels do not
     attention_scores: bool = False
+    # whether the host RAM that ZeRO-Offload moves state to is this device's own memory (CPU processes)
+    offload_is_local: bool = False
 
 
 GPU_TERMS = DeviceTerms(runtime_gib=RUNTIME_GIB, kv_block_tokens=GPU_KV_BLOCK_TOKENS, cuda_graphs=True,
                         measured_deepspeed_terms=DEEPSPEED_CPU_TERMS_ON_GPU)
 CPU_TERMS = DeviceTerms(runtime_gib=CPU_RUNTIME_GIB, kv_block_tokens=KV_BLOCK_TOKENS, cuda_graphs=False,
-                        measured_deepspeed_terms=True, attention_scores=True)
+                        measured_deepspeed_terms=True, attention_scores=True, offload_is_local=True)
 
 
 @dataclass
@@ -114,6 +123,12 @@ def tensor_gib(terms: dict) -> float:
     or the profiler's live-tensor peak (CPU, ogrpo/train/profiler.py) measure; neither sees the CUDA context,
     the caching allocator's slack or the interpreter."""
     return sum(v for k, v in terms.items() if k != "runtime")
+
+
+# What ZeRO-3's optimizer offload keeps on the host per trainable parameter, beyond the optimizer's 12 bytes:
+# the fp32 gradient the CPU optimizer steps on (stage3.py's subgroup_gradient_buffer, fp32_partitioned_groups_flat
+# .grad), besides the gradient partition in the half (accumulation) dtype.
+OFFLOAD_FP32_GRAD_BYTES = 4.0
 
 
 def state_bytes_per_param(strategy: str, precision: str) -> tuple[float, float, float]:
@@ -155,14 +170,23 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         weights = P * w_b / (n if strategy.startswith("zero3") else 1) + trainable * w_b / (
             n if strategy.startswith("zero3") else 1)
         grads = trainable * g_b / n
-        optim = 0.0 if strategy == "zero3_offload" else trainable * o_b / n
+        optim = trainable * o_b / n
     else:
+        trainable = P
         shard_w = n if strategy.startswith("zero3") else 1
         shard_g = n if strategy in ("zero2", "zero3", "zero3_offload") else 1
         shard_o = n if strategy != "ddp" else 1
         weights = P * w_b / shard_w
         grads = P * g_b / shard_g
-        optim = 0.0 if strategy == "zero3_offload" else P * o_b / shard_o
+        optim = P * o_b / shard_o
+    host: dict[str, float] = {}
+    if strategy == "zero3_offload":
+        # the optimizer and both gradient copies live in host RAM (see the module's docstring)
+        host = {"optimizer": optim, "gradients": grads + trainable * OFFLOAD_FP32_GRAD_BYTES / n}
+        if device.offload_is_local:
+            optim, grads, host = host["optimizer"], host["gradients"], {}
+        else:
+            optim = grads = 0.0
     # A MoE token's MLP activations are its top-k experts' (+ shared): the active width, not the dense one.
     H, L, I, V = model.hidden_size, model.num_layers, model.active_intermediate_size, model.vocab_size
     tokens = micro_batch * (prompt_len + completion_len)
@@ -217,8 +241,9 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
         # backward frees the activations: the step peaks at the larger of the two, not at their sum. ZeRO-3
         # keeps its gradient partition allocated, and accumulation keeps gradients through the next forward.
         terms["grads_activations_overlap"] = -min(backward_grads, acts + logits) / GiB
-    if strategy.startswith("zero3"):
-        # ZeRO-3 gathers one layer (or the embedding) at a time, with one more prefetched.
+    if strategy.startswith("zero3") and n > 1:
+        # ZeRO-3 gathers one layer (or the embedding) at a time, with one more prefetched. (One process gathers
+        # nothing: its partition is the whole parameter, used in place.)
         layer_params = (P - V * H * (1 if model.tie_word_embeddings else 2)) / max(1, L)
         terms["zero3_gather"] = 2 * max(layer_params, V * H) * w_b / GiB
         if lora:
@@ -238,8 +263,7 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
             scoring = 2 * min(P, ZERO3_MAX_LIVE_PARAMETERS) * ref_b
             terms["zero3_reference_gather"] = max(0.0, scoring - acts - logits) / GiB
     terms["runtime"] = device.runtime_gib
-    notes = {"offloaded_optimizer_gib_per_process": round(P * o_b / n / GiB, 2)} if strategy == "zero3_offload" \
-        else {}
+    notes = {"host_terms": {k: _round_gib(v / GiB) for k, v in host.items()}} if host else {}
     return Estimate("trainer", terms, budget_gib, notes)
 
 

@@ -83,6 +83,10 @@ class Placement:
     trainer_env: dict[str, str] = field(default_factory=dict)
     server_env: dict[str, str] = field(default_factory=dict)
     costs: _costs.Costs | None = None  # the measured-cost comparison that chose the placement, if one did
+    # the "placement" setting's reason, worded by the placer; its value is written from the final devices
+    # (_describe), after a recipe's num_processes may have left some idle
+    why: str = ""
+    idle: str = ""  # the trainer devices the recipe's num_processes leaves idle, in words ("" when none)
 
     @property
     def max_model_len(self) -> int:
@@ -124,14 +128,37 @@ def place(d: Draft) -> Placement:
         p.trainer_nodes, p.trainer_gpus = [0], list(range(total))
         if cluster.nodes > 1:
             p.trainer_nodes, p.trainer_gpus = list(range(cluster.nodes)), list(range(cluster.gpus_per_node))
-        s.add("placement", "vLLM colocated in each trainer process",
-              "one device (or --vllm-gpus 0): vLLM shares it with the trainer")
+        p.why = "one device (or --vllm-gpus 0): vLLM shares it with the trainer"
     else:
         p.trainer_nodes, p.trainer_gpus = list(range(cluster.nodes)), list(range(cluster.gpus_per_node))
-        s.add("placement", "no vLLM: the trainer generates with transformers", "use_vllm is false")
+        p.why = "use_vllm is false"
     _keep_num_processes(d, p)
+    s.add("placement", _describe(d, p), p.why)
     _sizes_changed(d, p)
     return p
+
+
+def _span(items: list[int]) -> str:
+    return f"{items[0]}-{items[-1]}" if len(items) > 1 else f"{items[0]}"
+
+
+def _describe(d: Draft, p: Placement) -> str:
+    """The "placement" setting: the devices each role runs on, as the job runs them."""
+    if p.mode == "colocate":
+        where = "vLLM colocated in each trainer process"
+    elif p.mode == "none":
+        where = "no vLLM: the trainer generates with transformers"
+    elif d.cluster.nodes > 1:
+        server = "" if d.rules.server_placement == "one_process" else f" (GPUs {_span(p.server_gpus)})"
+        where = (f"server on node 0{server}, trainer on node{'s' if len(p.trainer_nodes) > 1 else ''} "
+                 f"{_span(p.trainer_nodes)}")
+        if d.rules.server_placement == "one_process":
+            where += f" ({len(p.trainer_gpus)} process(es) each)"
+    elif d.rules.server_placement == "one_process":
+        where = f"1 server process + {p.num_processes} trainer process(es)"
+    else:
+        where = f"server GPU(s) {p.server_gpus}, trainer GPU(s) {p.trainer_gpus}"
+    return where + (f"; {p.idle} idle" if p.idle else "")
 
 
 def _keep_num_processes(d: Draft, p: Placement) -> None:
@@ -141,17 +168,31 @@ def _keep_num_processes(d: Draft, p: Placement) -> None:
     want = d.trl.get("num_processes")
     if isinstance(want, bool) or not isinstance(want, int) or want < 1 or want >= p.num_processes:
         return
-    gpn, nodes = len(p.trainer_gpus), len(p.trainer_nodes)
+    gpn, nodes, gpus = len(p.trainer_gpus), list(p.trainer_nodes), list(p.trainer_gpus)
+    unit = d.rules.unit
     if want <= gpn:
         p.trainer_nodes, p.trainer_gpus = p.trainer_nodes[:1], p.trainer_gpus[:want]
+        # the devices named as the job names them: the step's GPU indices (CPU: a count of processes)
+        idle = (f"{gpn - want} trainer process(es)" if not d.rules.counts_gpus else
+                f"{unit}(s) {gpus[want:]}" + (f" of node {nodes[0]}" if d.cluster.nodes > 1 else ""))
+        if len(nodes) > 1:
+            idle += f" and node(s) {_span(nodes[1:])}"
     elif want % gpn == 0:
         p.trainer_nodes = p.trainer_nodes[:want // gpn]
+        idle = f"node(s) {_span(nodes[want // gpn:])}"
     else:
         return  # a multi-node trainer fills whole nodes: _sizes_changed says so
-    idle = gpn * nodes - p.num_processes
+    p.idle = idle
     d.settings.add("trainer.num_processes", want, f"num_processes {want} in the run config")
-    d.warnings.append(f"num_processes {want} in the run config leaves {idle} trainer device(s) of "
-                      f"{d.cluster.spec} idle")
+    d.warnings.append(f"num_processes {want} in the run config leaves {gpn * len(nodes) - p.num_processes} trainer "
+                      f"device(s) of {d.cluster.spec} idle: {idle}; the trainer runs on {_trainer_where(d, p)}")
+
+
+def _trainer_where(d: Draft, p: Placement) -> str:
+    if not d.rules.counts_gpus:
+        return f"{p.num_processes} process(es)"
+    node = f"node {p.trainer_nodes[0]}" if len(p.trainer_nodes) == 1 else f"nodes {_span(p.trainer_nodes)}"
+    return f"{node}, {d.rules.unit}(s) {p.trainer_gpus}"
 
 
 def _by_cost(d: Draft, prompt_len: int, completion_len: int) -> _costs.Costs | None:
@@ -243,12 +284,10 @@ def _server_process(d: Draft, p: Placement) -> None:
     if d.cluster.nodes > 1:  # NxMxcpu on Slurm: as with GPU nodes, the server gets node 0
         nodes, gpn = d.cluster.nodes, d.cluster.gpus_per_node
         p.trainer_nodes, p.trainer_gpus = list(range(1, nodes)), list(range(gpn))
-        d.settings.add("placement", f"server on node 0, trainer on nodes 1-{nodes - 1} ({gpn} process(es) each)",
-                       "multi-node: the server gets a whole node so the trainer's collectives stay off it")
+        p.why = "multi-node: the server gets a whole node so the trainer's collectives stay off it"
         return
     p.trainer_nodes, p.trainer_gpus = [0], list(range(1, total))
-    d.settings.add("placement", f"1 server process + {total - 1} trainer process(es)",
-                   "CPU devices are processes: the server gets one, the trainer the rest")
+    p.why = "CPU devices are processes: the server gets one, the trainer the rest"
     # the server's core(s) and the trainer's, disjoint (ogrpo/launch/cpu_slots.py): as GPUs are on a GPU node
     p.server_env["OGRPO_CPU_SLOTS"] = f"0:1:{total}"
     p.trainer_env["OGRPO_CPU_SLOTS"] = d.settings.add(
@@ -297,18 +336,37 @@ def _server_gpus(d: Draft, p: Placement) -> None:
     p.server_nodes, p.server_gpus = [0], list(range(width))
     if cluster.nodes > 1:
         p.trainer_nodes, p.trainer_gpus = list(range(1, cluster.nodes)), list(range(gpn))
-        s.add("placement", f"server on node 0 (GPUs 0-{width - 1}), trainer on nodes 1-{cluster.nodes - 1}",
-              "multi-node: the server gets a whole node so the trainer's collectives stay off it")
+        p.why = "multi-node: the server gets a whole node so the trainer's collectives stay off it"
         if width < gpn:
             d.warnings.append(f"node 0 keeps {gpn - width} GPU(s) idle: the server uses tensor parallel {p.tp}"
                               f" x data parallel {p.dp}")
     else:
         p.trainer_nodes, p.trainer_gpus = [0], list(range(width, gpn))
-        s.add("placement", f"server GPU(s) {p.server_gpus}, trainer GPU(s) {p.trainer_gpus}",
-              "one node: the server takes the fewest GPUs that hold the model, the trainer the rest")
+        p.why = "one node: the server takes the fewest GPUs that hold the model, the trainer the rest"
 
 
 _SERVER_PLACERS = {"one_process": _server_process, "tensor_parallel": _server_gpus}
+
+
+def server_load_note(d: Draft, p: Placement, generation_batch: int, est: Estimate) -> None:
+    """A note, with numbers, where one server node generates for several trainer nodes.
+
+    The plan keeps one server node however many trainer nodes there are, and says what that means rather than
+    adding server nodes: TRL's client reaches one server (vllm_server_base_url) and `trl vllm-serve` keeps its
+    data-parallel replicas within one node, so a second server node is nothing the job could use. What grows
+    instead is each step's generation: the whole trainer's batch in rounds of the sequences the server holds at
+    once, while every trainer device waits for it."""
+    nodes = len(p.trainer_nodes)
+    if p.mode != "server" or d.cluster.nodes < 2 or nodes < 2 or not ServerSizer.ok(est):
+        return
+    at_once = max(1, min(p.sizer.max_num_seqs, est.notes["max_concurrent_seqs"])) * p.dp
+    rounds = -(-generation_batch // at_once)
+    unit = d.rules.unit
+    d.warnings.append(
+        f"one vLLM server node (tensor parallel {p.tp} x data parallel {p.dp}) generates for {nodes} trainer nodes "
+        f"({p.num_processes} {unit}s): each step's generation batch of {generation_batch} completions is {rounds} "
+        f"round(s) of at most {at_once} sequences at once, up to {p.completion_len} tokens each, while the trainer "
+        f"waits; TRL reaches one server, so more trainer nodes make each step's generation longer, not shorter")
 
 
 def _sizes_changed(d: Draft, p: Placement) -> None:

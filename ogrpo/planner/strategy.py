@@ -10,7 +10,7 @@ from ogrpo.planner.device_rules import COLOCATE_UTIL_MAX, COLOCATE_UTIL_STEP, ST
 from ogrpo.planner.draft import Draft
 from ogrpo.planner.fixes import Fix, set_key, trainer_fixes
 from ogrpo.planner.kernels import logprobs_where_it_pays, plan_kernels
-from ogrpo.planner.placement import Placement, valid_tp_sizes
+from ogrpo.planner.placement import Placement, server_load_note, valid_tp_sizes
 from ogrpo.planner.lora import lora_spec
 
 
@@ -45,6 +45,7 @@ def fit_vllm(d: Draft, p: Placement, batch: dict) -> VllmFit:
             if bigger:
                 d.fixes.append(Fix(f"--vllm-gpus {bigger[0]}", cli={"vllm_gpus": bigger[0]}))
             d.fixes.append(set_key("max_completion_length", max(16, p.completion_len // 2)))
+        server_load_note(d, p, gbs, est)
         return VllmFit(est, sizer.util, 0.0, sizer.max_num_seqs)
     if p.mode == "colocate":
         # Each trainer process runs its own vLLM (tensor parallel 1) on its device for its share of the batch.
@@ -124,10 +125,23 @@ def fit_trainer(d: Draft, p: Placement, batch: dict, v: VllmFit, precision: str)
         s.add(f"kernels.{name}", on, why)
     chosen = pick()
     if chosen is None:
-        strategy, gc = strategies[-1], (gc_order[-1] if gc_user is not None else True)
-        e = est(strategy, gc)
+        gc = gc_order[-1] if gc_user is not None else True
+        # The figure named is the least any strategy tried needs, not the last one's: the last is not always the
+        # smallest (on one process ZeRO shards nothing, and LoRA's ZeRO-3 gathers the whole model to merge).
+        # Within 0.1 GiB (the message's rounding) the cheaper strategy, earlier in the list, is named.
+        tried = {st: est(st, gc) for st in strategies}
+        least = min(e.total_gib for e in tried.values())
+        strategy = next(st for st in strategies if tried[st].total_gib <= least + 0.1)
+        e = tried[strategy]
+        if len(tried) == 1:
+            which = f"with {STRATEGY_NAMES[strategy]} (ogrpo.strategy)"
+        else:
+            which = f"with {STRATEGY_NAMES[strategy]}, the least of the {len(tried)} strategies tried"
+        if n == 1 and "ddp" in tried:
+            which += (" (one process: ZeRO has nothing to shard)" if strategy == "ddp" else
+                      f"; DDP in one process needs {tried['ddp'].total_gib:.1f}")
         d.reasons.append(f"trainer: {e.total_gib:.1f} GiB per {r.unit} needed ({_top_terms(e)}) > "
-                         f"{e.budget_gib:.1f} GiB available even with {STRATEGY_NAMES[strategy]}")
+                         f"{e.budget_gib:.1f} GiB available {which}")
         want_util = p.want_util
         d.fixes.extend(trainer_fixes(est, strategy, B, ga, liger, lora, gc_user, r.suggests_lora,
                                      prof["colocate_util"] if (p.mode == "colocate" and want_util

@@ -144,8 +144,10 @@ def query(partition: str | None = None) -> Grace | None:
     if shutil.which("scontrol") is None:
         return None
     from ogrpo.errors import OgrpoError
-    from ogrpo.launch.slurm_cli import configured, run_slurm, unanswered
+    from ogrpo.launch.slurm_cli import conf_problem, configured, run_slurm, unanswered
 
+    if conf_problem():  # SLURM_CONF names no file: no cluster to ask (slurm/examples/regen.sh renders so)
+        return None
     try:
         cfg = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
         unanswered(cfg)

@@ -146,8 +146,6 @@ def query(partition: str | None = None) -> Grace | None:
     from ogrpo.errors import OgrpoError
     from ogrpo.launch.slurm_cli import conf_problem, configured, run_slurm, unanswered
 
-    if conf_problem():  # SLURM_CONF names no file: no cluster to ask (slurm/examples/regen.sh renders so)
-        return None
     try:
         cfg = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
         unanswered(cfg)
@@ -157,7 +155,9 @@ def query(partition: str | None = None) -> Grace | None:
             return None
         parts = run_slurm(["scontrol", "show", "partition", "-o"], timeout=QUERY_TIMEOUT_S)
     except OgrpoError as exc:
-        _unread = str(exc)
+        # SLURM_CONF naming no file says "no cluster here" (slurm/examples/regen.sh and the unit tests render so):
+        # nothing was expected to answer; `ogrpo doctor` names it
+        _unread = None if conf_problem() else str(exc)
         return None
     found = grace_from(cfg.stdout, parts.stdout if parts.returncode == 0 else "", partition)
     if found is None:

@@ -29,9 +29,9 @@ def conf_problem() -> str | None:
 
 
 def configured() -> bool:
-    """Whether this machine names a Slurm configuration (SLURM_CONF, or the default slurm.conf exists); a
+    """Whether this machine has a Slurm configuration file (SLURM_CONF's, else the default slurm.conf); a
     configless site's client learns it from the controller, and cannot tell without one."""
-    return bool(os.environ.get("SLURM_CONF")) or os.path.isfile(DEFAULT_CONF)
+    return os.path.isfile(os.environ.get("SLURM_CONF") or DEFAULT_CONF)
 
 
 def controllers(conf_text: str) -> tuple[list[str], int]:

@@ -1,7 +1,8 @@
 """The `ogrpo` Typer app: parse, call, print. Nothing imports this module.
 
 Each command lives in `ogrpo/commands/<area>.py`; those modules import no torch/transformers/trl/vllm at
-import time so that `ogrpo --help`, `plan` and `render` answer fast on a login node.
+import time so that `ogrpo --help`, `plan` and `render` answer fast on a login node, and a plain `plan`/`render`
+command line does not import typer either (ogrpo.commands.options).
 """
 
 from __future__ import annotations
@@ -10,14 +11,7 @@ import contextlib
 import io
 import sys
 
-import typer
-
-from ogrpo.patches import typer_options
-
-typer_options.install()
-
-from ogrpo.commands import jobs, planning, reproducing, selftesting, serving, sweeping, training  # noqa: E402
-from ogrpo.errors import OgrpoError  # noqa: E402
+from ogrpo.errors import OgrpoError
 
 _SETTINGS = dict(
     name="ogrpo",
@@ -28,26 +22,46 @@ _SETTINGS = dict(
     rich_markup_mode=None,  # rich markup parsing costs ~0.14 s on every --help
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+# command -> (module under ogrpo.commands, function): imported only when the command (or the whole app) is built
 _COMMANDS = {
-    "plan": planning.plan, "render": planning.render, "doctor": planning.doctor, "train": training.train,
-    "serve": serving.serve, "supervise": serving.supervise, "submit": jobs.submit, "status": jobs.status,
-    "logs": jobs.logs, "cancel": jobs.cancel, "reproduce": reproducing.reproduce, "selftest": selftesting.selftest,
-    "sweep": sweeping.sweep,
+    "plan": ("planning", "plan"), "render": ("planning", "render"), "doctor": ("planning", "doctor"),
+    "train": ("training", "train"), "serve": ("serving", "serve"), "supervise": ("serving", "supervise"),
+    "submit": ("jobs", "submit"), "status": ("jobs", "status"), "logs": ("jobs", "logs"),
+    "cancel": ("jobs", "cancel"), "reproduce": ("reproducing", "reproduce"),
+    "selftest": ("selftesting", "selftest"), "sweep": ("sweeping", "sweep"),
 }
 _HIDDEN = {"supervise"}
-_GROUPS = {"bench": serving.bench_app}
+_GROUPS = {"bench": ("serving", "bench_app")}
+# Commands a login node runs often whose plain command lines are parsed without typer (ogrpo.commands.options:
+# ~90 ms of import); help, errors and anything unusual still go through typer.
+_FAST = ("plan", "render")
 
 
-def make_app(only: str | None = None) -> typer.Typer:
+def _command(name: str, table: dict):
+    import importlib
+
+    module, attr = table[name]
+    return getattr(importlib.import_module(f"ogrpo.commands.{module}"), attr)
+
+
+def make_app(only: str | None = None):
     """The whole CLI, or just the command `only` (typer inspects every command's signature before it parses
     anything: ~40 ms of a login node's `ogrpo render` for ten commands that do not run)."""
+    import typer
+
+    from ogrpo.commands.options import typer_defaults
+    from ogrpo.patches import typer_options
+
+    typer_options.install()
     app = typer.Typer(**_SETTINGS)
-    for name, fn in _COMMANDS.items():
+    for name in _COMMANDS:
         if only in (None, name):
+            fn = _command(name, _COMMANDS)
+            typer_defaults(fn)
             app.command(name, hidden=name in _HIDDEN)(fn)
-    for name, sub in _GROUPS.items():
+    for name in _GROUPS:
         if only in (None, name):
-            app.add_typer(sub, name=name)
+            app.add_typer(_command(name, _GROUPS), name=name)
     if only is not None:
         # a group callback keeps a one-command app a group, so `ogrpo plan ...` still names its command
         app.callback()(lambda: None)
@@ -56,7 +70,7 @@ def make_app(only: str | None = None) -> typer.Typer:
 
 # Commands whose --json promises one JSON object on stdout whatever happens: the command's own object on success,
 # {"errors": [...], "exit_code": N} when it fails (the one-line error still goes to stderr).
-_JSON_COMMANDS = ("plan", "render", "submit")
+_JSON_COMMANDS = ("plan", "render", "submit", "status")
 
 
 def _json_errors(messages: list[str], code: int) -> None:
@@ -105,20 +119,32 @@ def _exit(code: int, errors: list[str]):
     return exc
 
 
-def _main(name: str | None) -> None:
+def _echo_err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _run(name: str | None):
+    """Run the command line: a plain `plan`/`render` without typer, everything else through the Typer app."""
+    if name in _FAST:
+        from ogrpo.commands.options import fast_kwargs
+
+        fn = _command(name, _COMMANDS)
+        kwargs = fast_kwargs(fn, sys.argv[2:])
+        if kwargs is not None:
+            return fn(**kwargs)
     app = make_app(name if name in _COMMANDS or name in _GROUPS else None)
+    return app(standalone_mode=False)
+
+
+def _main(name: str | None) -> None:
     try:
-        rc = app(standalone_mode=False)
+        rc = _run(name)
     except OgrpoError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _echo_err(f"error: {exc}")
         raise _exit(exc.exit_code, _messages(exc)) from None
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
     except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
+        _echo_err("interrupted")
         sys.exit(130)
     except ModuleNotFoundError as exc:
         from ogrpo.install_hints import hint as install_hint
@@ -127,9 +153,17 @@ def _main(name: str | None) -> None:
         if hint is None:
             raise
         message = f"`ogrpo {name}` needs {exc.name.split('.')[0]}, which is not installed here: {hint}"
-        typer.echo(f"error: {message}", err=True)
+        _echo_err(f"error: {message}")
         raise _exit(2, [message]) from None
     except Exception as exc:
+        if "typer" in sys.modules:  # typer's own exits; nothing raises them where typer was not imported
+            import typer
+
+            if isinstance(exc, typer.Exit):
+                sys.exit(exc.exit_code)
+            if isinstance(exc, typer.Abort):
+                _echo_err("aborted")
+                sys.exit(130)
         # Usage errors (unknown option, bad value): typer may ship its own copy of click, so match both.
         if _is_click_exception(exc):
             exc.show()
@@ -139,11 +173,8 @@ def _main(name: str | None) -> None:
 
 
 def _is_click_exception(exc: BaseException) -> bool:
-    # typer 0.29 vendors click and no longer installs it; older typer uses the real one: match whichever exists.
-    bases = []
-    for mod, attr in (("typer._click.exceptions", "ClickException"), ("click.exceptions", "ClickException")):
-        try:
-            bases.append(getattr(__import__(mod, fromlist=[attr]), attr))
-        except ImportError:
-            pass
+    # typer 0.29 vendors click and no longer installs it; older typer uses the real one: match whichever is
+    # loaded (an exception of click's means its module is imported).
+    bases = [sys.modules[mod].ClickException for mod in ("typer._click.exceptions", "click.exceptions")
+             if mod in sys.modules]
     return isinstance(exc, tuple(bases))

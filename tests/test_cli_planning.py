@@ -156,3 +156,88 @@ def test_doctor_json(run_cli):
     assert {r["status"] for r in rep["patches"].values()} <= {"ok", "skipped"}, rep["patches"]
     assert (proc.returncode == 0) == rep["can_train"]
     _no_traceback(proc)
+
+
+# -- start-up cost: a plain `plan` / `render` imports neither typer nor submitit (~160 ms of a login node's wait) --
+
+_MODULES_AFTER = ("import sys\nfrom ogrpo.cli import main\nsys.argv = ['ogrpo', *sys.argv[1:]]\ntry:\n    main()\n"
+                  "except SystemExit as exc:\n    code = exc.code\n"
+                  "print({'code': code, 'loaded': sorted(m for m in ('typer', 'click', 'submitit', 'torch')"
+                  " if m in sys.modules)}, file=sys.stderr)\n")
+
+
+def _loaded(*args):
+    import ast
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+    return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
+
+
+def test_plan_and_render_import_neither_typer_nor_submitit(basic_recipe, tmp_path):
+    assert _loaded("plan", "--gpus", "3xA40", "--config", basic_recipe) == {"code": 0, "loaded": []}
+    assert _loaded("plan", "--gpus=3xA40", "-c", basic_recipe, "--json") == {"code": 0, "loaded": []}
+    assert _loaded("render", "--gpus", "3xA40", "--config", basic_recipe, "--dry-run") == {"code": 0, "loaded": []}
+    assert _loaded("render", "--gpus", "3xA40", "--config", basic_recipe, "-o", tmp_path / "j") == \
+        {"code": 0, "loaded": []}
+    # what the fast path does not read goes to typer, which answers as before
+    assert "typer" in _loaded("render", "--help")["loaded"]
+    assert _loaded("plan", "--gpus", "3xA40", "--config", basic_recipe, "--vllm-gpus", "x")["code"] == 2
+
+
+def _typer_kwargs(fn, argv):
+    """The keyword arguments typer (as `ogrpo` sets it up) calls fn with for argv."""
+    import inspect
+    import types
+
+    import typer
+
+    from ogrpo.commands.options import typer_defaults
+    from ogrpo.patches import typer_options
+
+    typer_options.install()
+    clone = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+    clone.__annotations__ = dict(fn.__annotations__)
+    typer_defaults(clone)
+    seen = {}
+
+    def capture(**kwargs):
+        seen.update(kwargs)
+
+    capture.__signature__ = inspect.signature(clone, eval_str=True)
+    app = typer.Typer()
+    app.command()(capture)
+    app.callback()(lambda: None)
+    app(["capture", *argv], standalone_mode=False)
+    return seen
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpus", "3xA40", "--config", "r.yaml"],
+    ["--gpus=3xA40", "-c", "r.yaml", "--json", "--strict"],
+    ["-c", "r.yaml", "--vllm-gpus", "2", "--dry-run", "--force", "-o", "out", "--job-dir", "/j", "--gres-type",
+     "any", "--gpus", "2xcpu", "--gpus", "4xV100", "--profile", "aggressive", "--overlap", "one-step"],
+    ["--config", "", "--model=Qwen/Qwen2.5-7B", "--params", "7B", "--strategy", "zero3", "--vllm-gpus=0"],
+    [],
+])
+def test_the_fast_parse_reads_what_typer_reads(argv):
+    from ogrpo.commands import planning
+    from ogrpo.commands.options import fast_kwargs
+
+    render = fast_kwargs(planning.render, argv)
+    assert render is not None and render == _typer_kwargs(planning.render, argv)
+    plan_argv = [a for a in argv if a not in ("--dry-run", "--force", "-o", "out", "--job-dir", "/j", "--gres-type",
+                                             "any")]
+    assert fast_kwargs(planning.plan, plan_argv) == _typer_kwargs(planning.plan, plan_argv)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--vllm-gpus", "x"], ["--vllm-gpus", "-1"], ["--json=1"],
+                                  ["--gpus"], ["extra"], ["-cr.yaml"], ["--"], ["--gpu", "3xA40"],
+                                  ["--no-json"]])
+def test_the_fast_parse_leaves_anything_else_to_typer(argv):
+    from ogrpo.commands import planning
+    from ogrpo.commands.options import fast_kwargs
+
+    assert fast_kwargs(planning.render, argv) is None

@@ -1,10 +1,12 @@
-"""Wall time of `ogrpo --help`, `ogrpo plan` and `ogrpo render --dry-run` beside `python -c pass`.
+"""Wall time of `ogrpo --help`, `ogrpo plan` and `ogrpo render --dry-run` beside `python -c pass` and
+`trl --help` (the CLI a user of TRL already waits for; README's latency table compares with it).
 
     python -m ogrpo.bench.cli_timing [--runs 9] [--limit 0.3] [--csv FILE]
 
-Each command runs as a fresh process (what a user on a login node waits for); the median of --runs runs is
-reported with its ratio to `python -c pass` measured in the same run, so a loaded machine shows up in the
-baseline too. Exit 1 when a command's median exceeds --limit seconds.
+Each command runs as a fresh process (what a user on a login node waits for), the commands interleaved round by
+round so that a load that comes and goes reaches every row alike; the median of --runs runs is reported with its
+ratio to `python -c pass` and to `trl --help` (when TRL is installed). Exit 1 when a command's median exceeds
+--limit seconds.
 """
 
 from __future__ import annotations
@@ -31,10 +33,18 @@ def _ogrpo() -> list[str]:
     return [found] if found else [sys.executable, "-m", "ogrpo"]
 
 
+def _trl() -> list[str] | None:
+    exe = Path(sys.executable).with_name("trl")
+    found = str(exe) if exe.exists() else shutil.which("trl")
+    return [found] if found else None
+
+
 def commands(recipe: Path = RECIPE) -> list[tuple[str, list[str], set[int]]]:
     og = _ogrpo()
+    trl = _trl()
     return [
         ("python -c pass", [sys.executable, "-c", "pass"], {0}),
+        *([("trl --help", trl + ["--help"], {0})] if trl else []),
         ("ogrpo --help", og + ["--help"], {0}),
         ("ogrpo plan", og + ["plan", "--gpus", "3xA40", "--config", str(recipe)], {0}),
         ("ogrpo plan --json", og + ["plan", "--gpus", "3xA40", "--config", str(recipe), "--json"], {0}),
@@ -64,20 +74,24 @@ def main(argv: list[str] | None = None) -> int:
     # One untimed round warms the page cache and .pyc files, as a user's second invocation would be.
     for _, cmd, ok in commands():
         time_command(cmd, 1, ok)
-    rows = []
-    for name, cmd, ok in commands():
-        ts = time_command(cmd, args.runs, ok)
-        rows.append((name, statistics.median(ts), min(ts), max(ts)))
+    times: dict[str, list[float]] = {name: [] for name, _, _ in commands()}
+    for _ in range(args.runs):
+        for name, cmd, ok in commands():
+            times[name] += time_command(cmd, 1, ok)
+    rows = [(name, statistics.median(ts), min(ts), max(ts)) for name, ts in times.items()]
     base = rows[0][1]
-    print(f"CLI wall time, median of {args.runs} runs ({platform.node()}, {os.cpu_count()} CPUs, "
+    trl = times.get("trl --help")
+    trl_med = statistics.median(trl) if trl else None
+    print(f"CLI wall time, median of {args.runs} interleaved runs ({platform.node()}, {os.cpu_count()} CPUs, "
           f"python {platform.python_version()})")
-    print(f"{'command':<26}{'median s':>10}{'min s':>9}{'max s':>9}{'x python':>10}  verdict")
+    print(f"{'command':<26}{'median s':>10}{'min s':>9}{'max s':>9}{'x python':>10}{'x trl':>8}  verdict")
     failed = False
     for name, med, lo, hi in rows:
-        verdict = "baseline" if name.startswith("python") else ("ok" if med <= args.limit else
-                                                               f"OVER {args.limit:.2f} s")
+        baseline = name.startswith("python") or name.startswith("trl")
+        verdict = "baseline" if baseline else ("ok" if med <= args.limit else f"OVER {args.limit:.2f} s")
         failed |= verdict.startswith("OVER")
-        print(f"{name:<26}{med:>10.3f}{lo:>9.3f}{hi:>9.3f}{med / base:>10.2f}  {verdict}")
+        vs_trl = f"{med / trl_med:>8.2f}" if trl_med else f"{'-':>8}"
+        print(f"{name:<26}{med:>10.3f}{lo:>9.3f}{hi:>9.3f}{med / base:>10.2f}{vs_trl}  {verdict}")
     if args.csv:
         new = not args.csv.exists()
         with args.csv.open("a") as fh:

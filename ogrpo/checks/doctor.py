@@ -87,6 +87,13 @@ def run_checks(patches: bool = True) -> dict:
 
     report["slurm"] = {cmd: shutil.which(cmd) for cmd in SLURM_COMMANDS}
     report["slurm_client"] = all(report["slurm"][c] for c in ("sbatch", "srun", "squeue"))
+    # the commands alone do not make a usable Slurm: a SLURM_CONF naming no file or a controller that refuses
+    # connections fails every submit (one socket connect, bounded, only where the commands are)
+    report["slurm_problem"] = None
+    if report["slurm_client"]:
+        from ogrpo.launch.slurm_cli import conf_problem, controller_unreachable
+
+        report["slurm_problem"] = conf_problem() or controller_unreachable()
     report["containers"] = {rt: shutil.which(rt) for rt in CONTAINER_RUNTIMES}
     if patches:
         from ogrpo.patches import run_checks as check_patches
@@ -121,7 +128,10 @@ def print_report(report: dict) -> None:
     st = report["stack"]
     row("TRL/vLLM pair", st["reason"], st["supported"])
     found = [c for c, p in report["slurm"].items() if p]
-    row("Slurm client", ", ".join(found) or "none", report["slurm_client"] or None)
+    slurm_ok = (not report.get("slurm_problem")) if report["slurm_client"] else None
+    row("Slurm client", ", ".join(found) or "none", slurm_ok)
+    if report.get("slurm_problem"):
+        row("Slurm", report["slurm_problem"], False)
     rts = [c for c, p in report["containers"].items() if p]
     row("containers", ", ".join(rts) or "none", None)
     for name, r in (report.get("patches") or {}).items():

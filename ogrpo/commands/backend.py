@@ -17,6 +17,36 @@ def checked_backend(backend: str, dry_run: bool) -> str:
     return backend
 
 
+def default_backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) -> str:
+    """--backend, checked; by default slurm where sbatch is on PATH, else local, but only for a cluster that runs
+    on this machine (--gpus, else the config's ogrpo.gpus, else this machine's CPU): without Slurm a GPU plan
+    would run here, on hardware it was not planned for, and fail late. Shared by submit and sweep."""
+    import shutil
+
+    from ogrpo.errors import OgrpoError
+
+    if backend is None:
+        if shutil.which("sbatch") is None and not dry_run and not runs_locally(gpus, config):
+            raise OgrpoError(f"no Slurm here (`sbatch` is not on PATH), so --gpus {gpus or '(from the config)'} "
+                             "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "
+                             "--backend local --gpus cpu (or the GPUs this machine has)")
+        backend = "slurm" if shutil.which("sbatch") else "local"
+    return checked_backend(backend, dry_run)
+
+
+def runs_locally(gpus: str | None, config: str) -> bool:
+    """Whether the cluster a job targets (--gpus, else the config's ogrpo.gpus, else this machine's CPU) can run
+    here without Slurm (the device rules' `runs_locally`)."""
+    from ogrpo.hardware import parse_gpus
+    from ogrpo.planner.device_rules import rules_of
+
+    if gpus is None:
+        from ogrpo.config import load_run_config
+
+        gpus = load_run_config(config).ogrpo.gpus
+    return gpus is None or rules_of(parse_gpus(str(gpus))).runs_locally
+
+
 def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> None:
     """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
     rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""

@@ -21,19 +21,6 @@ def _default_job_dir(name: str) -> str:
     return os.path.abspath(os.path.join("ogrpo-jobs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
-def _runs_locally(gpus: str | None, config: str) -> bool:
-    """Whether the cluster a submit targets (--gpus, else the config's ogrpo.gpus, else this machine's CPU) can run
-    here without Slurm (the device rules' `runs_locally`)."""
-    from ogrpo.hardware import parse_gpus
-    from ogrpo.planner.device_rules import rules_of
-
-    if gpus is None:
-        from ogrpo.config import load_run_config
-
-        gpus = load_run_config(config).ogrpo.gpus
-    return gpus is None or rules_of(parse_gpus(str(gpus))).runs_locally
-
-
 def _summary(p, spec) -> list[str]:
     lines = [f"plan: {p.cluster.spec}, model {p.model.name}, mode {p.mode}, precision {p.precision}"]
     for s in spec.steps:
@@ -86,7 +73,9 @@ def submit(
     from ogrpo.jobspec import build_jobspec
     from ogrpo.render import render_job, write_job
 
-    backend = _backend(backend, dry_run, gpus, config)
+    from ogrpo.commands.backend import default_backend
+
+    backend = default_backend(backend, dry_run, gpus, config)
     rc, plan, job_dir, signal_delay = _plan(
         backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
         extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
@@ -107,24 +96,6 @@ def submit(
     if backend == "local" and not detach:
         raise typer.Exit(job.exit_code() or 0)
     typer.echo("\n".join(_submitted(job, spec, summary)))
-
-
-def _backend(backend: str | None, dry_run: bool, gpus: str | None, config: str) -> str:
-    """--backend, checked; by default slurm where sbatch is on PATH, else local (for this machine's own plan)."""
-    import shutil
-
-    from ogrpo.errors import OgrpoError
-
-    if backend is None:
-        if shutil.which("sbatch") is None and not dry_run and not _runs_locally(gpus, config):
-            # A GPU plan without Slurm would run here on hardware it was not planned for and fail late.
-            raise OgrpoError(f"no Slurm here (`sbatch` is not on PATH), so --gpus {gpus or '(from the config)'} "
-                             "cannot be submitted: run on a Slurm login node, or run this machine's own plan with "
-                             "--backend local --gpus cpu (or the GPUs this machine has)")
-        backend = "slurm" if shutil.which("sbatch") else "local"
-    from ogrpo.commands.backend import checked_backend
-
-    return checked_backend(backend, dry_run)
 
 
 def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay,

@@ -1,14 +1,14 @@
 """`ogrpo plan`, `ogrpo render`, `ogrpo doctor` (owned by the planning core).
 
-Implementations are imported inside the functions so that `ogrpo --help` stays fast.
+Implementations are imported inside the functions so that `ogrpo --help` stays fast, and typer is not imported
+here (ogrpo.commands.options): `plan` and `render` run without it.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import typer
-
+from ogrpo.commands.options import Option, echo
 from ogrpo.load_plan import load_and_plan  # noqa: F401  (its home, below the commands; submit, sweep use it)
 
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
@@ -32,9 +32,9 @@ def warn(rc, plan) -> None:
     """Config and plan warnings, then every change from the recipe, on stderr (the plan carries the config's
     warnings since it was made from it)."""
     for w in dict.fromkeys(list(rc.warnings) + list(plan.warnings)):
-        typer.echo(f"warning: {w}", err=True)
+        echo(f"warning: {w}", err=True)
     for c in plan.changes:
-        typer.echo(f"change: {c.key}: {_short(c.old)} -> {_short(c.new)} ({c.reason})", err=True)
+        echo(f"change: {c.key}: {_short(c.old)} -> {_short(c.new)} ({c.reason})", err=True)
 
 
 def require_fit(plan, force: bool, what: str) -> None:
@@ -46,16 +46,16 @@ def require_fit(plan, force: bool, what: str) -> None:
 
 
 def plan(
-    gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
-    params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
-    vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
-    overlap: Optional[str] = typer.Option(None, "--overlap", help=OVERLAP_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
+    gpus: Optional[str] = Option(None, "--gpus", help=GPUS_HELP),
+    config: Optional[str] = Option(None, "--config", "-c", help=CONFIG_HELP),
+    model: Optional[str] = Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
+    params: Optional[str] = Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
+    profile: Optional[str] = Option(None, "--profile", help="conservative | balanced | aggressive."),
+    vllm_gpus: Optional[int] = Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    strategy: Optional[str] = Option(None, "--strategy", help=STRATEGY_HELP),
+    overlap: Optional[str] = Option(None, "--overlap", help=OVERLAP_HELP),
+    as_json: bool = Option(False, "--json", help="Print the plan as JSON."),
+    strict: bool = Option(False, "--strict", help=STRICT_HELP),
 ) -> None:
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
@@ -73,33 +73,33 @@ def plan(
         d = p.to_dict()
         d["preemption"] = preempt.to_dict() if preempt else None
         d["warnings"] = list(dict.fromkeys(list(rc.warnings) + d["warnings"]))
-        typer.echo(json.dumps(d, indent=2))
+        echo(json.dumps(d, indent=2))
     else:
         warn(rc, p)
         from ogrpo.render.table import print_plan
 
         print_plan(p)
-    raise typer.Exit(0 if p.fits else 3)
+    raise SystemExit(0 if p.fits else 3)
 
 
 def render(
-    gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Job directory to write."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
-    params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
-    vllm_gpus: Optional[int] = typer.Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help=STRATEGY_HELP),
-    overlap: Optional[str] = typer.Option(None, "--overlap", help=OVERLAP_HELP),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the files instead of writing them."),
-    force: bool = typer.Option(False, "--force", help="Render even when the plan does not fit, and over the files "
-                               "of an earlier job in DIR."),
-    job_dir_opt: Optional[str] = typer.Option(
+    gpus: Optional[str] = Option(None, "--gpus", help=GPUS_HELP),
+    config: Optional[str] = Option(None, "--config", "-c", help=CONFIG_HELP),
+    output: Optional[str] = Option(None, "--output", "-o", help="Job directory to write."),
+    model: Optional[str] = Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
+    params: Optional[str] = Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
+    profile: Optional[str] = Option(None, "--profile", help="conservative | balanced | aggressive."),
+    vllm_gpus: Optional[int] = Option(None, "--vllm-gpus", help="GPUs for the vLLM server (0: colocate)."),
+    strategy: Optional[str] = Option(None, "--strategy", help=STRATEGY_HELP),
+    overlap: Optional[str] = Option(None, "--overlap", help=OVERLAP_HELP),
+    dry_run: bool = Option(False, "--dry-run", help="Print the files instead of writing them."),
+    force: bool = Option(False, "--force", help="Render even when the plan does not fit, and over the files "
+                   "of an earlier job in DIR."),
+    job_dir_opt: Optional[str] = Option(
         None, "--job-dir", help="Path the job will have on the cluster (default: the absolute --output path)."),
-    strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
-    gres_type: Optional[str] = typer.Option(None, "--gres-type", help=GRES_TYPE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the files (their text with "
+    strict: bool = Option(False, "--strict", help=STRICT_HELP),
+    gres_type: Optional[str] = Option(None, "--gres-type", help=GRES_TYPE_HELP),
+    as_json: bool = Option(False, "--json", help="Print one JSON object: the files (their text with "
                                  "--dry-run), the changes and warnings; on failure {errors: [...]}."),
 ) -> None:
     """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
@@ -133,24 +133,24 @@ def render(
                    "warnings": list(dict.fromkeys(list(rc.warnings) + list(p.warnings)))}
     if dry_run:
         if as_json:
-            typer.echo(json.dumps({**summary, "files": dict(files)}, indent=2))
+            echo(json.dumps({**summary, "files": dict(files)}, indent=2))
             return
         for name, text in files.items():
-            typer.echo(f"==> {name} <==")
-            typer.echo(text.rstrip("\n"))
-            typer.echo("")
+            echo(f"==> {name} <==")
+            echo(text.rstrip("\n"))
+            echo("")
         return
     written = write_job(files, output, force=force)
     if as_json:
-        typer.echo(json.dumps({**summary, "written": [str(path) for path in written]}, indent=2))
+        echo(json.dumps({**summary, "written": [str(path) for path in written]}, indent=2))
     for path in written if not as_json else ():
-        typer.echo(str(path))
-    typer.echo(f"submit with: sbatch {os.path.join(job_dir, 'job.sbatch')}  (or: ogrpo submit)", err=True)
+        echo(str(path))
+    echo(f"submit with: sbatch {os.path.join(job_dir, 'job.sbatch')}  (or: ogrpo submit)", err=True)
 
 
 def doctor(
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    patches: bool = typer.Option(True, "--patches/--no-patches",
+    as_json: bool = Option(False, "--json", help="Print the report as JSON."),
+    patches: bool = Option(True, "--patches/--no-patches",
                                  help="Check that every library O-GRPO patches still has the patched shape "
                                       "(imports vLLM/TRL: slower)."),
 ) -> None:
@@ -164,11 +164,11 @@ def doctor(
         report = run_checks(patches=patches)
     note = libraries_note(counts)
     if note:
-        typer.echo(note, err=True)
+        echo(note, err=True)
     if as_json:
         import json
 
-        typer.echo(json.dumps(report, indent=2))
+        echo(json.dumps(report, indent=2))
     else:
         print_report(report)
-    raise typer.Exit(0 if report["can_train"] else 1)
+    raise SystemExit(0 if report["can_train"] else 1)

@@ -64,7 +64,7 @@ def sweep(
     n_seeds = g.parse_seeds(seeds, swept)
     if not swept and not n_seeds:
         raise OgrpoError("nothing to sweep: give --grid KEY=V1,V2 (repeatable) and/or --seeds N")
-    backend = _backend(backend, max_parallel, dry_run)
+    backend = _backend(backend, max_parallel, dry_run, gpus, config)
     from ogrpo.launch import sbatch as sb
 
     extra_sbatch = sb.parse_passthrough(slurm)
@@ -152,17 +152,17 @@ def sweep(
     raise typer.Exit(rc)
 
 
-def _backend(backend: str | None, max_parallel: int | None, dry_run: bool) -> str:
-    """--backend, checked with --max-parallel; by default slurm where sbatch is on PATH, else local."""
-    import shutil
-
+def _backend(backend: str | None, max_parallel: int | None, dry_run: bool, gpus: str | None,
+             config: str) -> str:
+    """--backend, checked with --max-parallel; by default what `submit` picks (slurm where sbatch is on PATH, else
+    local for a cluster that runs here, else refused)."""
     from ogrpo.errors import OgrpoError
 
     if max_parallel is not None and max_parallel < 1:
         raise OgrpoError(f"--max-parallel {max_parallel}: must be 1 or more")
-    from ogrpo.commands.backend import checked_backend
+    from ogrpo.commands.backend import default_backend
 
-    backend = checked_backend(backend or ("slurm" if shutil.which("sbatch") else "local"), dry_run)
+    backend = default_backend(backend, dry_run, gpus, config)
     if backend == "local" and max_parallel not in (None, 1):
         raise OgrpoError(f"--max-parallel {max_parallel}: --backend local runs the points one after another")
     return backend

@@ -25,7 +25,6 @@ import math
 import re
 import shutil
 import statistics
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -132,19 +131,58 @@ def grace_from(config_text: str, partitions_text: str, partition: str | None = N
                  partition=(part or {}).get("PartitionName", partition))
 
 
+# Why the last `query` of this process read no Grace from an installed Slurm (None: it did, or Slurm is not
+# installed): `for_plan` says it beside the plan, since the plan then keeps the recipe's checkpoint frequency.
+_unread: str | None = None
+
+
 def query(partition: str | None = None) -> Grace | None:
-    """The cluster's Grace from scontrol; None without Slurm or when the controller does not answer (quickly)."""
+    """The cluster's Grace from scontrol; None without Slurm or when the controller does not answer (quickly:
+    ogrpo.launch.slurm_cli.run_slurm), with the reason kept for `unread_reason`."""
+    global _unread
+    _unread = None
     if shutil.which("scontrol") is None:
         return None
+    from ogrpo.errors import OgrpoError
+    from ogrpo.launch.slurm_cli import conf_problem, configured, run_slurm, unanswered
+
     try:
-        cfg = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
-        parts = subprocess.run(["scontrol", "show", "partition", "-o"], capture_output=True, text=True,
-                               timeout=QUERY_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
+        cfg = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
+        unanswered(cfg)
+        if cfg.returncode != 0:
+            if configured():  # else Slurm's commands without a cluster (no slurm.conf): nothing was expected
+                _unread = (cfg.stderr.strip().splitlines() or [f"`scontrol show config` exited {cfg.returncode}"])[-1]
+            return None
+        parts = run_slurm(["scontrol", "show", "partition", "-o"], timeout=QUERY_TIMEOUT_S)
+    except OgrpoError as exc:
+        # SLURM_CONF naming no file says "no cluster here" (slurm/examples/regen.sh and the unit tests render so):
+        # nothing was expected to answer; `ogrpo doctor` names it
+        _unread = None if conf_problem() else str(exc)
         return None
-    if cfg.returncode != 0:
+    found = grace_from(cfg.stdout, parts.stdout if parts.returncode == 0 else "", partition)
+    if found is None:
+        _unread = "`scontrol show config` printed no KillWait"
+    return found
+
+
+def unread_reason() -> str | None:
+    """Why the last `query` found Slurm installed but read no KillWait from it; None otherwise."""
+    return _unread
+
+
+def unread_warning(reason: str, trl: dict, step: tuple[float, str], save_s: float) -> str | None:
+    """What a plan made without the cluster's KillWait assumed, when it matters: the recipe's save_steps is kept
+    (as if SIGTERM left time to finish and save the running step), so a requeue may lose up to that many steps."""
+    strategy = str(trl.get("save_strategy") or "steps")
+    current = trl.get("save_steps")
+    if strategy == "steps" and current == 1:
         return None
-    return grace_from(cfg.stdout, parts.stdout if parts.returncode == 0 else "", partition)
+    need = step[0] * STEP_MARGIN + save_s
+    kept = f"save_steps stays {current}" if strategy == "steps" else f"save_strategy stays {strategy!r}"
+    return (f"KillWait could not be read ({reason}): assumed that SIGTERM leaves time to finish and save the running "
+            f"step (~{need:.0f} s); {kept}, so a requeue or preemption may lose every step since the last "
+            "checkpoint where KillWait is shorter (plan where `scontrol show config` answers to have it checked, "
+            "or set save_steps: 1)")
 
 
 # ------------------------------------------------------------------------------------------ step and save time
@@ -284,6 +322,10 @@ def for_plan(run_config, plan, *, job_dir: str | None = None, partition: str | N
     grace = query(partition or run_config.ogrpo.partition) if query_cluster else None
     step = step_estimate(p, getattr(run_config.ogrpo, "step_time_s", None), recorded_step_s(job_dir))
     pol = policy(p, run_config.trl, grace=grace, step=step, signal_delay_s=signal_delay_s)
+    reason = unread_reason() if query_cluster and grace is None else None
+    note = unread_warning(reason, run_config.trl, step, pol.save_s) if reason else None
+    if note:
+        pol.warnings.append(note)
     if strict and pol.changes:
         from ogrpo.errors import ConfigError
 

@@ -3,7 +3,8 @@ Slurm calls).
 
 `render_script` is the only producer of job.sbatch: `ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit`
 all write its text, so the header a user reads is the request Slurm gets and `sbatch job.sbatch` by hand runs what
-`ogrpo submit` runs. The text is submitit's rendering (ogrpo.launch.submitit_adapter) of the supervisor command.
+`ogrpo submit` runs. The text is in submitit's layout (ogrpo.launch.submitit_adapter.render_sbatch, held to
+submitit's renderer by its check()) around the supervisor command.
 What only the cluster knows (its CPUs per node) is checked by `ogrpo.launch.slurm.preflight`, which may lower
 `cpus_per_task` before the file is written.
 """

@@ -28,6 +28,12 @@ def conf_problem() -> str | None:
     return None
 
 
+def configured() -> bool:
+    """Whether this machine has a Slurm configuration file (SLURM_CONF's, else the default slurm.conf); a
+    configless site's client learns it from the controller, and cannot tell without one."""
+    return os.path.isfile(os.environ.get("SLURM_CONF") or DEFAULT_CONF)
+
+
 def controllers(conf_text: str) -> tuple[list[str], int]:
     """The controller addresses and port of a slurm.conf (`SlurmctldHost=name(addr)`, or the older
     ControlMachine/ControlAddr/BackupController/BackupAddr; `SlurmctldPort=6817[-6818]`)."""
@@ -75,10 +81,20 @@ def controller_unreachable() -> str | None:
             "and that this is a login node of the cluster")
 
 
+def not_installed(tool: str) -> str:
+    """The one line for a Slurm command missing from PATH (a laptop, or a login node without the slurm module)."""
+    return (f"Slurm is not installed here: no {tool} on PATH (run this on a login node of the cluster, or load "
+            "its slurm module)")
+
+
 def run_slurm(cmd: list[str], timeout: float = 30, **popen) -> subprocess.CompletedProcess:
-    """Run a Slurm client command; OgrpoError (one line, exit 2) within seconds when the cluster cannot answer:
-    SLURM_CONF names no file, no controller accepts a connection, or the command hangs past `timeout`."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    """Run a Slurm client command; OgrpoError (one line, exit 2) when Slurm is not installed, and within seconds
+    when the cluster cannot answer: SLURM_CONF names no file, no controller accepts a connection, or the command
+    hangs past `timeout`."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    except FileNotFoundError:
+        raise OgrpoError(not_installed(cmd[0])) from None
     try:
         try:
             out, err = proc.communicate(timeout=min(PROBE_AFTER_S, timeout))
@@ -98,6 +114,16 @@ def run_slurm(cmd: list[str], timeout: float = 30, **popen) -> subprocess.Comple
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def unanswered(out: subprocess.CompletedProcess) -> None:
+    """Raise OgrpoError when a Slurm command failed because the cluster cannot answer (its configuration or its
+    controller), not because of what it was asked: a controller that refuses connections makes squeue fail fast,
+    and "job 123 is not known" would then blame the job."""
+    if out.returncode != 0:
+        problem = conf_problem() or controller_unreachable()
+        if problem:
+            raise OgrpoError(problem)
+
+
 def require(tool: str) -> None:
     if shutil.which(tool) is None:
-        raise OgrpoError(f"`{tool}` is not on PATH: run this on a Slurm login node")
+        raise OgrpoError(not_installed(tool))

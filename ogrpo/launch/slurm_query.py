@@ -2,8 +2,10 @@
 (ogrpo.launch.submitit_adapter: its SlurmJob and batched sacct watcher), add what O-GRPO knows on top (requeue
 count, steps, the run directory's records), cancel it.
 
-A job id maps to its run directory three ways, first hit wins: the run dir itself (`slurm/job_id`), a small index
-written at submit, and the job's working directory in sacct (submit sets `--chdir` to the run dir).
+A job id maps to its run directory three ways: the run dir itself (`slurm/job_id`); the job's working directory
+as sacct or squeue have it (submit sets `--chdir` to the run dir); else a small index written at submit, whose
+entries carry the cluster (ClusterName and controller) they were submitted to, since job ids repeat across
+clusters.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch import submitit_adapter
 from ogrpo.launch.handle import ENDED, Job
 from ogrpo.launch.run_state import run_dir_state
-from ogrpo.launch.slurm_cli import require, run_slurm
+from ogrpo.launch.slurm_cli import require, run_slurm, unanswered
 
-__all__ = ["SlurmJob", "JobRef", "resolve", "remember", "run_slurm", "status", "stream_logs", "cancel", "interrupt"]
+__all__ = ["SlurmJob", "JobRef", "resolve", "remember", "cluster_identity", "run_slurm", "status", "stream_logs",
+           "cancel", "interrupt"]
 
 
 def _index_path() -> Path:
@@ -29,25 +32,51 @@ def _index_path() -> Path:
     return Path(base) / "ogrpo" / "slurm-jobs.jsonl"
 
 
+def cluster_identity() -> dict[str, str]:
+    """This machine's Slurm cluster: {cluster: ClusterName, controller: the first SlurmctldHost} from `scontrol
+    show config`. A job id names a job only within its cluster (a new or a second cluster counts from 1 again).
+    OgrpoError (one line) when Slurm is not installed here or cannot answer."""
+    from ogrpo.launch.grace import QUERY_TIMEOUT_S, parse_config
+
+    out = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
+    unanswered(out)
+    cfg = parse_config(out.stdout) if out.returncode == 0 else {}
+    if not cfg.get("ClusterName"):
+        why = (out.stderr.strip().splitlines() or ["no ClusterName in its output"])[-1]
+        raise OgrpoError(f"cannot tell which Slurm cluster this is (`scontrol show config`: {why})")
+    return {"cluster": cfg["ClusterName"], "controller": cfg.get("SlurmctldHost[0]") or cfg.get("ControlMachine", "")}
+
+
+def _where(entry: dict) -> str:
+    return f"cluster {entry.get('cluster')} (controller {entry.get('controller') or '?'})"
+
+
 def remember(job_id: str, job_dir: str | Path) -> None:
+    """Add a submitted job to the index, with the cluster it went to (left out when Slurm cannot say: the job is
+    submitted already, and sacct still finds its run directory)."""
+    try:
+        here = cluster_identity()
+    except OgrpoError:
+        here = {}
     path = _index_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
-        f.write(json.dumps({"job_id": str(job_id), "job_dir": str(Path(job_dir).resolve())}) + "\n")
+        f.write(json.dumps({"job_id": str(job_id), "job_dir": str(Path(job_dir).resolve()), **here}) + "\n")
 
 
-def _from_index(job_id: str) -> str | None:
+def _from_index(job_id: str) -> list[dict]:
+    """The index's entries for `job_id`, oldest first (one per cluster it was submitted to, or more)."""
     path = _index_path()
     if not path.exists():
-        return None
-    found = None
+        return []
+    found = []
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if rec.get("job_id") == job_id:
-            found = rec.get("job_dir")
+        if isinstance(rec, dict) and rec.get("job_id") == job_id and rec.get("job_dir"):
+            found.append(rec)
     return found
 
 
@@ -58,7 +87,10 @@ class JobRef:
 
 
 def resolve(ref: str) -> JobRef:
-    """A job id or a run directory → JobRef."""
+    """A job id or a run directory → JobRef. An id is this cluster's: its run directory is the job's working
+    directory as Slurm has it (submit sets --chdir to the run dir), else the index's entry recorded for this
+    cluster; an id that only another cluster's entries know is refused (one line naming that cluster), so that
+    status, logs and cancel never act on this cluster's job for another cluster's run."""
     p = Path(ref)
     if p.is_dir():
         f = p / "slurm" / "job_id"
@@ -67,18 +99,29 @@ def resolve(ref: str) -> JobRef:
         return JobRef(f.read_text().strip(), p.resolve())
     if not ref.split("_")[0].isdigit():
         raise OgrpoError(f"{ref!r} is neither a Slurm job id nor a run directory")
-    job_dir = _from_index(ref)
-    if job_dir is None:
-        job_dir = submitit_adapter.job(".", ref).info().get("WorkDir") or None
-    if job_dir is None:  # not in the accounting database yet (or the site has none): the controller may know it
-        job_dir = (_controller(ref) or ("", ""))[1] or None
+    row = submitit_adapter.job(".", ref).info()
+    queued = None if row else _controller(ref)  # not in the accounting database (yet, or the site has none)
+    job_dir = row.get("WorkDir") or (queued or ("", ""))[1] or None
+    entries = _from_index(ref)
+    if entries and job_dir is None:
+        here = cluster_identity()
+        mine = [e for e in entries if e.get("cluster") == here["cluster"]
+                and e.get("controller", "") == here["controller"]]
+        if mine:
+            job_dir = mine[-1]["job_dir"]
+        elif not row and queued is None and any(e.get("cluster") for e in entries):
+            other = [e for e in entries if e.get("cluster")][-1]
+            raise OgrpoError(f"job {ref} was submitted to {_where(other)}, not to this one ({_where(here)}), "
+                             f"which does not know it: run this on a login node of {other['cluster']}, or pass "
+                             f"its run directory {other['job_dir']}")
     return JobRef(ref, Path(job_dir) if job_dir and Path(job_dir).is_dir() else None)
 
 
 def _controller(job_id: str) -> tuple[str, str] | None:
     """(state, working directory) of the job as the controller has it; None once it has forgotten the job
-    (MinJobAge)."""
+    (MinJobAge). OgrpoError when the controller cannot be reached (squeue then fails the same way)."""
     out = run_slurm(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%Z"])
+    unanswered(out)
     line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
     return tuple(line.split("|", 1)) if "|" in line else None
 
@@ -87,6 +130,7 @@ def _restarts(job_id: str) -> int | None:
     """How often Slurm restarted (requeued) the job: scontrol's Restarts, which counts requeues of every kind
     (time limit, preemption, `scontrol requeue`), unlike the run directory's own records."""
     out = run_slurm(["scontrol", "show", "job", "-o", job_id])
+    unanswered(out)
     for word in out.stdout.split() if out.returncode == 0 else ():
         if word.startswith("Restarts="):
             return int(word.split("=", 1)[1])

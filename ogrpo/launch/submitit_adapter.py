@@ -1,9 +1,10 @@
-"""The one place O-GRPO uses submitit's private Slurm functions: render a batch script around any command, and
-follow any job id.
+"""The one place O-GRPO uses submitit's private Slurm functions: render a batch script around any command (in
+submitit's layout, checked against its renderer), and follow any job id.
 
 submitit's `SlurmExecutor` pickles a Python function; O-GRPO's job is a shell command (the supervisor), so this
-module calls the renderer `SlurmExecutor` itself uses (`submitit.slurm.slurm._make_sbatch_string`, with
-`use_srun=False`: the command runs in the batch step) and wraps `submitit.SlurmJob` for state (one batched
+module writes what the renderer `SlurmExecutor` itself uses writes (`submitit.slurm.slurm._make_sbatch_string`,
+with `use_srun=False`: the command runs in the batch step; `check()` holds the two to the same text, and render
+does not import submitit) and wraps `submitit.SlurmJob` for state (one batched
 `sacct` per poll for every watched job, submitit's `SlurmInfoWatcher`) and cancel. Both are private API, so
 `check()` verifies their shape against the installed submitit; `ogrpo doctor` runs it with the patches' checks.
 
@@ -46,19 +47,20 @@ def _renderer():
     return slurm._make_sbatch_string
 
 
-def render_sbatch(command: str, folder: Path | str, *, job_name: str, params: dict,
-                  setup: list[str] | None = None, array: tuple[int, int] | None = None) -> str:
-    """A batch script whose body runs `command` in the batch step (no srun, no pickle): the `#SBATCH` lines from
-    `params` (None/False values are left out, True is a bare flag), then `setup` lines, then the command.
-    `array=(n, max_parallel)` makes it a job array `0-{n-1}%{max_parallel}`; each task's `%j` in the log paths
-    becomes `%A_%a`."""
+# _make_sbatch_string's arguments that are not sbatch options
+_NONSLURM = ("map_count", "array_parallelism", "additional_parameters", "stderr_to_stdout", "use_srun")
+
+
+def _arguments(job_name: str, params: dict, array: tuple[int, int] | None) -> tuple[dict, dict]:
+    """(keyword arguments of _make_sbatch_string, its additional_parameters) for render_sbatch's inputs."""
     kwargs: dict = {"job_name": job_name, "time": None, "nodes": None, "wckey": None}
     extra: dict = {}
     for key, value in params.items():
         if value is None or value is False:
             continue
         name = key.replace("-", "_")
-        if name in _RENDER_ARGS and key not in _OVERRIDDEN and name not in ("command", "folder", "setup"):
+        if name in _RENDER_ARGS and key not in _OVERRIDDEN and name not in ("command", "folder", "setup",
+                                                                             *_NONSLURM):
             kwargs[name] = value
         else:
             extra[key.replace("_", "-")] = value
@@ -71,6 +73,54 @@ def render_sbatch(command: str, folder: Path | str, *, job_name: str, params: di
         # submitit rewrites %j to %A_%a only in its own log paths; ours get the same rule
         extra = {k: (v.replace("%j", "%A_%a") if k in ("output", "error") and isinstance(v, str) else v)
                  for k, v in extra.items()}
+    return kwargs, extra
+
+
+def render_sbatch(command: str, folder: Path | str, *, job_name: str, params: dict,
+                  setup: list[str] | None = None, array: tuple[int, int] | None = None) -> str:
+    """A batch script whose body runs `command` in the batch step (no srun, no pickle): the `#SBATCH` lines from
+    `params` (None/False values are left out, True is a bare flag), then `setup` lines, then the command.
+    `array=(n, max_parallel)` makes it a job array `0-{n-1}%{max_parallel}`; each task's `%j` in the log paths
+    becomes `%A_%a`.
+
+    The text is what submitit's `_make_sbatch_string(command, folder, setup=..., additional_parameters=...,
+    use_srun=False, ...)` writes for these arguments (`submitit_sbatch`; `check()` compares the two on probes),
+    written here without importing submitit: its import is ~70 ms of every `ogrpo render`, and render needs none
+    of it. submitit is imported where a job is followed or cancelled."""
+    import os
+    import shlex
+
+    kwargs, extra = _arguments(job_name, params, array)
+    # submitit's rendering, step by step: the non-None sbatch arguments, its own signal/log/open-mode defaults,
+    # the additional parameters over them, sorted; then setup and the command
+    out = {k: v for k, v in kwargs.items() if v is not None and k not in _NONSLURM}
+    out["signal"] = "USR2@90"  # submitit's default delay; render's callers always give their own
+    base = os.path.join(os.path.abspath(os.path.expanduser(str(folder))), "%j_%t_log")
+    stdout, stderr = f"{base}.out", f"{base}.err"
+    if kwargs.get("map_count") is not None:
+        n = kwargs["map_count"]
+        out["array"] = f"0-{n - 1}%{min(n, kwargs['array_parallelism'])}"
+        stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
+    out["output"] = stdout.replace("%t", "0")
+    if not kwargs["stderr_to_stdout"]:
+        out["error"] = stderr.replace("%t", "0")
+    out["open-mode"] = "append"
+    out.update(extra)
+    lines = ["#!/bin/bash", "", "# Parameters"]
+    for key in sorted(out):
+        flag, value = key.replace("_", "-"), out[key]
+        lines.append(f"#SBATCH --{flag}" if value is True else f"#SBATCH --{flag}={shlex.quote(str(value))}")
+    if setup:
+        lines += ["", "# setup", *setup]
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
+    return "\n".join(lines)
+
+
+def submitit_sbatch(command: str, folder: Path | str, *, job_name: str, params: dict,
+                    setup: list[str] | None = None, array: tuple[int, int] | None = None) -> str:
+    """render_sbatch's script as submitit's own renderer writes it (imports submitit): the reference check()
+    holds render_sbatch to."""
+    kwargs, extra = _arguments(job_name, params, array)
     return _renderer()(command, str(folder), setup=list(setup) if setup else None, additional_parameters=extra,
                        use_srun=False, **kwargs)
 
@@ -81,6 +131,19 @@ PROBE_LINES = ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gr
                "#SBATCH --signal=B:USR2@90", "#SBATCH --requeue", "#SBATCH --output=/j/logs/slurm-%A_%a.out",
                "#SBATCH --time=01:00:00", "#SBATCH --array=0-3%2", "#SBATCH --job-name=probe",
                "#SBATCH --open-mode=append", "echo probe")
+
+
+# (args, kwargs) of render_sbatch that must give submitit's text exactly: our options, submitit's own log and
+# signal defaults, quoting, arrays, stderr apart
+_SAME_PROBES = [
+    (("echo probe", "/j"), {"job_name": "probe", "params": PROBE, "array": (4, 2)}),
+    (("exec python -m x \"$JOB_DIR\"", "/j/k"), {"job_name": "a b", "params": {**PROBE, "mail-type": "END,FAIL",
+                                                                                 "exclusive": True, "qos": None},
+                                                  "setup": ["# about", "set -euo pipefail"]}),
+    (("true", "rel/dir"), {"job_name": "x", "params": {"cpus_per_task": 4, "error": "/j/e-%j", "mem": "8G"},
+                           "array": (3, 8)}),
+    (("true", "/j"), {"job_name": "x", "params": {}}),
+]
 
 
 def check() -> None:
@@ -94,7 +157,8 @@ def check() -> None:
                             "submitit:SlurmJob": ("folder", "job_id")})
     if not problems:
         try:
-            text = render_sbatch("echo probe", "/j", job_name="probe", params=PROBE, array=(4, 2))
+            text = submitit_sbatch("echo probe", "/j", job_name="probe", params=PROBE, array=(4, 2))
+            same = [(submitit_sbatch(*probe, **kw), render_sbatch(*probe, **kw)) for probe, kw in _SAME_PROBES]
         except Exception as exc:  # noqa: BLE001 - any failure of the private renderer is the finding
             problems.append(f"_make_sbatch_string failed on a probe ({type(exc).__name__}: {exc})")
         else:
@@ -102,6 +166,13 @@ def check() -> None:
             problems += [f"the probe's script lacks `{want}`" for want in PROBE_LINES if want not in lines]
             problems += [f"the probe's script has `{bad}`" for bad in ("srun", "--wckey", "--error")
                          if any(bad in ln for ln in lines)]
+            for theirs, ours in same:
+                if theirs != ours:
+                    diff = next((f"line {i + 1}: submitit {a!r}, render_sbatch {b!r}" for i, (a, b) in
+                                 enumerate(zip(theirs.splitlines(), ours.splitlines())) if a != b),
+                                f"{len(theirs.splitlines())} lines vs {len(ours.splitlines())}")
+                    problems.append(f"render_sbatch no longer writes what _make_sbatch_string writes ({diff})")
+                    break
         probe = _watcher_cls()()
         probe.register_job("1")
         cmd = probe._make_command()

@@ -67,8 +67,11 @@ def test_on_a_gpu_the_kernel_is_on_only_where_memory_needs_it():
     # on 3xA40 the full logits would push DDP to ZeRO-2 (the all-reduce buckets leave no room for them)
     on, why, strategy = _logprobs(MATH_1_5B, "3xA40")
     assert (on, strategy) == (True, "ddp") and why.startswith("without it ZeRO-2") and "instead of DDP" in why
+    # on 4xV100-16G the full logits would force ZeRO-3 + offload (the optimizer states then live on the host)
+    on, why, strategy = _logprobs(MATH_1_5B, "4xV100-16G")
+    assert (on, strategy) == (True, "zero2") and why.startswith("without it ZeRO-3 with optimizer offload")
     # and where nothing fits without it, it stays on: the only answer is a smaller micro-batch
-    on, why, _ = _logprobs(MATH_1_5B, "4xV100-16G")
+    on, why, _ = _logprobs(MATH_1_5B, "4xV100-16G", {"max_completion_length": 2048})
     assert on and why.startswith("without it nothing fits")
     # `ogrpo.kernels: true` keeps it on regardless; CPU keeps it on (it is the faster path there)
     assert _logprobs("tiny-math", "1xA40", {"ogrpo": {"kernels": True}})[0] is True

@@ -170,3 +170,61 @@ def test_sigterm_reasons_as_slurm_reports_them():
         assert classify(parse_show_job(text), 0) == reason, text
     # the second attempt of a requeued job, cancelled: its own restart count is the baseline
     assert classify(parse_show_job("JobState=COMPLETING Reason=None Restarts=1"), 1) == CANCEL
+
+
+def test_a_second_sigterm_inside_the_handler_is_absorbed_and_nothing_is_imported_there(tmp_path, monkeypatch):
+    """torch elastic's agent sends its own SIGTERM right after Slurm's: it can land while the first handler runs
+    (here, deterministically, from inside the controller query). It must neither re-enter the handler nor import
+    anything there (a module half-imported by the first handler raised AttributeError: manifest `failed`)."""
+    import builtins
+
+    from ogrpo.launch import stopping
+
+    cb = preemption.PreemptionCallback(tmp_path)
+    asked, imported, watching = [], [], [True]
+    real_import = builtins.__import__
+
+    def watched_import(name, *args, **kwargs):
+        if watching[0]:
+            imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    def reason(run_dir, since):
+        asked.append(run_dir)
+        if len(asked) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the second TERM, delivered inside the first handler
+            for _ in range(1000):  # Python runs the pending handler at the next bytecodes of this thread
+                pass
+        return stopping.STEPS
+
+    monkeypatch.setattr(stopping, "sigterm_reason", reason)
+    monkeypatch.setattr(builtins, "__import__", watched_import)
+    cb.install_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+        watching[0] = False
+    finally:
+        cb.restore_handlers()
+    assert len(asked) == 1  # decided once, for both signals
+    assert cb.signal_name == "SIGTERM" and cb.reason == stopping.STEPS and cb.then() == " for requeue"
+    assert imported == []
+
+
+def test_a_resume_from_the_last_checkpoint_trains_nothing(tmp_path):
+    """A requeue that lands after the last save: the Trainer would run step MAX_STEPS + 1 and save it (a 30-step
+    run with a checkpoint-31); `finished_step` tells ogrpo.train.run to train nothing."""
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train()
+    last = preemption.resume_checkpoint(tmp_path)
+    assert last.endswith(f"checkpoint-{MAX_STEPS}")
+    assert preemption.finished_step(last, MAX_STEPS) == MAX_STEPS
+    assert preemption.finished_step(last, MAX_STEPS + 4) is None  # a longer run resumes from it
+    assert preemption.finished_step(last, -1) == MAX_STEPS  # counted in epochs: the checkpoint's own bound
+    assert preemption.finished_step(str(tmp_path / "checkpoint-4"), MAX_STEPS) is None
+    assert preemption.finished_step(None, MAX_STEPS) is None
+    # why the check is needed: left to itself, the Trainer trains past max_steps
+    again, _ = make_trainer(tmp_path)
+    again.train(resume_from_checkpoint=last)
+    assert again.state.global_step == MAX_STEPS + 1

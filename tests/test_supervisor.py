@@ -360,3 +360,23 @@ def test_step_wrapper_stop_file_ends_the_step_with_0_and_its_death_takes_the_com
     while _alive(record["pgid"]):
         assert time.monotonic() < deadline, "the command outlived its killed wrapper"
         time.sleep(0.05)
+
+
+def test_a_step_that_states_its_error_is_summarized_by_that_one_line(tmp_path):
+    """A GPU plan on a node without CUDA: the trainer prints one `error:` line, then its launcher reports the
+    child's exit with a traceback (~40 lines). The job's summary (result.json, `ogrpo status`, the supervisor's
+    `job failed:` line) is the trainer's line, not the traceback."""
+    noise = "\n".join(["Traceback (most recent call last):", *[f'  File "launch.py", line {i}, in run' for i in
+                                                                 range(38)], "subprocess.CalledProcessError: 1"])
+    refuse = (f"import sys; print('loading'); print('error: trainer: the plan is for 2xV100 but this process sees "
+              f"no CUDA device', file=sys.stderr); print({noise!r}); sys.exit(2)")
+    job = fake_job(tmp_path, trainer_argv=[sys.executable, "-c", refuse])
+    res = run_local_result(job, out=io.StringIO())
+    log = tmp_path / "run" / "logs" / "trainer.log"
+    assert res.rc == 2 and res.message == (f"trainer exited with code 2: error: trainer: the plan is for 2xV100 but "
+                                           f"this process sees no CUDA device (log: {log})")
+    # a server that refuses the same way: its line, too
+    job = fake_job(tmp_path / "srv", server_argv=[sys.executable, "-c", refuse.replace("trainer:", "server:")])
+    res = run_local_result(job, out=io.StringIO())
+    assert res.rc == 1 and len(res.message.splitlines()) == 1 and "error: server: the plan is for 2xV100" in \
+        res.message and "before becoming healthy" in res.message

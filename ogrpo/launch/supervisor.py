@@ -61,6 +61,22 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def stated_error(path: Path) -> str | None:
+    """The last `error: ...` line of a step's log: what an ogrpo entry point says when it refuses to run (a GPU
+    plan on a node without CUDA, a server that serves another model). The lines after it (torch elastic's or
+    accelerate's report of the child's exit code, their tracebacks) only repeat that the step failed."""
+    lines = [ln for ln in log_tail(path, lines=10**6).splitlines() if ln.startswith("error: ")]
+    return lines[-1].strip() if lines else None
+
+
+def failure_summary(what: str, path: Path) -> str:
+    """`what`, then the step's own one-line error when it stated one, else the last lines of its log."""
+    line = stated_error(path)
+    if line is not None:
+        return f"{what}: {line} (log: {path})"
+    return f"{what}; log: {path}\n--- last lines of {path} ---\n{log_tail(path)}"
+
+
 def health_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -296,9 +312,9 @@ class Supervisor:
                     self.on_server_exit(dead_server)
                 self.stop([r for r in self.running if r is not dead_server])
                 dead_server.log_file.close()
-                msg = (f"server exited with code {rc} {'before becoming healthy' if not healthy else 'mid-run'}; "
-                       f"trainer stopped. Server log: {dead_server.log_path}\n--- last lines of "
-                       f"{dead_server.log_path} ---\n{log_tail(dead_server.log_path)}")
+                msg = failure_summary(f"server exited with code {rc} "
+                                      f"{'before becoming healthy' if not healthy else 'mid-run'}; trainer stopped",
+                                      dead_server.log_path)
                 self.say(msg)
                 return JobResult(1, msg, logs)
             if all(not r.alive for r in trn):
@@ -310,8 +326,7 @@ class Supervisor:
                 bad = {n: c for n, c in codes.items() if c != 0}
                 if bad:
                     first = next(r for r in trn if r.name in bad)
-                    msg = (f"trainer exited with code {first.proc.returncode}; log: {first.log_path}\n--- last "
-                           f"lines of {first.log_path} ---\n{log_tail(first.log_path)}")
+                    msg = failure_summary(f"trainer exited with code {first.proc.returncode}", first.log_path)
                     self.say(msg)
                     return JobResult(first.proc.returncode or 1, msg, logs)
                 self.say("trainer finished; server stopped" if srv else "trainer finished")

@@ -380,3 +380,50 @@ def test_a_step_that_states_its_error_is_summarized_by_that_one_line(tmp_path):
     res = run_local_result(job, out=io.StringIO())
     assert res.rc == 1 and len(res.message.splitlines()) == 1 and "error: server: the plan is for 2xV100" in \
         res.message and "before becoming healthy" in res.message
+
+
+def test_a_server_step_that_exits_0_on_sigterm_reports_the_signal(tmp_path):
+    """vLLM exits 0 on SIGTERM. Slurm delivers a step's signal to every process of it (`scancel --signal=TERM`):
+    the server's wrapper reports 143, so the supervisor sees the job's stop (and requeues), not a server that
+    ended by itself mid-run."""
+    from ogrpo.launch.reaper import descendants
+
+    exits_0 = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+               "sys.exit(0)); open(sys.argv[1], 'w').close(); time.sleep(600)", str(tmp_path / "up")]
+    wrapper = _wrapper(tmp_path, *exits_0, stop_file=tmp_path / "server.stop")
+    try:
+        _wait_file(tmp_path / "up")
+        for pid in [wrapper.pid, *descendants(wrapper.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        assert wrapper.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+def test_the_signal_hook_may_take_the_signal_over(tmp_path):
+    """Slurm's hook answers a SIGTERM to the batch step while the job runs on (`scancel -b --signal=TERM`) with a
+    checkpoint and a requeue: it runs before the stop is recorded, its own wait is not cut short, and it ends the
+    run by raising."""
+    from ogrpo.launch.supervisor import Supervisor
+
+    class TookOver(Exception):
+        pass
+
+    seen = {}
+
+    def hook(signum):
+        seen["signalled"] = sup.signalled  # what the USR2/TERM checkpoint wait looks at
+        raise TookOver()
+
+    job = fake_job(tmp_path, train_s=300)
+    out = io.StringIO()
+    from ogrpo.launch.ports import free_ports
+
+    port = free_ports(1)[0]
+    sup = Supervisor(job, {"server_host": "127.0.0.1", "server_port": str(port)}, out=out, on_signal=hook)
+    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(TookOver):
+        sup.run()
+    assert seen == {"signalled": None}
+    assert all(not _alive(r.proc.pid) for r in sup.running)  # and the run's teardown still ran

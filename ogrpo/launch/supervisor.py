@@ -14,7 +14,8 @@ Backends plug in through hooks, so that local and Slurm runs share this logic:
   `["srun", "--exact", "--nodes", …, "--ntasks", …, "--gpus", …, *argv]`, local returns argv unchanged.
 - `step_env(step) -> dict`: per-step environment (local: `CUDA_VISIBLE_DEVICES` from `step.gpus`).
 - `on_signal(signum)`: called once, from the signal handler, when SIGTERM/SIGINT/SIGHUP arrives (Slurm: free
-  the job's ports and record why, before KillWait's SIGKILL can cut the stop short).
+  the job's ports and record why, before KillWait's SIGKILL can cut the stop short); it may end the run itself
+  by raising (Slurm: a SIGTERM to the batch step while the job runs on → the trainer checkpoints → requeue).
 - `on_server_exit(running)`: called when a server step ends mid-run, before the trainer is stopped; it may end
   the run itself by raising (Slurm: a SIGTERM to the steps only → the trainer checkpoints → requeue).
 - `request_stop(running) -> bool`: asks a server step to end normally once the trainer finished (Slurm: a stop
@@ -141,6 +142,7 @@ class Supervisor:
         self.out = out or sys.stderr
         self.running: list[Running] = []
         self._stop_signal: int | None = None
+        self._signal_seen = False
         # `follow`: a role whose log is also echoed live (the local backend shows the trainer's progress bar and
         # final profile table on the user's terminal; the log file stays the record).
         self.follow = follow
@@ -256,10 +258,13 @@ class Supervisor:
         self.stop([r for r in self.running if not r.log_file.closed])
 
     def _on_signal(self, signum, frame) -> None:
-        first = self._stop_signal is None
-        self._stop_signal = signum
+        first = not self._signal_seen
+        self._signal_seen = True
         if first and self.on_signal is not None:
+            # before the stop is recorded: the hook may take the signal over and end the run by raising (Slurm:
+            # a SIGTERM while the job runs on checkpoints and requeues); a signal during the hook stops the job
             self.on_signal(signum)
+        self._stop_signal = signum
 
     def ask_to_stop(self, procs: list[Running]) -> None:
         """The job is over: let the steps that take a stop request end by themselves (up to kill_grace_s)."""

@@ -43,6 +43,7 @@ from pathlib import Path
 # ("partially initialized module 'ogrpo.launch.stopping'").
 from ogrpo.launch import grace, stopping
 from ogrpo.launch.local_state import process_start
+from ogrpo.serve import deadline
 from ogrpo.train import rundir
 
 # EX_TEMPFAIL: "try again later" — the supervisor requeues the job when the trainer exits with it.
@@ -221,6 +222,9 @@ class PreemptionCallback(_trainer_callback_base()):
             if self.reason == stopping.CANCEL:
                 self._cancel_now()
                 return
+            # the job is stopping: a server of the job got the same SIGTERM, so a request to it that is left
+            # unanswered fails fast (ogrpo.serve.deadline), and a lossless push at this step's end is skipped
+            deadline.stopping.set()
             if self._leave_now():
                 return
         self.signal_name = signal.Signals(signum).name
@@ -340,6 +344,24 @@ def install(trainer, output_dir: str | Path | None = None) -> PreemptionCallback
     cb.install_handlers()
     trainer.add_callback(cb)
     return cb
+
+
+def leave_after_failed_step(cb: PreemptionCallback, exc: BaseException) -> None:
+    """The running step failed after a SIGTERM that is not a cancel: the job is stopping and its server went away
+    with the same signal (a preemption, `scancel --signal=TERM`), so the step could not finish. Its state is
+    half-updated and never saved; the last complete checkpoint holds every step before it: exit for requeue
+    (EXIT_PREEMPTED, marker written) instead of failing the run. Returns (to let the caller raise) otherwise."""
+    if cb.signal_name != "SIGTERM" or not deadline.stopping.is_set():
+        return
+    last = complete_checkpoints(cb.output_dir)
+    ckpt = last[-1].name if last else None
+    why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    print(f"[ogrpo] SIGTERM{cb.why()}: step {cb.step + 1} could not finish ({why}); exiting with "
+          f"{ckpt or 'no checkpoint'}{cb.then()}", file=sys.stderr, flush=True)
+    if _is_main_process():
+        _write_marker(cb.output_dir, "SIGTERM", cb.step, ckpt, reason=cb.reason, left_mid_step=True)
+        rundir.record_status(cb.output_dir, "preempted", f"SIGTERM{cb.why()}; step {cb.step + 1} lost; kept {ckpt}")
+    sys.exit(EXIT_PREEMPTED)
 
 
 def exit_if_preempted(cb: PreemptionCallback) -> None:

@@ -342,6 +342,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             rundir.update_manifest(run_dir, status="failed", error=str(exc))
         raise
     except Exception as exc:  # the manifest says how the run ended, not "running" forever
+        preemption.leave_after_failed_step(preempt_cb, exc)  # the stop took the server: exit for requeue
         if is_main:
             rundir.record_status(run_dir, "failed", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise

@@ -228,3 +228,46 @@ def test_a_resume_from_the_last_checkpoint_trains_nothing(tmp_path):
     again, _ = make_trainer(tmp_path)
     again.train(resume_from_checkpoint=last)
     assert again.state.global_step == MAX_STEPS + 1
+
+
+class ServerGoneAt(transformers.TrainerCallback):
+    """The job's SIGTERM reaches the trainer in step `step`, and the server, which got it too, is gone: the
+    step's next request fails (what ogrpo.serve.deadline raises)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+            from ogrpo.serve import deadline
+
+            raise deadline.ServerGone("POST /v1/completions: the job is stopping and the server no longer answers")
+
+
+def test_a_step_that_loses_its_server_to_the_sigterm_exits_for_requeue_with_the_last_checkpoint(tmp_path,
+                                                                                                 monkeypatch):
+    """`scancel --signal=TERM` or a preemption with a server: the step in flight cannot finish. The run is not
+    `failed`: the trainer exits with EXIT_PREEMPTED, its marker naming the last complete checkpoint (what the
+    supervisor requeues on); a failure without that SIGTERM is still a failure."""
+    from ogrpo.serve import deadline
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "running"}))
+    trainer, cb = make_trainer(tmp_path, [ServerGoneAt(5)])
+    try:
+        with pytest.raises(deadline.ServerGone) as failed:
+            trainer.train()
+        assert deadline.stopping.is_set()  # the handler marked the process as stopping
+        with pytest.raises(SystemExit) as exc:
+            preemption.leave_after_failed_step(cb, failed.value)
+    finally:
+        cb.restore_handlers()
+        deadline.stopping.clear()
+    assert exc.value.code == preemption.EXIT_PREEMPTED
+    marker = json.loads((tmp_path / preemption.MARKER).read_text())
+    assert marker["checkpoint"] == "checkpoint-4" and marker["left_mid_step"] and marker["signal"] == "SIGTERM"
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "preempted"
+    # no SIGTERM: the same error fails the run (the caller raises it)
+    other, cb2 = make_trainer(tmp_path / "plain")
+    assert preemption.leave_after_failed_step(cb2, RuntimeError("boom")) is None

@@ -5,9 +5,9 @@ a server. One job per placement/mode, signalled twice:
   SIGKILLs): the server exits (vLLM exits 0 on SIGTERM), which is the job's stop, not a failure; the trainer
   saves what it can (the step, or its last complete checkpoint when the step needed the server) and the job
   requeues. Before: "server exited mid-run", the trainer killed before it saved, FAILED.
-- attempt 1: `scancel -b --signal=TERM JOB` (the batch step only; its srun clients forward it to the steps):
-  the supervisor has the trainer checkpoint, as on the time-limit warning, and the job requeues. Before: every
-  step stopped at once, the step lost, no requeue.
+- attempt 1: `scancel -b --signal=TERM JOB` (the batch step only): the supervisor has the trainer save the step
+  it is in, as on the time-limit warning (the server keeps answering), and the job requeues. Before: every step
+  stopped at once, the step lost, no requeue.
 - attempt 2 runs to max_steps: every step logged once, no step and no checkpoint past max_steps, the manifest
   `finished`, nothing of the job left.
 
@@ -119,14 +119,16 @@ def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
     first, second = (read_json(job_dir / "slurm" / f"requeue-{i}.json") for i in (0, 1))
     assert first["requeued"] and second["requeued"] and first["signal"] == "SIGTERM"
     saved = [int(r["checkpoint"].rsplit("-", 1)[1]) for r in (first, second)]
-    for attempt in (0, 1):
-        if mode == "no-server":  # the trainer saved the step it was in (held mid-step when the signal came)
-            assert saved[attempt] > signalled[attempt], (saved, signalled)
-        else:
-            # srun forwards the batch step's TERM to the steps too: the server goes, and a step that still
-            # needed it is not saved; every step logged before the signal is kept (one-step: its save waits
-            # for the batch in flight, which the server took with it, so the one before)
-            assert saved[attempt] >= signalled[attempt] - (mode == "one-step"), (saved, signalled)
+    # the batch step's TERM: the trainer saved the step it was in (held mid-step when the signal came), the server
+    # answering meanwhile
+    assert saved[1] > signalled[1] and second["signal"] == "SIGUSR2", (saved, signalled)
+    if mode == "no-server":  # the steps' TERM: the same
+        assert saved[0] > signalled[0], (saved, signalled)
+    else:
+        # the steps' TERM took the server too: a step that still needed it is not saved; every step logged before
+        # the signal is kept (one-step: its save waits for the batch in flight, which the server took with it,
+        # so the one before)
+        assert saved[0] >= signalled[0] - (mode == "one-step"), (saved, signalled)
     assert read_json(job_dir / "slurm" / "attempt-2.json")["restart_count"] == 2
     manifest = read_json(run / "manifest.json")
     assert manifest["status"] == "finished" and manifest["global_step"] == STEPS

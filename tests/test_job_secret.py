@@ -324,3 +324,58 @@ def test_real_server_answers_only_its_own_job(tmp_path):
     leaks = [str(p) for p in job_dir.rglob("*")
              if p.is_file() and p != key_file and key in p.read_text(errors="replace")]
     assert leaks == []
+
+
+def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_stops():
+    """TRL's client posts without a timeout: a server in "Waiting for connections to close" (its engine gone
+    after the job's SIGTERM) held the trainer in a POST for minutes. Every request of the job-key session is
+    bounded; once the trainer got SIGTERM (`deadline.stopping`) a request in flight fails within seconds when
+    the server no longer answers /health, and is waited for as usual while it does."""
+    import http.server
+    import threading
+
+    import requests
+
+    from ogrpo.serve import auth, deadline
+
+    healthy, release = threading.Event(), threading.Event()
+    healthy.set()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if healthy.is_set() else 503)
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/hang":
+                release.wait(120)
+            else:
+                time.sleep(1.5)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"ok": true}')
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    session = auth._keyed_session_cls(requests)()
+    try:
+        assert deadline.bounded({})["timeout"] == (deadline.CONNECT_TIMEOUT_S, deadline.DEFAULT_TIMEOUT_S)
+        assert deadline.bounded({"timeout": 5})["timeout"] == 5
+        assert session.post(f"{base}/slow", json={}).json() == {"ok": True}
+        deadline.stopping.set()
+        assert session.post(f"{base}/slow", json={}).json() == {"ok": True}  # stopping, but the server answers
+        t0 = time.monotonic()
+        threading.Timer(1.0, healthy.clear).start()  # the server goes away with the request in flight
+        with pytest.raises(deadline.ServerGone, match="the job is stopping"):
+            session.post(f"{base}/hang", json={})
+        assert time.monotonic() - t0 < 30
+    finally:
+        deadline.stopping.clear()
+        release.set()
+        server.shutdown()

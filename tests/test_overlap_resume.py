@@ -112,3 +112,91 @@ def test_the_trainer_hooks_save_into_the_checkpoint_and_restore_from_it(tmp_path
     trainer._load_rng_state(str(tmp_path / "checkpoint-2"))
     assert [c[0] for c in calls] == ["save", "load"]  # the Trainer's own states still saved and loaded
     assert len(fresh.tickets) == 1 and fresh.tickets[0].version == 1 and fresh.sampling["n"] == 2
+
+
+class SeededServer(Server):
+    """The fake server behind O-GRPO's seeding client: each answer also depends on the request's seed."""
+
+    def generate(self, prompts, **sampling):
+        out = super().generate(prompts, **sampling)
+        seed = (sampling.get("generation_kwargs") or {}).get("seed")
+        return {**out, "completion_ids": [c + [seed] for c in out["completion_ids"]]}
+
+
+def _seeded_client():
+    from ogrpo.serve.client import SeededGenerate
+
+    class Client(SeededGenerate, SeededServer):
+        run_seed = 42
+
+    return Client(weights=0)
+
+
+def _drive(mode, steps, start=0, stop=None, checkpoint=None, tmp=None):
+    """Steps start..stop-1 of a `mode` run of `steps` steps over batches [[i]], in the order the trainer drives
+    the client (off: a request per step; lossless: the next request goes out at the step's end, with the new
+    weights; one-step: as `_step`). Resumes from `checkpoint` through the Trainer's hooks (overlap_resume.install)
+    and, when `tmp` is given, writes checkpoint-<stop> there at the end. Returns (outputs, client)."""
+    v = {"step": start}
+    client = _seeded_client()
+    pipe = None
+    if mode != overlap.OFF:
+        pipe = Pipeline(mode, lambda: v["step"])
+        pipe.attach(client)
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=start), vllm_generation=SimpleNamespace(
+        vllm_client=client), _ogrpo_overlap=SimpleNamespace(pipeline=pipe) if pipe else None,
+        _save_rng_state=lambda d: None, _load_rng_state=lambda c: None)
+    overlap_resume.install(trainer)
+    if checkpoint is not None:
+        trainer._load_rng_state(str(checkpoint))
+    outs = []
+    stop = steps if stop is None else stop
+    for step in range(start, stop):
+        v["step"] = step
+        if mode == ONE_STEP:  # as `_step`, unseeded: the client seeds each call
+            pipe.stage([[step + 1]] if step + 1 < steps else None)
+            client.update_named_params(step, iter(()))
+            client.reset_prefix_cache()
+            pipe.active = True
+            outs.append(client.generate(prompts=[[step]], n=2, max_tokens=4))
+            pipe.active = False
+            continue
+        if client.weights != step:  # TRL pushes before it generates when the server is behind (off; a resume)
+            client.update_named_params(step, iter(()))
+            client.reset_prefix_cache()
+        if pipe is not None:
+            pipe.active = True
+        outs.append(client.generate(prompts=[[step]], n=2, max_tokens=4))
+        if pipe is not None:
+            pipe.active = False
+            if step + 1 < steps:  # lossless: the optimizer stepped; push, and the next batch goes out at once
+                v["step"] = step + 1
+                pipe.stage([[step + 1]])
+                client.update_named_params(step + 1, iter(()))
+                client.reset_prefix_cache()
+    if tmp is not None:
+        trainer.state.global_step = stop
+        ckpt = tmp / f"checkpoint-{stop}"
+        trainer._save_rng_state(str(ckpt))
+        if pipe is not None:
+            pipe.close()
+        return outs, client, ckpt
+    return outs, client
+
+
+@pytest.mark.parametrize("mode", [overlap.OFF, overlap.LOSSLESS, ONE_STEP])
+def test_a_resumed_server_mode_run_samples_with_the_seeds_of_the_uninterrupted_one(tmp_path, mode):
+    """Each server request is seeded from the run's seed and a per-call counter that lives in the trainer's
+    process: a resumed process counted from 0 again and sampled other completions from the checkpoint on. The
+    counter travels with the checkpoint (at the request a lossless checkpoint does not keep), so the stream of
+    (prompt, weights, seed) is the uninterrupted run's step by step, in every overlap mode."""
+    full, _ = _drive(mode, 5)
+    seeds = [out["completion_ids"][0][-1] for out in full]
+    assert len(set(seeds)) == 5  # a new seed per call: what must continue, not restart
+    first, _, ckpt = _drive(mode, 5, stop=2, tmp=tmp_path)
+    assert first == full[:2]
+    saved = json.loads((ckpt / overlap_resume.SEED_FILE).read_text())
+    # lossless: the request in flight (step 3's) took call index 2 and is not kept: it is sent again on resume
+    assert saved["generation_calls"] == {overlap.OFF: 2, overlap.LOSSLESS: 2, ONE_STEP: 3}[mode]
+    resumed, client = _drive(mode, 5, start=2, checkpoint=ckpt)
+    assert resumed == full[2:]  # the same completions, seeds included, step by step

@@ -170,3 +170,104 @@ def test_sigterm_reasons_as_slurm_reports_them():
         assert classify(parse_show_job(text), 0) == reason, text
     # the second attempt of a requeued job, cancelled: its own restart count is the baseline
     assert classify(parse_show_job("JobState=COMPLETING Reason=None Restarts=1"), 1) == CANCEL
+
+
+def test_a_second_sigterm_inside_the_handler_is_absorbed_and_nothing_is_imported_there(tmp_path, monkeypatch):
+    """torch elastic's agent sends its own SIGTERM right after Slurm's: it can land while the first handler runs
+    (here, deterministically, from inside the controller query). It must neither re-enter the handler nor import
+    anything there (a module half-imported by the first handler raised AttributeError: manifest `failed`)."""
+    import builtins
+
+    from ogrpo.launch import stopping
+
+    cb = preemption.PreemptionCallback(tmp_path)
+    asked, imported, watching = [], [], [True]
+    real_import = builtins.__import__
+
+    def watched_import(name, *args, **kwargs):
+        if watching[0]:
+            imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    def reason(run_dir, since):
+        asked.append(run_dir)
+        if len(asked) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the second TERM, delivered inside the first handler
+            for _ in range(1000):  # Python runs the pending handler at the next bytecodes of this thread
+                pass
+        return stopping.STEPS
+
+    monkeypatch.setattr(stopping, "sigterm_reason", reason)
+    monkeypatch.setattr(builtins, "__import__", watched_import)
+    cb.install_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+        watching[0] = False
+    finally:
+        cb.restore_handlers()
+    assert len(asked) == 1  # decided once, for both signals
+    assert cb.signal_name == "SIGTERM" and cb.reason == stopping.STEPS and cb.then() == " for requeue"
+    assert imported == []
+
+
+def test_a_resume_from_the_last_checkpoint_trains_nothing(tmp_path):
+    """A requeue that lands after the last save: the Trainer would run step MAX_STEPS + 1 and save it (a 30-step
+    run with a checkpoint-31); `finished_step` tells ogrpo.train.run to train nothing."""
+    trainer, _ = make_trainer(tmp_path)
+    trainer.train()
+    last = preemption.resume_checkpoint(tmp_path)
+    assert last.endswith(f"checkpoint-{MAX_STEPS}")
+    assert preemption.finished_step(last, MAX_STEPS) == MAX_STEPS
+    assert preemption.finished_step(last, MAX_STEPS + 4) is None  # a longer run resumes from it
+    assert preemption.finished_step(last, -1) == MAX_STEPS  # counted in epochs: the checkpoint's own bound
+    assert preemption.finished_step(str(tmp_path / "checkpoint-4"), MAX_STEPS) is None
+    assert preemption.finished_step(None, MAX_STEPS) is None
+    # why the check is needed: left to itself, the Trainer trains past max_steps
+    again, _ = make_trainer(tmp_path)
+    again.train(resume_from_checkpoint=last)
+    assert again.state.global_step == MAX_STEPS + 1
+
+
+class ServerGoneAt(transformers.TrainerCallback):
+    """The job's SIGTERM reaches the trainer in step `step`, and the server, which got it too, is gone: the
+    step's next request fails (what ogrpo.serve.deadline raises)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+            from ogrpo.serve import deadline
+
+            raise deadline.ServerGone("POST /v1/completions: the job is stopping and the server no longer answers")
+
+
+def test_a_step_that_loses_its_server_to_the_sigterm_exits_for_requeue_with_the_last_checkpoint(tmp_path,
+                                                                                                 monkeypatch):
+    """`scancel --signal=TERM` or a preemption with a server: the step in flight cannot finish. The run is not
+    `failed`: the trainer exits with EXIT_PREEMPTED, its marker naming the last complete checkpoint (what the
+    supervisor requeues on); a failure without that SIGTERM is still a failure."""
+    from ogrpo.serve import deadline
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "running"}))
+    trainer, cb = make_trainer(tmp_path, [ServerGoneAt(5)])
+    try:
+        with pytest.raises(deadline.ServerGone) as failed:
+            trainer.train()
+        assert deadline.stopping.is_set()  # the handler marked the process as stopping
+        with pytest.raises(SystemExit) as exc:
+            preemption.leave_after_failed_step(cb, failed.value)
+    finally:
+        cb.restore_handlers()
+        deadline.stopping.clear()
+    assert exc.value.code == preemption.EXIT_PREEMPTED
+    marker = json.loads((tmp_path / preemption.MARKER).read_text())
+    assert marker["checkpoint"] == "checkpoint-4" and marker["left_mid_step"] and marker["signal"] == "SIGTERM"
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "preempted"
+    # no SIGTERM: the same error fails the run (the caller raises it)
+    other, cb2 = make_trainer(tmp_path / "plain")
+    assert preemption.leave_after_failed_step(cb2, RuntimeError("boom")) is None

@@ -360,3 +360,70 @@ def test_step_wrapper_stop_file_ends_the_step_with_0_and_its_death_takes_the_com
     while _alive(record["pgid"]):
         assert time.monotonic() < deadline, "the command outlived its killed wrapper"
         time.sleep(0.05)
+
+
+def test_a_step_that_states_its_error_is_summarized_by_that_one_line(tmp_path):
+    """A GPU plan on a node without CUDA: the trainer prints one `error:` line, then its launcher reports the
+    child's exit with a traceback (~40 lines). The job's summary (result.json, `ogrpo status`, the supervisor's
+    `job failed:` line) is the trainer's line, not the traceback."""
+    noise = "\n".join(["Traceback (most recent call last):", *[f'  File "launch.py", line {i}, in run' for i in
+                                                                 range(38)], "subprocess.CalledProcessError: 1"])
+    refuse = (f"import sys; print('loading'); print('error: trainer: the plan is for 2xV100 but this process sees "
+              f"no CUDA device', file=sys.stderr); print({noise!r}); sys.exit(2)")
+    job = fake_job(tmp_path, trainer_argv=[sys.executable, "-c", refuse])
+    res = run_local_result(job, out=io.StringIO())
+    log = tmp_path / "run" / "logs" / "trainer.log"
+    assert res.rc == 2 and res.message == (f"trainer exited with code 2: error: trainer: the plan is for 2xV100 but "
+                                           f"this process sees no CUDA device (log: {log})")
+    # a server that refuses the same way: its line, too
+    job = fake_job(tmp_path / "srv", server_argv=[sys.executable, "-c", refuse.replace("trainer:", "server:")])
+    res = run_local_result(job, out=io.StringIO())
+    assert res.rc == 1 and len(res.message.splitlines()) == 1 and "error: server: the plan is for 2xV100" in \
+        res.message and "before becoming healthy" in res.message
+
+
+def test_a_server_step_that_exits_0_on_sigterm_reports_the_signal(tmp_path):
+    """vLLM exits 0 on SIGTERM. Slurm delivers a step's signal to every process of it (`scancel --signal=TERM`):
+    the server's wrapper reports 143, so the supervisor sees the job's stop (and requeues), not a server that
+    ended by itself mid-run."""
+    from ogrpo.launch.reaper import descendants
+
+    exits_0 = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+               "sys.exit(0)); open(sys.argv[1], 'w').close(); time.sleep(600)", str(tmp_path / "up")]
+    wrapper = _wrapper(tmp_path, *exits_0, stop_file=tmp_path / "server.stop")
+    try:
+        _wait_file(tmp_path / "up")
+        for pid in [wrapper.pid, *descendants(wrapper.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        assert wrapper.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+def test_the_signal_hook_may_take_the_signal_over(tmp_path):
+    """Slurm's hook answers a SIGTERM to the batch step while the job runs on (`scancel -b --signal=TERM`) with a
+    checkpoint and a requeue: it runs before the stop is recorded, its own wait is not cut short, and it ends the
+    run by raising."""
+    from ogrpo.launch.supervisor import Supervisor
+
+    class TookOver(Exception):
+        pass
+
+    seen = {}
+
+    def hook(signum):
+        seen["signalled"] = sup.signalled  # what the USR2/TERM checkpoint wait looks at
+        raise TookOver()
+
+    job = fake_job(tmp_path, train_s=300)
+    out = io.StringIO()
+    from ogrpo.launch.ports import free_ports
+
+    port = free_ports(1)[0]
+    sup = Supervisor(job, {"server_host": "127.0.0.1", "server_port": str(port)}, out=out, on_signal=hook)
+    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(TookOver):
+        sup.run()
+    assert seen == {"signalled": None}
+    assert all(not _alive(r.proc.pid) for r in sup.running)  # and the run's teardown still ran

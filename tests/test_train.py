@@ -97,6 +97,14 @@ def test_resume_auto_continues_from_the_last_checkpoint(tmp_path):
         assert steps == [1, 2, 3, 4], (name, steps)  # each step once, in order
         assert 99.0 not in [r[key] for r in _jsonl(out / f"{name}.jsonl") if key in r]
         assert _jsonl(out / f"{name}.superseded.jsonl") == [{"step": 3, "loss": 99.0, "step_s": 99.0}]
+    # requeued after the last checkpoint: nothing is trained (the Trainer alone runs a step 5 and saves it)
+    after = _run([*base, "--set", "max_steps=4", "--resume", "auto"], tmp_path)
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert "checkpoint-4 holds the last step (4): nothing left to train" in after.stderr
+    assert not (out / "checkpoint-5").exists()
+    assert [r["step"] for r in _jsonl(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["global_step"] == 4
 
 
 def _bad_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:

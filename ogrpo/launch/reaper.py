@@ -12,9 +12,10 @@ After the command's own process exits, descendants that remain are:
 - workers still finishing on a signal the step received (a checkpoint): waited for; the scheduler bounds that;
 - strays of a command that ended by itself (a daemon it left behind): SIGTERM, then SIGKILL after `grace_s`.
 
-`stop_file`: when it appears, the command is asked to stop (SIGTERM to its tree, SIGKILL after `grace_s`) and
+`stop_file` (a step that has no end of its own, the server): when it appears, the command is asked to stop (SIGTERM to its tree, SIGKILL after `grace_s`) and
 the wrapper exits 0: the job ended normally and this step is no longer needed (e.g. the vLLM server once the
-trainer finished), which Slurm then records as COMPLETED rather than CANCELLED.
+trainer finished), which Slurm then records as COMPLETED rather than CANCELLED. Such a step that exits 0 on a
+signal instead (vLLM on SIGTERM) reports 128 + the signal: it was stopped, it did not finish.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ class Reaper:
             return 0
         if child_rc is None:
             return 1
+        if child_rc == 0 and self.signalled is not None and self.stop_file is not None:
+            # a step that ends only when asked (the server) exited 0 on a signal (vLLM does on SIGTERM): report
+            # the signal, so that the supervisor sees the job's stop, not a server that finished by itself
+            return 128 + self.signalled
         return 128 - child_rc if child_rc < 0 else child_rc
 
 

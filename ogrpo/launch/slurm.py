@@ -337,6 +337,11 @@ class SlurmSupervisor:
         elif why == stopping.REQUEUE:
             _log(f"{name}: Slurm is requeueing the job (scontrol requeue or a preemption); the trainer "
                  "checkpoints if it can, the next attempt resumes")
+        elif why == stopping.STEPS and signum == signal.SIGTERM and not self._preempting:
+            # `scancel -b --signal=TERM`, a site's warning: the job runs on and nobody will SIGKILL it, so the
+            # trainer gets to save the step it is in, as on USR2, and the job requeues (ends the run by raising)
+            _log(f"{name} to the batch step while the job runs on: the trainer checkpoints, then the job requeues")
+            self._checkpoint_and_requeue(name)
         else:
             _log(f"{name}: {stopping.DESCRIBE[why] if why != stopping.UNKNOWN else 'stop'}; stopping every step")
             if why in (stopping.TIMEOUT, stopping.PREEMPT):

@@ -14,7 +14,8 @@ Backends plug in through hooks, so that local and Slurm runs share this logic:
   `["srun", "--exact", "--nodes", …, "--ntasks", …, "--gpus", …, *argv]`, local returns argv unchanged.
 - `step_env(step) -> dict`: per-step environment (local: `CUDA_VISIBLE_DEVICES` from `step.gpus`).
 - `on_signal(signum)`: called once, from the signal handler, when SIGTERM/SIGINT/SIGHUP arrives (Slurm: free
-  the job's ports and record why, before KillWait's SIGKILL can cut the stop short).
+  the job's ports and record why, before KillWait's SIGKILL can cut the stop short); it may end the run itself
+  by raising (Slurm: a SIGTERM to the batch step while the job runs on → the trainer checkpoints → requeue).
 - `on_server_exit(running)`: called when a server step ends mid-run, before the trainer is stopped; it may end
   the run itself by raising (Slurm: a SIGTERM to the steps only → the trainer checkpoints → requeue).
 - `request_stop(running) -> bool`: asks a server step to end normally once the trainer finished (Slurm: a stop
@@ -59,6 +60,22 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def stated_error(path: Path) -> str | None:
+    """The last `error: ...` line of a step's log: what an ogrpo entry point says when it refuses to run (a GPU
+    plan on a node without CUDA, a server that serves another model). The lines after it (torch elastic's or
+    accelerate's report of the child's exit code, their tracebacks) only repeat that the step failed."""
+    lines = [ln for ln in log_tail(path, lines=10**6).splitlines() if ln.startswith("error: ")]
+    return lines[-1].strip() if lines else None
+
+
+def failure_summary(what: str, path: Path) -> str:
+    """`what`, then the step's own one-line error when it stated one, else the last lines of its log."""
+    line = stated_error(path)
+    if line is not None:
+        return f"{what}: {line} (log: {path})"
+    return f"{what}; log: {path}\n--- last lines of {path} ---\n{log_tail(path)}"
 
 
 def health_ok(url: str, timeout: float = 2.0) -> bool:
@@ -125,6 +142,7 @@ class Supervisor:
         self.out = out or sys.stderr
         self.running: list[Running] = []
         self._stop_signal: int | None = None
+        self._signal_seen = False
         # `follow`: a role whose log is also echoed live (the local backend shows the trainer's progress bar and
         # final profile table on the user's terminal; the log file stays the record).
         self.follow = follow
@@ -240,10 +258,13 @@ class Supervisor:
         self.stop([r for r in self.running if not r.log_file.closed])
 
     def _on_signal(self, signum, frame) -> None:
-        first = self._stop_signal is None
-        self._stop_signal = signum
+        first = not self._signal_seen
+        self._signal_seen = True
         if first and self.on_signal is not None:
+            # before the stop is recorded: the hook may take the signal over and end the run by raising (Slurm:
+            # a SIGTERM while the job runs on checkpoints and requeues); a signal during the hook stops the job
             self.on_signal(signum)
+        self._stop_signal = signum
 
     def ask_to_stop(self, procs: list[Running]) -> None:
         """The job is over: let the steps that take a stop request end by themselves (up to kill_grace_s)."""
@@ -296,9 +317,9 @@ class Supervisor:
                     self.on_server_exit(dead_server)
                 self.stop([r for r in self.running if r is not dead_server])
                 dead_server.log_file.close()
-                msg = (f"server exited with code {rc} {'before becoming healthy' if not healthy else 'mid-run'}; "
-                       f"trainer stopped. Server log: {dead_server.log_path}\n--- last lines of "
-                       f"{dead_server.log_path} ---\n{log_tail(dead_server.log_path)}")
+                msg = failure_summary(f"server exited with code {rc} "
+                                      f"{'before becoming healthy' if not healthy else 'mid-run'}; trainer stopped",
+                                      dead_server.log_path)
                 self.say(msg)
                 return JobResult(1, msg, logs)
             if all(not r.alive for r in trn):
@@ -310,8 +331,7 @@ class Supervisor:
                 bad = {n: c for n, c in codes.items() if c != 0}
                 if bad:
                     first = next(r for r in trn if r.name in bad)
-                    msg = (f"trainer exited with code {first.proc.returncode}; log: {first.log_path}\n--- last "
-                           f"lines of {first.log_path} ---\n{log_tail(first.log_path)}")
+                    msg = failure_summary(f"trainer exited with code {first.proc.returncode}", first.log_path)
                     self.say(msg)
                     return JobResult(first.proc.returncode or 1, msg, logs)
                 self.say("trainer finished; server stopped" if srv else "trainer finished")

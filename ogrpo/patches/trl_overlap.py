@@ -685,6 +685,10 @@ def _callback(trainer, state):
             # out now, before logging, evaluation and checkpointing, instead of when the next batch is scored
             if state.mode != overlap.LOSSLESS or st.global_step >= st.max_steps or control.should_training_stop:
                 return
+            from ogrpo.serve import deadline
+
+            if deadline.stopping.is_set():  # SIGTERM: training stops after this step (saved without the server,
+                return  # which got the same signal); a resumed run pushes its own weights first
             _stage_next(trainer, state)
             trainer.vllm_generation.sync_weights()
             trainer._last_loaded_step = st.global_step

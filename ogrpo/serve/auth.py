@@ -137,14 +137,21 @@ def _keyed_session_cls(requests_mod):
             self.hooks["response"].append(_refuse_on_auth)
 
         def request(self, method, url, *args, **kwargs):
+            from urllib.parse import urlsplit
+
+            from ogrpo.serve import deadline
+
             payload = kwargs.get("json")
             if (str(url).rstrip("/").endswith("/init_communicator") and isinstance(payload, dict)
                     and payload.get("host") in ("0.0.0.0", "::", "")):
-                from urllib.parse import urlsplit
-
                 # the group's master is the server's first worker: bind it where the client reaches the server
                 kwargs["json"] = {**payload, "host": urlsplit(str(url)).hostname}
-            return super().request(method, url, *args, **kwargs)
+            # bounded, and given up once the job stops and the server is gone (ogrpo.serve.deadline)
+            kwargs = deadline.bounded(kwargs)
+            parts = urlsplit(str(url))
+            health = f"{parts.scheme}://{parts.netloc}/health" if parts.netloc else None
+            send = super().request
+            return deadline.call(lambda: send(method, url, *args, **kwargs), health, f"{method} {url}")
 
     return JobKeySession
 

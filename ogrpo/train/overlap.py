@@ -291,8 +291,12 @@ class Ticket:
     """One generation request: its prompts and sampling parameters, the policy version the server held when it
     was sent, and its result (a Future, or a Stream of per-group requests)."""
 
-    def __init__(self, prompts: list, sampling: dict, version: int | None, future: Future):
+    def __init__(self, prompts: list, sampling: dict, version: int | None, future: Future,
+                 calls: int | None = None):
         self.prompts, self.sampling, self.version, self.future = prompts, sampling, version, future
+        # the client's seed counter before this request took its seed (ogrpo.serve.client.SeededGenerate): a
+        # checkpoint that does not keep this request must resume the counter here, to draw the same seed again
+        self.calls = calls
 
 
 class Pipeline:
@@ -394,9 +398,15 @@ class Pipeline:
         if self.sampling is None:  # no real request yet to learn TRL's sampling parameters from
             return
         sampling = dict(self.sampling)
-        future = self._stream(prompts, sampling) or _spawn(lambda: self._request(prompts, sampling),
-                                                            "ogrpo-overlap-generate")
-        self.tickets.append(Ticket(prompts, sampling, self.server_version, future))
+        # the request's sampling seed is taken here, on the caller's thread, and the ticket records the counter
+        # it was taken at (a checkpoint reads both, ogrpo.train.overlap_resume), not later on the request's thread
+        client = getattr(self._real, "__self__", None)
+        calls = getattr(client, "_generation_calls", None)
+        seeded = getattr(client, "seeded_kwargs", None)
+        sent = seeded(dict(sampling)) if seeded is not None else sampling
+        future = self._stream(prompts, sent) or _spawn(lambda: self._request(prompts, sent),
+                                                        "ogrpo-overlap-generate")
+        self.tickets.append(Ticket(prompts, sampling, self.server_version, future, calls))
         self.sent += 1
 
     def generate(self, prompts, **sampling):

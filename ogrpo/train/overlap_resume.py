@@ -8,8 +8,15 @@ version that generated it and the server's answer. A resumed run queues it as th
 push of version N then sends the next batch ahead exactly as the uninterrupted run did, and the batch stream,
 the staleness and the losses are those of a run that was never stopped.
 
-`lossless` needs nothing: its request in flight at a checkpoint was sent with the checkpoint's own weights, so
-the resumed run regenerates the same batch (given a seeded sampler).
+`lossless` needs no saved batch: its request in flight at a checkpoint was sent with the checkpoint's own weights,
+so the resumed run regenerates the same batch, given the same sampling seed.
+
+The seeds: every server-mode request carries a seed drawn from the run's seed and a per-call counter
+(ogrpo.serve.client.SeededGenerate). The counter lives in the trainer's process, so a resumed process would count
+from 0 again and sample other completions from the checkpoint on, in every overlap mode. It is saved with the
+checkpoint (SEED_FILE) and restored: at the value that draws, next, the seed the uninterrupted run drew next. That
+is the counter itself where nothing is in flight (`off`) or what is in flight is saved (`one-step`), and the
+counter a `lossless` request in flight took its seed at (it is sent again on resume).
 
 The hooks are the Trainer's own per-checkpoint calls on the one trainer instance: `_save_rng_state(output_dir)`
 (every rank, inside the checkpoint being written: within ogrpo.train.preemption's staging directory, so the file
@@ -25,28 +32,56 @@ from pathlib import Path
 
 FILE = "ogrpo_overlap_inflight.json"
 FORMAT = 1
+SEED_FILE = "ogrpo_generation_seed.json"
+
+
+def generation_client(trainer):
+    """The main process's VLLMClient in server mode (TRL 1.16: trainer.vllm_generation.vllm_client; earlier lines:
+    trainer.vllm_client), else None."""
+    gen = getattr(trainer, "vllm_generation", None)
+    return getattr(gen, "vllm_client", None) or getattr(trainer, "vllm_client", None)
 
 
 def install(trainer) -> None:
-    """Wire the save/restore of the request in flight onto `trainer` (after trl_overlap.install)."""
+    """Wire onto `trainer` (after trl_overlap.install) the save/restore of what the server path's generation
+    stream needs to go on as if never stopped: one-step's request in flight, the client's seed counter."""
     state = getattr(trainer, "_ogrpo_overlap", None)
-    if state is None:
-        return
+
+    def pipeline():
+        return state.pipeline if state is not None else None
+
+    def client():
+        found = generation_client(trainer)
+        return found if isinstance(getattr(found, "_generation_calls", None), int) else None
+
+    def one_step():
+        from ogrpo.train.overlap import ONE_STEP
+
+        pipe = pipeline()
+        return pipe if pipe is not None and pipe.mode == ONE_STEP else None
+
+    if state is None and client() is None:
+        return  # nothing of the generation stream lives outside the Trainer's own checkpoint
     from ogrpo.patches.trl_trainer_wraps import wrap
 
     def saving(save_rng):
         def _save_rng_state(output_dir, *args, **kwargs):
             out = save_rng(output_dir, *args, **kwargs)
-            if state.pipeline is not None:
-                save(state.pipeline, Path(output_dir), trainer.state.global_step)
+            pipe = pipeline()
+            if one_step() is not None:
+                save(pipe, Path(output_dir), trainer.state.global_step)
+            if client() is not None:
+                save_seed_counter(client(), pipe, Path(output_dir))
             return out
         return _save_rng_state
 
     def loading(load_rng):
         def _load_rng_state(checkpoint, *args, **kwargs):
             out = load_rng(checkpoint, *args, **kwargs)
-            if checkpoint is not None and state.pipeline is not None:
-                restore(state.pipeline, Path(checkpoint))
+            if checkpoint is not None and one_step() is not None:
+                restore(one_step(), Path(checkpoint))
+            if checkpoint is not None and client() is not None:
+                restore_seed_counter(client(), Path(checkpoint))
             return out
         return _load_rng_state
 
@@ -94,4 +129,40 @@ def restore(pipeline, checkpoint: Path) -> bool:
     pipeline.tickets.clear()
     pipeline.tickets.append(Ticket(record["prompts"], record["sampling"], record["version"], future))
     pipeline.sampling = dict(record["sampling"])  # the pipeline sends the next request with the same parameters
+    return True
+
+
+def seed_counter_to_save(client, pipeline) -> int:
+    """The client's seed counter as a resumed run must start it: where the oldest request in flight that the
+    checkpoint does not keep (lossless) took its seed, else the counter itself."""
+    from ogrpo.train.overlap import ONE_STEP
+
+    if pipeline is not None and pipeline.mode != ONE_STEP:
+        taken = [t.calls for t in list(pipeline.tickets) if t.calls is not None]
+        if taken:
+            return min(taken)
+    return int(client._generation_calls)
+
+
+def save_seed_counter(client, pipeline, checkpoint: Path) -> dict:
+    record = {"format": FORMAT, "run_seed": client.run_seed, "generation_calls": seed_counter_to_save(client,
+                                                                                                    pipeline)}
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint / (SEED_FILE + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(checkpoint / SEED_FILE)
+    return record
+
+
+def restore_seed_counter(client, checkpoint: Path) -> bool:
+    """Set the client's seed counter from the checkpoint; False when it has none (an older checkpoint)."""
+    path = checkpoint / SEED_FILE
+    if not path.is_file():
+        return False
+    record = json.loads(path.read_text())
+    if record.get("format") != FORMAT:
+        from ogrpo.errors import OgrpoError
+
+        raise OgrpoError(f"{path}: format {record.get('format')!r}, this O-GRPO reads format {FORMAT}")
+    client._generation_calls = int(record["generation_calls"])
     return True

@@ -38,6 +38,14 @@ import threading
 import time
 from pathlib import Path
 
+# Imported here, never inside the signal handler: a second SIGTERM (torch elastic's agent sends its own after
+# Slurm's) that lands while the first handler is importing a module finds it half-initialized
+# ("partially initialized module 'ogrpo.launch.stopping'").
+from ogrpo.launch import grace, stopping
+from ogrpo.launch.local_state import process_start
+from ogrpo.serve import deadline
+from ogrpo.train import rundir
+
 # EX_TEMPFAIL: "try again later" — the supervisor requeues the job when the trainer exits with it.
 EXIT_PREEMPTED = 75
 STAGING = ".staging"
@@ -54,10 +62,8 @@ def sigterm_window_s() -> float | None:
         return float(os.environ[WINDOW_ENV])
     if not os.environ.get("SLURM_JOB_ID"):
         return None
-    from ogrpo.launch.grace import query
-
-    grace = query(os.environ.get("SLURM_JOB_PARTITION"))
-    return float(grace.window_s) if grace else None
+    found = grace.query(os.environ.get("SLURM_JOB_PARTITION"))
+    return float(found.window_s) if found else None
 
 
 def _write_marker(output_dir: Path, signal_name: str | None, global_step: int, checkpoint: str | None,
@@ -96,6 +102,22 @@ def resume_checkpoint(output_dir: str | Path) -> str | None:
         shutil.rmtree(staging, ignore_errors=True)
     ckpts = complete_checkpoints(output_dir)
     return str(ckpts[-1]) if ckpts else None
+
+
+def finished_step(checkpoint: str | Path | None, max_steps: int) -> int | None:
+    """The checkpoint's step when it already holds the run's last step (`max_steps`; the checkpoint's own
+    max_steps when training is counted in epochs), else None. The Trainer resumed from such a checkpoint runs one
+    more step past max_steps (its loop checks the bound only after a step): a requeue that lands after the last
+    save must train nothing."""
+    if checkpoint is None:
+        return None
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step = int(state.get("global_step") or 0)
+    bound = int(max_steps) if max_steps and int(max_steps) > 0 else int(state.get("max_steps") or 0)
+    return step if bound > 0 and step >= bound else None
 
 
 def _is_main_process() -> bool:
@@ -154,8 +176,6 @@ class PreemptionCallback(_trainer_callback_base()):
     SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
     def __init__(self, output_dir: str | Path, trainer=None):
-        from ogrpo.launch.local_state import process_start
-
         self.output_dir = Path(output_dir)
         self.trainer = trainer  # for the cross-rank agreement; None in a single process
         self.signal_name: str | None = None
@@ -164,6 +184,9 @@ class PreemptionCallback(_trainer_callback_base()):
         self.started = process_start(os.getpid()) or time.time()
         self.saved_step: int | None = None
         self._previous: dict[int, object] = {}
+        # held while a handler runs: a signal that lands inside it (Python runs handlers between any two
+        # bytecodes of the main thread, the handler's own included) returns at once instead of re-entering
+        self._handling = threading.Lock()
         # for the SIGTERM deadline: measured step and save times, and whether the last finished step is on disk
         self.window_s = sigterm_window_s()
         self.step = 0  # finished steps (state.global_step at the running step's start)
@@ -186,15 +209,22 @@ class PreemptionCallback(_trainer_callback_base()):
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None:
-            return
-        if signum == signal.SIGTERM:
-            from ogrpo.launch import stopping
+        if self.signal_name is not None or not self._handling.acquire(blocking=False):
+            return  # already decided, or deciding: the first signal's handler answers for this one too
+        try:
+            self._decide(signum)
+        finally:
+            self._handling.release()
 
+    def _decide(self, signum) -> None:
+        if signum == signal.SIGTERM:
             self.reason = stopping.sigterm_reason(self.output_dir, self.started)
             if self.reason == stopping.CANCEL:
                 self._cancel_now()
                 return
+            # the job is stopping: a server of the job got the same SIGTERM, so a request to it that is left
+            # unanswered fails fast (ogrpo.serve.deadline), and a lossless push at this step's end is skipped
+            deadline.stopping.set()
             if self._leave_now():
                 return
         self.signal_name = signal.Signals(signum).name
@@ -203,8 +233,6 @@ class PreemptionCallback(_trainer_callback_base()):
 
     def why(self) -> str:
         """What the signal meant, for the log: ` (Slurm is requeueing the job)`, or nothing when unknown."""
-        from ogrpo.launch import stopping
-
         if self.signal_name == "SIGUSR2":
             return " (time-limit or preemption warning)"
         if self.reason in (None, stopping.UNKNOWN):
@@ -213,8 +241,6 @@ class PreemptionCallback(_trainer_callback_base()):
 
     def then(self) -> str:
         """What follows the exit: a requeue only where one comes (USR2, Slurm's requeue, the supervisor's)."""
-        from ogrpo.launch import stopping
-
         if self.signal_name == "SIGUSR2" or self.reason in (stopping.REQUEUE, stopping.STEPS):
             return " for requeue"
         return "; --resume auto continues from it"
@@ -228,9 +254,7 @@ class PreemptionCallback(_trainer_callback_base()):
         print(f"[ogrpo] SIGTERM: the job was cancelled; stopping now without a checkpoint ({kept})",
               file=sys.stderr, flush=True)
         if _is_main_process():
-            from ogrpo.train.rundir import record_status
-
-            record_status(self.output_dir, "cancelled", f"cancelled during step {self.step + 1}")
+            rundir.record_status(self.output_dir, "cancelled", f"cancelled during step {self.step + 1}")
         sys.stdout.flush()
         _exit(128 + signal.SIGTERM)
 
@@ -244,12 +268,10 @@ class PreemptionCallback(_trainer_callback_base()):
 
     def _leave_now(self) -> bool:
         """SIGTERM: exit at once (ogrpo.launch.grace.leave_now) when waiting for the step end cannot save more."""
-        from ogrpo.launch.grace import SAVE_FIXED_S, leave_now
-
         if self._step_began is None or (self._step_ended is not None and self._step_ended >= self._step_began):
             return False  # between steps: a save may be running, and it may still make it
         elapsed = time.monotonic() - self._step_began
-        if not leave_now(elapsed_s=elapsed, step_s=self.step_estimate_s(), save_s=self._save_s or SAVE_FIXED_S,
+        if not grace.leave_now(elapsed_s=elapsed, step_s=self.step_estimate_s(), save_s=self._save_s or grace.SAVE_FIXED_S,
                          window_s=self.window_s, last_step_saved=self.last_saved == self.step):
             return False
         self.signal_name = "SIGTERM"
@@ -310,9 +332,7 @@ class PreemptionCallback(_trainer_callback_base()):
         if self.preempted and state.is_world_process_zero:
             ckpt = f"checkpoint-{self.saved_step}" if self.saved_step else None
             _write_marker(self.output_dir, self.signal_name, state.global_step, ckpt, reason=self.reason)
-            from ogrpo.train.rundir import record_status
-
-            record_status(self.output_dir, "preempted", f"{self.signal_name}{self.why()}; saved {ckpt}")
+            rundir.record_status(self.output_dir, "preempted", f"{self.signal_name}{self.why()}; saved {ckpt}")
         self.restore_handlers()
         return control
 
@@ -324,6 +344,24 @@ def install(trainer, output_dir: str | Path | None = None) -> PreemptionCallback
     cb.install_handlers()
     trainer.add_callback(cb)
     return cb
+
+
+def leave_after_failed_step(cb: PreemptionCallback, exc: BaseException) -> None:
+    """The running step failed after a SIGTERM that is not a cancel: the job is stopping and its server went away
+    with the same signal (a preemption, `scancel --signal=TERM`), so the step could not finish. Its state is
+    half-updated and never saved; the last complete checkpoint holds every step before it: exit for requeue
+    (EXIT_PREEMPTED, marker written) instead of failing the run. Returns (to let the caller raise) otherwise."""
+    if cb.signal_name != "SIGTERM" or not deadline.stopping.is_set():
+        return
+    last = complete_checkpoints(cb.output_dir)
+    ckpt = last[-1].name if last else None
+    why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    print(f"[ogrpo] SIGTERM{cb.why()}: step {cb.step + 1} could not finish ({why}); exiting with "
+          f"{ckpt or 'no checkpoint'}{cb.then()}", file=sys.stderr, flush=True)
+    if _is_main_process():
+        _write_marker(cb.output_dir, "SIGTERM", cb.step, ckpt, reason=cb.reason, left_mid_step=True)
+        rundir.record_status(cb.output_dir, "preempted", f"SIGTERM{cb.why()}; step {cb.step + 1} lost; kept {ckpt}")
+    sys.exit(EXIT_PREEMPTED)
 
 
 def exit_if_preempted(cb: PreemptionCallback) -> None:

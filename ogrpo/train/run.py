@@ -236,10 +236,9 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
 
     vllm = getattr(plan, "vllm", None)
     installed = trl_overlap.install(trainer, mode, server_dp=max(1, getattr(vllm, "data_parallel_size", 1) or 1))
-    if mode == ONE_STEP:  # the batch in flight goes into each checkpoint: a resumed run sees the same stream
-        from ogrpo.train import overlap_resume, zero3_push
+    if mode == ONE_STEP:
+        from ogrpo.train import zero3_push
 
-        overlap_resume.install(trainer)
         if zero3_push.why_not(trainer) is None:  # ZeRO-3: one gather per step, while the server generates
             zero3_push.install(trainer)  # its counts go into the manifest (zero3_push) when training ends
     return installed
@@ -312,6 +311,11 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)
     overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))  # before the profiler
+    from ogrpo.train import overlap_resume
+
+    # every overlap mode: the generation stream's state (one-step's batch in flight, the seed counter) goes into
+    # each checkpoint, so a resumed server-mode run samples what the uninterrupted one did
+    overlap_resume.install(trainer)
     if is_main and overlap:
         rundir.update_manifest(run_dir, overlap=overlap)
     StageProfiler(run_dir / rundir.PROFILE if is_main else None,
@@ -323,13 +327,22 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
 
     preempt_cb = preemption.install(trainer, run_dir)
     install_nonfinite_guard(trainer)  # inf/NaN loss: stop naming the step (exit 1), not train on NaN weights
+    done = preemption.finished_step(p.resume_from, p.args.max_steps)
     try:
-        trainer.train(resume_from_checkpoint=p.resume_from)
+        if done is None:
+            trainer.train(resume_from_checkpoint=p.resume_from)
+        else:  # requeued after the last checkpoint: the run is over (the Trainer would train one step past it)
+            from transformers import TrainerState
+
+            print(f"[ogrpo] {Path(p.resume_from).name} holds the last step ({done}): nothing left to train",
+                  file=sys.stderr, flush=True)
+            trainer.state = TrainerState.load_from_json(str(Path(p.resume_from) / "trainer_state.json"))
     except NonFiniteError as exc:
         if is_main:
             rundir.update_manifest(run_dir, status="failed", error=str(exc))
         raise
     except Exception as exc:  # the manifest says how the run ended, not "running" forever
+        preemption.leave_after_failed_step(preempt_cb, exc)  # the stop took the server: exit for requeue
         if is_main:
             rundir.record_status(run_dir, "failed", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise

@@ -4,6 +4,7 @@ GPU plan that lands where it finds no CUDA fails in seconds with one line instea
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -77,5 +78,13 @@ def test_a_v100_plan_is_accepted_on_the_v100_partition_and_refuses_to_run_withou
     refused = [ln for text in logs.values() for ln in text.splitlines() if "sees no CUDA device" in ln]
     assert refused and all(ln.startswith("error: ") and "the plan is for 2xV100" in ln for ln in refused), logs
     assert not [ln for text in logs.values() for ln in text.splitlines() if ln.startswith("Traceback")]
+    # the job's summary is that one line (before: the last 30 lines of the log, ~40 with torch's traceback)
+    result = json.loads((job / "slurm" / "result.json").read_text())
+    assert len(result["message"].splitlines()) == 1 and "sees no CUDA device" in result["message"], result
+    shown = json.loads(ogrpo("status", job_id, "--json", check=True).stdout)["result"]["message"]
+    assert shown == result["message"]
+    supervisor = (job / "logs" / f"slurm-{job_id}.out").read_text()
+    failed = [ln for ln in supervisor.splitlines() if "job failed:" in ln]
+    assert len(failed) == 1 and "sees no CUDA device" in failed[0], supervisor[-3000:]
     assert processes_of_job(job_id) == []
     print(f"V100 plan without CUDA: job {job_id} failed {elapsed:.0f} s after submission")

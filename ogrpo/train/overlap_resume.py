@@ -105,11 +105,7 @@ def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:
     # resume; say so here, at the save, not one step after a preemption
     if json.loads(json.dumps([ticket.prompts, ticket.sampling])) != [ticket.prompts, ticket.sampling]:
         raise TypeError("overlap: the request in flight does not survive JSON exactly; cannot checkpoint it")
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    tmp = checkpoint / (FILE + ".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(checkpoint / FILE)
-    return record
+    return _write(checkpoint, FILE, record)
 
 
 def restore(pipeline, checkpoint: Path) -> bool:
@@ -119,11 +115,7 @@ def restore(pipeline, checkpoint: Path) -> bool:
         return False
     from ogrpo.train.overlap import Ticket
 
-    record = json.loads(path.read_text())
-    if record.get("format") != FORMAT:
-        from ogrpo.errors import OgrpoError
-
-        raise OgrpoError(f"{path}: format {record.get('format')!r}, this O-GRPO reads format {FORMAT}")
+    record = _read(path)
     future: Future = Future()
     future.set_result(record["result"])
     pipeline.tickets.clear()
@@ -147,11 +139,7 @@ def seed_counter_to_save(client, pipeline) -> int:
 def save_seed_counter(client, pipeline, checkpoint: Path) -> dict:
     record = {"format": FORMAT, "run_seed": client.run_seed, "generation_calls": seed_counter_to_save(client,
                                                                                                     pipeline)}
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    tmp = checkpoint / (SEED_FILE + ".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(checkpoint / SEED_FILE)
-    return record
+    return _write(checkpoint, SEED_FILE, record)
 
 
 def restore_seed_counter(client, checkpoint: Path) -> bool:
@@ -159,10 +147,24 @@ def restore_seed_counter(client, checkpoint: Path) -> bool:
     path = checkpoint / SEED_FILE
     if not path.is_file():
         return False
+    record = _read(path)
+    client._generation_calls = int(record["generation_calls"])
+    return True
+
+
+def _write(checkpoint: Path, name: str, record: dict) -> dict:
+    """Atomically: a checkpoint saved while a preemption lands must hold the whole record or none."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint / (name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(checkpoint / name)
+    return record
+
+
+def _read(path: Path) -> dict:
     record = json.loads(path.read_text())
     if record.get("format") != FORMAT:
         from ogrpo.errors import OgrpoError
 
         raise OgrpoError(f"{path}: format {record.get('format')!r}, this O-GRPO reads format {FORMAT}")
-    client._generation_calls = int(record["generation_calls"])
-    return True
+    return record

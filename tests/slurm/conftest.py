@@ -93,6 +93,21 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows written so far ([] before the file exists: a run directory read while the job runs)."""
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def venv_env(**extra: str) -> dict:
+    """What a user's shell has after activating the venv: its python3 first on PATH, no OGRPO_PYTHON."""
+    env = {k: v for k, v in os.environ.items() if k != "OGRPO_PYTHON"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return {**env, **extra}
+
+
 def processes_of_job(job_id: str) -> list[int]:
     """PIDs whose environment says they belong to Slurm job JOB_ID (what a cancelled job must not leave)."""
     pids = []

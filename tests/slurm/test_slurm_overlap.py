@@ -16,16 +16,13 @@ function of the prompt and the weights only.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
+from .conftest import ogrpo, processes_of_job, read_json, read_jsonl, sacct_state, venv_env, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -33,19 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 # every step checkpointed (as the plan makes it on this cluster: KillWait 5 s); 2 prompts x 4 completions a step
 KEYS = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 2, "per_device_train_batch_size": 8}
-
-
-def _venv_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OGRPO_PYTHON"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return {**env, "OMP_NUM_THREADS": "1"}
-
-
-def _jsonl(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def _render_deterministic(recipe: dict, job_dir: Path, gpus: str) -> None:
@@ -69,7 +53,7 @@ def _state(job: str) -> str:
 
 
 def _steps(run: Path) -> list[dict]:
-    return [r for r in _jsonl(run / "metrics.jsonl") if "loss" in r]
+    return [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
 
 
 def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_cluster, tmp_path):
@@ -83,7 +67,7 @@ def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_
     recipe["ogrpo"].update({"gpus": "2xcpu", "use_vllm": True, "overlap": "one-step", "max_prompt_length": 64})
     job_dir = tmp_path / "job"
     _render_deterministic(recipe, job_dir, "2xcpu")
-    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=_venv_env(),
+    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True)
     job = out.stdout.strip().split(";")[0]
     run = job_dir / "run"
@@ -94,7 +78,7 @@ def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_
     subprocess.run(["scontrol", "requeue", job], check=True)
     # the first attempt is over when the job waits to start again (Slurm holds a requeued job ~10 s)
     wait_for(lambda: _state(job) == "PENDING", 120, "the requeued job to wait for its second start")
-    first = {p["step"]: p for p in _jsonl(run / "profile.jsonl")}
+    first = {p["step"]: p for p in read_jsonl(run / "profile.jsonl")}
     held = max(first)
     assert held < STEPS, "the job ran to its end before the requeue: nothing was tested"
     # as if killed before step `held` was saved: the resume starts one step back and trains step `held` again,
@@ -111,12 +95,12 @@ def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_
     manifest = read_json(run / "manifest.json")
     assert manifest["resumed_from"].endswith(f"checkpoint-{held - 1}") and manifest["overlap"]["mode"] == "one-step"
 
-    rows, profile = _steps(run), _jsonl(run / "profile.jsonl")
+    rows, profile = _steps(run), read_jsonl(run / "profile.jsonl")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # each step once across the requeue
     assert [p["step"] for p in profile] == list(range(1, STEPS + 1))
     assert len({p["batch_sha"] for p in profile}) == STEPS  # a digest per step that tells the steps apart
     # the steps the first attempt ran, and the resumed attempt ran again, trained on the same batches
-    again = {p["step"]: p for p in _jsonl(run / "profile.superseded.jsonl")}
+    again = {p["step"]: p for p in read_jsonl(run / "profile.superseded.jsonl")}
     assert held in again
     for p in profile:
         if p["step"] in first:
@@ -124,7 +108,7 @@ def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_
             assert p["staleness"] == first[p["step"]]["staleness"]
     assert [p["staleness"] for p in profile] == [0] + [1] * (STEPS - 1)  # never above 1; 1 after the resume too
     assert [r["overlap/staleness"] for r in rows] == [0.0] + [1.0] * (STEPS - 1)
-    superseded = {r["step"]: r for r in _jsonl(run / "metrics.superseded.jsonl") if "loss" in r}
+    superseded = {r["step"]: r for r in read_jsonl(run / "metrics.superseded.jsonl") if "loss" in r}
     for r in rows:
         if r["step"] in superseded:
             assert r["loss"] == pytest.approx(superseded[r["step"]]["loss"], rel=1e-4, abs=1e-5), r["step"]
@@ -158,7 +142,7 @@ def test_one_step_with_the_server_and_the_trainer_on_two_nodes(slurm_cluster, tm
     server_addr = node_addr(next(iter(where["server"])))
     url = read_json(run / "roles" / "trainer.json")["argv"]
     assert url[url.index("--vllm-url") + 1].startswith(f"http://{server_addr}:")
-    rows, profile = _steps(run), _jsonl(run / "profile.jsonl")
+    rows, profile = _steps(run), read_jsonl(run / "profile.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["overlap/staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert all("overlap/importance_ratio/mean" in r for r in rows)

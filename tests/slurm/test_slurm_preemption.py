@@ -14,24 +14,15 @@ Both use CPU plans (`--gpus cpu`, `--gpus 2xcpu`): the test cluster's `debug` pa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ogrpo, read_json, sacct_state, wait_for, wait_gone
+from .conftest import ogrpo, read_json, sacct_state, venv_env, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-def _venv_env() -> dict:
-    """What a user's shell has after activating the venv: its python3 first on PATH, no OGRPO_PYTHON."""
-    env = {k: v for k, v in os.environ.items() if k != "OGRPO_PYTHON"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return env
 
 
 def _batch_script(job_id: str) -> bytes:
@@ -55,7 +46,7 @@ def test_plain_sbatch_of_the_rendered_grpo_job_checkpoints_requeues_and_resumes(
     script = (job_dir / "job.sbatch").read_bytes()
     assert b"#SBATCH --signal=B:USR2@90\n" in script and b"#SBATCH --time=00:03:00\n" in script
 
-    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=_venv_env(),
+    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(),
                          capture_output=True, text=True, check=True)
     job = out.stdout.strip().split(";")[0]
     run, log = job_dir / "run", job_dir / "logs" / f"slurm-{job}.out"

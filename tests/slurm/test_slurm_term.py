@@ -17,38 +17,22 @@ pausing computes nothing.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
+from .conftest import ogrpo, processes_of_job, read_json, read_jsonl, sacct_state, venv_env, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 
 
-def _venv_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OGRPO_PYTHON"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return {**env, "OMP_NUM_THREADS": "1"}
-
-
-def _jsonl(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return []
-
-
 def _steps(run: Path) -> list[int]:
-    return [r["step"] for r in _jsonl(run / "metrics.jsonl") if "loss" in r]
+    return [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
 
 
 def _trainer_step(job: str, run: Path, attempt: int) -> str:
@@ -95,7 +79,7 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
     cfg.write_text(yaml.safe_dump(recipe))
     job_dir = tmp / "job"
     ogrpo("render", "--gpus", gpus, "--config", str(cfg), "-o", str(job_dir), check=True)
-    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=_venv_env(),
+    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True)
     job = out.stdout.strip().split(";")[0]
     run = job_dir / "run"

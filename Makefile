@@ -43,12 +43,15 @@ demo:
 	  echo "make demo: setup failed; the full log is build/setup.log" >&2; exit 1; }; }
 	$(OGRPO) submit --backend local --gpus cpu --config tiny
 
-# tests/run-all.sh builds the second env (setup-trl19) while the first suite runs.
-test: setup
-	bash tests/run-all.sh
+# tests/run-all.sh builds the second env (setup-trl19) while the first suite runs. The total, set-up included,
+# is printed last (budget: 45 min on a fresh 2-core machine; README "Development").
+test:
+	@SECONDS=0; $(MAKE) --no-print-directory setup && bash tests/run-all.sh; rc=$$?; \
+	  echo "make test: $$((SECONDS / 60)) min $$((SECONDS % 60)) s, set-up included (budget: 45 min on 2 cores)"; \
+	  exit $$rc
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not integration and not slurm"
+	$(PY) -m pytest -q --durations=10 --ignore=tests/trl19 -m "not slow and not integration and not slurm"
 
 # On a GPU machine: every `gpu`-marked test, `ogrpo selftest --gpu` and `ogrpo bench kernels|step|rollout`, one
 # report (gpu-report/gpu-report.json + .txt). Without CUDA it says "no GPU" and runs nothing.

@@ -24,8 +24,10 @@ stop() { [ "$started" = 1 ] && bash tests/slurm/cluster.sh down; }
 trap stop EXIT
 
 # tests/trl19 needs the images' TRL line: it runs in the second env below, not here.
+t_main=$SECONDS
 "$PY" -m pytest -v --durations=25 --ignore=tests/trl19 "$@"
 rc=$?
+echo "main suite: $((SECONDS - t_main)) s"
 # pytest exit 5 = nothing collected: that is a failure here, never a pass.
 [ "$rc" = 5 ] && { echo "no tests ran" >&2; exit 1; }
 
@@ -40,8 +42,10 @@ if [ ! -x "$PY_TRL19" ]; then
   echo "no $PY_TRL19: build it with \`make setup-trl19\` (\`make test\` does)" >&2
   exit 1
 fi
+t_trl19=$SECONDS
 "$PY_TRL19" -m pytest -v --durations=10 -p no:cacheprovider tests/trl19
 rc19=$?
+echo "trl19 suite: $((SECONDS - t_trl19)) s"
 [ "$rc19" = 5 ] && { echo "no trl19 tests ran" >&2; exit 1; }
 [ "$rc" = 0 ] || exit "$rc"
 exit "$rc19"

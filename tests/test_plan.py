@@ -554,13 +554,8 @@ def test_params_on_a_known_model_warns_which_count_wins(write_recipe):
 
 
 @pytest.mark.parametrize("bad", ["0B", "-3B", "0", "nan", "1e30", "seven"])
-def test_params_zero_negative_or_nonsense_exit_2_in_one_line(tiny_recipe, bad):
-    import subprocess
-
-    from conftest import OGRPO_BIN
-
-    out = subprocess.run([str(OGRPO_BIN), "plan", "--gpus", "3xA40", "--config", str(tiny_recipe), f"--params={bad}"],
-                         capture_output=True, text=True, timeout=120)
+def test_params_zero_negative_or_nonsense_exit_2_in_one_line(tiny_recipe, run_cli, bad):
+    out = run_cli("plan", "--gpus", "3xA40", "--config", tiny_recipe, f"--params={bad}")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert [ln for ln in out.stderr.splitlines() if "--params" in ln] == [out.stderr.strip()], out.stderr
 

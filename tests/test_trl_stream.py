@@ -31,6 +31,7 @@ class Worker(threading.Thread):
         super().__init__(daemon=True)
         self.conn, self.expect, self.release = conn, expect, threading.Event()
         self.took: list = []
+        self.took_all = threading.Event()  # set once it has taken `expect` requests, before it answers any
 
     def run(self):
         while len(self.took) < self.expect:
@@ -39,6 +40,7 @@ class Worker(threading.Thread):
             command = self.conn.recv()
             assert command["method"] == trl_stream.METHOD
             self.took.append(command["kwargs"])
+        self.took_all.set()
         self.release.wait(WAIT_S)
         for kw in reversed(self.took):
             self.conn.send((trl_stream.PART, kw["tag"], [_output(p["prompt_token_ids"]) for p in kw["prompts"]]))
@@ -46,10 +48,11 @@ class Worker(threading.Thread):
 
 
 class InnerApp:
-    """TRL's app: records what reached it, and when."""
+    """TRL's app: records what reached it, and when; a route in `hold` stays inside the handler (awaiting, as TRL's
+    does for the body and the job key) until its event is set."""
 
-    def __init__(self, log):
-        self.log = log
+    def __init__(self, log, hold=None):
+        self.log, self.hold = log, hold or {}
 
     async def __call__(self, scope, receive, send):
         body = b""
@@ -59,10 +62,14 @@ class InnerApp:
             if not message.get("more_body"):
                 break
         self.log.append(("inner", scope["path"], body))
+        if scope["path"] in self.hold:
+            await self.hold[scope["path"]].wait()
+            self.log.append(("inner done", scope["path"]))
         await trl_stream._json(send, 200, {"path": scope["path"]})
 
 
-async def _call(app, path, payload=None, log=None, name=None):
+async def _call(app, path, payload=None, log=None, name=None, slow_client_s=0.0):
+    """One request; `slow_client_s`: the client takes that long to take the response's body."""
     body = json.dumps(payload).encode() if payload is not None else b""
     sent = False
 
@@ -78,7 +85,10 @@ async def _call(app, path, payload=None, log=None, name=None):
     async def send(message):
         if message["type"] == "http.response.start":
             out["status"] = message["status"]
+            if log is not None:
+                log.append(("responding", name))
         else:
+            await asyncio.sleep(slow_client_s)
             out["json"] = json.loads(message["body"])
 
     scope = {"type": "http", "method": "POST" if payload is not None else "GET", "path": path, "headers": []}
@@ -106,6 +116,10 @@ def _request(prompts):
 
 @pytest.fixture
 def pipe(monkeypatch):
+    # what the batcher imports for its first answer (TRL's server has it imported already): here, not inside a
+    # scenario's timeouts (a cold import of TRL takes minutes on a loaded 2-core machine, the event loop blocked)
+    import trl.generation.vllm_generation  # noqa: F401
+
     parent, child = Pipe()
     monkeypatch.setattr(trl_stream, "_connections", [parent])
     monkeypatch.setattr(trl_stream, "sampling_params", lambda payload: {"n": payload["n"], "seed": 3})
@@ -122,13 +136,18 @@ def test_concurrent_generates_run_together_answer_as_done_and_other_routes_wait(
     app = trl_stream.GroupBatcher(InnerApp(log))
 
     async def scenario():
-        first = asyncio.create_task(_call(app, "/generate/", _request([[1], [2]]), log, "first"))
+        # the first is answered to a slow client: still in flight after the worker's IDLE
+        first = asyncio.create_task(_call(app, "/generate/", _request([[1], [2]]), log, "first", slow_client_s=0.3))
         second = asyncio.create_task(_call(app, "/generate/", _request([[3]]), log, "second"))
-        await asyncio.sleep(0.2)
+        # both at the worker (its event, not a sleep), neither answered: the reset comes while both are in flight
+        assert await asyncio.to_thread(worker.took_all.wait, WAIT_S)
         reset = asyncio.create_task(_call(app, "/reset_prefix_cache/", {}, log, "reset"))
         health = await asyncio.wait_for(_call(app, "/health/"), WAIT_S)  # answered while both are in flight
+        # the reset is held while nothing can be answered (the worker waits for `release`): a window that only
+        # lets a wrong order show, never fails a right one
         await asyncio.sleep(0.2)
-        assert not any(e[0] == "answered" or e[1:2] == ("/reset_prefix_cache/",) for e in log), log
+        assert not reset.done() and not any(
+            e[0] in ("responding", "answered") or e[1:2] == ("/reset_prefix_cache/",) for e in log), log
         worker.release.set()
         return health, await asyncio.wait_for(asyncio.gather(first, second, reset), WAIT_S)
 
@@ -140,11 +159,44 @@ def test_concurrent_generates_run_together_answer_as_done_and_other_routes_wait(
     assert first["json"] == {"prompt_ids": [[1], [2]], "completion_ids": [[1, 100], [1, 101], [2, 100], [2, 101]],
                              "logprobs": None, "logprob_token_ids": None}
     assert second["json"]["completion_ids"] == [[3, 100], [3, 101]]
-    answered = [e[1] for e in log if e[0] == "answered"]
-    assert answered.index("second") < answered.index("first")  # the one the worker finished first came first
-    # the reset reached TRL's handler only once the worker had answered everything
+    responding = [e[1] for e in log if e[0] == "responding"]
+    assert responding.index("second") < responding.index("first")  # the one the worker finished first came first
+    # the reset reached TRL's handler only once every /generate/ was answered (its response sent)
     inner = [i for i, e in enumerate(log) if e[:2] == ("inner", "/reset_prefix_cache/")]
-    assert inner and inner[0] > max(i for i, e in enumerate(log) if e[0] == "answered" and e[1] != "reset")
+    assert inner and inner[0] > max(i for i, e in enumerate(log) if e[0] == "answered" and e[1] != "reset"), log
+    assert _idle(app)
+
+
+def test_a_generate_waits_while_another_route_is_inside_trls_handler(pipe):
+    """TRL's handlers read the pipe themselves: a /generate/ that came meanwhile reaches the worker (and starts the
+    reader) only once the handler has answered."""
+    _, child = pipe
+    worker = Worker(child, expect=1)
+    worker.start()
+    log: list = []
+
+    async def scenario():
+        held = asyncio.Event()
+        app = trl_stream.GroupBatcher(InnerApp(log, hold={"/update_named_param/": held}))
+        push = asyncio.create_task(_call(app, "/update_named_param/", {"name": "w"}, log, "push"))
+        while not log:  # the push is inside TRL's handler
+            await asyncio.sleep(0.005)
+        generate = asyncio.create_task(_call(app, "/generate/", _request([[7]]), log, "generate"))
+        # the generate waits for the handler, whatever the wait: a window that only lets a wrong order show
+        assert not await asyncio.to_thread(worker.took_all.wait, 0.3), "sent while TRL's handler was inside"
+        assert not app.busy()  # no reader beside TRL's handler
+        held.set()
+        assert await asyncio.to_thread(worker.took_all.wait, WAIT_S)
+        worker.release.set()
+        return app, await asyncio.wait_for(asyncio.gather(push, generate), WAIT_S)
+
+    app, (push, generate) = asyncio.run(scenario())
+    worker.join(WAIT_S)
+    assert push["status"] == generate["status"] == 200
+    assert generate["json"]["completion_ids"] == [[7, 100], [7, 101]]
+    assert [e[:2] for e in log] == [("inner", "/update_named_param/"), ("inner done", "/update_named_param/"),
+                                    ("responding", "push"), ("answered", "push"),
+                                    ("responding", "generate"), ("answered", "generate")], log
     assert _idle(app)
 
 

@@ -13,8 +13,8 @@ size 1; more keep TRL's handler):
 - in the server process, `GroupBatcher` (ASGI, inside the job-key guard) answers `/generate/` requests of token
   ids (TRL's trainer sends nothing else) itself, with TRL's sampling parameters and TRL's response, from the
   outputs a reader thread takes off the pipe; every other route that talks to the worker (weight push, prefix-
-  cache reset, `/chat/`...) waits until no request is in flight, so TRL's handlers and the reader never read the
-  pipe at once.
+  cache reset, `/chat/`...) waits until every `/generate/` here is answered, and a `/generate/` waits until no such
+  route is inside TRL's handler, so TRL's handlers and the reader never read the pipe at once.
 
 Each request's prompts sample exactly as inside one TRL request (the same SamplingParams for each prompt, the seed
 included), so a batch asked for group by group gives the completions it gives whole.
@@ -172,6 +172,9 @@ class GroupBatcher:
         self._lock = threading.Lock()
         self._sent = self._taken = 0  # requests sent to the worker / taken by it (its IDLE counts)
         self._reading = False
+        # /generate/ requests here not answered yet / other worker routes inside TRL's handler: each kind waits
+        # for the other's count to be 0 (TRL's handlers read the pipe between awaits: body, job key)
+        self._generating = self._routes = 0
         self._pending: dict = {}  # tag -> (loop, future)
 
     def busy(self) -> bool:
@@ -192,11 +195,35 @@ class GroupBatcher:
             if _streamable(payload):
                 return await self._generate(payload, send)
             receive = _replay(body)
-        while self.busy():  # TRL's handler reads the pipe itself
-            import asyncio
+        import asyncio
 
+        while not self._enter_route():  # TRL's handler reads the pipe itself
             await asyncio.sleep(0.005)
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with self._lock:
+                self._routes -= 1
+
+    def _enter_route(self) -> bool:
+        """A route for TRL's handler may go in: every /generate/ here answered (the reader has stopped then)."""
+        with self._lock:
+            if self._reading or self._generating:
+                return False
+            self._routes += 1
+            return True
+
+    def _send(self, tag: int, payload: dict, params) -> bool | None:
+        """The request to the worker, unless a route is inside TRL's handler (None: wait); True: start a reader."""
+        with self._lock:
+            if self._routes:
+                return None
+            _connections[0].send({"type": "call", "method": METHOD, "kwargs": {
+                "tag": tag, "prompts": [{"prompt_token_ids": p} for p in payload["prompts"]],
+                "sampling_params": params}})
+            self._sent += 1
+            start, self._reading = not self._reading, True
+            return start
 
     async def _generate(self, payload, send):
         import asyncio
@@ -209,11 +236,18 @@ class GroupBatcher:
         tag, future = next(self._tags), loop.create_future()
         self._pending[tag] = (loop, future)
         with self._lock:
-            _connections[0].send({"type": "call", "method": METHOD, "kwargs": {
-                "tag": tag, "prompts": [{"prompt_token_ids": p} for p in payload["prompts"]],
-                "sampling_params": params}})
-            self._sent += 1
-            start, self._reading = not self._reading, True
+            self._generating += 1
+        try:
+            return await self._answer(tag, payload, params, future, send)
+        finally:
+            with self._lock:  # answered: the routes waiting for TRL's handler may go once this is the last
+                self._generating -= 1
+
+    async def _answer(self, tag, payload, params, future, send):
+        import asyncio
+
+        while (start := self._send(tag, payload, params)) is None:
+            await asyncio.sleep(0.005)
         if start:
             threading.Thread(target=self._read, name="ogrpo-stream-reader", daemon=True).start()
         try:

@@ -207,9 +207,42 @@ def test_a_second_sigterm_inside_the_handler_is_absorbed_and_nothing_is_imported
         watching[0] = False
     finally:
         cb.restore_handlers()
+        from ogrpo.serve import deadline
+
+        deadline.stopping.clear()  # the process-wide flag the handler set: no other test may inherit it
     assert len(asked) == 1  # decided once, for both signals
     assert cb.signal_name == "SIGTERM" and cb.reason == stopping.STEPS and cb.then() == " for requeue"
     assert imported == []
+
+
+@pytest.mark.parametrize("reason", ["steps", "cancel"])
+def test_a_sigterm_after_the_warning_still_decides(tmp_path, monkeypatch, reason):
+    """The supervisor forwards the time-limit warning (SIGUSR2) to a trainer that Slurm's SIGTERM reaches too, in
+    either order (seen on the test cluster: USR2 first, then the TERM that took the server). The TERM must still
+    decide: a cancel stops at once; otherwise the process is stopping, so a step whose server went away leaves
+    for requeue with the last checkpoint instead of failing the run (the TERM used to be ignored after USR2)."""
+    from ogrpo.launch import stopping
+    from ogrpo.serve import deadline
+
+    exits = []
+    monkeypatch.setattr(stopping, "sigterm_reason", lambda run_dir, since: getattr(stopping, reason.upper()))
+    monkeypatch.setattr(preemption, "_exit", exits.append)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    deadline.stopping.clear()
+    cb = preemption.PreemptionCallback(tmp_path)
+    cb.install_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert cb.signal_name == "SIGUSR2" and not deadline.stopping.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        if reason == "cancel":
+            assert exits == [128 + signal.SIGTERM]
+        else:
+            assert exits == [] and deadline.stopping.is_set()
+            assert cb.signal_name == "SIGTERM" and cb.then() == " for requeue"
+    finally:
+        cb.restore_handlers()
+        deadline.stopping.clear()
 
 
 def test_a_resume_from_the_last_checkpoint_trains_nothing(tmp_path):

@@ -209,7 +209,11 @@ class PreemptionCallback(_trainer_callback_base()):
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None or not self._handling.acquire(blocking=False):
+        # A SIGTERM after the time-limit warning still decides: it may be a cancel (stop now) or the preemption
+        # that takes the server too (a step that cannot finish then leaves for requeue). The supervisor forwards
+        # the warning to a trainer that Slurm's SIGTERM reaches too, and the two arrive in either order.
+        later_term = signum == signal.SIGTERM and self.signal_name not in (None, "SIGTERM")
+        if (self.signal_name is not None and not later_term) or not self._handling.acquire(blocking=False):
             return  # already decided, or deciding: the first signal's handler answers for this one too
         try:
             self._decide(signum)

@@ -98,12 +98,12 @@ def test_profiler_measures_the_first_steps_only(tmp_path):
 
 # --- the calibration subset (slow) -----------------------------------------------------------------------------
 
-# Both shapes, both strategies, checkpointing on and off, beta 0 and 0.04, in four runs (~1 min each); and ZeRO-3
-# with optimizer offload, whose optimizer and gradient copies stay in the CPU process's RAM (issue 33: an estimate
-# without them is 0.45 of the 0.71 GiB measured).
+# Both shapes, both strategies, checkpointing on and off, beta 0 and 0.04, in four runs (~1 min each). ZeRO-3 with
+# optimizer offload (its optimizer and gradient copies in the CPU process's RAM) is measured by the calibration
+# script (docs/memory-calibration.md) and held to DeepSpeed's own estimator in tests/test_memory.py; one more run
+# here would cost CI ~2 min.
 SUBSET = [cal.Case("tiny", "ddp", False, 0.0), cal.Case("tiny", "zero3", True, 0.04),
-          cal.Case("32.5M", "ddp", True, 0.04), cal.Case("32.5M", "zero3", False, 0.0),
-          cal.Case("32.5M", "zero3_offload", True, 0.04)]
+          cal.Case("32.5M", "ddp", True, 0.04), cal.Case("32.5M", "zero3", False, 0.0)]
 
 
 def test_offload_cases_are_calibration_cases():

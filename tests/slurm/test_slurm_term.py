@@ -62,7 +62,8 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
 
 # `lossless` and `one-step` take the same supervisor and client path as `off` (a server that exits on TERM, a
 # bounded request): each adds three server starts (~5 min on CI), so they wait until the suite has that time.
-@pytest.fixture(scope="module", params=["off", "no-server"])
+# A TERM to a job without a server is test_slurm_preemption's ZeRO-3 requeue (`scontrol requeue` sends it).
+@pytest.fixture(scope="module", params=["off"])
 def termed_job(request, slurm_cluster, tmp_path_factory):
     """(mode, job id, job dir, {attempt: last step logged when signalled}) of a finished, twice-signalled job."""
     mode = request.param

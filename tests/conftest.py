@@ -157,8 +157,10 @@ def run_cli():
 
     def _run(*args: str, cwd: Path | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:
         env = dict(os.environ, COLUMNS="160")
+        # a bound for a hang, not a speed check: `doctor` imports vLLM, TRL and DeepSpeed, which took over 120 s
+        # on 2 cores shared with the Slurm tests' jobs
         proc = subprocess.run([str(OGRPO_BIN), *map(str, args)], capture_output=True, text=True,
-                              cwd=str(cwd or REPO), env=env, timeout=120)
+                              cwd=str(cwd or REPO), env=env, timeout=600)
         if check_rc is not None:
             assert proc.returncode == check_rc, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
         return proc

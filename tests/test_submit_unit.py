@@ -373,7 +373,7 @@ def _plan(gpus, model="Qwen/Qwen2.5-1.5B-Instruct", **ogrpo):
     from ogrpo.config import load_run_config
     from ogrpo.plan import plan_from_config
 
-    rc = load_run_config("slurm/examples/recipes/qwen2.5-1.5b-math.yaml")
+    rc = load_run_config("slurm/examples/recipes/qwen2.5-1.5b-math.yaml", {"ogrpo": ogrpo} if ogrpo else None)
     return plan_from_config(rc, gpus=gpus, model=model).to_dict()
 
 
@@ -391,17 +391,20 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     # +10 %, rounded up
     assert hm.step_host_gib(ddp) == {"trainer": float(-(-(2 * (3 + 4 * P / GiB)) * 1.1 // 1)),
                                      "server": float(-(-(4 + 2 + 2 * P / GiB) * 1.1 // 1))}
-    offload = copy.deepcopy(ddp)
-    offload["trainer"]["strategy"] = "zero3_offload"
-    offload["trainer_args"]["model_init_kwargs"]["dtype"] = "bfloat16"
-    # per process: runtime 3 GiB + its ZeRO-3 shard of the bf16 weights (2·P/2) + the offloaded fp32 master
-    # weights, Adam moments and grads of its shard (16·P/2), pinned in host RAM
-    want = -(-(2 * (3 + 2 * P / 2 / GiB + 16 * P / 2 / GiB)) * 1.1 // 1)
+    offload = _plan("3xA40", strategy="zero3_offload")
+    assert offload["trainer"]["strategy"] == "zero3_offload"
+    assert offload["trainer_args"]["model_init_kwargs"]["dtype"] == "bfloat16"
+    # per process: runtime 3 GiB + its ZeRO-3 shard of the bf16 weights (2·P/2) + what DeepSpeed 0.19.8 keeps on
+    # the host once the optimizer is offloaded (the trainer estimate's host_terms): fp32 master weights and Adam
+    # moments (12·P/2), fp32 gradients (4·P/2) and the half gradient partition (2·P/2), pinned in host RAM
+    host = offload["trainer"]["memory_terms"]["host_terms"]
+    assert sum(host.values()) == pytest.approx(18 * P / 2 / GiB, abs=0.01)
+    want = -(-(2 * (3 + 2 * P / 2 / GiB + sum(host.values()))) * 1.1 // 1)
     assert hm.step_host_gib(offload)["trainer"] == want > hm.step_host_gib(ddp)["trainer"]
     # one-step under ZeRO-3: rank 0 also holds the push's host copy of the full weights (bf16 plan: 2·P)
     one_step = copy.deepcopy(offload)
     one_step["settings"] = [s for s in one_step["settings"] if s["name"] != "overlap"]
     one_step["settings"].append({"name": "overlap", "value": "one-step", "reason": "test"})
     assert one_step["precision"] == "bf16"
-    want = -(-(2 * (3 + 2 * P / 2 / GiB + 16 * P / 2 / GiB) + 2 * P / GiB) * 1.1 // 1)
+    want = -(-(2 * (3 + 2 * P / 2 / GiB + sum(host.values())) + 2 * P / GiB) * 1.1 // 1)
     assert hm.step_host_gib(one_step)["trainer"] == want

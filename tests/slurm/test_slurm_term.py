@@ -13,6 +13,13 @@ a server. One job per placement/mode, signalled twice:
 
 The trainer step is held (SIGSTOP) while each signal is sent, so that it lands mid-run at any machine speed;
 pausing computes nothing.
+
+Beside each signalled job runs the same job uninterrupted: the resumed run must train on the same batches
+(`batch_sha`, the profiler's digest of a step's prompts and completions) with the same losses, step by step. The
+requests are seeded the way users run (the run's seed and the client's per-call counter, which a checkpoint
+carries), not with a fixed `generation_kwargs.seed` that would hide a counter restarting at 0; the server runs one
+sequence at a time without a prefix cache (tests/overlap_jobs.py), so a completion is a function of the prompt,
+the seed and the weights only, across server restarts.
 """
 
 from __future__ import annotations
@@ -31,8 +38,12 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 
 
+def _rows(run: Path) -> list[dict]:
+    return [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+
+
 def _steps(run: Path) -> list[int]:
-    return [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    return [r["step"] for r in _rows(run)]
 
 
 def _trainer_step(job: str, run: Path, attempt: int) -> str:
@@ -60,13 +71,33 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
     return logged
 
 
-# `lossless` and `one-step` take the same supervisor and client path as `off` (a server that exits on TERM, a
-# bounded request): each adds three server starts (~5 min on CI), so they wait until the suite has that time.
-# Without a server the same signals must save and requeue too. tests/slurm runs beside the rest of the suite
-# (tests/run-all.sh), shorter than it, so a job here adds no wall time.
-@pytest.fixture(scope="module", params=["off", "no-server"])
+def _render(recipe: dict, job_dir: Path, gpus: str, server: bool) -> None:
+    cfg = job_dir.parent / f"{job_dir.name}-recipe.yaml"
+    cfg.write_text(yaml.safe_dump(recipe))
+    ogrpo("render", "--gpus", gpus, "--config", str(cfg), "-o", str(job_dir), check=True)
+    if server:
+        from overlap_jobs import DETERMINISTIC_SERVER
+
+        run_yaml = job_dir / "run.yaml"
+        cfg = yaml.safe_load(run_yaml.read_text())
+        cfg["ogrpo"]["plan"]["vllm"]["args"].update(DETERMINISTIC_SERVER)
+        run_yaml.write_text(yaml.safe_dump(cfg))
+
+
+def _sbatch(job_dir: Path) -> str:
+    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+# One job per mode, signalled twice, and its uninterrupted twin submitted beside it: every assertion below reads
+# these two finished jobs. The modes with a server share the supervisor and client path (a server that exits on
+# TERM, a bounded request) but not what a resume restores (one-step's batch in flight, lossless's requests sent
+# again at the seed they took).
+@pytest.fixture(scope="module", params=["off", "lossless", "one-step", "no-server"])
 def termed_job(request, slurm_cluster, tmp_path_factory):
-    """(mode, job id, job dir, {attempt: last step logged when signalled}) of a finished, twice-signalled job."""
+    """(mode, job id, job dir, {attempt: last step logged when signalled}, twin's job dir) of a finished,
+    twice-signalled job and its finished uninterrupted twin."""
     mode = request.param
     tmp = tmp_path_factory.mktemp(f"term-{mode}")
     recipe = yaml.safe_load((REPO / "ogrpo" / "recipes" / "tiny.yaml").read_text())
@@ -77,13 +108,11 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
     if mode != "no-server":
         gpus = "2xcpu"
         recipe["ogrpo"].update({"gpus": gpus, "use_vllm": True, "overlap": mode})
-    cfg = tmp / "recipe.yaml"
-    cfg.write_text(yaml.safe_dump(recipe))
-    job_dir = tmp / "job"
-    ogrpo("render", "--gpus", gpus, "--config", str(cfg), "-o", str(job_dir), check=True)
-    out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
-                         capture_output=True, text=True, check=True)
-    job = out.stdout.strip().split(";")[0]
+    job_dir, twin_dir = tmp / "job", tmp / "twin"
+    for d in (job_dir, twin_dir):
+        _render(recipe, d, gpus, server=mode != "no-server")
+    twin = _sbatch(twin_dir)
+    job = _sbatch(job_dir)
     run = job_dir / "run"
     try:
         signalled = {0: _hold_and_signal(job, run, 0, 2, ["--signal=TERM"])}
@@ -92,13 +121,16 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
         signalled[1] = _hold_and_signal(job, run, 1, resumed + 1, ["-b", "--signal=TERM"])
         wait_for(lambda: (job_dir / "slurm" / "requeue-1.json").exists(), 300, "the requeue after the batch TERM")
         wait_gone(job, 1200)
+        wait_gone(twin, 1200)
     finally:
-        subprocess.run(["scancel", job], check=False)
-    return mode, job, job_dir, signalled
+        subprocess.run(["scancel", job, twin], check=False)
+    assert sacct_state(twin) == "COMPLETED", "".join(p.read_text()[-3000:] for p in (twin_dir / "logs").glob("*.out"))
+    wait_for(lambda: not processes_of_job(twin), 30, f"processes of job {twin} to disappear")
+    return mode, job, job_dir, signalled, twin_dir
 
 
 def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
-    mode, job, job_dir, signalled = termed_job
+    mode, job, job_dir, signalled, _ = termed_job
     run = job_dir / "run"
     log = "".join(p.read_text() for p in sorted((job_dir / "logs").glob(f"slurm-{job}*.out")))
     assert sacct_state(job) == "COMPLETED", log[-4000:]
@@ -125,3 +157,20 @@ def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
         assert manifest["overlap"]["mode"] == mode if mode != "off" else "overlap" not in manifest
     assert _steps(run) == list(range(1, STEPS + 1))  # each step once across both requeues, none past max_steps
     assert max(int(p.name.rsplit("-", 1)[1]) for p in run.glob("checkpoint-*")) == STEPS
+
+
+def test_the_resumed_job_trains_on_the_batches_of_its_uninterrupted_twin(termed_job):
+    """Two requeues later, every step trained on the batch the uninterrupted run trained on, with its loss and
+    reward: the resume restores the data order, the RNG, the client's seed counter and (one-step) the batch in
+    flight, whatever the signal took with it."""
+    mode, _, job_dir, signalled, twin_dir = termed_job
+    got, want = (read_jsonl(d / "run" / "profile.jsonl") for d in (job_dir, twin_dir))
+    assert [p["step"] for p in got] == [p["step"] for p in want] == list(range(1, STEPS + 1))
+    assert len({p["batch_sha"] for p in want}) == STEPS  # a digest per step that tells the steps apart
+    assert [p["batch_sha"] for p in got] == [p["batch_sha"] for p in want], (mode, signalled)
+    if mode == "one-step":
+        assert [p["staleness"] for p in got] == [p["staleness"] for p in want] == [0] + [1] * (STEPS - 1)
+    rows, twin_rows = (_rows(d / "run") for d in (job_dir, twin_dir))
+    for r, t in zip(rows, twin_rows, strict=True):
+        assert r["loss"] == pytest.approx(t["loss"], rel=1e-4, abs=1e-5), (mode, r["step"])
+        assert r["reward"] == pytest.approx(t["reward"], rel=1e-5, abs=1e-6), (mode, r["step"])

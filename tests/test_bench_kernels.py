@@ -27,6 +27,7 @@ def test_rounds_are_summarized_by_their_medians():
     assert bench._median_of_rounds(runs[:1] + [{"path": "ogrpo", "error": "killed"}])["error"] == "killed"
 
 
+@pytest.mark.slow
 def test_tiny_bench_rows_tables_and_ratios(tmp_path):
     out = io.StringIO()
     csv_path = tmp_path / "kernels.csv"
@@ -115,6 +116,7 @@ def test_missing_stack_is_one_line(tmp_path):
     assert not (tmp_path / "k.csv").exists()
 
 
+@pytest.mark.slow
 def test_cuda_bench_without_cuda_is_one_line_exit_2():
     proc = subprocess.run([sys.executable, "-m", "ogrpo.bench.kernels_cuda", "--tokens", "64"], capture_output=True,
                           text=True, timeout=120)

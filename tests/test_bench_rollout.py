@@ -48,6 +48,7 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_hf_path_writes_tagged_rows(tmp_path):
     out = io.StringIO()
     run_rollout_bench(TINY, prompts=2, generations=2, new_tokens=4, prompt_tokens=4, repeats=1, paths=["hf"],

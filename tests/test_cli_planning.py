@@ -39,6 +39,7 @@ def test_plan_json(run_cli, basic_recipe):
     assert p["precision"] == "bf16" and p["attn_implementation"] == "flash_attention_2"
 
 
+@pytest.mark.slow
 def test_plan_no_fit_exit_3(run_cli, basic_recipe):
     proc = run_cli("plan", "--gpus", "1xV100-16G", "--config", basic_recipe, "--model", "Qwen/Qwen2.5-7B-Instruct")
     assert proc.returncode == 3
@@ -49,6 +50,7 @@ def test_plan_no_fit_exit_3(run_cli, basic_recipe):
     assert js.returncode == 3 and json.loads(js.stdout)["fits"] is False
 
 
+@pytest.mark.slow
 def test_plan_options(run_cli, basic_recipe):
     p = json.loads(run_cli("plan", "--gpus", "4xA40", "--config", basic_recipe, "--vllm-gpus", "2",
                            "--profile", "conservative", "--json", check_rc=0).stdout)
@@ -109,6 +111,7 @@ def test_render_writes_job(run_cli, basic_recipe, tmp_path):
     assert man["jobspec"]["job_dir"] == str(out)
 
 
+@pytest.mark.slow
 def test_render_dry_run_writes_nothing(run_cli, basic_recipe, tmp_path):
     out = tmp_path / "job"
     # 4xV100-16G: DDP's 26.5 GiB per GPU exceed 14.4, so the plan is ZeRO-2 and has a deepspeed.json to show.
@@ -145,6 +148,7 @@ def test_render_force_writes_a_no_fit_job(run_cli, basic_recipe, tmp_path):
     assert "DOES NOT FIT" in (out / "job.sbatch").read_text()
 
 
+@pytest.mark.slow
 def test_doctor_json(run_cli):
     proc = run_cli("doctor", "--json")
     assert proc.returncode in (0, 1)
@@ -176,6 +180,7 @@ def _loaded(*args):
     return ast.literal_eval(proc.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_plan_and_render_import_neither_typer_nor_submitit(basic_recipe, tmp_path):
     assert _loaded("plan", "--gpus", "3xA40", "--config", basic_recipe) == {"code": 0, "loaded": []}
     assert _loaded("plan", "--gpus=3xA40", "-c", basic_recipe, "--json") == {"code": 0, "loaded": []}

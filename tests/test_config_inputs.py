@@ -122,6 +122,7 @@ def test_yaml_booleans_are_taken_as_the_words_they_spell(tmp_path):
 # --- 4. render -o DIR: a non-writable parent; an earlier job's files -------------------------------------------
 
 
+@pytest.mark.slow
 def test_render_refuses_to_overwrite_an_earlier_job(run_cli, tmp_path):
     cfg = tmp_path / "recipe.yaml"
     cfg.write_text(TINY + "dataset_name: ogrpo:tiny\n")
@@ -178,6 +179,7 @@ def unprivileged():
     shutil.rmtree(scratch)
 
 
+@pytest.mark.slow
 def test_render_into_a_writable_dir_under_a_read_only_parent(unprivileged):
     run, scratch = unprivileged
     parent = scratch / "jobs"  # root's, 0755: the usual cluster layout (a project dir, one job dir per user)

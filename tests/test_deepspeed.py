@@ -85,6 +85,7 @@ def test_gpu_plan_takes_the_strategy_instead_of_the_cheapest_that_fits(tmp_path)
     assert chosen.trainer.memory_gib_per_gpu < auto.trainer.memory_gib_per_gpu  # sharded weights
 
 
+@pytest.mark.slow
 def test_strategy_flag_on_plan_render_and_submit(tmp_path):
     run = lambda *a: subprocess.run([OGRPO, *a], capture_output=True, text=True, timeout=120)  # noqa: E731
     plan = run("plan", "--gpus", "2xcpu", "--config", "tiny", "--strategy", "zero3", "--json")

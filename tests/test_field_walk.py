@@ -119,6 +119,7 @@ def _line_fields(line: str) -> dict[str, list[str]]:
     return {k: _field_index()[k]["kinds"] for k in names}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", sorted(LINES))
 def test_every_grpo_config_field_reaches_the_trainer_or_is_listed(line, tiny_model_dir, tmp_path):
     """Set each GRPOConfig field of the line alone; plan for the line's hardware; build the trainer's GRPOConfig

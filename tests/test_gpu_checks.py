@@ -99,6 +99,7 @@ def test_the_device_check_refuses_no_cuda_another_model_and_less_memory():
     assert device_problem(V100_32, [_row("Tesla V100-SXM2-32GB", "V100-32G", 31.7)], "2xV100-32G", "x") is None
 
 
+@pytest.mark.slow
 def test_server_and_trainer_refuse_a_gpu_plan_here_in_seconds(tmp_path):
     """Without CUDA (this machine), a rendered GPU job's steps exit 2 with one line before any model work."""
     import torch

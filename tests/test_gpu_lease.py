@@ -32,6 +32,7 @@ def wheelhouse(tmp_path_factory):
     return out, proc.stdout
 
 
+@pytest.mark.slow
 def test_wheelhouse_is_what_the_image_lacks_and_fits(wheelhouse):
     out, stdout = wheelhouse
     manifest = json.loads((out / "manifest.json").read_text())
@@ -53,6 +54,7 @@ def test_wheelhouse_is_what_the_image_lacks_and_fits(wheelhouse):
     assert by["dill"]["needed_by"] == ["datasets", "multiprocess"]
 
 
+@pytest.mark.slow
 def test_wheelhouse_installs_with_no_index_beside_this_venv(wheelhouse, tmp_path):
     out, _ = wheelhouse
     target = tmp_path / "site"
@@ -122,6 +124,7 @@ def test_the_commands_it_would_run_are_valid_cli(run_cli):
     assert "single placement" in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_budgets_cut_a_part_that_overruns_and_keep_the_rest(tmp_path):
     sleep = ["-c", "import time; time.sleep(60)"]
     parts = [("install", ["-c", "print('ok')"], 30), ("slow", sleep, 3), ("after", ["-c", "print('ran')"], 30),

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from ogrpo import gpu_report
 
 JUNIT = ('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="1"><testcase name="a"/>'
@@ -29,6 +31,7 @@ def test_without_cuda_it_reports_no_gpu_and_runs_nothing(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["gpu-report.json", "gpu-report.txt"]
 
 
+@pytest.mark.slow
 def test_each_part_is_run_timed_and_summarised(tmp_path):
     write = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
     parts = (

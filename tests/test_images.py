@@ -154,6 +154,7 @@ def test_version_bump_does_not_rebuild_the_compiled_dependencies(fam, tmp_path):
     assert "portable_cpu_ops.py" in proc.stdout
 
 
+@pytest.mark.slow
 def test_deepspeed_cpu_ops_are_built_portable(tmp_path):
     """DeepSpeed's real op builder (the source the image compiles) asks for x86-64-v3/AVX2 after the patch,
     never -march=native; a source tree whose methods moved is refused."""

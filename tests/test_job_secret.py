@@ -326,6 +326,7 @@ def test_real_server_answers_only_its_own_job(tmp_path):
     assert leaks == []
 
 
+@pytest.mark.slow
 def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_stops():
     """TRL's client posts without a timeout: a server in "Waiting for connections to close" (its engine gone
     after the job's SIGTERM) held the trainer in a POST for minutes. Every request of the job-key session is

@@ -82,6 +82,7 @@ def test_a_reused_pid_or_a_zombie_is_not_the_run(tmp_path):
 
 
 # -- detached runs ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_detached_run_completes_and_is_found_from_its_run_dir(tmp_path):
     job = submit(fake_job(tmp_path, train_s=0.5), backend="local")
     assert job.wait(timeout_s=60, poll_s=0.2) == "COMPLETED" and job.exit_code() == 0

@@ -54,6 +54,7 @@ def test_live_tensor_peak_counts_known_allocations_exactly():
     del c, view
 
 
+@pytest.mark.slow
 def test_a_measurement_left_recording_does_not_crash_the_process():
     # torch.profiler still recording at interpreter teardown segfaults (rc 139); and a second one started over
     # it corrupts both. The process must end cleanly either way.

@@ -280,6 +280,7 @@ def test_every_suggested_fix_holds(recipe, gpus, overrides):
                     assert not _plan(recipe, smaller, {**(overrides or {}), **fix.config}).fits, (fix, smaller)
 
 
+@pytest.mark.slow
 def test_cli_json_carries_changes_and_warnings(run_cli):
     out = run_cli("plan", "--config", RECIPES / DEMO, "--gpus", "4xV100-32G", "--json", check_rc=0)
     d = json.loads(out.stdout)

@@ -325,6 +325,7 @@ def test_sbatch_runs_the_steps_and_returns_the_trainers_code(basic_recipe, tmp_p
     assert json.loads((job / "slurm" / "attempt-0.json").read_text())["ports"]["server"] == ports["server"]
 
 
+@pytest.mark.slow
 def test_sbatch_fails_fast_when_server_dies_before_health(basic_recipe, tmp_path):
     _, _, files = _render(basic_recipe, "3xA40", job_dir=str(tmp_path / "job"))
     proc, fake, job = _run_sbatch(tmp_path, files, FAKE_SERVER="die", FAKE_TRAIN_S="60")
@@ -332,6 +333,7 @@ def test_sbatch_fails_fast_when_server_dies_before_health(basic_recipe, tmp_path
     assert "trainer stopped" in proc.stdout
 
 
+@pytest.mark.slow
 def test_sbatch_stops_trainer_when_server_dies(basic_recipe, tmp_path):
     _, _, files = _render(basic_recipe, "3xA40", job_dir=str(tmp_path / "job"))
     proc, fake, _ = _run_sbatch(tmp_path, files, FAKE_SERVER="die_later", FAKE_TRAIN_S="60")

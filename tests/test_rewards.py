@@ -376,6 +376,7 @@ def _eventually_gone(pids, seconds: float = 15.0) -> bool:
 DEEP_FRAC = "\\boxed{" + "\\frac{1}{" * 10_000 + "2" + "}" * 10_000 + "}"
 
 
+@pytest.mark.slow
 def test_deep_frac_in_a_worker_thread_is_stopped_and_its_worker_replaced(monkeypatch):
     """math-verify's alarm is off outside the main thread: a `\\frac` nested 10,000 deep ran for minutes there.
     Through the reward, called from a worker thread as TRL may, it scores 0 once the hard limit (1.5 s here)
@@ -409,6 +410,7 @@ def test_deep_frac_in_a_worker_thread_is_stopped_and_its_worker_replaced(monkeyp
     assert _gone(alive)
 
 
+@pytest.mark.slow
 def test_bounded_pool_timeouts_crashes_reuse_and_start_errors():
     """The pool on standard-library functions: an item past its limit, one that raises, one that kills its
     worker; the others still scored, workers reused across calls, and none left after close."""

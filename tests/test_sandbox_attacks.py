@@ -436,6 +436,7 @@ def _contained_fs(out) -> bool:
     return not (out["level"] == "none" and out["unprivileged"] and not out["landlock"])
 
 
+@pytest.mark.slow
 def test_remount_and_write_outside_the_work_dir_fail(attacked):
     got = _lines(attacked["remount"])
     assert got["mount"][1] == 1 and got["mount2"][1] == 1, attacked["remount"]  # EPERM
@@ -892,6 +893,7 @@ print(json.dumps({"uids": uids, "out": [[(r.runs[0].status, r.runs[0].stdout) fo
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["root", "none"])
 def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
     """Two trainer processes, each with two pools of 16 (32 sandboxes at once per trainer): every slot uid is

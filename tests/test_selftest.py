@@ -19,6 +19,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.mark.slow
 def test_gpu_flag_without_cuda_exits_2_with_one_line(tmp_path):
     if _cuda():
         pytest.skip("this machine has CUDA")
@@ -62,6 +63,7 @@ def overflowing_model(tmp_path_factory):
     return str(src), str(out)
 
 
+@pytest.mark.slow
 def test_overflow_probe_names_the_first_module_past_fp16(overflowing_model):
     from ogrpo.checks.selftest import FP16_MAX, overflow_probe
 

@@ -210,6 +210,7 @@ def test_cpu_client_installs_where_trl_looks():
         vg.VLLMClient = before
 
 
+@pytest.mark.slow
 def test_cpu_shm_backend_registers_with_vllm():
     code = ("import ogrpo.serve.cpu_transfer as t; "
             "from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory as F; "
@@ -236,6 +237,7 @@ def test_gpu_sync_timeout_wraps_trl_client():
         vg.VLLMClient = before
 
 
+@pytest.mark.slow
 def test_gpu_sync_timeout_ends_a_hung_sync():
     # A weight sync that never returns (the NCCL hang of TRL #2923) must end the process, not the allocation.
     code = """

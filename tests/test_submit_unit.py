@@ -250,6 +250,7 @@ RUN_CONFIG = ("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\ndataset_name: trl
               "ogrpo:\n  partition: gpu\n  time: '02:00:00'\n  account: lab\n  cpus_per_gpu: 4\n")
 
 
+@pytest.mark.slow
 def test_render_dry_run_and_submit_are_the_same_job_sbatch(fake_slurm, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(RUN_CONFIG)

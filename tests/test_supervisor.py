@@ -136,6 +136,7 @@ def test_server_killed_mid_run_stops_job(tmp_path):
     assert not _alive(_role(tmp_path, "trainer")["pid"])
 
 
+@pytest.mark.slow
 def test_server_never_healthy_times_out(tmp_path):
     out = io.StringIO()
     # `sleep` never answers /health; the trainer would wait 60 s for it
@@ -154,6 +155,7 @@ def test_trainer_failure_names_trainer_log(tmp_path):
     assert not _alive(_role(tmp_path, "server")["pid"])
 
 
+@pytest.mark.slow
 def test_two_local_jobs_get_distinct_ports(tmp_path):
     results, outs = {}, {}
     def go(name):
@@ -218,6 +220,7 @@ def test_a_job_without_a_server_does_not_report_stopping_one(tmp_path):
     assert "trainer finished" in out.getvalue() and "server stopped" not in out.getvalue()
 
 
+@pytest.mark.slow
 def test_supervise_cli_exit_codes(tmp_path, run_cli):
     ok = tmp_path / "ok"
     (ok / "run").mkdir(parents=True)
@@ -401,6 +404,7 @@ def test_a_server_step_that_exits_0_on_sigterm_reports_the_signal(tmp_path):
             os.killpg(wrapper.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_signal_hook_may_take_the_signal_over(tmp_path):
     """Slurm's hook answers a SIGTERM to the batch step while the job runs on (`scancel -b --signal=TERM`) with a
     checkpoint and a requeue: it runs before the stop is recorded, its own wait is not cut short, and it ends the

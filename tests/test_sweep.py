@@ -208,6 +208,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tmp_path / "toy.yaml"
@@ -264,6 +265,7 @@ def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_p
     assert yaml.safe_load((one / "run.yaml").read_text())["learning_rate"] == 2e-3
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_local_sweep_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = tmp_path / "toy.yaml"

@@ -23,6 +23,7 @@ def _is_server(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_bench_rollout_stops_its_server(tmp_path, sig):
     argv = [sys.executable, "-m", "ogrpo", "bench", "rollout", "--paths", "server", "--repeats", "1",

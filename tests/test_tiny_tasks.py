@@ -49,6 +49,7 @@ def test_tiny_math_gold_answers_verify_against_correct_and_wrong_completions():
     assert any("0.625" in c or ".5}" in c for c in right)
 
 
+@pytest.mark.slow
 def test_tiny_code_test_cases_pass_the_reference_programs_in_the_sandbox():
     rows = tiny_code.rows(8)
     from ogrpo.train.sandbox import Limits
@@ -88,6 +89,7 @@ def test_task_models_are_builtin_models_with_their_own_cache_key(monkeypatch):
     assert facts.name == "ogrpo:tiny-code"
 
 
+@pytest.mark.slow
 def test_warm_examples_mix_right_and_wrong_answers_in_the_recipe_format():
     math_ex = tiny_math.warm_examples()
     golds = {r["prompt"]: r["solution"] for r in tiny_math.rows()}

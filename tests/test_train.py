@@ -29,6 +29,7 @@ def _learning_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS and "time" not in k} for r in rows]
 
 
+@pytest.mark.slow
 def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
     out = tmp_path / "run"
     proc = _run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "max_steps=4",
@@ -62,6 +63,7 @@ def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
     assert manifest["grpo_config"]["use_cpu"] is True and manifest["grpo_config"]["bf16"] is False
 
 
+@pytest.mark.slow
 def test_two_seeded_runs_give_identical_metrics(tmp_path):
     runs = []
     for name in ("a", "b"):
@@ -75,6 +77,7 @@ def test_two_seeded_runs_give_identical_metrics(tmp_path):
     assert len({r["loss"] for r in runs[0] if "loss" in r}) > 1  # not trivially constant
 
 
+@pytest.mark.slow
 def test_resume_auto_continues_from_the_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     base = [OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "save_steps=2"]
@@ -131,6 +134,7 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("case", ["unknown_reward", "unimportable_reward", "no_prompt_column", "empty_dataset",
                                   "model_without_config"])
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     text, needle = _bad_cases(tmp_path)[case]
     cfg = tmp_path / "run.yaml"

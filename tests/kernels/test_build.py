@@ -62,6 +62,7 @@ def test_cuda_key_follows_the_arch_list(toy_tree, monkeypatch):
     assert _build.available(cuda=True) == ["toy"]
 
 
+@pytest.mark.slow
 def test_build_then_cached_then_prebuilt(toy_tree, tmp_path, capsys):
     assert cli.main(["build"]) == 0
     out = capsys.readouterr().out
@@ -97,6 +98,7 @@ def test_build_then_cached_then_prebuilt(toy_tree, tmp_path, capsys):
         (prebuilt / so.parent.name).chmod(0o755)
 
 
+@pytest.mark.slow
 def test_build_into_an_output_dir(toy_tree, tmp_path, capsys):
     out_dir = tmp_path / "wheels" / "kernels"
     assert cli.main(["build", "--out", str(out_dir)]) == 0
@@ -104,6 +106,7 @@ def test_build_into_an_output_dir(toy_tree, tmp_path, capsys):
     assert not _build.cache_root().exists()
 
 
+@pytest.mark.slow
 def test_build_reports_a_compiler_error_and_bad_names(toy_tree, capsys):
     (toy_tree / "toy_cpu.cpp").write_text(TOY_CPP.replace("return kFactor * x;", "return x +;"))
     assert cli.main(["build"]) == 1

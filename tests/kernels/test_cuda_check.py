@@ -168,6 +168,7 @@ def test_missing_nvrtc_says_what_to_install(monkeypatch, tmp_path):
         cuda_check.Nvrtc()
 
 
+@pytest.mark.slow
 def test_real_kernels_compile_for_v100_and_a40_within_budget():
     headers = cuda_check.kernel_headers()
     assert {h.parent.parent.name for h in headers} == {"fused_sample", "linear_logprobs"}, headers

@@ -35,6 +35,7 @@ def _logged(trainer) -> list[dict]:
     return [{k: r[k] for k in KEYS if k in r} for r in trainer.state.log_history if "loss" in r]
 
 
+@pytest.mark.slow
 def test_seeded_grpo_run_is_the_same_with_and_without_the_kernel(tmp_path):
     plain = _trainer(tmp_path, "plain")
     plain.train()

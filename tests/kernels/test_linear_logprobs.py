@@ -312,6 +312,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_peak_memory_is_one_chunk_not_the_full_logits(tmp_path):
     """Peak resident memory of each phase, measured with Linux's resettable high-water mark.
 

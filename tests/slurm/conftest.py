@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 HERE = Path(__file__).parent
 ROOT = os.environ.get("ROOT") or os.environ.get("OGRPO_SLURM_ROOT") or "/tmp/ogrpo-slurm-test"
@@ -87,6 +88,22 @@ def ogrpo(*args: str, check: bool = False, env: dict | None = None) -> subproces
     if check and out.returncode != 0:
         raise AssertionError(f"ogrpo {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
+
+
+def render_job(recipe: dict, job_dir: Path, gpus: str, deterministic_server: bool = False) -> None:
+    """`ogrpo render` of `recipe` (written beside JOB_DIR) into JOB_DIR. `deterministic_server`: the job's plan then
+    runs the server one sequence at a time without a prefix cache (tests/overlap_jobs.py), so that a completion is
+    a function of the prompt, the seed and the weights only, across server restarts."""
+    cfg = job_dir.parent / f"{job_dir.name}-recipe.yaml"
+    cfg.write_text(yaml.safe_dump(recipe))
+    ogrpo("render", "--gpus", gpus, "--config", str(cfg), "-o", str(job_dir), check=True)
+    if deterministic_server:
+        from overlap_jobs import DETERMINISTIC_SERVER
+
+        run_yaml = job_dir / "run.yaml"
+        plan = yaml.safe_load(run_yaml.read_text())
+        plan["ogrpo"]["plan"]["vllm"]["args"].update(DETERMINISTIC_SERVER)
+        run_yaml.write_text(yaml.safe_dump(plan))
 
 
 def read_json(path: Path) -> dict:

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ogrpo, processes_of_job, read_json, read_jsonl, sacct_state, venv_env, wait_for, wait_gone
+from .conftest import (ogrpo, processes_of_job, read_json, read_jsonl, render_job, sacct_state, venv_env, wait_for,
+                       wait_gone)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,21 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 # every step checkpointed (as the plan makes it on this cluster: KillWait 5 s); 2 prompts x 4 completions a step
 KEYS = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 2, "per_device_train_batch_size": 8}
-
-
-def _render_deterministic(recipe: dict, job_dir: Path, gpus: str) -> None:
-    """`ogrpo render` of `recipe` with a 15-minute time limit, then the server made deterministic in the job's
-    plan (what tests/overlap_jobs.py does to its plan)."""
-    from overlap_jobs import DETERMINISTIC_SERVER
-
-    recipe["ogrpo"]["time"] = "15"
-    slurm_recipe = job_dir.parent / "slurm-recipe.yaml"
-    slurm_recipe.write_text(yaml.safe_dump(recipe))
-    ogrpo("render", "--gpus", gpus, "--config", str(slurm_recipe), "-o", str(job_dir), check=True)
-    run_yaml = job_dir / "run.yaml"
-    cfg = yaml.safe_load(run_yaml.read_text())
-    cfg["ogrpo"]["plan"]["vllm"]["args"].update(DETERMINISTIC_SERVER)
-    run_yaml.write_text(yaml.safe_dump(cfg))
 
 
 def _state(job: str) -> str:
@@ -66,7 +52,8 @@ def test_one_step_job_requeued_mid_run_resumes_with_the_same_batch_stream(slurm_
                    **KEYS})
     recipe["ogrpo"].update({"gpus": "2xcpu", "use_vllm": True, "overlap": "one-step", "max_prompt_length": 64})
     job_dir = tmp_path / "job"
-    _render_deterministic(recipe, job_dir, "2xcpu")
+    recipe["ogrpo"]["time"] = "15"
+    render_job(recipe, job_dir, "2xcpu", deterministic_server=True)
     out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True)
     job = out.stdout.strip().split(";")[0]

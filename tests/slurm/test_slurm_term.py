@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ogrpo, processes_of_job, read_json, read_jsonl, sacct_state, venv_env, wait_for, wait_gone
+from .conftest import (processes_of_job, read_json, read_jsonl, render_job, sacct_state, venv_env, wait_for,
+                       wait_gone)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -71,19 +72,6 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
     return logged
 
 
-def _render(recipe: dict, job_dir: Path, gpus: str, server: bool) -> None:
-    cfg = job_dir.parent / f"{job_dir.name}-recipe.yaml"
-    cfg.write_text(yaml.safe_dump(recipe))
-    ogrpo("render", "--gpus", gpus, "--config", str(cfg), "-o", str(job_dir), check=True)
-    if server:
-        from overlap_jobs import DETERMINISTIC_SERVER
-
-        run_yaml = job_dir / "run.yaml"
-        cfg = yaml.safe_load(run_yaml.read_text())
-        cfg["ogrpo"]["plan"]["vllm"]["args"].update(DETERMINISTIC_SERVER)
-        run_yaml.write_text(yaml.safe_dump(cfg))
-
-
 def _sbatch(job_dir: Path) -> str:
     out = subprocess.run(["sbatch", "--parsable", str(job_dir / "job.sbatch")], env=venv_env(OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True)
@@ -110,7 +98,7 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
         recipe["ogrpo"].update({"gpus": gpus, "use_vllm": True, "overlap": mode})
     job_dir, twin_dir = tmp / "job", tmp / "twin"
     for d in (job_dir, twin_dir):
-        _render(recipe, d, gpus, server=mode != "no-server")
+        render_job(recipe, d, gpus, deterministic_server=mode != "no-server")
     twin = _sbatch(twin_dir)
     job = _sbatch(job_dir)
     run = job_dir / "run"

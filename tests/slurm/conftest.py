@@ -48,6 +48,46 @@ def grpo_reference(slurm_cluster, tmp_path_factory):
     return run_reference(tmp_path_factory.mktemp("grpo-ref"))
 
 
+def _queued_jobs() -> set[str]:
+    """Job ids (an array's own id for its tasks) in this test cluster's queue; none when Slurm does not answer."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request):
+    """A test that fails between its submit and its cancel (or its wait) left its job running, and every later
+    test then queued behind it until its time limit: one failure became two in CI. Whatever a test submitted
+    and left in the queue is cancelled when it ends, pass or fail. Session and module fixtures wait for their
+    own jobs to end before they return, so none of theirs is counted here."""
+    if "slurm_cluster" not in request.fixturenames:
+        yield
+        return
+    before = _queued_jobs()
+    yield
+    left = sorted(_queued_jobs() - before)
+    if left:
+        subprocess.run(["scancel", *left], check=False, capture_output=True)
+        deadline = time.monotonic() + 120
+        while _queued_jobs() & set(left) and time.monotonic() < deadline:
+            time.sleep(1)
+
+
+def _job_log_tail(job_id: str, chars: int = 3000) -> str:
+    """The end of the job's batch log (StdOut), for a failure message that says where the job was."""
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True)
+    state = " ".join(w for w in out.stdout.split() if w.startswith(("JobState=", "Reason=", "RunTime=")))
+    path = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("StdOut=")), "")
+    try:
+        tail = Path(path).read_text(errors="replace")[-chars:] if path else ""
+    except OSError:
+        tail = ""
+    return f"{state}\n{tail}"
+
+
 def wait_gone(job_id: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -55,7 +95,7 @@ def wait_gone(job_id: str, timeout: float) -> None:
         if not out.stdout.strip():
             return
         time.sleep(1)
-    raise AssertionError(f"job {job_id} still in squeue after {timeout}s")
+    raise AssertionError(f"job {job_id} still in squeue after {timeout}s: {_job_log_tail(job_id)}")
 
 
 def wait_for(pred, timeout: float, what: str):

@@ -19,7 +19,7 @@ from ogrpo.launch import slurm as sl
 from ogrpo.launch.executor import SlurmExecutor
 
 from .conftest import TOY, ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
-from .test_slurm_mechanics import submit_toy, toy_state
+from .test_slurm_mechanics import submit_toy, toy_state, wait_toy_trainer
 
 pytestmark = pytest.mark.slurm
 
@@ -96,8 +96,7 @@ def test_scancel_signal_term_to_the_steps_checkpoints_and_requeues(slurm_cluster
     the supervisor requeues, and the next attempt resumes."""
     job_dir = tmp_path / "run"
     job = submit_toy(job_dir, total=20, max_requeues=2, signal_delay_s=30)
-    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
-    wait_for(lambda: "resume at 0" in (job_dir / "run" / "logs" / "trainer.log").read_text(), 60, "the trainer")
+    wait_toy_trainer(job_dir)
     time.sleep(3)
     subprocess.run(["scancel", "--signal=TERM", job], check=True)
     wait_gone(job, 240)
@@ -118,7 +117,8 @@ def test_scancel_signal_term_to_the_steps_checkpoints_and_requeues(slurm_cluster
 def test_requeue_is_not_logged_as_a_failure(slurm_cluster, tmp_path):
     job_dir = tmp_path / "run"
     job = submit_toy(job_dir, total=600)
-    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
+    # its first checkpoint (step 5): a requeue before the toy trainer saved would leave nothing to read below
+    wait_for(lambda: (job_dir / "toy_ckpt.json").exists(), 180, "the toy trainer's first checkpoint")
     subprocess.run(["scontrol", "requeue", job], check=True)
     wait_for(lambda: (job_dir / "slurm" / "attempt-1.json").exists(), 120, "the requeued attempt")
     log = (job_dir / "logs" / f"slurm-{job}.out").read_text()

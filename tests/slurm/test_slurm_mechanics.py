@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +41,13 @@ def submit_toy(job_dir: Path, total: int, **opts) -> str:
 
 def toy_state(job_dir: Path) -> dict:
     return read_json(job_dir / "toy_ckpt.json")
+
+
+def wait_toy_trainer(job_dir: Path, timeout: float = 180) -> None:
+    """Until the toy trainer has its signal handlers (it prints "resume at" after installing them). The step's
+    record appears before Python has started: a signal sent then kills the toy unsaved, on a loaded machine."""
+    log = job_dir / "run" / "logs" / "trainer.log"
+    wait_for(lambda: log.exists() and "resume at" in log.read_text(), timeout, "the toy trainer to start")
 
 
 def test_disjoint_devices_status_and_logs(slurm_cluster, tmp_path):
@@ -91,8 +97,8 @@ def test_cancel_leaves_no_process(slurm_cluster, tmp_path):
 def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     job_dir = tmp_path / "run"
     job = submit_toy(job_dir, total=25, max_requeues=2, signal_delay_s=30)
-    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
-    time.sleep(6)
+    wait_toy_trainer(job_dir)
+    wait_for(lambda: (job_dir / "toy_ckpt.json").exists(), 60, "the toy trainer's first checkpoint")
     slurm_query.interrupt(job)  # what Slurm sends before the time limit: USR2 to the batch step
     wait_gone(job, 180)
     assert sacct_state(job) == "COMPLETED"
@@ -113,7 +119,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
 def test_requeue_bound(slurm_cluster, tmp_path):
     job_dir = tmp_path / "run"
     job = submit_toy(job_dir, total=600, max_requeues=0)
-    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
+    wait_toy_trainer(job_dir)
     slurm_query.interrupt(job)
     wait_gone(job, 90)
     requeue = read_json(job_dir / "slurm" / "requeue-0.json")

@@ -59,7 +59,11 @@ def test_both_paths_run_and_report(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert {r["path"] for r in rows} == {"trl", "ogrpo", "ratio"}
     assert {r["metric"] for r in rows if r["path"] == "trl"} == {f"{s}_s" for s in STAGES} | {
-        "peak_mem", "logprobs_per_pass_s", "completion_len"}
+        "peak_mem", "logprobs_per_pass_s", "completion_len", "pad_share_score", "pad_share_loss"}
+    # every path reports the share of each kind of log-prob pass that went to padding
+    for kind in ("score", "loss"):
+        shares = [res["results"][path][f"pad_share_{kind}"] for path in ("trl", "ogrpo")]
+        assert all(0 <= v < 1 for v in shares) and "pad loss" in text, shares
     # beta > 0: both paths score the reference model; O-GRPO's vLLM rollouts score the old policy too
     assert res["results"]["trl"]["logprob_passes"] >= 1
     assert res["results"]["ogrpo"]["logprob_passes"] > res["results"]["trl"]["logprob_passes"]

@@ -38,18 +38,29 @@ class FakeTrainer:
     def _calculate_rewards(self, *a):
         self.clock.tick(0.5)
 
-    def _get_per_token_logps_and_entropies(self, *a):
+    def _get_per_token_logps_and_entropies(self, *a, **kw):
         self.clock.tick(0.25)
 
+    # the two completions above, left-padded prompts of 1 and 2 tokens, completions of 3 and 2 padded to 3: the
+    # (2, 5) mask keeps 1 + 3 + 2 + 2 = 8 of 10 positions
+    MASK = [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+
     def _generate_and_score_completions(self, batch):
+        import torch
+
         self.clock.tick(0.1)  # padding etc.
         self._generate(batch)
-        self._get_per_token_logps_and_entropies()  # reference model
+        mask = torch.tensor(self.MASK)
+        self._get_per_token_logps_and_entropies(None, mask, mask, 3)  # reference model
         self._calculate_rewards()
 
     def training_step(self, model, inputs, n):
+        import torch
+
         self._generate_and_score_completions(inputs)
-        self._get_per_token_logps_and_entropies()  # policy forward inside the loss: "train"
+        mask = torch.tensor(self.MASK)
+        # policy forward inside the loss: "train"; TRL passes its mask as a keyword on some paths
+        self._get_per_token_logps_and_entropies(None, mask, attention_mask=mask[:1], logits_to_keep=3)
         self.clock.tick(1.0)  # backward
 
 
@@ -86,18 +97,25 @@ def test_stages_are_attributed_exactly(clock, tmp_path):
     assert r["step_s"] == pytest.approx(4.45)
     assert r["completion_tokens"] == 5 and r["gen_tokens_per_s"] == pytest.approx(2.5)
     assert r["peak_mem_gib"] > 0 and r["device"] == "cpu"
+    # each kind of pass: the positions it computed and those its mask kept, per step
+    assert r["pass_tokens"] == {"score": 10, "loss": 5} and r["pass_real_tokens"] == {"score": 8, "loss": 4}
+    assert r["pad_share"] == {"score": pytest.approx(0.2), "loss": pytest.approx(0.2)}
+    assert rows[1]["pass_tokens"] == r["pass_tokens"]  # counted per step, not accumulated across steps
     s = summarize(rows)
     assert s["steps"] == 2 and s["stages"]["generation"]["share"] == pytest.approx(2.0 / 4.45)
+    assert s["pad_share"] == {"score": pytest.approx(0.2), "loss": pytest.approx(0.2)}
 
 
 def test_table_renders_every_stage(clock, tmp_path):
     from rich.console import Console
 
     rows = [{"step": 1, "generation_s": 1.0, "reward_s": 0.1, "logprobs_s": 0.2, "train_s": 0.5, "other_s": 0.0,
-             "step_s": 1.8, "completion_tokens": 100, "peak_mem_gib": 0.5, "device": "cpu"}]
+             "step_s": 1.8, "completion_tokens": 100, "peak_mem_gib": 0.5, "device": "cpu",
+             "pass_tokens": {"score": 400, "loss": 200}, "pass_real_tokens": {"score": 100, "loss": 150}}]
     console = Console(record=True, width=100)
     render_table(rows, console)
     text = console.export_text()
     for stage in ("generation", "reward", "logprobs", "train", "other"):
         assert stage in text
     assert "100 completion tok/s" in text and "peak RSS 0.50 GiB" in text
+    assert "padding computed (pad_share): scoring passes 75.0% · loss forward 25.0%" in text

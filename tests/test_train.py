@@ -50,6 +50,14 @@ def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
         for stage in ("generation", "reward", "logprobs", "train"):
             assert row[f"{stage}_s"] > 0, (stage, row)
         assert row["completion_tokens"] > 0 and row["gen_tokens_per_s"] > 0 and row["peak_mem_gib"] > 0
+        # the passes' waste: each scoring pass (the reference here) and the loss forward saw the same real
+        # positions, the prompt's and the completions' (more than the completion tokens alone), plus padding
+        real, computed = row["pass_real_tokens"], row["pass_tokens"]
+        assert real["score"] == row["logprob_passes"] * real["loss"] > row["completion_tokens"], row
+        for kind in ("score", "loss"):
+            assert 0 < real[kind] <= computed[kind]
+            assert row["pad_share"][kind] == pytest.approx(1 - real[kind] / computed[kind], abs=1e-6)
+    assert "padding computed (pad_share): scoring passes" in proc.stdout
     for png in ("reward.png", "profile.png"):
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000

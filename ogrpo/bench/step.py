@@ -36,6 +36,7 @@ from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_fi
 from ogrpo.tables import format_table
 from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
 from ogrpo.bench.task import token_reward
+from ogrpo.train.profiler import pad_shares
 from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
 
@@ -142,6 +143,8 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     out["logprobs_per_pass"] = out["logprobs"] / out["logprob_passes"] if out["logprob_passes"] else 0.0
     out["completion_len"] = (sum(r.get("completion_tokens", 0) for r in timed)
                              / max(1, sum(r.get("completions", 0) for r in timed)))
+    shares = pad_shares(timed)  # the share of each kind of log-prob pass spent on padding
+    out["pad_share_score"], out["pad_share_loss"] = shares.get("score", 0.0), shares.get("loss", 0.0)
     split = [r for r in timed if isinstance(r.get("idle_share"), dict)]
     if split:  # the split placement: each device set's busy seconds and idle share, and the ideal overlap
         out.update(lanes(split))
@@ -249,9 +252,10 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         rows = [json.loads(x) for x in (work / f"{path}-profile.jsonl").read_text().splitlines()]
         results[path] = summarize(rows)
     r = ratios(results["trl"], results["ogrpo"]) if placement == "single" else split_ratios(results)
-    header = ["path", *[f"{s} s" for s in STAGES], "passes", "s/pass", "tok/s", "peak GiB"]
+    header = ["path", *[f"{s} s" for s in STAGES], "passes", "s/pass", "pad score", "pad loss", "tok/s", "peak GiB"]
     table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['logprob_passes']:g}",
-              f"{results[p]['logprobs_per_pass']:.3f}", f"{results[p]['tokens_per_s']:.0f}",
+              f"{results[p]['logprobs_per_pass']:.3f}", f"{100 * results[p]['pad_share_score']:.0f}%",
+              f"{100 * results[p]['pad_share_loss']:.0f}%", f"{results[p]['tokens_per_s']:.0f}",
               f"{results[p]['peak_gib']:.2f}"] for p in paths]
     lengths = f" (EOS allowed: end tokens 1 in {stop_every or new_tokens // 2})" if placement == "split" else ""
     out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x <= {new_tokens} "
@@ -280,7 +284,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     csv_rows += [make_row("step", case, p, metric, results[p][metric], unit, str(shape.params()), tags)
                  for p in paths for metric, unit in (("server_busy", "s"), ("trainer_busy", "s"),
                                                      ("ideal_step", "s"), ("bottleneck_idle", "share"),
-                                                     ("completion_len", "tokens"))
+                                                     ("completion_len", "tokens"), ("pad_share_score", "share"),
+                                                     ("pad_share_loss", "share"))
                  if metric in results[p]]
     csv_rows += [make_row("step", case, "ratio", k, v, "x", str(shape.params()), tags) for k, v in r.items()]
     out.write(f"csv: {append_rows(csv_path, csv_rows)}\n")

@@ -12,6 +12,11 @@ wrappers of those methods), and a TrainerCallback closes each optimizer step. St
 - train: loss + backward (training_step minus rollout/scoring time) + clip + optimizer step + zero_grad;
 - other: the rest of the step (padding, advantages, logging bookkeeping).
 
+Waste per pass: every log-prob forward runs over the whole padded batch it is given (prompts left-padded,
+completions padded to the longest). `pass_tokens` counts the positions each kind of pass computed ("score": the
+reference and old-policy passes; "loss": the policy forward inside the loss), `pass_real_tokens` those its
+attention mask keeps, and `pad_share` = 1 - real / computed: the share of that pass's compute spent on padding.
+
 On the split placement (a separate vLLM server) each row also says how much of the step each device set sat
 idle (`idle_share`: {"server": .., "trainer": ..}) from a Timeline of busy spans: the server is busy while it
 generates (a request in flight, whichever thread sent it) or receives weights (the push); the trainer is idle
@@ -75,6 +80,7 @@ class StageProfiler:
         self._measured = 0  # steps measured so far
         self._reset()
         self._scoring_depth = 0
+        self._count_lock = threading.Lock()
         self._scoring_s = 0.0  # time inside rollout scoring during the current training_step
         self._trainer = None
         self.timeline: Timeline | None = None  # server mode only
@@ -85,6 +91,7 @@ class StageProfiler:
         self.acc = dict.fromkeys(STAGES, 0.0)
         self.tokens = 0
         self.logprob_passes = 0  # scoring calls in the step: the reference model, and the old policy when needed
+        self.pass_tokens: dict[str, list[int]] = {}  # "score" | "loss" -> [positions computed, positions kept]
         self.spans: list[tuple[str, int, int]] = []  # (stage, start, end) in unix ns: where a memory peak falls
         self.sequences = 0
         self.batch = None  # hashlib digest of the step's training batches
@@ -226,10 +233,24 @@ class StageProfiler:
             return out
         return inner
 
+    def _count_pass(self, kind: str, args: tuple, kwargs: dict) -> None:
+        """Positions a log-prob pass computes and those its attention mask keeps: (model, input_ids,
+        attention_mask, ...) in both TRL lines' `_get_per_token_logps_and_entropies`."""
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if mask is None or not hasattr(mask, "numel"):
+            return
+        computed, kept = int(mask.numel()), int(mask.sum())
+        with self._count_lock:  # the overlap's scoring thread and the main thread both count
+            counts = self.pass_tokens.setdefault(kind, [0, 0])
+            counts[0] += computed
+            counts[1] += kept
+
     def _on_logps(self, fn):
         def inner(*args, **kwargs):
             if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
+                self._count_pass("loss", args, kwargs)
                 return fn(*args, **kwargs)
+            self._count_pass("score", args, kwargs)
             t0, n0 = time.perf_counter(), time.time_ns()
             self.logprob_passes += 1
             try:
@@ -312,7 +333,7 @@ class StageProfiler:
         row = {"step": step, **{f"{s}_s": round(v, 6) for s, v in self.acc.items()},
                "other_s": round(max(0.0, total - sum(self.acc.values())), 6), "step_s": round(total, 6),
                "completion_tokens": self.tokens, "completions": self.sequences,
-               "logprob_passes": self.logprob_passes,
+               "logprob_passes": self.logprob_passes, **pass_waste(self.pass_tokens),
                "gen_tokens_per_s": round(self.tokens / self.acc["generation"], 2) if self.acc["generation"] else 0.0,
                "tokens_per_s": round(self.tokens / total, 2) if total else 0.0}
         if self.batch is not None:
@@ -588,6 +609,26 @@ def memory_row() -> dict:
     return {"device": "cpu", "rss_gib": round(rss / GIB, 4), "peak_mem_gib": round(peak / GIB, 4)}
 
 
+def pass_waste(counts: dict[str, list[int]]) -> dict:
+    """pass_tokens, pass_real_tokens and pad_share per kind of pass ({} when no pass ran)."""
+    if not counts:
+        return {}
+    return {"pass_tokens": {k: c[0] for k, c in counts.items()},
+            "pass_real_tokens": {k: c[1] for k, c in counts.items()},
+            "pad_share": {k: round(1 - c[1] / c[0], 6) if c[0] else 0.0 for k, c in counts.items()}}
+
+
+def pad_shares(rows: list[dict]) -> dict[str, float]:
+    """pad_share per kind of pass over ROWS: padded positions over all positions computed."""
+    counts: dict[str, list[int]] = {}
+    for r in rows:
+        for kind, n in (r.get("pass_tokens") or {}).items():
+            c = counts.setdefault(kind, [0, 0])
+            c[0] += n
+            c[1] += r["pass_real_tokens"][kind]
+    return pass_waste(counts).get("pad_share", {})
+
+
 def summarize(rows: list[dict]) -> dict:
     """Totals and per-step means by stage, the share of step time, peak memory and generation throughput."""
     if not rows:
@@ -605,6 +646,9 @@ def summarize(rows: list[dict]) -> dict:
     idle = [r["idle_share"] for r in rows if isinstance(r.get("idle_share"), dict)]
     if idle:
         out["idle_share"] = {lane: sum(i[lane] for i in idle) / len(idle) for lane in ("server", "trainer")}
+    shares = pad_shares(rows)
+    if shares:
+        out["pad_share"] = shares
     out["device"] = rows[-1].get("device")
     out.update(memory_calibration(rows))
     return out
@@ -643,6 +687,10 @@ def render_table(rows: list[dict], console=None) -> None:
     console.print(table)
     console.print(f"{mem} {s['peak_mem_gib']:.2f} GiB · generation {s['gen_tokens_per_s']:.0f} completion tok/s",
                   soft_wrap=True)
+    if "pad_share" in s:
+        names = {"score": "scoring passes", "loss": "loss forward"}
+        console.print("padding computed (pad_share): " + " · ".join(
+            f"{names.get(k, k)} {100 * v:.1f}%" for k, v in s["pad_share"].items()), soft_wrap=True)
     if "idle_share" in s:
         console.print(f"idle share of the step: server {100 * s['idle_share']['server']:.1f}% · trainer "
                       f"{100 * s['idle_share']['trainer']:.1f}%", soft_wrap=True)

@@ -573,6 +573,17 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
 # --- the vendored TRL field table -------------------------------------------------------------------------
 
 
+def _declared_type(cls, field):
+    """A dataclass field's annotation as its class declares it. transformers' HfArgumentParser rewrites
+    `Field.type` in place (Optional[X] becomes X), so once any parser of these classes was built in this process
+    `dataclasses.fields()` no longer says that a field takes None; the class's own annotations still do."""
+    for klass in cls.__mro__:
+        annotations = klass.__dict__.get("__annotations__", {})
+        if field.name in annotations:
+            return annotations[field.name]
+    return field.type
+
+
 def field_table_from_trl() -> dict:
     """Build the field table from the installed trl (imports trl; used by the test and to regenerate)."""
     import dataclasses
@@ -597,7 +608,8 @@ def field_table_from_trl() -> dict:
                 json.dumps(default)
             except (TypeError, ValueError):
                 default = str(default)
-            table[f.name] = {"kinds": kinds_from_type(f.type if isinstance(f.type, str) else str(f.type)),
+            declared = _declared_type(cls, f)
+            table[f.name] = {"kinds": kinds_from_type(declared if isinstance(declared, str) else str(declared)),
                              "default": default}
         out[name] = table
     return out

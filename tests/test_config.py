@@ -19,6 +19,18 @@ def test_vendored_fields_match_trl():
     assert vendored == real
 
 
+def test_vendored_fields_match_trl_after_a_parser_was_built():
+    """transformers' HfArgumentParser rewrites the dataclasses' Field.type in place (Optional[X] -> X): the table
+    read after one was built in this process (another test's, or the loader's) must still say which fields take
+    None. Under `make test-fast`'s two workers this test ran after such a test and failed."""
+    from transformers import HfArgumentParser
+    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    HfArgumentParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
+    assert json.loads(json.dumps(field_table_from_trl())) == json.loads(FIELDS_FILE.read_text())
+
+
 def test_vendored_fields_cover_training_arguments():
     from transformers import TrainingArguments
     import dataclasses

@@ -158,7 +158,8 @@ def test_a_cancel_stops_at_once_without_a_checkpoint(tmp_path, monkeypatch, mark
 def test_sigterm_reasons_as_slurm_reports_them():
     """`scontrol show job -o` while the SIGTERM is delivered, as recorded on the test cluster (Slurm 22.05), for
     an attempt that started as restart 0."""
-    from ogrpo.launch.stopping import CANCEL, REQUEUE, STEPS, TIMEOUT, classify, parse_show_job
+    from ogrpo.launch.slurm_cli import key_values
+    from ogrpo.launch.stopping import CANCEL, REQUEUE, STEPS, TIMEOUT, classify
 
     seen = {
         "JobId=7 JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 Restarts=0": CANCEL,  # scancel
@@ -167,9 +168,9 @@ def test_sigterm_reasons_as_slurm_reports_them():
         "JobId=3 JobState=RUNNING Reason=None Requeue=1 Restarts=0": STEPS,  # scancel --signal=TERM
     }
     for text, reason in seen.items():
-        assert classify(parse_show_job(text), 0) == reason, text
+        assert classify(key_values(text), 0) == reason, text
     # the second attempt of a requeued job, cancelled: its own restart count is the baseline
-    assert classify(parse_show_job("JobState=COMPLETING Reason=None Restarts=1"), 1) == CANCEL
+    assert classify(key_values("JobState=COMPLETING Reason=None Restarts=1"), 1) == CANCEL
 
 
 def test_a_second_sigterm_inside_the_handler_is_absorbed_and_nothing_is_imported_there(tmp_path, monkeypatch):

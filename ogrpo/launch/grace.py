@@ -28,6 +28,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ogrpo.launch.slurm_cli import key_values
+
 # Unknown step time: long enough for a GRPO step of a <= 7B model with a server on one GPU node (10-60 s), and
 # for the CPU recipes (0.5-3 s a step on two cores) with room for a loaded machine.
 DEFAULT_STEP_S = {"gpu": 45.0, "cpu": 10.0}
@@ -76,12 +78,7 @@ def parse_config(text: str) -> dict[str, str]:
 
 def parse_partitions(text: str) -> list[dict[str, str]]:
     """`scontrol show partition -o` (one `Key=Value ...` line per partition) → one dict per partition."""
-    parts = []
-    for line in text.splitlines():
-        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
-        if "PartitionName" in words:
-            parts.append(words)
-    return parts
+    return [words for words in map(key_values, text.splitlines()) if "PartitionName" in words]
 
 
 @dataclass(frozen=True)

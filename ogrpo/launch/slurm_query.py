@@ -21,7 +21,7 @@ from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch import submitit_adapter
 from ogrpo.launch.handle import ENDED, Job
 from ogrpo.launch.run_state import run_dir_state
-from ogrpo.launch.slurm_cli import require, run_slurm, unanswered
+from ogrpo.launch.slurm_cli import key_values, require, run_slurm, unanswered
 
 __all__ = ["SlurmJob", "JobRef", "resolve", "remember", "cluster_identity", "run_slurm", "status", "stream_logs",
            "cancel", "interrupt"]
@@ -131,10 +131,8 @@ def _restarts(job_id: str) -> int | None:
     (time limit, preemption, `scontrol requeue`), unlike the run directory's own records."""
     out = run_slurm(["scontrol", "show", "job", "-o", job_id])
     unanswered(out)
-    for word in out.stdout.split() if out.returncode == 0 else ():
-        if word.startswith("Restarts="):
-            return int(word.split("=", 1)[1])
-    return None
+    restarts = key_values(out.stdout).get("Restarts") if out.returncode == 0 else None
+    return int(restarts) if restarts is not None else None
 
 
 def log_files(job: JobRef, role: str | None) -> list[Path]:

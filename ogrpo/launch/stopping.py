@@ -24,6 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ogrpo.launch.slurm_cli import key_values
+
 CANCEL_MARKER = "cancel.json"
 SCONTROL_TIMEOUT_S = 5
 
@@ -63,16 +65,6 @@ def cancel_requested(run_dir: str | os.PathLike | None, since: float | None = No
     return since is None or float(data.get("time") or 0) >= since - 1.0
 
 
-def parse_show_job(text: str) -> dict[str, str]:
-    """`scontrol show job -o ID` → {JobState, Reason, Restarts, ...} (first word of each Key=Value)."""
-    out = {}
-    for word in text.split():
-        key, sep, value = word.partition("=")
-        if sep and key not in out:
-            out[key] = value
-    return out
-
-
 def classify(job: dict[str, str], restart_count: int) -> str:
     """A reason from `scontrol show job` fields, for an attempt that started as restart `restart_count`."""
     state = job.get("JobState", "")
@@ -102,7 +94,7 @@ def slurm_reason(job_id: str, restart_count: int, timeout: float = SCONTROL_TIME
         return UNKNOWN
     if out.returncode != 0:
         return UNKNOWN
-    return classify(parse_show_job(out.stdout), restart_count)
+    return classify(key_values(out.stdout), restart_count)
 
 
 def sigterm_reason(run_dir: str | os.PathLike | None, since: float | None = None) -> str:

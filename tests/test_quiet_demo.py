@@ -25,7 +25,7 @@ OURS = [re.compile(p) for p in (
     r"plan: ", r"  \w[\w ]*: ",                         # the plan's summary and its indented role lines
     r"change: ", r"note: ", r"error: ", r"running locally in ", r"\[ogrpo supervise\] ",
     r" *Stage profile \(", r"[┏┃┡│└]",                  # the stage table (rich)
-    r"peak RSS ", r"idle share of the step: ", r"run directory: ",
+    r"peak RSS ", r"padding computed \(pad_share\): ", r"idle share of the step: ", r"run directory: ",
     r"ogrpo: ",                                          # the trainer's own notices (server mode's weight push)
 )]
 # the training bar only: tqdm's bar over the run's steps, no description (loading/saving bars have one)

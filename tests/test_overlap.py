@@ -418,6 +418,10 @@ def test_bad_overlap_value_is_one_line_exit_2(run_cli, tmp_path):
 STEPS = 3
 
 
+def profile_rows(run) -> list[dict]:
+    return [json.loads(x) for x in (run / "profile.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def off_run(tmp_path_factory):
     from overlap_jobs import run_job
@@ -451,6 +455,16 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     assert requests(off_run) == STEPS and requests(run) == STEPS * groups
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless"
+    # the padding counted is that of the forwards that ran: off's two scoring passes over the whole batch, the
+    # streamed groups' own (each padded to its longest, its prompt unpadded) in lossless, never both; the same
+    # real positions either way, and the same loss forwards
+    ours, theirs = profile_rows(run), profile_rows(off_run)
+    for x, y in zip(ours, theirs):
+        assert y["pass_real_tokens"]["score"] == 2 * y["pass_real_tokens"]["loss"], y
+        assert x["pass_real_tokens"] == y["pass_real_tokens"] and x["pass_tokens"]["loss"] == y["pass_tokens"]["loss"]
+        assert x["pass_tokens"]["score"] <= y["pass_tokens"]["score"], (x["pass_tokens"], y["pass_tokens"])
+    # counted at TRL's call instead, lossless would show off's whole-batch padding exactly
+    assert sum(x["pass_tokens"]["score"] for x in ours) < sum(y["pass_tokens"]["score"] for y in theirs)
 
 
 @pytest.mark.integration
@@ -471,7 +485,7 @@ def test_one_step_samples_are_at_most_one_version_old_and_logged(off_run, tmp_pa
     for step in range(1, STEPS + 1):  # the batch stream is off's
         assert completions(run, step)["prompt"].tolist() == completions(off_run, step)["prompt"].tolist()
     assert requests(run) == STEPS
-    profile = [json.loads(x) for x in (run / "profile.jsonl").read_text().splitlines()]
+    profile = profile_rows(run)
     assert len(profile) == STEPS and [p["staleness"] for p in profile] == [0, 1, 1]
     assert all(0.0 <= p["idle_share"][k] <= 1.0 for p in profile for k in ("server", "trainer"))
     manifest = json.loads((run / "manifest.json").read_text())

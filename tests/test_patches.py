@@ -103,7 +103,7 @@ def test_stacked_wrappers_go_on_in_the_stated_order_and_run_outermost_first():
     trainer = _Trainer()
     trainer.calls = []
     order = wraps.ORDER[("trainer", method)]
-    assert order == ("linear_logprobs", "overlap", "profiler", "nonfinite")  # what ogrpo.train.run installs
+    assert order == ("linear_logprobs", "passes", "overlap", "profiler", "nonfinite")  # what ogrpo.train.run installs
     for layer in order:
         wraps.wrap(trainer, method, layer, _layer(layer, trainer.calls))
     assert wraps.layers(trainer, method) == order

@@ -7,6 +7,9 @@ so a reordered install in ogrpo.train.run fails at start-up instead of timing, g
 thing. Layers, innermost first (each one installed after, and so around, the ones before it):
 
 - `linear_logprobs` (ogrpo.patches.trl_linear_logprobs): replaces TRL's scoring computation itself;
+- `passes` (ogrpo.train.profiler, StageProfiler.count_passes): counts the positions each forward that runs
+  computes and the ones its mask keeps (`pad_share`), beneath the overlap, so that the streamed groups' own passes
+  are counted and the TRL calls the overlap answers with them are not;
 - `overlap` (ogrpo.patches.trl_overlap): hands TRL results computed ahead (the streamed groups' log-probs and
   rewards), so it must see the kernel's pass beneath it and be seen by the layers above as TRL's own call;
 - `profiler` (ogrpo.train.profiler): times whatever runs below, the overlap's hand-over included; on the client,
@@ -38,7 +41,8 @@ _GRPO = "trl.trainer.grpo_trainer"
 
 # (object, method) -> O-GRPO's layers on it, innermost first: the order they are installed in
 ORDER: dict[tuple[str, str], tuple[str, ...]] = {
-    ("trainer", "_get_per_token_logps_and_entropies"): ("linear_logprobs", "overlap", "profiler", "nonfinite"),
+    ("trainer", "_get_per_token_logps_and_entropies"): ("linear_logprobs", "passes", "overlap", "profiler",
+                                                        "nonfinite"),
     ("trainer", "training_step"): ("profiler", "nonfinite"),
     ("trainer", "_generate"): ("overlap", "profiler"),
     ("trainer", "_generate_and_score_completions"): ("overlap", "profiler"),

@@ -16,6 +16,9 @@ Waste per pass: every log-prob forward runs over the whole padded batch it is gi
 completions padded to the longest). `pass_tokens` counts the positions each kind of pass computed ("score": the
 reference and old-policy passes; "loss": the policy forward inside the loss), `pass_real_tokens` those its
 attention mask keeps, and `pad_share` = 1 - real / computed: the share of that pass's compute spent on padding.
+The count sits beneath the overlap (`count_passes`, the `passes` layer): where `lossless` scores the groups as
+they arrive, their own passes (each group padded to its own longest) are what is counted, not TRL's call of the
+whole batch that the overlap then answers without a forward.
 
 On the split placement (a separate vLLM server) each row also says how much of the step each device set sat
 idle (`idle_share`: {"server": .., "trainer": ..}) from a Timeline of busy spans: the server is busy while it
@@ -80,7 +83,6 @@ class StageProfiler:
         self._measured = 0  # steps measured so far
         self._reset()
         self._scoring_depth = 0
-        self._count_lock = threading.Lock()
         self._scoring_s = 0.0  # time inside rollout scoring during the current training_step
         self._trainer = None
         self.timeline: Timeline | None = None  # server mode only
@@ -104,6 +106,10 @@ class StageProfiler:
         if self.measure_steps > 0 and not _cuda():
             # from here, before train() wraps the model in DDP / DeepSpeed: their buffers are counted as made
             self._tensor_peak = TensorPeak().start()
+        from ogrpo.patches.trl_trainer_wraps import layers
+
+        if "passes" not in layers(trainer, "_get_per_token_logps_and_entropies"):
+            self.count_passes(trainer)
         self._wrap(trainer, "_generate", self._on_generate)
         self._wrap(trainer, "_calculate_rewards", self._timed("reward"))
         self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_logps)
@@ -176,11 +182,17 @@ class StageProfiler:
         wrap(client, "generate", "profiler", timed_request, kind="vllm_client")
 
     @staticmethod
-    def _wrap(trainer, name: str, make) -> None:
-        # the `profiler` layer: its place among O-GRPO's other wrappers is in ogrpo.patches.trl_trainer_wraps
+    def _wrap(trainer, name: str, make, layer: str = "profiler") -> None:
+        # its place among O-GRPO's other wrappers is in ogrpo.patches.trl_trainer_wraps
         from ogrpo.patches.trl_trainer_wraps import wrap
 
-        wrap(trainer, name, "profiler", make)
+        wrap(trainer, name, layer, make)
+
+    def count_passes(self, trainer) -> "StageProfiler":
+        """The `passes` layer: beneath the overlap (install it before ogrpo.patches.trl_overlap; `attach` installs
+        it when nothing did), so the forwards counted are the ones that run."""
+        self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_pass, layer="passes")
+        return self
 
     def _timed(self, stage: str):
         def make(fn):
@@ -233,24 +245,21 @@ class StageProfiler:
             return out
         return inner
 
-    def _count_pass(self, kind: str, args: tuple, kwargs: dict) -> None:
-        """Positions a log-prob pass computes and those its attention mask keeps: (model, input_ids,
-        attention_mask, ...) in both TRL lines' `_get_per_token_logps_and_entropies`."""
-        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-        if mask is None or not hasattr(mask, "numel"):
-            return
-        computed, kept = int(mask.numel()), int(mask.sum())
-        with self._count_lock:  # the overlap's scoring thread and the main thread both count
-            counts = self.pass_tokens.setdefault(kind, [0, 0])
-            counts[0] += computed
-            counts[1] += kept
+    def _on_pass(self, fn):
+        def inner(*args, **kwargs):
+            # (model, input_ids, attention_mask, ...) in both TRL lines' _get_per_token_logps_and_entropies
+            mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+            if mask is not None and hasattr(mask, "numel"):
+                counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
+                counts[0] += int(mask.numel())
+                counts[1] += int(mask.sum())
+            return fn(*args, **kwargs)
+        return inner
 
     def _on_logps(self, fn):
         def inner(*args, **kwargs):
             if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
-                self._count_pass("loss", args, kwargs)
                 return fn(*args, **kwargs)
-            self._count_pass("score", args, kwargs)
             t0, n0 = time.perf_counter(), time.time_ns()
             self.logprob_passes += 1
             try:

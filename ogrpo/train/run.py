@@ -310,6 +310,8 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)
+    profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
+    profiler.count_passes(trainer)  # beneath the overlap: the streamed groups' passes are the forwards that run
     overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))  # before the profiler
     from ogrpo.train import overlap_resume
 
@@ -318,8 +320,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     overlap_resume.install(trainer)
     if is_main and overlap:
         rundir.update_manifest(run_dir, overlap=overlap)
-    StageProfiler(run_dir / rundir.PROFILE if is_main else None,
-                  memory_terms=p.plan.trainer.memory_terms).attach(trainer)
+    profiler.attach(trainer)
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)

@@ -93,7 +93,7 @@ class StageProfiler:
         self.acc = dict.fromkeys(STAGES, 0.0)
         self.tokens = 0
         self.logprob_passes = 0  # scoring calls in the step: the reference model, and the old policy when needed
-        self.pass_tokens: dict[str, list[int]] = {}  # "score" | "loss" -> [positions computed, positions kept]
+        self.pass_tokens: dict[str, list] = {}  # "score" | "loss" -> [positions computed, positions kept]
         self.spans: list[tuple[str, int, int]] = []  # (stage, start, end) in unix ns: where a memory peak falls
         self.sequences = 0
         self.batch = None  # hashlib digest of the step's training batches
@@ -252,7 +252,7 @@ class StageProfiler:
             if mask is not None and hasattr(mask, "numel"):
                 counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
                 counts[0] += int(mask.numel())
-                counts[1] += int(mask.sum())
+                counts[1] = counts[1] + mask.sum()  # a tensor until the step closes: no device sync per pass
             return fn(*args, **kwargs)
         return inner
 
@@ -622,6 +622,7 @@ def pass_waste(counts: dict[str, list[int]]) -> dict:
     """pass_tokens, pass_real_tokens and pad_share per kind of pass ({} when no pass ran)."""
     if not counts:
         return {}
+    counts = {k: (int(c[0]), int(c[1])) for k, c in counts.items()}
     return {"pass_tokens": {k: c[0] for k, c in counts.items()},
             "pass_real_tokens": {k: c[1] for k, c in counts.items()},
             "pad_share": {k: round(1 - c[1] / c[0], 6) if c[0] else 0.0 for k, c in counts.items()}}

@@ -45,41 +45,22 @@ trap stop EXIT
 # requeue's delay or a job's polling, which the other tests' CPU work fills (on 2 cores the suite one after the
 # other took ~75 min, near CI's 90). Their output is shown after the rest's. tests/trl19 needs the images' TRL
 # line: it runs in the second env (trl19_chain above), not here.
-# The files in LATE run in that same background chain, after tests/slurm: the slurm suite ends well before the
-# main stream, which then had both cores to itself at a load of about 1 for its last ~20 minutes. These are
-# long tests that start their own servers and trainers (the bench commands' own tests, the ZeRO runs), so the
-# two streams end close together. Logs: build/slurm-suite.log, build/late-suite.log.
-LATE=(tests/test_bench_step.py tests/test_bench_overlap.py tests/test_bench_rollout.py tests/test_deepspeed.py)
 mkdir -p build
 t_main=$SECONDS
-beside_chain() {
-  "$PY" -m pytest -v --durations=15 -p no:cacheprovider tests/slurm "$@" >build/slurm-suite.log 2>&1
-  echo $? >build/slurm-suite.rc
-  local t=$SECONDS
-  "$PY" -m pytest -v --durations=10 -p no:cacheprovider "${LATE[@]}" "$@" >build/late-suite.log 2>&1
-  echo $? >build/late-suite.rc
-  echo "late files: $((SECONDS - t)) s, ended $((SECONDS - t_main)) s after the main suite began" >>build/late-suite.log
-}
-rm -f build/slurm-suite.rc build/late-suite.rc
-beside_chain "$@" &
-beside=$!
-"$PY" -m pytest -v --durations=25 --ignore=tests/trl19 --ignore=tests/slurm "${LATE[@]/#/--ignore=}" "$@"
+"$PY" -m pytest -v --durations=15 -p no:cacheprovider tests/slurm "$@" >build/slurm-suite.log 2>&1 &
+slurm_suite=$!
+"$PY" -m pytest -v --durations=25 --ignore=tests/trl19 --ignore=tests/slurm "$@"
 rc=$?
-echo "main suite (without tests/slurm and the late files): $((SECONDS - t_main)) s"
-wait "$beside"
-rc_slurm=$(cat build/slurm-suite.rc 2>/dev/null || echo 1)
-rc_late=$(cat build/late-suite.rc 2>/dev/null || echo 1)
+echo "main suite (without tests/slurm): $((SECONDS - t_main)) s"
+wait "$slurm_suite"
+rc_slurm=$?
 echo "==== tests/slurm (ran beside the main suite) ===="
 cat build/slurm-suite.log
-echo "==== ${LATE[*]} (ran beside the main suite, after tests/slurm) ===="
-cat build/late-suite.log
-echo "main suite with tests/slurm and the late files: $((SECONDS - t_main)) s"
+echo "main suite with tests/slurm: $((SECONDS - t_main)) s"
 # pytest exit 5 = nothing collected: that is a failure here, never a pass.
 [ "$rc" = 5 ] && { echo "no tests ran" >&2; exit 1; }
 [ "$rc_slurm" = 5 ] && { echo "no slurm tests ran" >&2; exit 1; }
-[ "$rc_late" = 5 ] && { echo "none of the late files' tests ran" >&2; exit 1; }
 [ "$rc" = 0 ] && rc=$rc_slurm
-[ "$rc" = 0 ] && rc=$rc_late
 
 wait "$trl19_suite"
 rc19=$?

@@ -78,9 +78,12 @@ def _no_job_outlives_its_test(request):
 
 def _job_log_tail(job_id: str, chars: int = 3000) -> str:
     """The end of the job's batch log (StdOut), for a failure message that says where the job was."""
-    out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True)
-    state = " ".join(w for w in out.stdout.split() if w.startswith(("JobState=", "Reason=", "RunTime=")))
-    path = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("StdOut=")), "")
+    from ogrpo.launch.slurm_cli import key_values
+
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
+    job = key_values(out.stdout)
+    state = " ".join(f"{k}={job[k]}" for k in ("JobState", "Reason", "RunTime") if k in job)
+    path = job.get("StdOut", "")
     try:
         tail = Path(path).read_text(errors="replace")[-chars:] if path else ""
     except OSError:

@@ -6,6 +6,7 @@ testing versions itself, so a new TRL release means editing this file only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from functools import lru_cache
@@ -131,6 +132,27 @@ def model_dtype_key() -> str:
     from ogrpo.stacks import in_range
 
     return "dtype" if in_range(transformers.__version__, ">=4.56") else "torch_dtype"
+
+
+@contextlib.contextmanager
+def trl_imports(use_vllm: bool):
+    """Import TRL's trainer modules inside this. Where the run does not generate with vLLM, vLLM is hidden while
+    they load: TRL imports vLLM's engine, client and weight-transfer modules at module level whenever vLLM is
+    installed (about 6 s of CPU per trainer process on a 2-core CPU, a third of its imports) and uses none of them
+    unless `use_vllm` is on. `sys.modules[name] = None` is Python's own way to make an import fail (find_spec
+    answers None), so TRL's `is_vllm_available()` says no while they load. The entry is removed afterwards:
+    TRL's vLLM paths stay unused, and a reward function may still import vLLM."""
+    import sys
+
+    if use_vllm or "vllm" in sys.modules:
+        yield
+        return
+    sys.modules["vllm"] = None
+    try:
+        yield
+    finally:
+        if "vllm" in sys.modules and sys.modules["vllm"] is None:
+            del sys.modules["vllm"]
 
 
 def vllm_generation_module():

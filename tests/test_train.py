@@ -71,15 +71,34 @@ def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
     assert manifest["grpo_config"]["use_cpu"] is True and manifest["grpo_config"]["bf16"] is False
 
 
+# `python -m ogrpo.train ARGS`, after importing vLLM first when argv[1] is "vllm"; writes whether the process
+# had vLLM loaded at its end to argv[2]
+_TRAIN_AND_REPORT_VLLM = """
+import json, runpy, sys
+first, report = sys.argv.pop(1), sys.argv.pop(1)
+if first == "vllm":
+    import vllm
+sys.argv[0] = "ogrpo.train"
+try:
+    runpy.run_module("ogrpo.train", run_name="__main__", alter_sys=True)
+finally:
+    open(report, "w").write(json.dumps("vllm" in sys.modules))
+"""
+
+
 @pytest.mark.slow
 def test_two_seeded_runs_give_identical_metrics(tmp_path):
-    runs = []
-    for name in ("a", "b"):
-        out = tmp_path / name
-        proc = _run([sys.executable, "-m", "ogrpo.train", "--config", "tiny", "--output-dir", str(out),
-                     "--set", "max_steps=3", "--set", "save_strategy=no"], tmp_path)
+    """Also: a trainer that does not generate with vLLM never imports it (TRL's module-level vLLM imports cost a
+    third of its start-up), and hiding it changes nothing: the second run has vLLM loaded before TRL."""
+    runs, loaded = [], []
+    for name, first in (("a", "-"), ("b", "vllm")):
+        out, report = tmp_path / name, tmp_path / f"{name}-vllm.json"
+        proc = _run([sys.executable, "-c", _TRAIN_AND_REPORT_VLLM, first, str(report), "--config", "tiny",
+                     "--output-dir", str(out), "--set", "max_steps=3", "--set", "save_strategy=no"], tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(_learning_metrics(out))
+        loaded.append(json.loads(report.read_text()))
+    assert loaded == [False, True]
     assert len(runs[0]) >= 3
     assert runs[0] == runs[1]
     assert len({r["loss"] for r in runs[0] if "loss" in r}) > 1  # not trivially constant

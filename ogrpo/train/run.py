@@ -272,7 +272,10 @@ def init_cpu_deepspeed(p: Prepared) -> None:
 
 
 def build_trainer(p: Prepared):
-    from trl import GRPOTrainer
+    from ogrpo.compat import trl_imports
+
+    with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False))):
+        from trl import GRPOTrainer
 
     from ogrpo.train.peft_config import peft_config
 

@@ -47,15 +47,19 @@ def test_bad_input_is_one_error(tmp_path):
 @pytest.mark.slow
 def test_both_paths_run_and_report(tmp_path):
     out = io.StringIO()
+    # the variable shape's end tokens (1 in 3 ids here): HF generate (plain TRL) and vLLM (O-GRPO's rollouts)
+    # both stop at them, read from the model's generation config, and TRL cuts each completion there
     res = run_step_bench(TINY, steps=2, prompts=2, generations=4, new_tokens=8, csv_path=str(tmp_path / "s.csv"),
-                         png_path=str(tmp_path / "s.png"), workdir=str(tmp_path / "w"), out=out)
+                         png_path=str(tmp_path / "s.png"), workdir=str(tmp_path / "w"), out=out, mean_share=0.35)
     for path in ("trl", "ogrpo"):
         assert all(res["results"][path][s] > 0 for s in ("generation", "train", "step")), res
         assert res["results"][path]["peak_gib"] > 0
+        assert 1 <= res["results"][path]["completion_len"] < 6, res["results"][path]  # expected 2.9 of 8
     assert set(res["ratios"]) >= {"step_speedup", "generation_speedup", "memory_ratio"}
     assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
     text = out.getvalue()
     assert "step_speedup:" in text and "peak GiB" in text
+    assert "(end tokens 1 in 3: expected mean length 3)" in text and "trl: mean completion" in text
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert {r["path"] for r in rows} == {"trl", "ogrpo", "ratio"}
     assert {r["metric"] for r in rows if r["path"] == "trl"} == {f"{s}_s" for s in STAGES} | {
@@ -109,10 +113,10 @@ def test_split_lanes_and_ratios_come_from_the_measured_rows():
 
 def test_shape_presets():
     shape, batch = preset("generation-heavy")
-    assert batch["tokens"] == 256 and shape.params() > 0
+    assert batch["tokens"] == 256 and shape.params() > 0 and batch["mean_share"] is None
     shape, batch = preset("generation-heavy", tokens=16, hidden=128)
     assert batch["tokens"] == 16 and shape.hidden == 128
-    assert preset("default")[1] == {"prompts": 4, "generations": 8, "tokens": 64}
+    assert preset("default")[1] == {"prompts": 4, "generations": 8, "tokens": 64, "mean_share": None}
     with pytest.raises(OgrpoError, match="generation-heavy"):
         preset("huge")
     assert stop_tokens(512, 4) == list(range(0, 512, 4))
@@ -171,3 +175,34 @@ def test_bench_models_read_their_prompts_as_the_tokens_they_were_made_of(tmp_pat
     assert all(len(tok(p)["input_ids"]) == 32 for p in prompts)
     assert all(tok.decode([i]) for i in range(2, TINY.vocab))  # every sampled id detokenizes
     assert build_model(TINY, "float32", tmp_path / "m") == model  # built once, then reused
+
+
+def test_variable_shape_ends_completions_at_the_rate_of_its_mean_share(tmp_path):
+    """`--shape variable`: end tokens at the rate that makes the mean completion about 0.35 of the cap (a random
+    model's next token is near uniform), listed in the model's generation config, where HF generate, vLLM and
+    TRL's completion cut (its `eos_token_ids`) all read them."""
+    from transformers import GenerationConfig
+
+    from ogrpo.bench.rollout import build_model
+    from ogrpo.bench.step import end_rate, expected_length, stop_every_for
+
+    shape, batch = preset("variable")
+    assert batch["mean_share"] == 0.35 and batch["tokens"] == 256 and batch["prompts"] * batch["generations"] == 32
+    every = stop_every_for(batch["tokens"], shape.vocab, batch["mean_share"])
+    rate = end_rate(shape.vocab, every)
+    assert expected_length(batch["tokens"], rate) / batch["tokens"] == pytest.approx(0.35, abs=0.02)
+    # a few completions of a step reach the cap: those set the padding of every pass
+    assert 0.02 < (1 - rate) ** batch["tokens"] < 0.15
+    # the formula against draws: mean of min(geometric, cap) over 20,000 completions
+    import random
+
+    rng, cap = random.Random(0), batch["tokens"]
+    draws = [next((k for k in range(1, cap + 1) if rng.random() < rate), cap) for _ in range(20000)]
+    assert sum(draws) / len(draws) == pytest.approx(expected_length(cap, rate), rel=0.03)
+    ends = tuple(stop_tokens(TINY.vocab, 7))
+    model = build_model(TINY, "float32", tmp_path / "m", end_ids=ends)
+    assert GenerationConfig.from_pretrained(str(model)).eos_token_id == list(ends)  # EOS (id 0) first, once
+    plain = build_model(TINY, "float32", tmp_path / "p")
+    assert GenerationConfig.from_pretrained(str(plain)).eos_token_id == 0
+    with pytest.raises(OgrpoError, match="between 0 and 1"):
+        stop_every_for(256, 1024, 1.5)

@@ -106,11 +106,13 @@ def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_
 MODEL_MARK = "ogrpo-bench-model.json"  # a model dir built by this version of build_model (reused as is)
 
 
-def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -> Path:
+def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0, end_ids: tuple[int, ...] = ()) -> Path:
     """Random Qwen2 weights of `shape` in `dtype`, with a byte-level BPE tokenizer of exactly `shape.vocab` ids
     (so every sampled id detokenizes), trained with the split transformers' Qwen2Tokenizer rebuilds on load:
     AutoTokenizer picks that class from the model type whatever tokenizer.json holds (a word-level vocabulary
-    came back as a BPE without merges that read every prompt as 3-5 unknown tokens)."""
+    came back as a BPE without merges that read every prompt as 3-5 unknown tokens). `end_ids`: more end tokens
+    in the model's generation config beside EOS, as real chat models list several: HF generate and vLLM stop at
+    each, and TRL cuts completions at each (its `eos_token_ids` come from that config)."""
     import random
 
     import torch
@@ -135,8 +137,11 @@ def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0) -
                       tie_word_embeddings=shape.tied, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    if end_ids:
+        model.generation_config.eos_token_id = [eos, *(i for i in end_ids if i != eos)]
     model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / MODEL_MARK).write_text(json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed}) + "\n")
+    (out_dir / MODEL_MARK).write_text(json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed,
+                                                  "end_ids": list(end_ids)}) + "\n")
     return out_dir
 
 

@@ -56,8 +56,32 @@ SHAPES = {
     # makes the step all generation, which no overlap can shorten below the server's own time
     "generation-heavy": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 1024,
                          "vocab": 1024, "prompts": 2, "generations": 4, "tokens": 256},
+    # completions that mostly end early, a few at the cap, as on reasoning tasks: end tokens at a rate that makes
+    # the mean length `mean_share` of the cap, on both placements (the model's generation config lists them)
+    "variable": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 1024, "vocab": 1024,
+                 "prompts": 4, "generations": 8, "tokens": 256, "mean_share": 0.35},
 }
 GEN_HEAVY_SHARE = 0.45
+
+
+def expected_length(cap: int, rate: float) -> float:
+    """Mean length of a completion that ends at each token with probability `rate`, or at `cap`: E[min(G, cap)]
+    for G geometric on 1, 2, ... (the end token counts)."""
+    return cap if rate <= 0 else (1 - (1 - rate) ** cap) / rate
+
+
+def end_rate(vocab: int, every: int) -> float:
+    """The share of the vocabulary `stop_tokens(vocab, every)` makes end tokens: the rate a random model, whose
+    next token is near uniform, ends at."""
+    return len(stop_tokens(vocab, every)) / vocab
+
+
+def stop_every_for(cap: int, vocab: int, mean_share: float) -> int:
+    """The `stop_every` whose end tokens give completions a mean length closest to `mean_share` of `cap`."""
+    if not 0 < mean_share < 1:
+        raise OgrpoError(f"mean_share {mean_share}: give a share of the completion cap between 0 and 1")
+    return min(range(2, vocab + 1), key=lambda every: abs(expected_length(cap, end_rate(vocab, every)) / cap
+                                                          - mean_share))
 
 
 def stop_tokens(vocab: int, every: int) -> list[int]:
@@ -205,17 +229,20 @@ def preset(name: str, **given) -> tuple[RolloutShape, dict]:
     values = {**SHAPES[name], **{k: v for k, v in given.items() if v is not None}}
     shape = RolloutShape(**{k: values[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate",
                                                    "vocab")})
-    return shape, {k: values[k] for k in ("prompts", "generations", "tokens")}
+    return shape, {k: values.get(k) for k in ("prompts", "generations", "tokens", "mean_share")}
 
 
 def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, prompts: int = 4,
                    generations: int = 8, new_tokens: int = 64, prompt_tokens: int = 32, seed: int = 42,
                    csv_path: str = "bench/results/step.csv", png_path: str | None = "bench/results/step.png",
                    workdir: str | None = None, out=None, placement: str = "single", stop_every: int | None = None,
-                   shape_name: str = "", gpus: str = "cpu", kernels: bool | None = None) -> dict:
+                   shape_name: str = "", gpus: str = "cpu", kernels: bool | None = None,
+                   mean_share: float | None = None) -> dict:
     """`stop_every` (split placement): completions end at an end token about once in that many tokens
-    (default: half the completion budget), so their lengths vary. `gpus` (single placement): "cpu" or one local
-    GPU ("1xH100"), both paths on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice)."""
+    (default: half the completion budget), so their lengths vary. `mean_share` (both placements): end tokens at
+    the rate that makes the mean completion that share of `new_tokens` (lengths geometric, cut at the cap), listed
+    in the model's generation config. `gpus` (single placement): "cpu" or one local GPU ("1xH100"), both paths
+    on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice)."""
     out = out or sys.stdout
     if placement not in PLACEMENTS:
         raise OgrpoError(f"--placement {placement!r}: use single or split")
@@ -228,10 +255,14 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         raise OgrpoError("--steps must be at least 2 (the first step is a warm-up)")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-step-"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = build_model(shape, _DTYPES[dtype], work / f"model-{shape.hidden}-{shape.layers}-{shape.vocab}")
+    if mean_share is not None:
+        stop_every = stop_every or stop_every_for(new_tokens, shape.vocab, mean_share)
+    ends = tuple(stop_tokens(shape.vocab, stop_every)) if mean_share is not None else ()
+    model_dir = build_model(shape, _DTYPES[dtype], work / (f"model-{shape.hidden}-{shape.layers}-{shape.vocab}"
+                                                          + (f"-end{stop_every}" if ends else "")), end_ids=ends)
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in text_prompts(model_dir, 64, prompt_tokens, seed)))
-    stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" else None
+    stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" and not ends else None
     rec = recipe(str(model_dir), str(data), steps=steps, prompts=prompts, generations=generations,
                  new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed, stops=stops)
     if placement == "single" and (gpus != "cpu" or kernels is not None):
@@ -257,7 +288,11 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
               f"{results[p]['logprobs_per_pass']:.3f}", f"{100 * results[p]['pad_share_score']:.0f}%",
               f"{100 * results[p]['pad_share_loss']:.0f}%", f"{results[p]['tokens_per_s']:.0f}",
               f"{results[p]['peak_gib']:.2f}"] for p in paths]
-    lengths = f" (EOS allowed: end tokens 1 in {stop_every or new_tokens // 2})" if placement == "split" else ""
+    if ends:
+        want = expected_length(new_tokens, end_rate(shape.vocab, stop_every))
+        lengths = f" (end tokens 1 in {stop_every}: expected mean length {want:.0f})"
+    else:
+        lengths = f" (EOS allowed: end tokens 1 in {stop_every or new_tokens // 2})" if placement == "split" else ""
     out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x <= {new_tokens} "
               f"tokens{lengths}, {placement} placement{f', shape {shape_name}' if shape_name else ''}, median of "
               f"steps 2..{steps}:\n" + format_table(header, table) + "\n")
@@ -265,6 +300,10 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         out.write("\n" + split_table(results, r, paths) + "\n")
     for name, value in r.items():
         out.write(f"{name}: {value:.3f}\n")
+    if ends:  # what the shape is about: how far the lengths spread, and what the padding then costs
+        for p in paths:
+            out.write(f"{p}: mean completion {results[p]['completion_len']:.1f} tokens "
+                      f"({results[p]['completion_len'] / new_tokens:.2f} of the cap)\n")
     share = r.get("off_generation_share")
     if shape_name == "generation-heavy" and share is not None and share < GEN_HEAVY_SHARE:
         out.write(f"note: generation is {100 * share:.0f}% of an off step here, under the {100 * GEN_HEAVY_SHARE:.0f}% "

@@ -109,7 +109,8 @@ def bench_kernels(
 @bench_app.command("step")
 def bench_step(
     shape: str = typer.Option("default", help="Preset of model, batch and completion length: default (32.5M, "
-                                              "4x8x64) or generation-heavy (256-token completions); the options "
+                                              "4x8x64), generation-heavy (256-token completions) or variable "
+                                              "(4x8, up to 256 tokens, mean about 0.35 of it); the options "
                                               "below override it."),
     hidden: Optional[int] = typer.Option(None, help="Hidden size."),
     layers: Optional[int] = typer.Option(None, help="Decoder layers."),
@@ -143,7 +144,8 @@ def bench_step(
     with exit_on_signals():
         run_step_bench(model, dtype=dtype, steps=steps, prompts=batch["prompts"], generations=batch["generations"],
                        new_tokens=batch["tokens"], csv_path=csv, png_path=png, workdir=workdir,
-                       placement=placement, shape_name=shape, gpus=gpus, kernels=kernels)
+                       placement=placement, shape_name=shape, gpus=gpus, kernels=kernels,
+                       mean_share=batch["mean_share"])
 
 
 @bench_app.command("overlap")

@@ -21,5 +21,5 @@ def train(
     from ogrpo.train.run import leave_process_group, train as run_train
 
     run_train(config, output_dir=output_dir, vllm_url=vllm_url, resume=resume,
-              overrides=parse_overrides(overrides), gpus=gpus)
+              overrides=parse_overrides(overrides), gpus=gpus, own_process=True)
     leave_process_group()

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         from ogrpo.train.run import leave_process_group, train
 
         train(ns.config, output_dir=ns.output_dir, vllm_url=ns.vllm_url, resume=ns.resume,
-              overrides=parse_overrides(ns.overrides), gpus=ns.gpus)
+              overrides=parse_overrides(ns.overrides), gpus=ns.gpus, own_process=True)
         leave_process_group()
     except OgrpoError as exc:
         print(f"error: {exc}", file=sys.stderr)

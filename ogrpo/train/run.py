@@ -271,10 +271,13 @@ def init_cpu_deepspeed(p: Prepared) -> None:
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
 
 
-def build_trainer(p: Prepared):
+def build_trainer(p: Prepared, own_process: bool = False):
+    """`own_process`: this process exists for this one run (the trainer entry points), so TRL's modules may load
+    without vLLM where the run does not generate with it; in a process that may run more (a test, a notebook),
+    TRL is imported as it is, since a module imported without vLLM stays so for the process's life."""
     from ogrpo.compat import trl_imports
 
-    with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False))):
+    with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False)) or not own_process):
         from trl import GRPOTrainer
 
     from ogrpo.train.peft_config import peft_config
@@ -284,8 +287,8 @@ def build_trainer(p: Prepared):
 
 
 def train(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
-          overrides: dict | None = None, gpus: str | None = None, console=None) -> Path:
-    """Run one GRPO training; returns the run directory."""
+          overrides: dict | None = None, gpus: str | None = None, console=None, own_process: bool = False) -> Path:
+    """Run one GRPO training; returns the run directory. `own_process`: see `build_trainer`."""
     from rich.console import Console
 
     from ogrpo.train import rundir
@@ -309,7 +312,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
                                      "resumed_from": p.resume_from, "status": "running"})
     install_vllm_hooks(p)
     init_cpu_deepspeed(p)
-    trainer = build_trainer(p)
+    trainer = build_trainer(p, own_process)
     kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)

@@ -13,8 +13,8 @@ INF_STEP = int(os.environ["OGRPO_TEST_INF_STEP"])
 _build = run.build_trainer
 
 
-def build_trainer(p):
-    trainer = _build(p)
+def build_trainer(p, *args, **kwargs):
+    trainer = _build(p, *args, **kwargs)
     forwards = []
 
     def overflow(module, inputs, output):

@@ -204,5 +204,8 @@ def test_variable_shape_ends_completions_at_the_rate_of_its_mean_share(tmp_path)
     assert GenerationConfig.from_pretrained(str(model)).eos_token_id == list(ends)  # EOS (id 0) first, once
     plain = build_model(TINY, "float32", tmp_path / "p")
     assert GenerationConfig.from_pretrained(str(plain)).eos_token_id == 0
+    # a directory built with other end tokens is not taken for this model: it is built again
+    assert build_model(TINY, "float32", tmp_path / "p", end_ids=ends) == plain
+    assert GenerationConfig.from_pretrained(str(plain)).eos_token_id == list(ends)
     with pytest.raises(OgrpoError, match="between 0 and 1"):
         stop_every_for(256, 1024, 1.5)

@@ -121,8 +121,9 @@ def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0, e
     from ogrpo.tiny import SPECIAL_TOKENS, build_tokenizer
 
     out_dir = Path(out_dir)
-    if (out_dir / MODEL_MARK).is_file():
-        return out_dir
+    mark = json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed, "end_ids": list(end_ids)}) + "\n"
+    if (out_dir / MODEL_MARK).is_file() and (out_dir / MODEL_MARK).read_text() == mark:
+        return out_dir  # the same model: reused; anything else in the directory is built over
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     words = [" ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6)))
@@ -140,8 +141,7 @@ def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0, e
     if end_ids:
         model.generation_config.eos_token_id = [eos, *(i for i in end_ids if i != eos)]
     model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / MODEL_MARK).write_text(json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed,
-                                                  "end_ids": list(end_ids)}) + "\n")
+    (out_dir / MODEL_MARK).write_text(mark)
     return out_dir
 
 

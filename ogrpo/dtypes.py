@@ -21,6 +21,7 @@ _TO_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # vLLM's own spelling for --dtype; it accepts "float16" too, "half" is what its docs and error messages use.
 _TO_VLLM = {"float32": "float32", "bfloat16": "bfloat16", "float16": "half"}
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP16_MAX = 65504.0  # the largest finite fp16 value: activations past it overflow to inf
 
 
 def _text(value: Any) -> str:

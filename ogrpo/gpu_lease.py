@@ -335,7 +335,7 @@ def check_run(run: Path) -> list[str]:
 
 def memory_rows(work: Path) -> list[dict]:
     """The memory model's estimate against the measured peak (profile.jsonl's mem_estimate_gib and
-    mem_measured_gib, ogrpo/train/profiler.py) for each O-GRPO run under `work`."""
+    mem_measured_gib, ogrpo/profile/profiler.py) for each O-GRPO run under `work`."""
     rows = []
     for prof in sorted(work.rglob("*profile.jsonl")):
         if prof.name.startswith("trl-"):

@@ -25,7 +25,7 @@ import yaml
 
 from ogrpo.bench import memory_calibration as cal
 from ogrpo.planner.memory import KV_BLOCK_TOKENS
-from ogrpo.train.profiler import StageProfiler, TensorPeak, estimate_fields, live_tensor_bytes, memory_calibration
+from ogrpo.profile.profiler import StageProfiler, TensorPeak, estimate_fields, live_tensor_bytes, memory_calibration
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -59,7 +59,7 @@ def test_a_measurement_left_recording_does_not_crash_the_process():
     # torch.profiler still recording at interpreter teardown segfaults (rc 139); and a second one started over
     # it corrupts both. The process must end cleanly either way.
     import torch  # noqa: F401  (the train extra is part of the test environment: missing fails)
-    code = ("import torch\nfrom ogrpo.train.profiler import TensorPeak\n"
+    code = ("import torch\nfrom ogrpo.profile.profiler import TensorPeak\n"
             "a = TensorPeak().start()\nb = TensorPeak().start()\nassert not a.running and b.running\n"
             "x = torch.empty(1 << 20)\nprint('left running')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -45,10 +45,11 @@ def test_fp16_logits_overflow_names_the_step_precision_and_logits(tmp_path):
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from ogrpo import tiny
-    from ogrpo.train.callbacks import NonFiniteError, install_nonfinite_guard
+    from ogrpo.trainer.grpo import OgrpoGRPOTrainer
+    from ogrpo.trainer.guard import NonFiniteError
 
     path = str(tiny.ensure_tiny_model())
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16)
@@ -71,9 +72,9 @@ def test_fp16_logits_overflow_names_the_step_precision_and_logits(tmp_path):
                       per_device_train_batch_size=4, num_generations=4, max_completion_length=4, beta=0.0,
                       report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0)
     data = Dataset.from_dict({"prompt": ["Write the letter a:", "Write the letter b:"] * 8})
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
-                          args=args, train_dataset=data, processing_class=tok)
-    install_nonfinite_guard(trainer)
+    trainer = OgrpoGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                               reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions])
+    trainer.guard_nonfinite()
     with pytest.raises(NonFiniteError) as err:
         trainer.train()
     msg = str(err.value)

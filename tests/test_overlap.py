@@ -1,4 +1,4 @@
-"""ogrpo.overlap: the pipeline's invariants (ogrpo/train/overlap.py), the plan's choice, the profiler's idle shares,
+"""ogrpo.overlap: the pipeline's invariants (ogrpo/overlap/pipeline.py), the plan's choice, the profiler's idle shares,
 and real server-mode jobs on the split placement (`ogrpo serve` + `ogrpo train` under the local supervisor):
 `lossless` gives the same completions and losses as `off`; `one-step` trains each batch at most one policy version
 after the one that sampled it, logs it, and sees the same batch stream; both with LoRA too (the merged push)."""
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ogrpo.planner.types import Plan
-from ogrpo.train import overlap
-from ogrpo.train.overlap import LOSSLESS, ONE_STEP, Lookahead, OverlapError, Pipeline
+from ogrpo.overlap import pipeline as overlap
+from ogrpo.overlap.pipeline import LOSSLESS, ONE_STEP, Lookahead, OverlapError, Pipeline
 
 
 # ---- Lookahead ------------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_stream_works_on_finished_groups_before_the_last_returns_and_rewards_bes
     """The last group's request returns only once an earlier group's rewards and log-prob pass are both running
     (each waits for the other to have started): a pipeline that waited for the whole batch, or ran the rewards
     after the log-prob passes, would time out here instead."""
-    from ogrpo.train.overlap import GroupWork
+    from ogrpo.overlap.pipeline import GroupWork
 
     groups, wait_s = 4, 60
     may_finish = threading.Event()
@@ -179,7 +179,7 @@ def test_rank_groups_work_on_their_own_groups_and_under_lockstep_run_the_kth_pas
     its own groups (indexed within the rank); its rewards start as a group arrives; free-running (DDP) a pass
     runs as soon as its group is there, in lockstep (ZeRO-3: every pass a collective) a rank's k-th pass runs
     only once every rank has k groups, so both ranks run the same passes at the same points of the stream."""
-    from ogrpo.train.overlap import GroupWork, RankGroups
+    from ogrpo.overlap.pipeline import GroupWork, RankGroups
 
     order = [2, 3, 0, 1]  # rank 1's groups finish first
     answers = {i: {"completion_ids": [[i]]} for i in range(4)}
@@ -278,7 +278,7 @@ def test_importance_ratio_statistics_before_the_cap():
 
 # ---- the profiler's timeline ----------------------------------------------------------------------------------
 def test_timeline_idle_shares_clip_spans_to_the_step():
-    from ogrpo.train.profiler import Timeline
+    from ogrpo.profile.profiler import Timeline
 
     t = Timeline()
     s = 10**9
@@ -362,17 +362,17 @@ def test_plan_default_is_lossless_where_a_separate_server_exists(tmp_path):
     assert not any(c["key"] == "ogrpo.overlap" for c in plan["changes"])
 
 
-def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_path):
+def test_plan_says_whether_lossless_streams_groups_and_the_trainer_reads_it(tmp_path):
     """TRL 1.16: group by group, with one trainer process or several (3xcpu: the main process hands each group to
     its rank); whole batches, visibly, where a rank's share of a batch is not whole groups. TRL 1.9's `trl
     vllm-serve`: group by group with one engine (O-GRPO's handler; tests/trl19 plans it), whole batches with
-    several. The trainer's pipeline decides the same."""
+    several. The trainer's pipeline takes the plan's decision."""
     from types import SimpleNamespace
 
     import trl
 
     from ogrpo import compat
-    from ogrpo.patches import trl_overlap
+    from ogrpo.plan import Plan
     from ogrpo.planner import overlap_stream
     from ogrpo.stacks import parse_version
 
@@ -393,14 +393,25 @@ def test_plan_says_whether_lossless_streams_groups_and_the_trainer_agrees(tmp_pa
     assert overlap_stream.decide("1.16.0", 1, server_dp=2)[0] == "groups"  # vLLM's API server batches anyway
     assert "O-GRPO's handler" in overlap_stream.decide("1.9.2", 1)[1]
 
-    def trainer(processes, rows, n=4):
-        return SimpleNamespace(accelerator=SimpleNamespace(num_processes=processes), num_generations=n,
-                               args=SimpleNamespace(per_device_train_batch_size=rows, steps_per_generation=None,
-                                                    gradient_accumulation_steps=1))
+    # the trainer reads the plan's decision (ogrpo.train.run.install_overlap), it does not decide again
+    from ogrpo.train.run import install_overlap
 
+    asked = []
+
+    class Trainer:
+        args = SimpleNamespace(use_vllm=True, vllm_mode="server")
+
+        def pipeline_generation(self, mode, stream):
+            asked.append((mode, stream))
+            return {"mode": mode}
+
+    for plan, expect in ((_plan(tmp_path, "3xcpu"), ("lossless", True)),
+                         (_plan(tmp_path, "3xcpu", trl={"per_device_train_batch_size": 6, "num_generations": 4}),
+                          ("lossless", False))):
+        asked.clear()
+        assert install_overlap(Trainer(), Plan.from_dict(plan)) == {"mode": "lossless"}
+        assert asked == [expect]
     assert trl.__version__ == compat.CPU_TRL_VERSION
-    assert trl_overlap._streams(trainer(1, 6)) and trl_overlap._streams(trainer(2, 8))
-    assert not trl_overlap._streams(trainer(2, 6))
 
 
 def test_bad_overlap_value_is_one_line_exit_2(run_cli, tmp_path):
@@ -511,7 +522,7 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
     assert manifest["distributed"]["num_processes"] == 2
     if strategy == "zero3":
         assert manifest["distributed"]["deepspeed"]["zero_stage"] == 3
-        # the push after each step sent the one gather made at the step's end (ogrpo/train/zero3_push.py); TRL's
+        # the push after each step sent the one gather made at the step's end (ogrpo/overlap/zero3_push.py); TRL's
         # per-parameter gathers ran for the first push only, before any step had ended (it walks the parameters
         # twice: their metadata for the server, then the weights)
         push = manifest["zero3_push"]

@@ -1,5 +1,5 @@
 """ogrpo.overlap one-step: the batch in flight at a checkpoint is saved with it and handed back on resume
-(ogrpo/train/overlap_resume.py), so a resumed run trains on the batch the uninterrupted run trained on, one
+(ogrpo/overlap/resume.py), so a resumed run trains on the batch the uninterrupted run trained on, one
 policy version old, instead of regenerating it with the checkpoint's weights. The same through Slurm requeue,
 with a real server and trainer: tests/slurm/test_slurm_overlap.py."""
 
@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ogrpo.train import overlap, overlap_resume
-from ogrpo.train.overlap import ONE_STEP, Pipeline
+from ogrpo.overlap import pipeline as overlap
+from ogrpo.overlap import resume as overlap_resume
+from ogrpo.overlap.pipeline import ONE_STEP, Pipeline
 
 
 class Server:
@@ -98,17 +99,35 @@ def test_nothing_is_saved_without_a_request_in_flight_and_a_stale_format_is_refu
         overlap_resume.restore(pipe, tmp_path / "c")
 
 
+def _trainer(calls, **attrs):
+    """A stand-in for OgrpoGRPOTrainer: the generation stream's checkpoint layer over the Trainer's own RNG
+    save/load (recorded in `calls`)."""
+
+    class Trainer:
+        def _save_rng_state(self, output_dir):
+            if calls is not None:
+                calls.append(("save", output_dir))
+
+        def _load_rng_state(self, checkpoint):
+            if calls is not None:
+                calls.append(("load", checkpoint))
+
+    class Layered(overlap_resume.StreamCheckpoints, Trainer):
+        pass
+
+    trainer = Layered()
+    vars(trainer).update(attrs)
+    return trainer
+
+
 def test_the_trainer_hooks_save_into_the_checkpoint_and_restore_from_it(tmp_path):
     _, _, pipe = _run(4, stop=2)
     calls = []
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=2), _ogrpo_overlap=SimpleNamespace(pipeline=pipe),
-                              _save_rng_state=lambda d: calls.append(("save", d)),
-                              _load_rng_state=lambda c: calls.append(("load", c)))
-    overlap_resume.install(trainer)
+    trainer = _trainer(calls, state=SimpleNamespace(global_step=2), overlap=SimpleNamespace(pipeline=pipe))
     trainer._save_rng_state(str(tmp_path / "checkpoint-2"))
     assert (tmp_path / "checkpoint-2" / overlap_resume.FILE).is_file()
     fresh = Pipeline(ONE_STEP, lambda: 2)
-    trainer._ogrpo_overlap.pipeline = fresh
+    trainer.overlap.pipeline = fresh
     trainer._load_rng_state(str(tmp_path / "checkpoint-2"))
     assert [c[0] for c in calls] == ["save", "load"]  # the Trainer's own states still saved and loaded
     assert len(fresh.tickets) == 1 and fresh.tickets[0].version == 1 and fresh.sampling["n"] == 2
@@ -135,7 +154,7 @@ def _seeded_client():
 def _drive(mode, steps, start=0, stop=None, checkpoint=None, tmp=None):
     """Steps start..stop-1 of a `mode` run of `steps` steps over batches [[i]], in the order the trainer drives
     the client (off: a request per step; lossless: the next request goes out at the step's end, with the new
-    weights; one-step: as `_step`). Resumes from `checkpoint` through the Trainer's hooks (overlap_resume.install)
+    weights; one-step: as `_step`). Resumes from `checkpoint` through the Trainer's hooks (overlap_resume.StreamCheckpoints)
     and, when `tmp` is given, writes checkpoint-<stop> there at the end. Returns (outputs, client)."""
     v = {"step": start}
     client = _seeded_client()
@@ -143,10 +162,9 @@ def _drive(mode, steps, start=0, stop=None, checkpoint=None, tmp=None):
     if mode != overlap.OFF:
         pipe = Pipeline(mode, lambda: v["step"])
         pipe.attach(client)
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=start), vllm_generation=SimpleNamespace(
-        vllm_client=client), _ogrpo_overlap=SimpleNamespace(pipeline=pipe) if pipe else None,
-        _save_rng_state=lambda d: None, _load_rng_state=lambda c: None)
-    overlap_resume.install(trainer)
+    trainer = _trainer(None, state=SimpleNamespace(global_step=start),
+                       vllm_generation=SimpleNamespace(vllm_client=client),
+                       overlap=SimpleNamespace(pipeline=pipe) if pipe else None)
     if checkpoint is not None:
         trainer._load_rng_state(str(checkpoint))
     outs = []

@@ -42,9 +42,9 @@ MOVES = {
     "trl_vllm_serve": ("trl.scripts.vllm_serve", "make_parser"),
     "trl_stream": ("vllm", "LLM.enqueue"),  # TRL 1.9's line only: tests/trl19/test_trl19_patches.py
     "trl_overlap": ("trl.trainer.grpo_trainer", "GRPOTrainer._calculate_rewards"),
-    "trl_trainer_wraps": ("trl.trainer.grpo_trainer", "GRPOTrainer._generate_and_score_completions"),
+    "trl_trainer_overrides": ("trl.trainer.grpo_trainer", "GRPOTrainer._generate_and_score_completions"),
+    "trl_vllm_wraps": ("@gen", "VLLMClient.reset_prefix_cache"),
     "trl_zero3_push": ("trl.distributed", "DistributedBackend.gather_params"),
-    "transformers_atomic_checkpoint": ("transformers.trainer", "Trainer._save_checkpoint"),
     "starlette_job_key": ("starlette.applications", "Starlette.__call__"),
     "submitit_adapter": ("submitit.slurm.slurm", "_make_sbatch_string"),
 }
@@ -78,13 +78,13 @@ def test_check_fails_loudly_when_its_target_moves(name, monkeypatch):
     assert f"patch {name}" in text and f"{dist} {version(dist)}" in text and attr in text, text
 
 
-# --- O-GRPO's stacked wrappers of one method: one stated order (ogrpo.patches.trl_trainer_wraps) ------------------
+# --- O-GRPO's stacked wrappers of one VLLMClient method: one stated order (ogrpo.patches.trl_vllm_wraps) ---------
 
-class _Trainer:
-    def _get_per_token_logps_and_entropies(self, model, input_ids):
-        """TRL's scoring."""
+class _Client:
+    def generate(self, prompts):
+        """TRL's request."""
         self.calls.append("trl")
-        return input_ids
+        return prompts
 
 
 def _layer(name, calls):
@@ -97,40 +97,39 @@ def _layer(name, calls):
 
 
 def test_stacked_wrappers_go_on_in_the_stated_order_and_run_outermost_first():
-    from ogrpo.patches import trl_trainer_wraps as wraps
+    from ogrpo.patches import trl_vllm_wraps as wraps
 
-    method = "_get_per_token_logps_and_entropies"
-    trainer = _Trainer()
-    trainer.calls = []
-    order = wraps.ORDER[("trainer", method)]
-    assert order == ("linear_logprobs", "passes", "overlap", "profiler", "nonfinite")  # what ogrpo.train.run installs
+    client = _Client()
+    client.calls = []
+    order = wraps.ORDER[("vllm_client", "generate")]
+    assert order == ("overlap", "profiler")  # what the overlap pipeline and the profiler install
     for layer in order:
-        wraps.wrap(trainer, method, layer, _layer(layer, trainer.calls))
-    assert wraps.layers(trainer, method) == order
-    assert trainer._get_per_token_logps_and_entropies(None, 7) == 7
-    assert trainer.calls == [*reversed(order), "trl"]
-    bound = getattr(trainer, method)  # TRL's name, docstring and signature kept through every layer
-    assert bound.__name__ == method and bound.__doc__ == "TRL's scoring."
-    assert list(inspect.signature(bound).parameters) == ["model", "input_ids"]
+        wraps.wrap(client, "generate", layer, _layer(layer, client.calls), kind="vllm_client")
+    assert wraps.layers(client, "generate") == order
+    assert client.generate([7]) == [7]
+    assert client.calls == [*reversed(order), "trl"]
+    bound = client.generate  # TRL's name, docstring and signature kept through every layer
+    assert bound.__name__ == "generate" and bound.__doc__ == "TRL's request."
+    assert list(inspect.signature(bound).parameters) == ["prompts"]
 
 
 def test_a_wrapper_installed_out_of_order_is_refused():
     from ogrpo.errors import OgrpoError
-    from ogrpo.patches import trl_trainer_wraps as wraps
+    from ogrpo.patches import trl_vllm_wraps as wraps
 
-    method = "_get_per_token_logps_and_entropies"
-    trainer = _Trainer()
-    trainer.calls = []
-    wraps.wrap(trainer, method, "profiler", _layer("profiler", trainer.calls))
-    before = getattr(trainer, method)
-    with pytest.raises(OgrpoError, match="linear_logprobs must wrap trainer._get_per_token_logps_and_entropies "
-                                         "before profiler does"):
-        wraps.wrap(trainer, method, "linear_logprobs", _layer("linear_logprobs", trainer.calls))
-    assert getattr(trainer, method) is before  # nothing installed
+    client = _Client()
+    client.calls = []
+    wraps.wrap(client, "generate", "profiler", _layer("profiler", client.calls), kind="vllm_client")
+    before = client.generate
+    with pytest.raises(OgrpoError, match="overlap must wrap vllm_client.generate before profiler does"):
+        wraps.wrap(client, "generate", "overlap", _layer("overlap", client.calls), kind="vllm_client")
+    assert client.generate is before  # nothing installed
     with pytest.raises(OgrpoError, match="does not list"):  # every layer of every method is stated there
-        wraps.wrap(trainer, method, "zero3_push", _layer("zero3_push", trainer.calls))
-    with pytest.raises(PatchTargetMoved, match="has no training_step"):
-        wraps.wrap(trainer, "training_step", "profiler", _layer("profiler", trainer.calls))
+        wraps.wrap(client, "generate", "zero3_push", _layer("zero3_push", client.calls), kind="vllm_client")
+    with pytest.raises(OgrpoError, match="does not list"):  # the trainer's own methods are its class's, not here
+        wraps.wrap(client, "training_step", "profiler", _layer("profiler", client.calls), kind="trainer")
+    with pytest.raises(PatchTargetMoved, match="has no reset_prefix_cache"):
+        wraps.wrap(client, "reset_prefix_cache", "overlap", _layer("overlap", client.calls), kind="vllm_client")
 
 
 def test_zero3_push_serves_the_gathered_copy_and_counts_trls_own_gathers():

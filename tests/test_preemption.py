@@ -15,6 +15,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from ogrpo.train import preemption  # noqa: E402
+from ogrpo.trainer.checkpoints import AtomicCheckpoints  # noqa: E402
 
 MAX_STEPS = 12
 
@@ -36,6 +37,10 @@ def data():
     return [{"x": x, "labels": y} for x, y in zip(xs, ys)]
 
 
+class AtomicTrainer(AtomicCheckpoints, transformers.Trainer):
+    """transformers' Trainer with OgrpoGRPOTrainer's checkpoint layer: preemption's saves are the same there."""
+
+
 def make_trainer(out_dir, callbacks=()):
     args = transformers.TrainingArguments(
         output_dir=str(out_dir), per_device_train_batch_size=4, max_steps=MAX_STEPS, save_strategy="steps",
@@ -43,7 +48,7 @@ def make_trainer(out_dir, callbacks=()):
         disable_tqdm=True, dataloader_num_workers=0,
     )
     transformers.set_seed(0)
-    trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data(), callbacks=list(callbacks))
+    trainer = AtomicTrainer(model=Tiny(), args=args, train_dataset=data(), callbacks=list(callbacks))
     cb = preemption.install(trainer)
     return trainer, cb
 

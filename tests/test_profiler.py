@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from ogrpo.train import profiler as prof_mod
-from ogrpo.train.profiler import StageProfiler, render_table, summarize
+from ogrpo.profile import profiler as prof_mod
+from ogrpo.profile.hooks import profiled
+from ogrpo.profile.profiler import StageProfiler, render_table, summarize
 
 
 class Clock:
@@ -72,7 +73,7 @@ def clock(monkeypatch):
 
 
 def test_stages_are_attributed_exactly(clock, tmp_path):
-    trainer = FakeTrainer(clock)
+    trainer = profiled(FakeTrainer)(clock)  # the profiler's layers over the stand-in, as over TRL's trainer
     p = StageProfiler(tmp_path / "profile.jsonl").attach(trainer)
     assert len(trainer.callbacks) == 1
     cb = trainer.callbacks[0]

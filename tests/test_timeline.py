@@ -1,5 +1,5 @@
-"""The profiler's per-step busy spans of the split placement's device sets (ogrpo/train/profiler.py), the
-timeline picture drawn from them (ogrpo/train/timeline.py), and the aggressive profile's overlap choice."""
+"""The profiler's per-step busy spans of the split placement's device sets (ogrpo/profile/profiler.py), the
+timeline picture drawn from them (ogrpo/profile/timeline.py), and the aggressive profile's overlap choice."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from ogrpo.train import timeline
-from ogrpo.train.profiler import LANES, StageProfiler, Timeline, lane_busy_share
+from ogrpo.profile import timeline
+from ogrpo.profile.profiler import LANES, StageProfiler, Timeline, lane_busy_share
 
 S = 10**9
 
@@ -138,7 +138,7 @@ def test_a_push_waiting_for_the_request_in_flight_is_trainer_idle_time():
     on the server (not push time), and the weights move only after it."""
     from types import SimpleNamespace
 
-    from ogrpo.train.overlap import ONE_STEP, Pipeline
+    from ogrpo.overlap.pipeline import ONE_STEP, Pipeline
 
     class Client:
         def generate(self, prompts, **sampling):
@@ -160,7 +160,7 @@ def test_a_push_waiting_for_the_request_in_flight_is_trainer_idle_time():
         client.reset_prefix_cache()
 
     trainer = SimpleNamespace(vllm_generation=SimpleNamespace(mode="server", vllm_client=client,
-                                                              sync_weights=sync_weights))
+                                                              sync_weights=sync_weights), overlap_pipeline=pipe)
     prof = StageProfiler(None, measure_steps=0)
     prof._attach_timeline(trainer)
     start = time.time_ns()

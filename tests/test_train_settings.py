@@ -19,8 +19,8 @@ class Received(Exception):
 
 @pytest.fixture
 def captured(monkeypatch):
-    """Replace trl.GRPOTrainer by a recorder; the run stops right after the trainer gets its arguments."""
-    import trl
+    """Replace the trainer class by a recorder; the run stops right after the trainer gets its arguments."""
+    from ogrpo.trainer import grpo
 
     got = {}
 
@@ -29,7 +29,7 @@ def captured(monkeypatch):
             got.update(kwargs)
             raise Received
 
-    monkeypatch.setattr(trl, "GRPOTrainer", Recorder)
+    monkeypatch.setattr(grpo, "OgrpoGRPOTrainer", Recorder)
     saved = dict(os.environ)
     yield got
     os.environ.clear()

@@ -6,7 +6,7 @@ and beta a CPU host can run. Regenerates docs/memory-calibration.md:
 
 Each case is a real run: the trainer step of a `--gpus 2xcpu` job (`python -m ogrpo.train` in two gloo
 processes under torchrun; DDP, or DeepSpeed ZeRO with the deepspeed.json the plan renders) of a randomly initialised Qwen2 of the shape, HF generate, MEASURE_STEPS
-steps. Its profile.jsonl carries both numbers (ogrpo/train/profiler.py): `mem_estimate_gib`, the plan's
+steps. Its profile.jsonl carries both numbers (ogrpo/profile/profiler.py): `mem_estimate_gib`, the plan's
 estimate without its runtime term, and `mem_measured_gib`, rank 0's peak of live tensor bytes per step (on CPU:
 the storages alive at the step's start plus the allocator's allocations and frees during it; on GPU:
 torch.cuda.max_memory_allocated). The prompts are exactly the plan's prompt length, so the estimate and the run
@@ -205,7 +205,7 @@ What is compared, per trainer process:
 - **measured**: rank 0's peak of live tensor bytes over the first {STEPS} optimizer steps of a real run
   (the trainer step of a `--gpus 2xcpu` job: `python -m ogrpo.train` in two gloo processes under torchrun, HF
   generate; ZeRO through DeepSpeed with the config the plan renders). On CPU torch keeps no allocator statistics, so `ogrpo train`'s profiler
-  (`ogrpo/train/profiler.py`) adds the bytes of every CPU storage alive at the step's start (found through the
+  (`ogrpo/profile/profiler.py`) adds the bytes of every CPU storage alive at the step's start (found through the
   garbage collector, each storage once) to the running sum of the CPU allocator's allocations and frees during
   the step (torch.profiler, `profile_memory=True`: every allocation, DeepSpeed's and the autograd engine's
   included), and takes the maximum. On GPU the same fields hold `torch.cuda.max_memory_allocated()`.

@@ -15,7 +15,7 @@ helpers or jobs share are not benchmarks: quote them only from a quiet machine.
 
 Same model (random Qwen2 weights of the given shape, word-level tokenizer), same prompts, reward, seed and
 dtype. Each path runs in a fresh subprocess so its peak resident memory is its own; both carry O-GRPO's stage
-profiler (ogrpo/train/profiler.py), which only measures. The first step is a warm-up (allocations, compile
+profiler (ogrpo/profile/profiler.py), which only measures. The first step is a warm-up (allocations, compile
 caches, engine start) and is left out of the medians.
 """
 
@@ -36,7 +36,7 @@ from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_fi
 from ogrpo.tables import format_table
 from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
 from ogrpo.bench.task import token_reward
-from ogrpo.train.profiler import pad_shares
+from ogrpo.profile.profiler import pad_shares
 from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
 
@@ -109,7 +109,8 @@ def _run_trl(workdir: Path, rec: dict) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from ogrpo.train.profiler import StageProfiler
+    from ogrpo.profile.hooks import profiled
+    from ogrpo.profile.profiler import StageProfiler
 
     keys = {k: v for k, v in rec.items()
             if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "ogrpo")}
@@ -118,7 +119,8 @@ def _run_trl(workdir: Path, rec: dict) -> None:
                       model_init_kwargs={"dtype": rec["dtype"]}, **{**keys, "report_to": []})
     tok = AutoTokenizer.from_pretrained(rec["model_name_or_path"])
     ds = datasets.load_dataset("json", data_files=rec["dataset_name"], split="train")
-    trainer = GRPOTrainer(model=rec["model_name_or_path"], reward_funcs=[token_reward], args=args, train_dataset=ds,
+    # plain TRL with only the profiler's layers: timed as O-GRPO's runs are
+    trainer = profiled(GRPOTrainer)(model=rec["model_name_or_path"], reward_funcs=[token_reward], args=args, train_dataset=ds,
                           processing_class=tok)
     StageProfiler(workdir / "trl-profile.jsonl").attach(trainer)
     trainer.train()

@@ -82,7 +82,8 @@ def _train(workdir: Path, rec: dict, port: int, profile_path: Path) -> None:
     from ogrpo.bench.task import token_reward
     from ogrpo.patches import trl_vllm_client
     from ogrpo.serve.client import _cpu_client_cls
-    from ogrpo.train.profiler import StageProfiler
+    from ogrpo.profile.hooks import profiled
+    from ogrpo.profile.profiler import StageProfiler
 
     cls = _cpu_client_cls()  # run_seed None: TRL's own unseeded requests
     trl_vllm_client.install_client_class(cls)
@@ -93,7 +94,8 @@ def _train(workdir: Path, rec: dict, port: int, profile_path: Path) -> None:
                       **{**keys, "report_to": []})
     tok = AutoTokenizer.from_pretrained(rec["model_name_or_path"])
     ds = datasets.load_dataset("json", data_files=rec["dataset_name"], split="train")
-    trainer = GRPOTrainer(model=rec["model_name_or_path"], reward_funcs=[token_reward], args=args, train_dataset=ds,
+    # plain TRL with only the profiler's layers: timed as O-GRPO's runs are
+    trainer = profiled(GRPOTrainer)(model=rec["model_name_or_path"], reward_funcs=[token_reward], args=args, train_dataset=ds,
                           processing_class=tok)
     StageProfiler(profile_path).attach(trainer)
     trainer.train()

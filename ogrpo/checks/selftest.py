@@ -37,10 +37,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ogrpo.dtypes import torch_name
+from ogrpo.dtypes import FP16_MAX, torch_name
 from ogrpo.errors import OgrpoError
 
-FP16_MAX = 65504.0
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 DEFAULT_DS_OPS = ("cpu_adam", "fused_adam")
 _DS_BUILDERS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "cpu_adagrad": "CPUAdagradBuilder",

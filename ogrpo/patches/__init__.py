@@ -23,19 +23,21 @@ PATCHES = {
     "transformers_fused_sample": ("transformers", "generate's sampling through the fused_sample kernel"),
     "trl_vllm_client": ("trl", "VLLMClient: CPU/timed weight sync, job key, group address"),
     "trl_vllm_serve": ("trl", "`trl vllm-serve` on CPU: gloo weight-sync worker"),
-    "trl_overlap": ("trl", "GRPOTrainer pipelined on the split placement (ogrpo.overlap lossless/one-step)"),
-    "trl_trainer_wraps": ("trl", "O-GRPO's wrappers of GRPOTrainer/VLLMGeneration/VLLMClient methods, in one order"),
+    "trl_overlap": ("trl", "TRL's reward gather and batch broadcast where the overlap (lossless/one-step) needs them"),
+    "trl_trainer_overrides": ("trl", "the GRPOTrainer methods OgrpoGRPOTrainer overrides, and its state names"),
+    "trl_vllm_wraps": ("trl", "O-GRPO's wrappers of VLLMGeneration/VLLMClient instance methods, in one order"),
     "trl_zero3_push": ("trl", "ZeRO-3 weight push from one gather per step (ogrpo.overlap one-step)"),
-    "transformers_atomic_checkpoint": ("transformers", "Trainer checkpoints staged, then renamed into place whole"),
     "trl_stream": ("trl", "`trl vllm-serve`: concurrent /generate/ requests in one engine batch, each answered "
                           "when done (lossless per-group streaming on TRL 1.9)"),
     "starlette_job_key": ("starlette", "job-key guard around every Starlette app (trl vllm-serve)"),
     "submitit_adapter": ("submitit", "Slurm batch scripts and job state through submitit's private renderer"),
 }
 # checks that live beside the code they guard rather than in this package (module -> its import path)
-ELSEWHERE = {"submitit_adapter": "ogrpo.launch.submitit_adapter", "trl_stream": "ogrpo.serve.trl_stream"}
+ELSEWHERE = {"submitit_adapter": "ogrpo.launch.submitit_adapter", "trl_stream": "ogrpo.serve.trl_stream",
+             "trl_trainer_overrides": "ogrpo.trainer.overrides"}
 REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",),
-            "trl_overlap": ("vllm",), "trl_zero3_push": ("vllm",), "trl_stream": ("vllm",)}
+            "trl_overlap": ("vllm",), "trl_zero3_push": ("vllm",), "trl_vllm_wraps": ("vllm",),
+            "trl_stream": ("vllm",)}
 
 
 def installed(dist: str) -> bool:

@@ -1,9 +1,8 @@
 """TRL: wire linear_logprobs (ogrpo.kernels.linear_logprobs) into TRL's GRPOTrainer where it scores completions (policy, old policy, reference model).
 
-`install(trainer)` replaces `trainer._get_per_token_logps_and_entropies` on the instance (the class is left
-alone, so other trainers in the process are not affected) and teaches the model (and the reference model) a
-private forward mode that runs the backbone and then linear_logprobs on the lm_head weight. The scoring call still
-goes through the wrapped model (DDP, DeepSpeed engine, PEFT), so DDP's gradient hooks and ZeRO-3's parameter
+`install(trainer)` teaches the model (and the reference model) a private forward mode that runs the backbone and
+then linear_logprobs on the lm_head weight, and returns the Scorer that the trainer's KernelScoring layer
+(ogrpo/trainer/kernels.py) calls instead of TRL's scoring. The scoring call still goes through the wrapped model (DDP, DeepSpeed engine, PEFT), so DDP's gradient hooks and ZeRO-3's parameter
 hooks fire as for TRL's own call; only the [B, T, V] logits are never built.
 
 Both supported TRL lines have the same method signature; they differ in what they return:
@@ -150,48 +149,51 @@ def _unwrap(trainer, model):
     return inner
 
 
-def install(trainer) -> dict:
-    """Route `trainer`'s log-prob/entropy scoring through linear_logprobs. Returns what was done (for the
-    manifest): {"installed", "trl_line", "models", "reason", "implementation"}; the implementation (compiled or
-    the PyTorch fallback, and why) is decided here, so a build problem shows before the first step. Raises
-    OgrpoError if TRL's method moved."""
-    line = check_trl_method(type(trainer))
+def install(trainer) -> tuple[dict, object]:
+    """Teach `trainer`'s models the kernel's scoring mode. Returns what was done (for the manifest): {"installed",
+    "trl_line", "models", "reason", "implementation"}, and the scorer the trainer's KernelScoring layer calls in
+    place of TRL's scoring (None where the policy cannot use it); the implementation (compiled or the PyTorch
+    fallback, and why) is decided here, so a build problem shows before the first step. Raises OgrpoError if TRL's
+    method moved."""
+    line = check()
     models = {"policy": _patch_forward(_unwrap(trainer, trainer.model))}
     if getattr(trainer, "ref_model", None) is not None:
         models["reference"] = _patch_forward(_unwrap(trainer, trainer.ref_model))
     if not models["policy"]:
         return {"installed": False, "trl_line": line, "models": models,
-                "reason": unsupported_reason(_unwrap(trainer, trainer.model)), "implementation": None}
+                "reason": unsupported_reason(_unwrap(trainer, trainer.model)), "implementation": None}, None
     from ogrpo.kernels.linear_logprobs.op import implementation
 
     device = _unwrap(trainer, trainer.model).get_output_embeddings().weight.device
-    original = getattr(trainer, METHOD)  # bound; may already be wrapped (e.g. by a profiler): we call through it
-    counts = {"kernel": 0, "trl": 0}
+    return ({"installed": True, "trl_line": line, "models": models, "reason": None,
+             "implementation": implementation(device)}, Scorer(line))
 
-    def scored(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-               compute_aux_loss=False, **extra):
+
+class Scorer:
+    """TRL's `_get_per_token_logps_and_entropies` through the kernel where the call is the plain path; `calls`
+    counts which calls ran the kernel and which fell back to TRL's path (the manifest's `calls`)."""
+
+    def __init__(self, line: str):
+        self.line = line
+        self.calls = {"kernel": 0, "trl": 0}
+
+    def __call__(self, trainer, original, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                 compute_entropy=False, compute_aux_loss=False, **extra):
         reason = None
         if compute_aux_loss:
             reason = "the MoE load-balancing loss is requested"
         elif any(v is not None for v in extra.values()):
             reason = "multimodal inputs (" + ", ".join(k for k, v in extra.items() if v is not None) + ")"
-        elif not getattr(_unwrap(self, model), "_ogrpo_linear_logprobs", False):
+        elif not getattr(_unwrap(trainer, model), "_ogrpo_linear_logprobs", False):
             reason = "the scoring model was not patched (unsupported head)"
         if reason is not None:
             _log_once(reason)
-            counts["trl"] += 1
+            self.calls["trl"] += 1
             return original(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                             compute_aux_loss, **extra)
-        counts["kernel"] += 1
-        return _scored(self, line, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
-
-    from ogrpo.patches.trl_trainer_wraps import wrap
-
-    # the innermost layer (ogrpo.patches.trl_trainer_wraps): the overlap, profiler and inf/NaN guard wrap it
-    wrap(trainer, METHOD, "linear_logprobs", lambda _original: functools.partial(scored, trainer))
-    trainer._ogrpo_linear_logprobs_calls = counts
-    return {"installed": True, "trl_line": line, "models": models, "reason": None,
-            "implementation": implementation(device)}
+        self.calls["kernel"] += 1
+        return _scored(trainer, self.line, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                       compute_entropy)
 
 
 def _scored(trainer, line, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):

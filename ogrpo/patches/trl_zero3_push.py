@@ -1,12 +1,12 @@
-"""TRL's weight push under DeepSpeed ZeRO-3 served from one gather per step (ogrpo.train.zero3_push says why).
+"""TRL's weight push under DeepSpeed ZeRO-3 served from one gather per step (ogrpo.overlap.zero3_push says why).
 
 TRL's push (`VLLMGeneration.sync_weights`) streams `self._iter_named_params()`, which gathers each ZeRO-3
 parameter through `self._dist.gather_params([param])` (trl.distributed.DistributedBackend, around DeepSpeed's
 GatheredParameters) and names it with `self._fix_param_name_to_vllm(name)`; the names and shapes it sends are
 kept in `self._weight_metadata` after the first push. `install` replaces `_iter_named_params` on the one
-VLLMGeneration instance (layer `zero3_push` of ogrpo.patches.trl_trainer_wraps) and counts TRL's own gathers by
+VLLMGeneration instance (layer `zero3_push` of ogrpo.patches.trl_vllm_wraps) and counts TRL's own gathers by
 swapping `_dist.gather_params` on that instance's backend while TRL's iterator runs. TRL 1.9 (the images' line)
-has no per-parameter iterator: there the patch never applies (`not_applicable`; ogrpo.train.zero3_push.why_not).
+has no per-parameter iterator: there the patch never applies (`not_applicable`; ogrpo.overlap.zero3_push.why_not).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def install(vg, snapshot: Callable[[], list | None], on_gather: Callable[[], Non
     tensor, device)` list `snapshot()` returns when that is not None (and runs no collective; an empty list on
     ranks that hold no copy), else TRL's own iterator, calling `on_gather()` per parameter TRL gathers.
     Returns `gather(param)`: TRL's gather context for one parameter, for the caller's own single gather."""
-    from ogrpo.patches import trl_trainer_wraps
+    from ogrpo.patches import trl_vllm_wraps
 
     check()
     dist = vg._dist
@@ -92,5 +92,5 @@ def install(vg, snapshot: Callable[[], list | None], on_gather: Callable[[], Non
 
         return iter_named_params
 
-    trl_trainer_wraps.wrap(vg, "_iter_named_params", "zero3_push", make, kind="vllm_generation")
+    trl_vllm_wraps.wrap(vg, "_iter_named_params", "zero3_push", make, kind="vllm_generation")
     return lambda param: gather_params([param])

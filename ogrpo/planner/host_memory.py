@@ -60,7 +60,7 @@ def step_host_gib(plan) -> dict[str, float]:
         per_proc += sum((t.memory_terms or {}).get("host_terms", {}).values())
         trainer = procs * per_proc
         if t.strategy.startswith("zero3") and p.has_server and p.setting("overlap") == "one-step":
-            # the one-step push's copy of the full weights, on rank 0's node (ogrpo/train/zero3_push.py; LoRA's
+            # the one-step push's copy of the full weights, on rank 0's node (ogrpo/overlap/zero3_push.py; LoRA's
             # merged push, which keeps TRL's, gathers as much)
             trainer += params * dtypes.nbytes(p.precision) / GiB
     out["trainer"] = trainer

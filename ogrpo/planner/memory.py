@@ -120,7 +120,7 @@ def _round_gib(v: float) -> float:
 
 def tensor_gib(terms: dict) -> float:
     """The estimate without its runtime term: the live tensor bytes that torch.cuda.max_memory_allocated (GPU)
-    or the profiler's live-tensor peak (CPU, ogrpo/train/profiler.py) measure; neither sees the CUDA context,
+    or the profiler's live-tensor peak (CPU, ogrpo/profile/profiler.py) measure; neither sees the CUDA context,
     the caching allocator's slack or the interpreter."""
     return sum(v for k, v in terms.items() if k != "runtime")
 

@@ -1,16 +1,16 @@
 """How `ogrpo.overlap: lossless` takes a batch from the server: group by group, or whole (the plan's
 `overlap.stream` setting, with its reason).
 
-Group by group (ogrpo.patches.trl_overlap, ogrpo.serve.client.group_calls): one request per prompt group, each
+Group by group (ogrpo.overlap.streaming, ogrpo.serve.client.group_calls): one request per prompt group, each
 finished group's rewards and log-prob passes running while the server generates the rest. With several trainer
 processes the main process hands each finished group to every rank as it arrives and the rank that owns it works
 on it; where the log-prob passes are collectives (ZeRO-3) the ranks run their k-th passes together. That needs a
 server that batches concurrent requests (vLLM's API server; `trl vllm-serve` for TRL 1.9's client with one engine,
 through ogrpo.serve.trl_stream) and groups that each sit whole on one rank. Elsewhere the batch comes
 back whole and only the rewards run beside its log-prob passes; the samples, losses and updates are the same
-either way, only the waiting differs. The trainer decides the same way at run time (its own TRL, process count
-and batch), and also takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a
-reward model).
+either way, only the waiting differs. The trainer reads this decision from the plan (ogrpo.train.run.install_overlap)
+and still takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a reward
+model): what only the built trainer shows.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ AGGRESSIVE_OVERLAP = ("the aggressive profile: the server generates the next bat
 
 
 def overlap(d: Draft, p: Placement, targs: dict) -> str:
-    """ogrpo.overlap (ogrpo/train/overlap.py): whether server and trainer work at the same time. Only the split
+    """ogrpo.overlap (ogrpo/overlap/pipeline.py): whether server and trainer work at the same time. Only the split
     placement has two device sets to overlap; a mode that cannot apply runs as `off`, listed as a change when the
     run config asked for it."""
     trl, s, ch = d.trl, d.settings, d.changes

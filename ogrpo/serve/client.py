@@ -22,6 +22,7 @@ import functools
 import itertools
 import os
 import tempfile
+import weakref
 from typing import Any, Iterator
 
 SHM_DIR = "/dev/shm"
@@ -251,7 +252,7 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
 
     Sent at once, the groups' requests reach the server together and its engine batches them as it would the
     one request (vLLM's API server; for TRL 1.9's client, ogrpo.serve.trl_stream), while each answer comes back
-    when its group finishes (ogrpo.train.overlap.Stream). A request that carries images stays whole. The seeds: a
+    when its group finishes (ogrpo.overlap.pipeline.Stream). A request that carries images stays whole. The seeds: a
     seeded request's prompt i samples with seed + i x n on O-GRPO's vLLM API server
     (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; TRL 1.9's server samples
     every prompt of a request with the request's seed, so each group keeps it; an unseeded request stays unseeded
@@ -279,16 +280,19 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     return calls
 
 
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # requests session -> connections mounted
+
+
 def _widen_pool(client, connections: int) -> None:
     """requests keeps 10 connections per host: the groups' concurrent requests would open and drop the others."""
     session = getattr(client, "session", None)
-    if session is None or getattr(session, "_ogrpo_pool", 0) >= connections:
+    if session is None or _POOLS.get(session, 0) >= connections:
         return
     from requests.adapters import HTTPAdapter
 
     for prefix in ("http://", "https://"):
         session.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=connections))
-    session._ogrpo_pool = connections
+    _POOLS[session] = connections
 
 
 class SeededGenerate:

@@ -144,10 +144,8 @@ def _fsync_dir(path: Path) -> None:
 
 def make_checkpoints_atomic(trainer) -> None:
     """Route the Trainer's `_save_checkpoint` through a staging dir and rename the finished checkpoint (the
-    transformers side is a library patch: ogrpo.patches.transformers_atomic_checkpoint)."""
-    from ogrpo.patches import transformers_atomic_checkpoint
-
-    transformers_atomic_checkpoint.install(trainer, STAGING, _publish)
+    trainer's AtomicCheckpoints layer, ogrpo/trainer/checkpoints.py)."""
+    trainer.stage_checkpoints(STAGING, _publish)
 
 
 def _publish(src: Path, run_dir: Path) -> None:

@@ -205,9 +205,7 @@ def install_kernels(trainer, plan) -> dict:
     chosen = plan.kernels
     out: dict = {}
     if chosen.get("linear_logprobs"):
-        from ogrpo.patches import trl_linear_logprobs  # OgrpoError if TRL's method moved
-
-        out["linear_logprobs"] = trl_linear_logprobs.install(trainer)
+        out["linear_logprobs"] = trainer.use_linear_logprobs()  # OgrpoError if TRL's method moved
     if chosen.get("fused_sample") and not getattr(trainer.args, "use_vllm", False):
         from ogrpo.kernels.fused_sample import implementation
         from ogrpo.patches import transformers_fused_sample
@@ -219,10 +217,10 @@ def install_kernels(trainer, plan) -> dict:
 
 
 def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
-    """The plan's ogrpo.overlap (ogrpo/train/overlap.py) wired into the trainer; None when it is `off`, which
+    """The plan's ogrpo.overlap (ogrpo/overlap/pipeline.py) wired into the trainer; None when it is `off`, which
     installs nothing. A mode the run config asked for (`asked`) that cannot apply to this trainer is an error; the
     plan's default falls back to `off` with a note (what only the built trainer shows: tools, a rollout_func)."""
-    from ogrpo.train.overlap import OFF, ONE_STEP, plan_mode, unsupported
+    from ogrpo.overlap.pipeline import OFF, ONE_STEP, plan_mode, unsupported
 
     mode = plan_mode(plan)
     if mode == OFF:
@@ -232,12 +230,11 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
         print(f"note: ogrpo.overlap {mode} (the plan's default) does not apply: {'; '.join(problems)}; running off",
               file=sys.stderr, flush=True)
         return {"mode": OFF, "reason": "; ".join(problems)}
-    from ogrpo.patches import trl_overlap
+    from ogrpo.planner.overlap_stream import GROUPS
 
-    vllm = getattr(plan, "vllm", None)
-    installed = trl_overlap.install(trainer, mode, server_dp=max(1, getattr(vllm, "data_parallel_size", 1) or 1))
+    installed = trainer.pipeline_generation(mode, stream=plan.setting("overlap.stream") == GROUPS)
     if mode == ONE_STEP:
-        from ogrpo.train import zero3_push
+        from ogrpo.overlap import zero3_push
 
         if zero3_push.why_not(trainer) is None:  # ZeRO-3: one gather per step, while the server generates
             zero3_push.install(trainer)  # its counts go into the manifest (zero3_push) when training ends
@@ -278,11 +275,11 @@ def build_trainer(p: Prepared, own_process: bool = False):
     from ogrpo.compat import trl_imports
 
     with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False)) or not own_process):
-        from trl import GRPOTrainer
+        from ogrpo.trainer.grpo import OgrpoGRPOTrainer
 
     from ogrpo.train.peft_config import peft_config
 
-    return GRPOTrainer(model=p.model_path, reward_funcs=p.reward_funcs, args=p.args, train_dataset=p.dataset,
+    return OgrpoGRPOTrainer(model=p.model_path, reward_funcs=p.reward_funcs, args=p.args, train_dataset=p.dataset,
                        processing_class=p.tokenizer, peft_config=peft_config(p.run_config.trl))
 
 
@@ -292,8 +289,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     from rich.console import Console
 
     from ogrpo.train import rundir
-    from ogrpo.train.callbacks import NonFiniteError, default_callbacks, install_nonfinite_guard, use_quiet_progress
-    from ogrpo.train.profiler import StageProfiler, render_table, summarize
+    from ogrpo.profile.profiler import StageProfiler, render_table, summarize
+    from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
+    from ogrpo.trainer.guard import NonFiniteError
 
     console = console or Console()  # results on stdout; progress (tqdm) and logs on stderr
     p = prepare(config, output_dir, vllm_url, resume, overrides, gpus)
@@ -313,27 +311,24 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     install_vllm_hooks(p)
     init_cpu_deepspeed(p)
     trainer = build_trainer(p, own_process)
-    kernels = install_kernels(trainer, p.plan)  # before the profiler wraps the methods they replace
+    # the layers of OgrpoGRPOTrainer (ogrpo/trainer/grpo.py) turned on; their order is the class's, not this one.
+    # Always on: the generation stream's state (one-step's batch in flight, the seed counter) goes into each
+    # checkpoint, so a resumed server-mode run samples what the uninterrupted one did.
+    kernels = install_kernels(trainer, p.plan)
     if is_main and kernels:
         rundir.update_manifest(run_dir, kernels=kernels)
-    profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
-    profiler.count_passes(trainer)  # beneath the overlap: the streamed groups' passes are the forwards that run
-    overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))  # before the profiler
-    from ogrpo.train import overlap_resume
-
-    # every overlap mode: the generation stream's state (one-step's batch in flight, the seed counter) goes into
-    # each checkpoint, so a resumed server-mode run samples what the uninterrupted one did
-    overlap_resume.install(trainer)
+    overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))
     if is_main and overlap:
         rundir.update_manifest(run_dir, overlap=overlap)
-    profiler.attach(trainer)
+    profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
+    profiler.attach(trainer)  # after the overlap: its timeline and pipeline are the overlap's
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)
     from ogrpo.train import preemption  # USR2/TERM → checkpoint at the end of the step, exit for requeue
 
     preempt_cb = preemption.install(trainer, run_dir)
-    install_nonfinite_guard(trainer)  # inf/NaN loss: stop naming the step (exit 1), not train on NaN weights
+    trainer.guard_nonfinite()  # inf/NaN loss: stop naming the step (exit 1), not train on NaN weights
     done = preemption.finished_step(p.resume_from, p.args.max_steps)
     try:
         if done is None:
@@ -357,13 +352,12 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if trainer.accelerator.is_main_process:
         rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
-        from ogrpo.train import timeline
+        from ogrpo.profile import timeline
 
         picture = timeline.write(run_dir, rows)  # the split placement's lanes, first steps
         plots += [picture] if picture else []
-        calls = getattr(trainer, "_ogrpo_linear_logprobs_calls", None)
-        if calls is not None:  # which scoring calls ran the kernel and which fell back to TRL's path
-            kernels["linear_logprobs"]["calls"] = dict(calls)
+        if trainer.logprobs_scorer is not None:  # which scoring calls ran the kernel and which fell back to TRL's
+            kernels["linear_logprobs"]["calls"] = dict(trainer.logprobs_scorer.calls)
         rundir.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
                                profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
                                distributed=distributed_summary(trainer), kernels=kernels)

@@ -194,7 +194,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ogrpo.train.profiler import STAGES
+    from ogrpo.profile.profiler import STAGES
 
     out_dir = run_dir / PLOTS
     out_dir.mkdir(exist_ok=True)

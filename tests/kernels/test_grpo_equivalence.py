@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 # torch and TRL are part of the test environment (.venv, the train extra): their absence is a failure, not a skip.
@@ -40,11 +42,11 @@ def test_seeded_grpo_run_is_the_same_with_and_without_the_kernel(tmp_path):
     plain = _trainer(tmp_path, "plain")
     plain.train()
     patched = _trainer(tmp_path, "patched")
-    result = trl_patch.install(patched)
+    result = patched.use_linear_logprobs()
     assert result == {"installed": True, "trl_line": "fused", "models": {"policy": True, "reference": True},
                       "reason": None, "implementation": {"impl": "compiled", "reason": op.STATUS["cpu"]["reason"]}}
     patched.train()
-    calls = patched._ogrpo_linear_logprobs_calls
+    calls = patched.logprobs_scorer.calls
     # per step: the loss pass; per generation: old-policy (num_iterations=2) and reference (beta > 0) passes
     assert calls["kernel"] >= 3 + 2 and calls["trl"] == 0, calls
     assert op.STATUS["cpu"]["impl"] == "compiled", op.STATUS
@@ -66,8 +68,8 @@ def test_seeded_grpo_run_is_the_same_with_and_without_the_kernel(tmp_path):
 def scoring(tmp_path_factory):
     """A trainer, its TRL scoring method before the patch, and a padded batch like GRPO's."""
     trainer = _trainer(tmp_path_factory.mktemp("scoring"), "run")
-    original = trainer._get_per_token_logps_and_entropies
-    assert trl_patch.install(trainer)["installed"]
+    original = functools.partial(trl.GRPOTrainer._get_per_token_logps_and_entropies, trainer)  # TRL's own
+    assert trainer.use_linear_logprobs()["installed"]
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(2, 384, (5, 14), generator=gen)
     mask = torch.ones_like(ids)
@@ -89,10 +91,10 @@ def _run(fn, trainer, ids, mask, keep=6, batch_size=2):
 
 def test_scoring_matches_trls_own_method_on_padded_batches(scoring):
     trainer, original, ids, mask = scoring
-    calls = dict(trainer._ogrpo_linear_logprobs_calls)
+    calls = dict(trainer.logprobs_scorer.calls)
     got = _run(trainer._get_per_token_logps_and_entropies, trainer, ids, mask)
     want = _run(original, trainer, ids, mask)
-    assert trainer._ogrpo_linear_logprobs_calls["kernel"] == calls["kernel"] + 1
+    assert trainer.logprobs_scorer.calls["kernel"] == calls["kernel"] + 1
     assert got[0].shape == want[0].shape == (5, 6) and got[2] is None and want[2] is None
     torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=2e-5, rtol=1e-5)
@@ -107,11 +109,11 @@ def test_scoring_without_entropy_and_fallback_for_aux_loss(scoring):
     with torch.no_grad():
         logps, ents, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 4)
     assert logps.shape == (5, 4) and ents is None
-    before = dict(trainer._ogrpo_linear_logprobs_calls)
+    before = dict(trainer.logprobs_scorer.calls)
     # the aux loss is TRL's business: its own path runs (and, Qwen2 having no router, fails in TRL's code)
     with pytest.raises(AttributeError, match="num_experts"):
         trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 4, compute_aux_loss=True)
-    assert trainer._ogrpo_linear_logprobs_calls["trl"] == before["trl"] + 1
+    assert trainer.logprobs_scorer.calls["trl"] == before["trl"] + 1
 
 
 def test_logits_line_keeps_trl_1_9_semantics(scoring):

@@ -3,7 +3,7 @@
 - requeue: the rendered job, run with plain `sbatch`, is held after step 2 (SIGSTOP) and requeued with `scontrol
   requeue` (SIGTERM, SIGKILL 5 s later); before it starts again its newest checkpoint is removed (as if the kill
   had come before it was saved: the resume must train that step again). The second attempt resumes from a
-  checkpoint that carries the batch the pipeline had in flight (ogrpo/train/overlap_resume.py): the steps both
+  checkpoint that carries the batch the pipeline had in flight (ogrpo/overlap/resume.py): the steps both
   attempts ran have the same batch identities (`batch_sha`, the profiler's digest of prompts + completions), the
   same staleness and losses; each step is logged once and the staleness never exceeds 1. Without the saved batch
   the step trained again would be generated with the checkpoint's weights: staleness 0 and other completions.

@@ -13,7 +13,7 @@ def test_every_patch_check_passes_on_the_images_trl_line():
     report = patches.run_checks()
     assert {name: r["detail"] for name, r in report.items() if r["status"] == "failed"} == {}
     # what a run on this line installs: vouched for here, not skipped
-    for name in ("trl_trainer_wraps", "transformers_atomic_checkpoint", "trl_vllm_client", "trl_linear_logprobs",
+    for name in ("trl_trainer_overrides", "trl_vllm_wraps", "trl_vllm_client", "trl_linear_logprobs",
                  "trl_vllm_serve", "trl_overlap", "transformers_fused_sample", "trl_stream"):
         assert report[name]["status"] == "ok", report[name]
     # what this line never takes is skipped with the reason, not passed (its push has no per-parameter iterator)
@@ -21,15 +21,20 @@ def test_every_patch_check_passes_on_the_images_trl_line():
         assert report[name]["status"] == "skipped" and "trl 1.9.2: " in report[name]["detail"], report[name]
 
 
-def test_the_wrapped_trainer_methods_are_checked_on_this_line(monkeypatch):
+def test_the_overridden_trainer_methods_are_checked_on_this_line(monkeypatch):
+    """OgrpoGRPOTrainer's overrides (ogrpo/trainer/overrides.py) against TRL 1.9.2's GRPOTrainer, and the class
+    itself built on this line."""
     from trl.trainer import grpo_trainer
 
+    from ogrpo.trainer.grpo import LAYERS, OgrpoGRPOTrainer
+
+    assert OgrpoGRPOTrainer.__mro__[len(LAYERS) + 1] is grpo_trainer.GRPOTrainer
     monkeypatch.delattr(grpo_trainer.GRPOTrainer, "training_step")  # falls back to transformers' Trainer's
-    patches.module("trl_trainer_wraps").check()  # inherited still counts: the wrapper goes on the instance
+    patches.module("trl_trainer_overrides").check()  # inherited still counts: super() reaches it
     monkeypatch.delattr(grpo_trainer.GRPOTrainer, "_generate_and_score_completions")
-    with pytest.raises(PatchTargetMoved, match=r"patch trl_trainer_wraps cannot apply to trl 1\.9\.2: .*"
+    with pytest.raises(PatchTargetMoved, match=r"patch trl_trainer_overrides cannot apply to trl 1\.9\.2: .*"
                                                r"_generate_and_score_completions is gone"):
-        patches.module("trl_trainer_wraps").check()
+        patches.module("trl_trainer_overrides").check()
 
 
 @pytest.mark.parametrize("where,attr", [("vllm:LLM", "enqueue"), ("trl.scripts.vllm_serve", "Pipe")])

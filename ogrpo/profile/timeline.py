@@ -1,6 +1,6 @@
 """The run directory's timeline picture (plots/timeline.png): when each device set of the split placement was
 busy during the first steps, one lane per set, from the `lanes` the stage profiler wrote into profile.jsonl
-(ogrpo/train/profiler.py). Where the two sets take turns the picture shows the gaps; with `ogrpo.overlap` it
+(ogrpo/profile/profiler.py). Where the two sets take turns the picture shows the gaps; with `ogrpo.overlap` it
 shows them filled.
 
 `lanes(rows)` is what is drawn (kept apart from matplotlib so a test can check the picture's content);

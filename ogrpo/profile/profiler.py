@@ -1,9 +1,8 @@
-"""Per-step stage profile of a GRPOTrainer, taken by hooking the trainer instance at stage boundaries.
+"""Per-step stage profile of a GRPOTrainer, taken at its stage boundaries.
 
-No TRL source is patched: `attach` wraps bound methods on the one trainer instance (`_generate`,
-`_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_generate_and_score_completions`, `training_step`),
-as the `profiler` layer of ogrpo.patches.trl_trainer_wraps (which states where it sits among O-GRPO's other
-wrappers of those methods), and a TrainerCallback closes each optimizer step. Stages, in seconds per optimizer step:
+The trainer's class calls the profiler: ogrpo.profile.hooks' layers of OgrpoGRPOTrainer (`StageTiming`:
+`_generate`, `_calculate_rewards`, `_get_per_token_logps_and_entropies`, `_generate_and_score_completions`,
+`training_step`; `PassCounting` beneath the overlap), and a TrainerCallback closes each optimizer step. Stages, in seconds per optimizer step:
 
 - generation: rollouts (`_generate`: vLLM or HF generate, including the weight push to vLLM);
 - reward: the reward functions (`_calculate_rewards`);
@@ -16,7 +15,7 @@ Waste per pass: every log-prob forward runs over the whole padded batch it is gi
 completions padded to the longest). `pass_tokens` counts the positions each kind of pass computed ("score": the
 reference and old-policy passes; "loss": the policy forward inside the loss), `pass_real_tokens` those its
 attention mask keeps, and `pad_share` = 1 - real / computed: the share of that pass's compute spent on padding.
-The count sits beneath the overlap (`count_passes`, the `passes` layer): where `lossless` scores the groups as
+The count sits beneath the overlap (ogrpo.profile.hooks.PassCounting): where `lossless` scores the groups as
 they arrive, their own passes (each group padded to its own longest) are what is counted, not TRL's call of the
 whole batch that the overlap then answers without a forward.
 
@@ -24,11 +23,11 @@ On the split placement (a separate vLLM server) each row also says how much of t
 idle (`idle_share`: {"server": .., "trainer": ..}) from a Timeline of busy spans: the server is busy while it
 generates (a request in flight, whichever thread sent it) or receives weights (the push); the trainer is idle
 while its main thread waits on a generation request, busy otherwise (scoring, rewards, training, the push).
-With `ogrpo.overlap` (ogrpo/train/overlap.py) requests run beside the trainer and spans cross step boundaries;
+With `ogrpo.overlap` (ogrpo/overlap/pipeline.py) requests run beside the trainer and spans cross step boundaries;
 each step counts the part inside it. The first TIMELINE_STEPS rows also carry the spans themselves (`lanes`:
 per device set, [start s, end s, stage] relative to the step's start; `step_start_unix_s`: when it began):
 the trainer lane's stages are score (reference/old-policy log-probs), reward, train (training_step), push and
-wait (idle: its main thread blocked on the server); ogrpo.train.timeline draws them. Every row carries
+wait (idle: its main thread blocked on the server); ogrpo.profile.timeline draws them. Every row carries
 `batch_sha`, a digest of the step's training prompts and completions (this process's share of the batch): the
 identity of the batch stream, which a resumed run must reproduce.
 
@@ -100,34 +99,29 @@ class StageProfiler:
         self.step_start: float | None = None
         self.last_train_step_end: float | None = None
 
-    # --- hooks on the trainer instance -------------------------------------------------------------------------
+    # --- the trainer's hooks (ogrpo.profile.hooks: StageTiming, PassCounting) call these ------------------------
     def attach(self, trainer) -> "StageProfiler":
+        """Profile `trainer`, a class with ogrpo.profile.hooks' layers in it (OgrpoGRPOTrainer, or `profiled(...)`
+        of a plain GRPOTrainer): its hooks call this profiler from now on."""
         self._trainer = trainer
         if self.measure_steps > 0 and not _cuda():
             # from here, before train() wraps the model in DDP / DeepSpeed: their buffers are counted as made
             self._tensor_peak = TensorPeak().start()
-        from ogrpo.patches.trl_trainer_wraps import layers
-
-        if "passes" not in layers(trainer, "_get_per_token_logps_and_entropies"):
-            self.count_passes(trainer)
-        self._wrap(trainer, "_generate", self._on_generate)
-        self._wrap(trainer, "_calculate_rewards", self._timed("reward"))
-        self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_logps)
-        self._wrap(trainer, "_generate_and_score_completions", self._on_scoring)
-        self._wrap(trainer, "training_step", self._on_training_step)
+        trainer.stage_profiler = self
         self._attach_timeline(trainer)
         trainer.add_callback(self.callback())
         return self
 
     def _attach_timeline(self, trainer) -> None:
         """Server mode: busy spans of the push (trainer and server) and of the main thread's generation requests
-        (the trainer waits; the server generates, unless an overlap pipeline sent the request and records it)."""
+        (the trainer waits; the server generates, unless the overlap pipeline sent the request and records it).
+        TRL's VLLMGeneration and VLLMClient are instances of TRL's classes the trainer builds: their methods are
+        timed through ogrpo.patches.trl_vllm_wraps (the trainer's own are its class's)."""
         vg = getattr(trainer, "vllm_generation", None)
         if vg is None or getattr(vg, "mode", None) != "server":
             return
-        self.timeline = getattr(trainer, "_ogrpo_timeline", None) or Timeline()
-        trainer._ogrpo_timeline = self.timeline
-        from ogrpo.patches.trl_trainer_wraps import wrap
+        self.timeline = trainer.timeline = getattr(trainer, "timeline", None) or Timeline()
+        from ogrpo.patches.trl_vllm_wraps import wrap
 
         timeline = self.timeline
         drained: dict = {}  # end of the overlap pipeline's wait for the request in flight, within this push
@@ -150,7 +144,7 @@ class StageProfiler:
         client = getattr(vg, "vllm_client", None)
         if client is None:  # ranks other than the main process send no requests
             return
-        pipeline = getattr(client, "_ogrpo_overlap", None)
+        pipeline = getattr(trainer, "overlap_pipeline", None)
         if pipeline is not None:  # a push first waits for the request in flight: the trainer idles on the server
             drain = pipeline.drain
 
@@ -164,7 +158,7 @@ class StageProfiler:
                     timeline.record("trainer", "wait", t0, t1)
 
             pipeline.drain = wait_for_requests
-        server_side = getattr(client, "_ogrpo_overlap", None) is None
+        server_side = pipeline is None
 
         def timed_request(request):
             def generate(*args, **kwargs):
@@ -181,30 +175,13 @@ class StageProfiler:
 
         wrap(client, "generate", "profiler", timed_request, kind="vllm_client")
 
-    @staticmethod
-    def _wrap(trainer, name: str, make, layer: str = "profiler") -> None:
-        # its place among O-GRPO's other wrappers is in ogrpo.patches.trl_trainer_wraps
-        from ogrpo.patches.trl_trainer_wraps import wrap
-
-        wrap(trainer, name, layer, make)
-
-    def count_passes(self, trainer) -> "StageProfiler":
-        """The `passes` layer: beneath the overlap (install it before ogrpo.patches.trl_overlap; `attach` installs
-        it when nothing did), so the forwards counted are the ones that run."""
-        self._wrap(trainer, "_get_per_token_logps_and_entropies", self._on_pass, layer="passes")
-        return self
-
-    def _timed(self, stage: str):
-        def make(fn):
-            def inner(*args, **kwargs):
-                t0, n0 = time.perf_counter(), time.time_ns()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self.acc[stage] += time.perf_counter() - t0
-                    self._span(stage, n0, time.time_ns())
-            return inner
-        return make
+    def timed(self, stage: str, fn, *args, **kwargs):
+        t0, n0 = time.perf_counter(), time.time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.acc[stage] += time.perf_counter() - t0
+            self._span(stage, n0, time.time_ns())
 
     # the profiler's stages as the trainer lane's (the overlap's reward thread records its own "reward")
     LANE_STAGE = {"reward": "reward", "logprobs": "score", "train": "train"}
@@ -229,69 +206,55 @@ class StageProfiler:
             self.batch = hashlib.sha256()
         self.batch.update(json.dumps(ids, separators=(",", ":")).encode())
 
-    def _on_generate(self, fn):
-        def inner(*args, **kwargs):
-            t0, n0 = time.perf_counter(), time.time_ns()
-            out = fn(*args, **kwargs)
-            self.acc["generation"] += time.perf_counter() - t0
-            self.spans.append(("generation", n0, time.time_ns()))
-            self._note_batch(out)
-            try:  # (prompt_ids, completion_ids, ...) in TRL 1.x
-                completion_ids = out[1]
-                self.tokens += sum(len(c) for c in completion_ids)
-                self.sequences += len(completion_ids)
-            except (TypeError, IndexError):
-                pass
-            return out
-        return inner
+    def generation(self, fn, *args, **kwargs):
+        t0, n0 = time.perf_counter(), time.time_ns()
+        out = fn(*args, **kwargs)
+        self.acc["generation"] += time.perf_counter() - t0
+        self.spans.append(("generation", n0, time.time_ns()))
+        self._note_batch(out)
+        try:  # (prompt_ids, completion_ids, ...) in TRL 1.x
+            completion_ids = out[1]
+            self.tokens += sum(len(c) for c in completion_ids)
+            self.sequences += len(completion_ids)
+        except (TypeError, IndexError):
+            pass
+        return out
 
-    def _on_pass(self, fn):
-        def inner(*args, **kwargs):
-            # (model, input_ids, attention_mask, ...) in both TRL lines' _get_per_token_logps_and_entropies
-            mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-            if mask is not None and hasattr(mask, "numel"):
-                counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
-                counts[0] += int(mask.numel())
-                counts[1] = counts[1] + mask.sum()  # a tensor until the step closes: no device sync per pass
+    def counted_pass(self, fn, *args, **kwargs):
+        """The `passes` layer: the positions one forward that runs computes and those its mask keeps."""
+        # (model, input_ids, attention_mask, ...) in both TRL lines' _get_per_token_logps_and_entropies
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if mask is not None and hasattr(mask, "numel"):
+            counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
+            counts[0] += int(mask.numel())
+            counts[1] = counts[1] + mask.sum()  # a tensor until the step closes: no device sync per pass
+        return fn(*args, **kwargs)
+
+    def logprob_pass(self, fn, *args, **kwargs):
+        if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
             return fn(*args, **kwargs)
-        return inner
+        self.logprob_passes += 1
+        return self.timed("logprobs", fn, *args, **kwargs)
 
-    def _on_logps(self, fn):
-        def inner(*args, **kwargs):
-            if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
-                return fn(*args, **kwargs)
-            t0, n0 = time.perf_counter(), time.time_ns()
-            self.logprob_passes += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.acc["logprobs"] += time.perf_counter() - t0
-                self._span("logprobs", n0, time.time_ns())
-        return inner
+    def scoring(self, fn, *args, **kwargs):
+        self._scoring_depth += 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._scoring_depth -= 1
+            self._scoring_s += time.perf_counter() - t0
 
-    def _on_scoring(self, fn):
-        def inner(*args, **kwargs):
-            self._scoring_depth += 1
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._scoring_depth -= 1
-                self._scoring_s += time.perf_counter() - t0
-        return inner
-
-    def _on_training_step(self, fn):
-        def inner(*args, **kwargs):
-            self._scoring_s = 0.0
-            t0, n0 = time.perf_counter(), time.time_ns()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                t1 = time.perf_counter()
-                self.acc["train"] += (t1 - t0) - self._scoring_s
-                self.last_train_step_end = t1
-                self._span("train", n0, time.time_ns())
-        return inner
+    def training_step(self, fn, *args, **kwargs):
+        self._scoring_s = 0.0
+        t0, n0 = time.perf_counter(), time.time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            self.acc["train"] += (t1 - t0) - self._scoring_s
+            self.last_train_step_end = t1
+            self._span("train", n0, time.time_ns())
 
     # --- step boundaries ---------------------------------------------------------------------------------------
     def callback(self):

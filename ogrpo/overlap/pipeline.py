@@ -312,7 +312,7 @@ class Pipeline:
       epoch's end), after which one-step sends the staged next batch.
     `split(prompts, sampling)`: one thunk per prompt group, or None where a request must stay whole; a split
     training request is a Stream, whose groups go to `on_group(index, answer)` as they finish (set by the trainer
-    for the batch it generates). `timeline` (ogrpo.train.profiler.Timeline) gets the server's busy spans."""
+    for the batch it generates). `timeline` (ogrpo.profile.profiler.Timeline) gets the server's busy spans."""
 
     def __init__(self, mode: str, version_fn: Callable[[], int], timeline=None,
                  split: Callable[[list, dict], list | None] | None = None):
@@ -333,14 +333,23 @@ class Pipeline:
 
     # ---- wiring onto one client instance -------------------------------------------------------------------
     def attach(self, client) -> None:
-        self._real = client.generate
-        client.generate = self.generate
+        """Route `client`'s generate, weight push and prefix-cache reset through this pipeline (the `overlap`
+        layer of ogrpo.patches.trl_vllm_wraps: the client is an instance TRL's trainer builds)."""
+        from ogrpo.patches.trl_vllm_wraps import wrap
+
+        def through(real):
+            self._real = real
+
+            def generate(*args, **kwargs):
+                return self.generate(*args, **kwargs)
+
+            return generate
+
+        wrap(client, "generate", "overlap", through, kind="vllm_client")
         for name in ("update_named_params", "update_named_param"):
-            push = client.__dict__.get(name) or getattr(client, name, None)
-            if push is not None:
-                setattr(client, name, self._before(push))
-        client.reset_prefix_cache = self._after(client.reset_prefix_cache)
-        client._ogrpo_overlap = self
+            if getattr(client, name, None) is not None:
+                wrap(client, name, "overlap", self._before, kind="vllm_client")
+        wrap(client, "reset_prefix_cache", "overlap", self._after, kind="vllm_client")
 
     def _before(self, push):
         def wrapper(*args, **kwargs):
@@ -399,7 +408,7 @@ class Pipeline:
             return
         sampling = dict(self.sampling)
         # the request's sampling seed is taken here, on the caller's thread, and the ticket records the counter
-        # it was taken at (a checkpoint reads both, ogrpo.train.overlap_resume), not later on the request's thread
+        # it was taken at (a checkpoint reads both, ogrpo.overlap.resume), not later on the request's thread
         client = getattr(self._real, "__self__", None)
         calls = getattr(client, "_generation_calls", None)
         seeded = getattr(client, "seeded_kwargs", None)

@@ -3,7 +3,7 @@ while the server generates instead of where the server waits for the weights.
 
 TRL's push (VLLMGeneration.sync_weights -> _iter_named_params) gathers each ZeRO-3 parameter on its own, a
 collective per parameter on every rank, inside the push. Under one-step the push comes after the pipeline has
-waited for the request in flight (ogrpo/train/overlap.py): every one of those gathers then sits between the end
+waited for the request in flight (ogrpo/overlap/pipeline.py): every one of those gathers then sits between the end
 of a generation and the start of the next, with the server idle. Here, when the optimizer step ends (the server
 is then generating the batch sent one step ahead), every rank takes part in a single gather of all parameters
 and rank 0 keeps a copy of the full weights under the names vLLM expects; the push that follows streams that

@@ -1,4 +1,4 @@
-"""Exact checkpoint/resume for `ogrpo.overlap: one-step` (ogrpo/train/overlap.py).
+"""Exact checkpoint/resume for `ogrpo.overlap: one-step` (ogrpo/overlap/pipeline.py).
 
 At checkpoint-N the one-step pipeline holds the batch that step N+1 trains on, generated with policy version N-1
 (the weights before the last update), while the checkpoint holds version N. Regenerating that batch from the
@@ -18,7 +18,7 @@ checkpoint (SEED_FILE) and restored: at the value that draws, next, the seed the
 is the counter itself where nothing is in flight (`off`) or what is in flight is saved (`one-step`), and the
 counter a `lossless` request in flight took its seed at (it is sent again on resume).
 
-The hooks are the Trainer's own per-checkpoint calls on the one trainer instance: `_save_rng_state(output_dir)`
+The hooks are the Trainer's own per-checkpoint calls, overridden by StreamCheckpoints: `_save_rng_state(output_dir)`
 (every rank, inside the checkpoint being written: within ogrpo.train.preemption's staging directory, so the file
 is renamed into place with the rest) and `_load_rng_state(checkpoint)` (every rank, when training resumes).
 JSON, not pickle: a checkpoint directory is data, never code.
@@ -42,51 +42,40 @@ def generation_client(trainer):
     return getattr(gen, "vllm_client", None) or getattr(trainer, "vllm_client", None)
 
 
-def install(trainer) -> None:
-    """Wire onto `trainer` (after trl_overlap.install) the save/restore of what the server path's generation
-    stream needs to go on as if never stopped: one-step's request in flight, the client's seed counter."""
-    state = getattr(trainer, "_ogrpo_overlap", None)
+class StreamCheckpoints:
+    """The layer of OgrpoGRPOTrainer that puts the generation stream's state into each checkpoint, beside the
+    Trainer's RNG states, and restores it on resume: one-step's request in flight, the client's seed counter."""
 
-    def pipeline():
+    def _stream_pipeline(self):
+        state = getattr(self, "overlap", None)  # the overlap layer's state (ogrpo.overlap.steps), when on
         return state.pipeline if state is not None else None
 
-    def client():
-        found = generation_client(trainer)
+    def _stream_client(self):
+        found = generation_client(self)
         return found if isinstance(getattr(found, "_generation_calls", None), int) else None
 
-    def one_step():
-        from ogrpo.train.overlap import ONE_STEP
+    def _one_step_pipeline(self):
+        from ogrpo.overlap.pipeline import ONE_STEP
 
-        pipe = pipeline()
+        pipe = self._stream_pipeline()
         return pipe if pipe is not None and pipe.mode == ONE_STEP else None
 
-    if state is None and client() is None:
-        return  # nothing of the generation stream lives outside the Trainer's own checkpoint
-    from ogrpo.patches.trl_trainer_wraps import wrap
+    def _save_rng_state(self, output_dir, *args, **kwargs):
+        out = super()._save_rng_state(output_dir, *args, **kwargs)
+        pipe = self._stream_pipeline()
+        if self._one_step_pipeline() is not None:
+            save(pipe, Path(output_dir), self.state.global_step)
+        if self._stream_client() is not None:
+            save_seed_counter(self._stream_client(), pipe, Path(output_dir))
+        return out
 
-    def saving(save_rng):
-        def _save_rng_state(output_dir, *args, **kwargs):
-            out = save_rng(output_dir, *args, **kwargs)
-            pipe = pipeline()
-            if one_step() is not None:
-                save(pipe, Path(output_dir), trainer.state.global_step)
-            if client() is not None:
-                save_seed_counter(client(), pipe, Path(output_dir))
-            return out
-        return _save_rng_state
-
-    def loading(load_rng):
-        def _load_rng_state(checkpoint, *args, **kwargs):
-            out = load_rng(checkpoint, *args, **kwargs)
-            if checkpoint is not None and one_step() is not None:
-                restore(one_step(), Path(checkpoint))
-            if checkpoint is not None and client() is not None:
-                restore_seed_counter(client(), Path(checkpoint))
-            return out
-        return _load_rng_state
-
-    wrap(trainer, "_save_rng_state", "overlap_resume", saving)
-    wrap(trainer, "_load_rng_state", "overlap_resume", loading)
+    def _load_rng_state(self, checkpoint, *args, **kwargs):
+        out = super()._load_rng_state(checkpoint, *args, **kwargs)
+        if checkpoint is not None and self._one_step_pipeline() is not None:
+            restore(self._one_step_pipeline(), Path(checkpoint))
+        if checkpoint is not None and self._stream_client() is not None:
+            restore_seed_counter(self._stream_client(), Path(checkpoint))
+        return out
 
 
 def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:
@@ -95,7 +84,7 @@ def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:
     if not pipeline.tickets:
         return None
     if len(pipeline.tickets) > 1:  # one-step keeps one request ahead: more would be a broken invariant
-        from ogrpo.train.overlap import OverlapError
+        from ogrpo.overlap.pipeline import OverlapError
 
         raise OverlapError(f"overlap: {len(pipeline.tickets)} requests queued at a checkpoint (one expected)")
     ticket = pipeline.tickets[0]
@@ -113,7 +102,7 @@ def restore(pipeline, checkpoint: Path) -> bool:
     path = checkpoint / FILE
     if not path.is_file():
         return False
-    from ogrpo.train.overlap import Ticket
+    from ogrpo.overlap.pipeline import Ticket
 
     record = _read(path)
     future: Future = Future()
@@ -127,7 +116,7 @@ def restore(pipeline, checkpoint: Path) -> bool:
 def seed_counter_to_save(client, pipeline) -> int:
     """The client's seed counter as a resumed run must start it: where the oldest request in flight that the
     checkpoint does not keep (lossless) took its seed, else the counter itself."""
-    from ogrpo.train.overlap import ONE_STEP
+    from ogrpo.overlap.pipeline import ONE_STEP
 
     if pipeline is not None and pipeline.mode != ONE_STEP:
         taken = [t.calls for t in list(pipeline.tickets) if t.calls is not None]

@@ -1,0 +1,303 @@
+"""Lossless streaming, the trainer's side: each finished prompt group's rewards (on the reward thread) and its
+old-policy/reference log-probs (on the main thread) while the server generates the rest, and the check that hands
+TRL those results only where its own batch is exactly what the groups were scored on (ogrpo/overlap/steps.py).
+
+Every reading of TRL's internals for the per-group work is in this section (the same on TRL 1.9.2 and 1.16:
+_tokenize_prompts, processing_class.batch_decode, `pad_to_multiple_of`, `mask_truncated_completions`, the
+old/ref pass conditions of _generate_and_score_completions, `disable_gradient_checkpointing`). What it gets
+wrong only costs the overlap: TRL's own tensors and completions are compared before a result is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from ogrpo.patches import trl_overlap as trl_collectives
+
+_REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref - logp) stays 0, never inf x 0
+_OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
+
+
+def splitter(trainer):
+    """The main process's pipeline `split`: one request per prompt group."""
+    import trl
+
+    from ogrpo import compat
+    from ogrpo.serve.client import group_calls
+
+    flavor = compat.server_flavor(trl.__version__)
+    client = trainer.vllm_generation.vllm_client
+    return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor)
+
+
+def rank_groups(trainer, state, work, prompts):
+    """This rank's RankGroups for the batch; on the main process, the pipeline's `on_group` hands each finished
+    group to every rank. Under lockstep the ranks score per group only if all of them can (one collective)."""
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    from ogrpo.overlap.pipeline import RankGroups
+
+    acc = trainer.accelerator
+    if state.lockstep:
+        everyone = gather_object([work is not None and work.score_fn is not None])
+        if work is not None and not all(everyone):
+            work.score_fn = None
+    groups = RankGroups(work, acc.process_index, acc.num_processes, len(prompts) // trainer.num_generations,
+                        state.lockstep)
+    trl_collectives.handoff.groups = groups
+    if state.pipeline is not None:
+        def hand_over(index, answer):
+            broadcast_object_list([(index, {"completion_ids": answer["completion_ids"]})], from_process=0)
+            groups.arrived(index, answer)
+
+        state.pipeline.on_group = hand_over
+    return groups
+
+
+def group_work(trainer, state, prompts):
+    """This rank's GroupWork for this training batch, or None where it cannot stream: images, a batch that is not
+    whole groups, or nothing to do ahead."""
+    from ogrpo.overlap.pipeline import GroupWork
+
+    inputs = state.inputs
+    if not state.streams or inputs is None:
+        return None
+    n = trainer.num_generations
+    if not prompts or len(prompts) % n or any(k in inputs[0] for k in ("image", "images")):
+        return None
+    reward = _group_reward(trainer, state, inputs, prompts, n) if rewards_can_run_ahead(trainer) else None
+    score = _group_score(trainer, state, prompts) if _can_score_groups(trainer) else None
+    if reward is None and score is None:
+        return None
+    work = GroupWork(reward, score)
+    work.batch = (inputs, prompts)  # what the groups' rewards were computed for
+    work.used_rewards = False
+    return work
+
+
+def _decoder(trainer, prompts):
+    """TRL's decoding of completion ids (per sequence, so a group decodes alone as in the batch); None where TRL
+    parses responses with the tokenizer's response template (tool calls)."""
+    from trl.data_utils import is_conversational
+
+    conversational = is_conversational({"prompt": prompts[0]})
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    if conversational and (getattr(tokenizer, "response_template", None) is not None
+                           or getattr(tokenizer, "response_schema", None) is not None):
+        return None
+
+    def decode(ids):
+        texts = trainer.processing_class.batch_decode(ids, skip_special_tokens=True)
+        return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+
+    return decode
+
+
+def _group_reward(trainer, state, inputs, prompts, n):
+    decode = _decoder(trainer, prompts)
+    if decode is None:
+        return None
+
+    def reward(index, answer):
+        from collections import defaultdict
+
+        ids = answer["completion_ids"]
+        part = slice(index * n, (index + 1) * n)
+        completions = decode(ids)
+        sink = defaultdict(list)
+        trl_collectives.deferred.on, trl_collectives.deferred.sink = True, sink
+        t0 = time.time_ns()
+        try:
+            rewards = trainer.rewards_beneath(inputs[part], prompts[part], completions, ids)
+        finally:
+            trl_collectives.deferred.on, trl_collectives.deferred.sink = False, None
+            if state.timeline is not None:
+                state.timeline.record("trainer", "reward", t0, time.time_ns())
+        return completions, ids, rewards, sink
+
+    return reward
+
+
+def kept_logging(key: str, args: tuple) -> bool:
+    """On the reward thread of a streamed group: keep a reward function's logging call (`key`: extra | metric) for
+    the batch-order replay, and say so; elsewhere False (the call goes to TRL)."""
+    kept = getattr(trl_collectives.deferred, "sink", None)
+    if kept is None:
+        return False
+    kept[key].append(args)
+    return True
+
+
+def streamed_rewards(trainer, state, inputs, prompts, completions, completion_ids_list):
+    """The groups' rewards (local rows, not yet gathered) when they were computed on exactly these completions."""
+    import torch
+
+    work = state.work
+    if work is None or work.reward_fn is None or work.batch[0] is not inputs or work.batch[1] != prompts \
+            or len(prompts) % trainer.num_generations:
+        return None
+    results = work.reward_results(len(prompts) // trainer.num_generations)
+    if results is None:
+        return None
+    if [c for r in results for c in r[0]] != list(completions) or \
+            [list(c) for r in results for c in r[1]] != [list(c) for c in completion_ids_list]:
+        return None
+    extra, metric = getattr(trainer, "_log_completion_extra", None), getattr(trainer, "_log_metric", None)
+    values: dict = {}
+    for _, _, _, sink in results:  # in batch order, as one call on the batch would have logged them
+        for column, column_values in sink.get("extra", ()):
+            extra(column, column_values)
+        for name, value in sink.get("metric", ()):
+            values.setdefault(name, []).append(value)
+    for name, vals in values.items():  # one value per batch, as TRL's one call: the groups' mean
+        metric(name, sum(vals) / len(vals))
+    work.used_rewards = True
+    return torch.cat([r[2] for r in results], dim=0)
+
+
+def _wants_old(trainer) -> bool:
+    args = trainer.args
+    every = args.steps_per_generation * trainer.num_iterations
+    return bool(args.gradient_accumulation_steps % every != 0
+                or (trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False)))
+
+
+def _wants_ref(trainer) -> bool:
+    return trainer.beta != 0.0 and getattr(trainer, "ref_model", None) is not None  # PEFT's ref: left to TRL
+
+
+def _can_score_groups(trainer) -> bool:
+    """Per-group passes give TRL's numbers only where a pass draws no random numbers (dropout, in train mode) and
+    reads only token ids (no vision inputs)."""
+    import torch
+
+    if getattr(trainer, "_is_vlm", False) or not (_wants_old(trainer) or _wants_ref(trainer)):
+        return False
+    model = trainer.model
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    return not any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in items)
+
+
+def _group_score(trainer, state, prompts):
+    import importlib
+
+    import torch
+
+    grpo = importlib.import_module(trl_collectives.GRPO_MODULE)
+    prompt_ids = trainer._tokenize_prompts(copy.deepcopy(prompts))[0]
+    width = max(len(p) for p in prompt_ids)
+    multiple = getattr(trainer, "pad_to_multiple_of", None)
+    if multiple:
+        width = -(-width // multiple) * multiple
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    pad_id = tokenizer.pad_token_id
+    eos = set(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id]) | {pad_id}
+    want_old, want_ref = _wants_old(trainer), _wants_ref(trainer)
+    device = trainer.accelerator.device
+
+    def score(index, answer):
+        prompt, completions = prompt_ids[index * trainer.num_generations], answer["completion_ids"]
+        # at least one column, so a group of empty completions still runs its pass (lockstep: every rank runs as
+        # many as the others); the extra column is masked, as TRL's right padding would be
+        length = max(1, max(len(c) for c in completions))
+        n = len(completions)
+        ids = torch.full((n, width + length), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width + length), dtype=torch.long)
+        ids[:, width - len(prompt):width] = torch.tensor(prompt)
+        mask[:, width - len(prompt):width] = 1
+        for row, c in enumerate(completions):
+            if not c:
+                continue
+            ids[row, width:width + len(c)] = torch.tensor(c)
+            truncated = trainer.mask_truncated_completions and c[-1] not in eos
+            mask[row, width:width + len(c)] = 0 if truncated else 1
+        ids, mask = ids.to(device), mask.to(device)
+        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
+        batch = trainer.args.per_device_train_batch_size
+        t0 = time.time_ns()
+        with torch.no_grad(), grpo.disable_gradient_checkpointing(trainer.model,
+                                                                  trainer.args.gradient_checkpointing_kwargs):
+            if want_old:
+                out["old"] = trainer.logps_beneath(trainer.model, ids, mask, length, batch_size=batch)[0]
+            if want_ref:
+                out["ref"] = trainer.logps_beneath(trainer.ref_model, ids, mask, length, batch_size=batch)[0]
+        if state.timeline is not None:  # busy inside the main thread's wait for the server
+            state.timeline.record("trainer", "score", t0, time.time_ns())
+        return out
+
+    return score
+
+
+def streamed_logps(trainer, state, model, input_ids, attention_mask, logits_to_keep, args: tuple, kwargs: dict):
+    """The streamed groups' log-probs for TRL's old-policy or reference pass over the whole batch, or None (TRL
+    computes them)."""
+    work = state.work
+    # batch_size comes by keyword (TRL 1.16) or fifth (TRL 1.9.2's old-policy pass); nothing else may come
+    if work is None or work.score_fn is None or len(args) > 1 or not _plain(kwargs):
+        return None
+    kind = "old" if model is trainer.model else "ref" if model is getattr(trainer, "ref_model", None) else None
+    # only the first pass on a model can be the one the groups scored: with LoRA the reference pass runs on
+    # trainer.model too (adapters disabled), after the old-policy pass
+    if kind is None or kind in work.tried:
+        return None
+    work.tried.add(kind)
+    out = _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep)
+    if state.lockstep:  # TRL's pass is a collective: every rank takes the groups' result, or none does
+        from accelerate.utils import gather_object
+
+        if not all(gather_object([out is not None])):
+            out = None
+    if out is None:
+        return None
+    work.taken.add(kind)
+    return out, None, None
+
+
+def _plain(kwargs) -> bool:
+    import torch
+
+    return not torch.is_grad_enabled() and all(v is None or v is False for k, v in kwargs.items()
+                                               if k != "batch_size")
+
+
+def _assembled(trainer, work, kind, input_ids, attention_mask, logits_to_keep):
+    """The groups' `kind` log-probs as TRL's batch pass returns them, when TRL's batch is exactly the groups' rows
+    (the same prompt padding; completions right-padded to `logits_to_keep`); None otherwise."""
+    import torch
+    import torch.nn.functional as F
+
+    n = trainer.num_generations
+    groups = input_ids.size(0) // n
+    parts = [work.scores.get(i) for i in range(groups)]
+    if input_ids.size(0) % n or any(p is None or p[kind] is None for p in parts):
+        return None
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    width = input_ids.size(1) - logits_to_keep
+    ids, mask, logps = [], [], []
+    fill = _OLD_FILL if kind == "old" else _REF_FILL
+    for p in parts:
+        extra = logits_to_keep - p["length"]
+        if extra < 0 or p["ids"].size(1) - p["length"] != width:
+            return None
+        ids.append(F.pad(p["ids"], (0, extra), value=tokenizer.pad_token_id))
+        mask.append(F.pad(p["mask"], (0, extra), value=0))
+        logps.append(F.pad(p[kind], (0, extra), value=fill))
+    if not (torch.equal(torch.cat(ids).to(input_ids.device), input_ids)
+            and torch.equal(torch.cat(mask).to(attention_mask.device), attention_mask)):
+        return None
+    return torch.cat(logps)
+
+
+
+
+def rewards_can_run_ahead(trainer) -> bool:
+    import torch
+
+    # a reward model runs on the trainer's device: left on the main thread
+    return not any(isinstance(f, torch.nn.Module) for f in trainer.reward_funcs)
+
+

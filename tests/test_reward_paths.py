@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ogrpo.errors import ConfigError
-from ogrpo.train.rewards import check_rewards
+from ogrpo.rewards.registry import check_rewards
 
 
 @pytest.mark.parametrize("spec", ["trl.rewards:accuracy_reward", "trl.rewards.think_format_reward",
@@ -27,7 +27,7 @@ def test_missing_attributes_are_refused(spec, words):
 
 
 def test_the_check_imports_nothing_heavy():
-    code = ("import sys; from ogrpo.train.rewards import check_rewards; "
+    code = ("import sys; from ogrpo.rewards.registry import check_rewards; "
             "check_rewards({'reward_funcs': ['trl.rewards:accuracy_reward']}); "
             "print([m for m in ('trl', 'trl.rewards', 'torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -36,7 +36,7 @@ def test_the_check_imports_nothing_heavy():
 
 def test_the_trainer_resolves_what_the_plan_accepted():
     """The same spec through the trainer's import (importlib + getattr on the real lazy module)."""
-    from ogrpo.train.rewards import resolve_reward
+    from ogrpo.rewards.registry import resolve_reward
 
     func = resolve_reward("trl.rewards:think_format_reward")
     assert callable(func) and func(completions=[[{"content": "<think>\nx\n</think>\ny"}]]) == [1.0]

@@ -74,7 +74,7 @@ def write_manifest(run_dir: Path, *, config: dict, plan: dict, seed, model_path:
     data = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "seed": seed,
             "model_path": model_path, "config": config, "plan": plan, "versions": versions(),
             "git_sha": git_sha(), "hardware": hardware(), **(extra or {})}
-    from ogrpo.train.sandbox_policy import summary  # the isolation code rewards run under (absent: none ran)
+    from ogrpo.sandbox.policy import summary  # the isolation code rewards run under (absent: none ran)
 
     if summary() is not None:
         data["sandbox"] = summary()

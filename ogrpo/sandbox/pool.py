@@ -36,9 +36,9 @@ Why this shape:
   costs no disk and needs no cleanup, since the tmpfs goes with its mount namespace). Every other mount of the
   private mount namespace is remounted read-only, which also covers a site's 1777 /scratch and everything the
   trainer's own uid could write. Compile runs write their binary to the host work dir (the compiler is not the
-  model's code); host work dirs are removed by ogrpo/train/sandbox_cleanup.py's background thread.
+  model's code); host work dirs are removed by ogrpo/sandbox/cleanup.py's background thread.
 - A new network namespace has only a downed loopback: connect() to 127.0.0.1 fails with ENETUNREACH. The
-  seccomp filter (ogrpo/train/sandbox_seccomp.py) refuses AF_UNIX and every other non-IP socket, which a
+  seccomp filter (ogrpo/sandbox/seccomp.py) refuses AF_UNIX and every other non-IP socket, which a
   network namespace does not cover (a filesystem socket such as a session D-Bus is reachable from any netns),
   plus ptrace, mounts, new namespaces, keyrings, bpf, io_uring and the like. RLIMIT_NOFILE (64) bounds the
   kernel memory a program can pin in socket buffers and pipes.
@@ -62,7 +62,7 @@ Isolation levels (`Sandbox.isolation`):
 - "none": no namespaces; only with an explicit opt-in (`Sandbox(isolation="none")`, the recipe's
   `ogrpo.sandbox: none`): rlimits, the seccomp filter with every socket family refused, a kill of the program's
   process tree (a child subreaper; as root also the slot uid's processes), the slot uid when root, Landlock
-  where the kernel has it (ogrpo/train/sandbox_landlock.py: writes only in the work dir; from ABI 6 no signals
+  where the kernel has it (ogrpo/sandbox/landlock.py: writes only in the work dir; from ABI 6 no signals
   to processes outside its tree; no ptrace or /proc/PID/mem of them), and for Python programs an audit hook
   refusing subprocesses, ctypes and _posixsubprocess. The program runs as the trainer's user when the trainer
   is not root: it can read that user's files (and write them on a kernel without Landlock) and sees the
@@ -73,7 +73,7 @@ Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one p
 (`my_pkg.rewards:score` in `reward_funcs`) calling its client; the helpers in code_rewards.py (`extract_code`,
 `lines_match`) are plain functions it can reuse to score the same way.
 
-This module is also the launcher (`python -P -S -m ogrpo.train.sandbox`, reading a marshal of the run written
+This module is also the launcher (`python -P -S -m ogrpo.sandbox.pool`, reading a marshal of the run written
 by the trainer from the memfd named by OGRPO_SBX_SPEC_FD), so it imports only the standard library (and its
 sandbox_* siblings), and the launcher part runs before the trainer-side imports.
 """
@@ -164,7 +164,7 @@ def _launcher_main(spec: dict) -> int:
     import json
     import resource  # noqa: F401 - used by _exec_program
 
-    from ogrpo.train import sandbox_landlock, sandbox_seccomp  # noqa: F401 - used by _exec_program
+    from ogrpo.sandbox import landlock as sandbox_landlock, seccomp as sandbox_seccomp  # noqa: F401 - used by _exec_program
 
     status_fd = int(os.environ["OGRPO_SBX_STATUS_FD"])
     report = lambda d: os.write(status_fd, json.dumps(d).encode())  # noqa: E731
@@ -411,7 +411,7 @@ def _drop_bounding_set(libc) -> None:
 def _exec_program(spec: dict, status_fd: int) -> None:
     import resource
 
-    from ogrpo.train import sandbox_landlock, sandbox_seccomp
+    from ogrpo.sandbox import landlock as sandbox_landlock, seccomp as sandbox_seccomp
 
     os.close(status_fd)
     limits, isolation, uid = spec["limits"], spec["isolation"], spec["uid"]
@@ -482,7 +482,7 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 
 from ogrpo.errors import OgrpoError  # noqa: E402
-from ogrpo.train.sandbox_cleanup import CLEANER  # noqa: E402
+from ogrpo.sandbox.cleanup import CLEANER  # noqa: E402
 
 MIB = 1024**2
 GIB = 1024**3
@@ -592,7 +592,7 @@ class Sandbox:
         self._claim_slot_uids()
         self.python = python or _python_for(self.drop_uid)
         self.probe_errors: dict[str, str] = {}
-        from ogrpo.train.sandbox_landlock import abi
+        from ogrpo.sandbox.landlock import abi
 
         self.landlock = abi()  # the "none" level's write and signal confinement (0: the kernel has none)
         self.cgroup_parent = _memory_cgroup()
@@ -990,7 +990,7 @@ def _launcher_cmd() -> tuple[list[str], dict[str, str]]:
     """`-m` reads this module's cached bytecode; running the file as a script would compile it on every run
     (~20 ms of ~50 ms launcher start-up, measured on a loaded 2-core node). -P (3.11+) keeps the launcher's
     cwd off sys.path, -S -s keep site-packages out; the environment is ours, so PYTHONPATH is safe to use."""
-    if sys.version_info >= (3, 11) and __name__ == "ogrpo.train.sandbox":
+    if sys.version_info >= (3, 11) and __name__ == "ogrpo.sandbox.pool":
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         return [sys.executable, "-P", "-S", "-s", "-B", "-m", __name__], {"PYTHONPATH": root}
     return [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__)], {}

@@ -34,7 +34,7 @@ class Reward:
     fixed: dict = field(default_factory=dict)  # factory arguments that are not recipe keys
 
 
-_M, _T, _C = "ogrpo.train.math_rewards", "ogrpo.train.text_rewards", "ogrpo.train.code_rewards"
+_M, _T, _C = "ogrpo.rewards.math", "ogrpo.rewards.text", "ogrpo.rewards.code"
 _CODE_PARAMS = {"language": "code_language", "num_parallel": "parallel_code_exec_per_proc",
                 "enforce_same_language": "enforce_same_language"}
 
@@ -57,7 +57,7 @@ REWARDS: dict[str, Reward] = {
         "ngram_size": "repetition_n_grams", "max_penalty": "repetition_max_penalty"}),
     "soft_overlong_punishment": Reward(f"{_T}:get_soft_overlong_punishment", params={
         "max_completion_len": "max_completion_len", "soft_punish_cache": "soft_punish_cache"}),
-    # The code rewards (sandboxed, ogrpo/train/code_rewards.py) are plain functions; the recipe's values are bound
+    # The code rewards (sandboxed, ogrpo/rewards/code.py) are plain functions; the recipe's values are bound
     # as keywords, only those the function names, as open-r1 binds them with functools.partial. A dataset column of
     # the same name (`language`) still wins: call-time keywords override a partial's.
     "code": Reward(f"{_C}:code_reward", columns=("verification_info",)),

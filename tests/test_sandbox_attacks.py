@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 CI_USER = "ogrpo-ci"
 # What an unprivileged trainer needs of the package: the sandbox imports nothing else.
 MODULES = ("ogrpo/__init__.py", "ogrpo/errors.py", "ogrpo/sandbox/__init__.py", "ogrpo/sandbox/pool.py",
-           "ogrpo/sandbox/seccomp.py", "ogrpo/sandbox/cleanup.py", "ogrpo/sandbox/landlock.py")
+           "ogrpo/sandbox/launcher.py", "ogrpo/sandbox/seccomp.py", "ogrpo/sandbox/cleanup.py",
+           "ogrpo/sandbox/landlock.py")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("gcc") is None or shutil.which("setpriv") is None,
                                 reason="needs root (to create and become the unprivileged user), gcc and setpriv")

@@ -42,6 +42,22 @@ def test_the_trainer_resolves_what_the_plan_accepted():
     assert callable(func) and func(completions=[[{"content": "<think>\nx\n</think>\ny"}]]) == [1.0]
 
 
+@pytest.mark.parametrize("spec, new", [("ogrpo.train.math_rewards:accuracy_reward", "ogrpo.rewards.math"),
+                                       ("ogrpo.train.text_rewards.format_reward", "ogrpo.rewards.text"),
+                                       ("ogrpo.train.code_rewards:code_format_reward", "ogrpo.rewards.code")])
+def test_a_reward_modules_old_path_still_names_its_function(spec, new):
+    """Recipes written when the reward modules lived in ogrpo/train/ keep working, checked and resolved."""
+    import importlib
+
+    from ogrpo.rewards.registry import resolve_reward
+
+    assert check_rewards({"reward_funcs": [spec]}) == [spec]
+    attr = spec.replace(":", ".").rpartition(".")[2]
+    assert resolve_reward(spec) is getattr(importlib.import_module(new), attr)
+    with pytest.raises(ConfigError, match="has no attribute 'no_such_reward'"):
+        check_rewards({"reward_funcs": ["ogrpo.train.math_rewards:no_such_reward"]})
+
+
 @pytest.mark.parametrize("spec, words", [
     ("os.path:nonexistent_function", "has no attribute 'nonexistent_function'"),
     ("os.path.nonexistent_function", "has no attribute 'nonexistent_function'"),  # TRL's dotted form

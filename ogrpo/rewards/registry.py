@@ -73,6 +73,11 @@ REWARDS: dict[str, Reward] = {
                                            fixed={"max_completion_len": 1280, "soft_punish_cache": 256}),
 }
 ALIASES = {"len": "length"}
+# The reward modules' paths before they moved out of ogrpo/train/: a recipe naming a function by one
+# (`ogrpo.train.math_rewards:accuracy_reward`) still gets it.
+MOVED = {"ogrpo.train.rewards": "ogrpo.rewards.registry", "ogrpo.train.text_rewards": "ogrpo.rewards.text",
+         "ogrpo.train.math_rewards": "ogrpo.rewards.math", "ogrpo.train.code_rewards": "ogrpo.rewards.code",
+         "ogrpo.train.formats": "ogrpo.rewards.formats"}
 # What open-r1's grpo.py uses when a recipe sets no reward_funcs (GRPOScriptArguments' default); TRL's script
 # has none and fails. Its older recipes (e.g. config_demo.yaml before reward_funcs existed) rely on it.
 DEFAULT_REWARDS = ("accuracy", "format", "tag_count")
@@ -124,12 +129,12 @@ def is_path_spec(spec: str) -> bool:
 
 
 def _split(spec: str) -> tuple[str, str]:
-    """(module or file, attribute) of an import/file path."""
+    """(module or file, attribute) of an import/file path; a reward module's old path becomes its new one."""
     if ":" in spec:
         target, _, attr = spec.rpartition(":")
-        return target, attr
-    target, _, attr = spec.rpartition(".")
-    return target, attr
+    else:
+        target, _, attr = spec.rpartition(".")
+    return MOVED.get(target, target), attr
 
 
 def _is_file(target: str) -> bool:

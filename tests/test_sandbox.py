@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ogrpo.sandbox.pool import CPU_LIMIT, ERROR, OK, SIGNALED, TIMEOUT, Job, Limits, Sandbox
 from ogrpo.sandbox.cleanup import CLEANER
+from ogrpo.sandbox.pool import CPU_LIMIT, ERROR, OK, SIGNALED, TIMEOUT, Job, Limits, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = Limits(cpu_s=2, wall_s=2.0)

@@ -150,8 +150,8 @@ def _new_paths(tmp: str):
 
     from ogrpo.rewards.code import code_format_reward, code_reward
     from ogrpo.rewards.math import accuracy_reward
-    from ogrpo.sandbox.pool import Job, Limits, Sandbox
     from ogrpo.rewards.text import format_reward
+    from ogrpo.sandbox.pool import Job, Limits, Sandbox
 
     limits = Limits(cpu_s=10, wall_s=CASE_SECONDS + 5)
     info = {"test_cases": [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(CASES)]}

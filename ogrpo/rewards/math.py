@@ -28,6 +28,8 @@ import os
 import threading
 from functools import lru_cache
 
+from ogrpo.rewards.formats import after_last_think
+
 # math-verify's (and open-r1's) own limits, enforced by its alarms inside a worker.
 PARSE_TIMEOUT_S, VERIFY_TIMEOUT_S = 5, 5
 # The hard limit per completion: the gold parse (cached per worker), the answer parse and the verification,
@@ -117,6 +119,8 @@ def check_one(pair) -> bool | None:
 def math_pool():
     """The trainer process's workers (at most 4, fewer on a smaller CPU allocation), started on first use."""
     global _pool
+    # Not at the top: the workers import this module under `python -m ogrpo.rewards.bounded`, which would load
+    # bounded.py a second time there.
     from ogrpo.rewards.bounded import BoundedPool
 
     with _pool_lock:
@@ -150,8 +154,6 @@ def think_accuracy_reward(completions, solution, **kwargs) -> list[float | None]
     """open-r1's `think_accuracy` (branch zero-math-code): `accuracy` on the text after the completion's last
     `</think>`, stripped, so an answer inside the reasoning does not count; no `</think>` scores 0.0 (nothing to
     extract). Same parse settings, None for an unparsable gold, and worker pool as `accuracy`."""
-    from ogrpo.rewards.formats import after_last_think
-
     answers = [after_last_think(completion_text(c)) for c in completions]
     oks = check_answers(answers, solution, log_metric=kwargs.get("log_metric"))
     return [None if ok is None else float(ok) for ok in oks]

@@ -145,7 +145,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
                                      rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
                                      else rc.trl.get("reward_weights"), params=rc.trl)
-    from ogrpo.sandbox import policy as sandbox_policy  # code rewards fail closed here, at job start, not at the first reward
+    from ogrpo.sandbox import policy as sandbox_policy  # code rewards fail closed at job start, not at the first reward
 
     sandbox_policy.configure(rc)
     plan = plan_for(rc, model_path, gpus)

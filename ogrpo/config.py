@@ -33,7 +33,7 @@ TRL_GROUPS = ("GRPOConfig", "GRPOScriptArguments", "DatasetMixtureConfig", "Mode
 PROFILES = ("conservative", "balanced", "aggressive")
 STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategies ogrpo/plan.py knows
 OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/overlap/pipeline.py)
-SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/train/sandbox_policy.py)
+SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/sandbox/policy.py)
 # O-GRPO options that take one of a few words (checked in _check_values).
 OPTION_CHOICES = {"profile": PROFILES, "strategy": STRATEGIES, "overlap": OVERLAPS, "sandbox": SANDBOXES}
 

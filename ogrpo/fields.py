@@ -132,7 +132,7 @@ _MODEL_AND_SCRIPT = {
                               default=False),
     "ignore_bias_buffers": Rule(UNSUPPORTED, reason="only TRL's own script reads it (DDP bias buffers)",
                                 default=False),
-    "reward_funcs": Rule(MAPPED, "O-GRPO's reward registry or package.module:function (ogrpo/train/rewards.py)"),
+    "reward_funcs": Rule(MAPPED, "O-GRPO's reward registry or package.module:function (ogrpo/rewards/registry.py)"),
     "reward_model_name_or_path": Rule(UNSUPPORTED, reason="reward models are not supported; use reward_funcs"),
     # DatasetMixtureConfig: loaded by the trainer with TRL's own get_dataset (ogrpo/train/data.py)
     "datasets": Rule(MAPPED, "the trainer's dataset: TRL's mixture (ogrpo/train/data.py)"),
@@ -167,7 +167,7 @@ _OPEN_R1 = {
     "dataset_test_split_size": Rule(UNSUPPORTED, reason="O-GRPO's trainer loads no eval split",
                                     kinds=("float", "int", "none")),
 }
-# Reward parameters the reward registry binds to open-r1's reward factories (ogrpo/train/rewards.py
+# Reward parameters the reward registry binds to open-r1's reward factories (ogrpo/rewards/registry.py
 # RECIPE_PARAMS; tests/test_field_walk.py checks the two lists agree).
 for _name, _kinds in (
         ("cosine_min_value_wrong", ("float",)), ("cosine_max_value_wrong", ("float",)),
@@ -175,7 +175,7 @@ for _name, _kinds in (
         ("cosine_max_len", ("int",)), ("repetition_n_grams", ("int",)), ("repetition_max_penalty", ("float",)),
         ("code_language", ("str",)), ("parallel_code_exec_per_proc", ("int",)), ("enforce_same_language", ("bool",)),
         ("max_completion_len", ("int",)), ("soft_punish_cache", ("int",))):
-    _OPEN_R1[_name] = Rule(MAPPED, "reward factory argument (ogrpo/train/rewards.py)", kinds=_kinds)
+    _OPEN_R1[_name] = Rule(MAPPED, "reward factory argument (ogrpo/rewards/registry.py)", kinds=_kinds)
 # Remote code-execution settings: O-GRPO runs code rewards in its local sandbox.
 for _name, _default, _kinds in (
         ("code_eval_test_batch_size", 1, ("int",)), ("code_eval_scoring_mode", "weighted_sum", ("str",)),

@@ -51,7 +51,7 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     rc.warnings.extend(check_inputs(rc, input_changes))
     plan = plan_from_config(rc)
     plan.changes.extend(input_changes)
-    from ogrpo.train.sandbox_policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
+    from ogrpo.sandbox.policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
 
     plan_notes(rc, plan)
     if strict and plan.changes:

@@ -36,7 +36,7 @@ class Feature:
 
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("lora", ("peft",), ALL, "use_peft: true", "remove use_peft"),
-    # open-r1's `accuracy` reward (ogrpo/train/math_rewards.py); latex2sympy2 parses LaTeX with the ANTLR
+    # open-r1's `accuracy` reward (ogrpo/rewards/math.py); latex2sympy2 parses LaTeX with the ANTLR
     # runtime version its grammar was generated with
     Feature("math_rewards", ("math-verify", "latex2sympy2-extended", "antlr4-python3-runtime"), ALL,
             "reward_funcs: accuracy", "use a reward that needs no math-verify"),

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ogrpo.errors import OgrpoError
-from ogrpo.train.code_rewards import (
+from ogrpo.rewards.code import (
     binary_code_reward,
     canonical_language,
     code_format_reward,
@@ -16,7 +16,7 @@ from ogrpo.train.code_rewards import (
     extract_code,
     lines_match,
 )
-from ogrpo.train.sandbox import Limits, Sandbox
+from ogrpo.sandbox.pool import Limits, Sandbox
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None,
                                reason="needs the system gcc/g++")
@@ -185,7 +185,7 @@ def _launchers_under(root) -> list[int]:
 
 
 def test_split_counts_share_idle_workers():
-    from ogrpo.train.code_rewards import split_counts
+    from ogrpo.rewards.code import split_counts
 
     assert split_counts([4], 8) == [4]              # one completion: a job per test case
     assert split_counts([4] * 8, 8) == [1] * 8      # a full pool: cases in turn, stopping at a timeout

@@ -290,7 +290,7 @@ def test_one_process_without_a_launcher_trains_under_zero2(tmp_path):
 
 PREEMPT_REWARD = '''
 import os, signal
-from ogrpo.train.rewards import resolve_rewards
+from ogrpo.rewards.registry import resolve_rewards
 
 _letter = resolve_rewards(["tiny_letter"])[0][0]
 _calls = 0

@@ -192,7 +192,7 @@ def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
 
 
 def test_open_r1_mapped_keys_reach_their_targets(tiny_model_dir):
-    from ogrpo.train import rewards
+    from ogrpo.rewards import registry as rewards
 
     rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "dataset_prompt_column": "problem",
                           "system_prompt": "think", "dataset_configs": ["all"]})

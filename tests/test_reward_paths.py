@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ogrpo.errors import ConfigError
-from ogrpo.train.rewards import check_rewards
+from ogrpo.rewards.registry import check_rewards
 
 
 @pytest.mark.parametrize("spec", ["trl.rewards:accuracy_reward", "trl.rewards.think_format_reward",
@@ -27,7 +27,7 @@ def test_missing_attributes_are_refused(spec, words):
 
 
 def test_the_check_imports_nothing_heavy():
-    code = ("import sys; from ogrpo.train.rewards import check_rewards; "
+    code = ("import sys; from ogrpo.rewards.registry import check_rewards; "
             "check_rewards({'reward_funcs': ['trl.rewards:accuracy_reward']}); "
             "print([m for m in ('trl', 'trl.rewards', 'torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -36,10 +36,26 @@ def test_the_check_imports_nothing_heavy():
 
 def test_the_trainer_resolves_what_the_plan_accepted():
     """The same spec through the trainer's import (importlib + getattr on the real lazy module)."""
-    from ogrpo.train.rewards import resolve_reward
+    from ogrpo.rewards.registry import resolve_reward
 
     func = resolve_reward("trl.rewards:think_format_reward")
     assert callable(func) and func(completions=[[{"content": "<think>\nx\n</think>\ny"}]]) == [1.0]
+
+
+@pytest.mark.parametrize("spec, new", [("ogrpo.train.math_rewards:accuracy_reward", "ogrpo.rewards.math"),
+                                       ("ogrpo.train.text_rewards.format_reward", "ogrpo.rewards.text"),
+                                       ("ogrpo.train.code_rewards:code_format_reward", "ogrpo.rewards.code")])
+def test_a_reward_modules_old_path_still_names_its_function(spec, new):
+    """Recipes written when the reward modules lived in ogrpo/train/ keep working, checked and resolved."""
+    import importlib
+
+    from ogrpo.rewards.registry import resolve_reward
+
+    assert check_rewards({"reward_funcs": [spec]}) == [spec]
+    attr = spec.replace(":", ".").rpartition(".")[2]
+    assert resolve_reward(spec) is getattr(importlib.import_module(new), attr)
+    with pytest.raises(ConfigError, match="has no attribute 'no_such_reward'"):
+        check_rewards({"reward_funcs": ["ogrpo.train.math_rewards:no_such_reward"]})
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from ogrpo.errors import ConfigError, OgrpoError
-from ogrpo.train.rewards import REWARDS, check_rewards, required_columns, resolve_reward, resolve_rewards
+from ogrpo.rewards.registry import REWARDS, check_rewards, required_columns, resolve_reward, resolve_rewards
 
 
 def conv(text: str) -> list[dict]:
@@ -218,10 +218,10 @@ def test_plan_time_check_names_every_problem_at_once():
 
 
 def test_plan_time_check_imports_no_implementation():
-    code = ("import sys\nfrom ogrpo.train.rewards import check_rewards, REWARDS\n"
-            "check_rewards({'reward_funcs': list(REWARDS) + ['ogrpo.train.math_rewards:accuracy_reward']})\n"
-            "print(sorted(m for m in ('torch', 'trl', 'math_verify', 'datasets', 'ogrpo.train.math_rewards',"
-            " 'ogrpo.train.code_rewards') if m in sys.modules))")
+    code = ("import sys\nfrom ogrpo.rewards.registry import check_rewards, REWARDS\n"
+            "check_rewards({'reward_funcs': list(REWARDS) + ['ogrpo.rewards.math:accuracy_reward']})\n"
+            "print(sorted(m for m in ('torch', 'trl', 'math_verify', 'datasets', 'ogrpo.rewards.math',"
+            " 'ogrpo.rewards.code') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -232,7 +232,7 @@ def test_every_registry_entry_points_at_a_real_function():
 
     for name, entry in REWARDS.items():
         module, _, attr = entry.target.partition(":")
-        if module == "ogrpo.train.code_rewards" and importlib.util.find_spec(module) is None:
+        if module == "ogrpo.rewards.code" and importlib.util.find_spec(module) is None:
             continue  # written by the sandbox work; checked once it is there
         assert callable(getattr(importlib.import_module(module), attr)), name
     assert required_columns(["accuracy", "len", "code", "format", "x.y:z"]) == {
@@ -301,7 +301,7 @@ def _corpus(n: int = 4000, seed: int = 0) -> list[str]:
 
 
 def test_layout_scanners_give_open_r1_regex_answers_on_a_generated_corpus():
-    from ogrpo.train.formats import fenced_blocks, is_code_format, is_format, is_soft_format
+    from ogrpo.rewards.formats import fenced_blocks, is_code_format, is_format, is_soft_format
 
     code_patterns = {lang: open_r1_code_format(lang) for lang in ("python", "cpp", "c")}
     counts = {"format": 0, "code_format": 0, "soft": 0}
@@ -339,7 +339,7 @@ def test_layout_rewards_are_linear_on_pathological_completions(monkeypatch):
     fence = "```python\n" * (512 * 1024 // 10)
     think = "\u2028" * (4 * 1024 * 1024) + "<think>" + "<think</think" * (512 * 1024 // 13) + "</think>"
 
-    from ogrpo.train.code_rewards import extract_code
+    from ogrpo.rewards.code import extract_code
 
     funcs = {name: resolve_reward(name) for name in ("code_format", "format", "soft_format", "think_format")}
 
@@ -383,11 +383,11 @@ def test_deep_frac_in_a_worker_thread_is_stopped_and_its_worker_replaced(monkeyp
     kills its worker; the next completion of the batch is still scored, by a fresh worker."""
     import threading
 
-    from ogrpo.train import math_rewards
-    from ogrpo.train.bounded import BoundedPool
+    from ogrpo.rewards import math as math_rewards
+    from ogrpo.rewards.bounded import BoundedPool
 
-    pool = BoundedPool("ogrpo.train.math_rewards:check_one", workers=1, timeout_s=1.5,
-                       init="ogrpo.train.math_rewards:warm_worker")
+    pool = BoundedPool("ogrpo.rewards.math:check_one", workers=1, timeout_s=1.5,
+                       init="ogrpo.rewards.math:warm_worker")
     monkeypatch.setattr(math_rewards, "_pool", pool)
     try:
         assert reward("accuracy", [r"\boxed{2}"], solution=["2"]) == [1.0]  # starts the worker
@@ -414,7 +414,7 @@ def test_deep_frac_in_a_worker_thread_is_stopped_and_its_worker_replaced(monkeyp
 def test_bounded_pool_timeouts_crashes_reuse_and_start_errors():
     """The pool on standard-library functions: an item past its limit, one that raises, one that kills its
     worker; the others still scored, workers reused across calls, and none left after close."""
-    from ogrpo.train.bounded import FAILED, TIMED_OUT, BoundedPool
+    from ogrpo.rewards.bounded import FAILED, TIMED_OUT, BoundedPool
 
     seen = set()
     with BoundedPool("time:sleep", workers=2, timeout_s=3.0) as pool:  # generous: a loaded 2-core machine
@@ -423,7 +423,7 @@ def test_bounded_pool_timeouts_crashes_reuse_and_start_errors():
         before = pool.pids()
         assert pool.map([0] * 8) == [None] * 8 and pool.pids() == before  # persistent: no start-up per call
         cmdline = " ".join(open(f"/proc/{before[0]}/cmdline").read().split("\0"))
-        assert "-m ogrpo.train.bounded time:sleep" in cmdline  # a fresh interpreter, not a fork of this one
+        assert "-m ogrpo.rewards.bounded time:sleep" in cmdline  # a fresh interpreter, not a fork of this one
         assert pool.map(["x"], on_error="bad") == ["bad"]  # TypeError inside the worker; it survives
         assert pool.pids() == before
     assert _gone(seen)
@@ -440,7 +440,7 @@ def test_bounded_pool_workers_die_with_their_trainer():
     """A trainer that dies without cleanup (no atexit) while its workers are busy leaves none behind."""
     import json
 
-    code = ("import json, os, threading, time\nfrom ogrpo.train.bounded import BoundedPool\n"
+    code = ("import json, os, threading, time\nfrom ogrpo.rewards.bounded import BoundedPool\n"
             "p = BoundedPool('time:sleep', workers=2, timeout_s=300)\np.map([0, 0])\n"
             "threading.Thread(target=p.map, args=([300, 300],), daemon=True).start()\ntime.sleep(0.5)\n"
             "print(json.dumps(p.pids()), flush=True)\nos._exit(0)\n")
@@ -517,7 +517,7 @@ def _think_corpus(n: int = 4000, seed: int = 1) -> list[str]:
 
 
 def test_think_format_gives_open_r1_answers_on_a_generated_corpus():
-    from ogrpo.train.formats import is_think_format
+    from ogrpo.rewards.formats import is_think_format
 
     texts = _think_corpus()
     want = open_r1_think_format([conv(t) for t in texts])

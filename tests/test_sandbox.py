@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ogrpo.train.sandbox import CPU_LIMIT, ERROR, OK, SIGNALED, TIMEOUT, Job, Limits, Sandbox
-from ogrpo.train.sandbox_cleanup import CLEANER
+from ogrpo.sandbox.cleanup import CLEANER
+from ogrpo.sandbox.pool import CPU_LIMIT, ERROR, OK, SIGNALED, TIMEOUT, Job, Limits, Sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = Limits(cpu_s=2, wall_s=2.0)
@@ -272,7 +272,7 @@ def test_userns_level_isolates_the_network(listener, tmp_path):
 _UNPRIVILEGED_TRAINER = """
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Sandbox, SandboxUnavailable
+from ogrpo.sandbox.pool import Sandbox, SandboxUnavailable
 root = tempfile.mkdtemp()
 try:
     Sandbox(max_workers=1, tmp_root=root).close()

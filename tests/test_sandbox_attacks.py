@@ -29,8 +29,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CI_USER = "ogrpo-ci"
 # What an unprivileged trainer needs of the package: the sandbox imports nothing else.
-MODULES = ("ogrpo/__init__.py", "ogrpo/errors.py", "ogrpo/train/__init__.py", "ogrpo/train/sandbox.py",
-           "ogrpo/train/sandbox_seccomp.py", "ogrpo/train/sandbox_cleanup.py", "ogrpo/train/sandbox_landlock.py")
+MODULES = ("ogrpo/__init__.py", "ogrpo/errors.py", "ogrpo/sandbox/__init__.py", "ogrpo/sandbox/pool.py",
+           "ogrpo/sandbox/launcher.py", "ogrpo/sandbox/seccomp.py", "ogrpo/sandbox/cleanup.py",
+           "ogrpo/sandbox/landlock.py")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("gcc") is None or shutil.which("setpriv") is None,
                                 reason="needs root (to create and become the unprivileged user), gcc and setpriv")
@@ -261,9 +262,9 @@ except PermissionError as exc:
 DRIVER = r"""
 import json, os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.sandbox.pool import Job, Limits, Sandbox
 try:
-    from ogrpo.train.sandbox_cleanup import CLEANER
+    from ogrpo.sandbox.cleanup import CLEANER
 except ImportError:
     CLEANER = None
 level, target, sock, port, files, root = sys.argv[2:8]
@@ -586,7 +587,7 @@ def test_audit_hook_bypass_through_posixsubprocess_is_closed(attacked):
 CLEANER_DRIVER = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train import sandbox_cleanup
+from ogrpo.sandbox import cleanup as sandbox_cleanup
 base, scenario = sys.argv[2:4]
 # base/p1/p2/tmp_root/top: the old cleaner's climb through `..` stops 3 levels above the tree's root, so even
 # a broken cleaner stays inside this test's own dirs (p1 is the farthest it reaches); canaries in p1, p2 and
@@ -742,8 +743,8 @@ print("cmdline", cmdline.hex())
 SIBLINGS_DRIVER = r"""
 import json, os, secrets, sys
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Job, Limits, Sandbox
-from ogrpo.train.sandbox_cleanup import CLEANER
+from ogrpo.sandbox.pool import Job, Limits, Sandbox
+from ogrpo.sandbox.cleanup import CLEANER
 level, root, victim, snoop = sys.argv[2], sys.argv[3], open(sys.argv[4]).read(), open(sys.argv[5]).read()
 keys = [secrets.token_hex(8) for _ in range(3)]
 with Sandbox(max_workers=4, isolation=level, tmp_root=root) as box:
@@ -808,8 +809,8 @@ def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, re
 THREADS_DRIVER = r"""
 import json, os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Job, Sandbox
-from ogrpo.train.sandbox_cleanup import CLEANER
+from ogrpo.sandbox.pool import Job, Sandbox
+from ogrpo.sandbox.cleanup import CLEANER
 level, root, have_cc = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 stop = threading.Event()
 threads = [threading.Thread(target=stop.wait) for _ in range(64)]  # a trainer's dataloader, NCCL, ... threads
@@ -873,8 +874,8 @@ def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileg
 TWO_POOLS_DRIVER = r"""
 import json, os, sys, threading
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Job, Limits, Sandbox
-from ogrpo.train.sandbox_cleanup import CLEANER
+from ogrpo.sandbox.pool import Job, Limits, Sandbox
+from ogrpo.sandbox.cleanup import CLEANER
 level, root = sys.argv[2], sys.argv[3]
 PY = "import time\nn = int(input())\ntime.sleep(1)\nprint(n * n)\n"
 boxes = [Sandbox(max_workers=16, isolation=level, tmp_root=root) for _ in range(2)]  # two pools, one process
@@ -921,7 +922,7 @@ def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
 KILLED_TRAINER_DRIVER = r"""
 import sys, threading
 sys.path.insert(0, sys.argv[1])
-from ogrpo.train.sandbox import Job, Limits, Sandbox
+from ogrpo.sandbox.pool import Job, Limits, Sandbox
 box = Sandbox(max_workers=1, isolation="root", tmp_root=sys.argv[2])
 print(box.uids()[0], flush=True)
 box.run_jobs([Job("import time\ntime.sleep(60)")], limits=Limits(wall_s=120.0))

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from ogrpo.train import sandbox_policy, sandbox_seccomp
-from ogrpo.train.sandbox import OK, Job, Sandbox, parse_report
+from ogrpo.sandbox import policy as sandbox_policy
+from ogrpo.sandbox import seccomp as sandbox_seccomp
+from ogrpo.sandbox.pool import OK, Job, Sandbox, parse_report
 
 REPO = Path(__file__).resolve().parents[1]
 OGRPO = Path(sys.executable).with_name("ogrpo")
@@ -31,7 +32,7 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++"
 NO_NAMESPACES = """
 import ctypes, os, sys
 sys.path.insert(0, {repo!r})
-from ogrpo.train import sandbox_seccomp
+from ogrpo.sandbox import seccomp as sandbox_seccomp
 libc = ctypes.CDLL(None, use_errno=True)
 assert libc.prctl(38, 1, 0, 0, 0) == 0
 sandbox_seccomp.install(libc, (1, 2, 10))
@@ -42,8 +43,9 @@ TRAINER = """
 import json, sys
 sys.path.insert(0, {repo!r})
 from ogrpo.errors import OgrpoError
-from ogrpo.train import code_rewards, sandbox_policy
-from ogrpo.train.sandbox import Sandbox
+from ogrpo.rewards import code as code_rewards
+from ogrpo.sandbox import policy as sandbox_policy
+from ogrpo.sandbox.pool import Sandbox
 out = {{}}
 try:
     Sandbox(max_workers=1)
@@ -119,7 +121,8 @@ def test_plan_lists_the_opt_out_only_with_code_rewards(tmp_path):
 
 def test_level_is_logged_once_and_recorded_in_the_manifest(tmp_path, monkeypatch, capsys):
     from ogrpo.config import load_run_config
-    from ogrpo.train import code_rewards, rundir
+    from ogrpo.rewards import code as code_rewards
+    from ogrpo.train import rundir
 
     monkeypatch.setattr(sandbox_policy, "_default", None)
     monkeypatch.setattr(sandbox_policy, "_summary", None)

@@ -17,7 +17,7 @@ import yaml
 
 from ogrpo import tiny
 from ogrpo.tasks import task_rows, tiny_code, tiny_math
-from ogrpo.train.rewards import resolve_reward
+from ogrpo.rewards.registry import resolve_reward
 
 OGRPO = str(Path(sys.executable).with_name("ogrpo"))
 RECIPES = Path(__file__).resolve().parents[1] / "ogrpo" / "recipes"
@@ -52,7 +52,7 @@ def test_tiny_math_gold_answers_verify_against_correct_and_wrong_completions():
 @pytest.mark.slow
 def test_tiny_code_test_cases_pass_the_reference_programs_in_the_sandbox():
     rows = tiny_code.rows(8)
-    from ogrpo.train.sandbox import Limits
+    from ogrpo.sandbox.pool import Limits
 
     right = [tiny_code.reference_completion(r) for r in rows]
     wrong = [c.replace("print(", "print(1 + ", 1) if "print(w" not in c else c.replace("w[::-1]", "w")
@@ -98,7 +98,7 @@ def test_warm_examples_mix_right_and_wrong_answers_in_the_recipe_format():
     # WARM["correct"] of the answers are right, the others off by one (binomial spread over 256 rows: < 0.1)
     assert abs(sum(acc) / len(acc) - tiny_math.WARM["correct"]) < 0.1, sum(acc) / len(acc)
 
-    from ogrpo.train.sandbox import Limits
+    from ogrpo.sandbox.pool import Limits
 
     code_ex = tiny_code.warm_examples(24)
     infos = {r["prompt"]: r["verification_info"] for r in tiny_code.rows()}
@@ -128,12 +128,12 @@ def test_warm_model_writes_a_parsable_answer_greedily(name):
     if name == "ogrpo:tiny-math":
         from math_verify import parse
 
-        from ogrpo.train.math_rewards import _configs
+        from ogrpo.rewards.math import _configs
 
         assert resolve_reward("format")(completions=texts) == [1.0] * len(texts), texts
         assert all(parse(t, extraction_config=_configs()[1]) for t in texts), texts  # what `accuracy` reads
     else:
-        from ogrpo.train.code_rewards import extract_code
+        from ogrpo.rewards.code import extract_code
 
         assert resolve_reward("code_format")(completions=texts) == [1.0] * len(texts), texts
         assert all(extract_code(t).strip() for t in texts), texts  # the program `code` runs

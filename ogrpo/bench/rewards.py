@@ -63,7 +63,7 @@ def _old_math(texts, golds, thread: bool) -> None:
     """The reward before: math-verify in the calling thread, its signal timeout off outside the main thread."""
     from math_verify import parse, verify
 
-    from ogrpo.train.math_rewards import _configs
+    from ogrpo.rewards.math import _configs
 
     gold_cfg, answer_cfg = _configs()
     timeouts = (None, None) if thread else (10, 5)
@@ -148,10 +148,10 @@ def _timed(fn, repeats: int = 1) -> float:
 def _new_paths(tmp: str):
     from concurrent.futures import ThreadPoolExecutor
 
-    from ogrpo.train.code_rewards import code_format_reward, code_reward
-    from ogrpo.train.math_rewards import accuracy_reward
-    from ogrpo.train.sandbox import Job, Limits, Sandbox
-    from ogrpo.train.text_rewards import format_reward
+    from ogrpo.rewards.code import code_format_reward, code_reward
+    from ogrpo.rewards.math import accuracy_reward
+    from ogrpo.rewards.text import format_reward
+    from ogrpo.sandbox.pool import Job, Limits, Sandbox
 
     limits = Limits(cpu_s=10, wall_s=CASE_SECONDS + 5)
     info = {"test_cases": [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(CASES)]}
@@ -196,7 +196,7 @@ def run_rewards_bench(old_cap_s: float = 150.0, csv_path: str | None = "bench/re
                       cases: tuple[str, ...] | None = None) -> list[list[str]]:
     import tempfile
 
-    from ogrpo.train.math_rewards import MATH_TIMEOUT_S
+    from ogrpo.rewards.math import MATH_TIMEOUT_S
 
     tags = environment_tags()
     rows, csv_rows = [], []

@@ -51,7 +51,7 @@ def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> Non
     """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
     rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""
     from ogrpo.errors import OgrpoError
-    from ogrpo.train.sandbox_policy import check_here
+    from ogrpo.sandbox.policy import check_here
 
     for rc, plan in pairs:
         check_here(rc)

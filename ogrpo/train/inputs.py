@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ogrpo.errors import ConfigError
+from ogrpo.rewards.registry import check_rewards, required_columns
 
 
 def check_inputs(rc, changes: list | None = None) -> list[str]:
@@ -24,7 +25,6 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     from ogrpo.train.data import prompt_settings
     from ogrpo.train.data_sources import absolute_sources, check_data
     from ogrpo.train.local_paths import ABSOLUTE_REASON
-    from ogrpo.train.rewards import check_rewards, required_columns
 
     problems: list[str] = []
     warnings: list[str] = []

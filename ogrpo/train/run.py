@@ -137,7 +137,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
 
     pair_note = replace_trl_range_warning()
     from ogrpo.train.data import load_prompts
-    from ogrpo.train.rewards import resolve_rewards
+    from ogrpo.rewards.registry import resolve_rewards
     from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
 
     rc = load_config(config, overrides)
@@ -145,7 +145,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
                                      rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
                                      else rc.trl.get("reward_weights"), params=rc.trl)
-    from ogrpo.train import sandbox_policy  # code rewards fail closed here, at job start, not at the first reward
+    from ogrpo.sandbox import policy as sandbox_policy  # code rewards fail closed at job start, not at the first reward
 
     sandbox_policy.configure(rc)
     plan = plan_for(rc, model_path, gpus)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ogrpo.layout import MANIFEST, METRICS, PROFILE  # noqa: F401  (the run dir's file names, one home)
+from ogrpo.sandbox import policy as sandbox_policy
 
 PLOTS = "plots"
 
@@ -74,10 +75,8 @@ def write_manifest(run_dir: Path, *, config: dict, plan: dict, seed, model_path:
     data = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, "seed": seed,
             "model_path": model_path, "config": config, "plan": plan, "versions": versions(),
             "git_sha": git_sha(), "hardware": hardware(), **(extra or {})}
-    from ogrpo.train.sandbox_policy import summary  # the isolation code rewards run under (absent: none ran)
-
-    if summary() is not None:
-        data["sandbox"] = summary()
+    if sandbox_policy.summary() is not None:  # the isolation code rewards run under (absent: none ran)
+        data["sandbox"] = sandbox_policy.summary()
     path = run_dir / MANIFEST
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path

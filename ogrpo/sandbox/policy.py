@@ -54,7 +54,7 @@ def plan_notes(rc, plan) -> None:
 def check_here(rc) -> None:
     """Plan time, when the job runs on this machine: raise SandboxUnavailable (exit 2) if nothing isolates."""
     if option_of(rc) == "auto" and runs_programs(rc.trl):
-        from ogrpo.train.sandbox import Sandbox
+        from ogrpo.sandbox.pool import Sandbox  # lazily: `ogrpo plan` imports this module; the pool costs ~0.1 s
 
         Sandbox(max_workers=1).close()
 
@@ -83,7 +83,7 @@ def default_sandbox():
 def new_sandbox():
     """The trainer's pool under the run's option; logs the level once (rank 0) and keeps it for the manifest."""
     global _summary
-    from ogrpo.train.sandbox import Sandbox
+    from ogrpo.sandbox.pool import Sandbox  # not at the top: see check_here
 
     box = Sandbox(isolation="none" if _option == "none" else "auto")
     with _lock:

@@ -34,7 +34,7 @@ class Reward:
     fixed: dict = field(default_factory=dict)  # factory arguments that are not recipe keys
 
 
-_M, _T, _C = "ogrpo.train.math_rewards", "ogrpo.train.text_rewards", "ogrpo.train.code_rewards"
+_M, _T, _C = "ogrpo.rewards.math", "ogrpo.rewards.text", "ogrpo.rewards.code"
 _CODE_PARAMS = {"language": "code_language", "num_parallel": "parallel_code_exec_per_proc",
                 "enforce_same_language": "enforce_same_language"}
 
@@ -57,7 +57,7 @@ REWARDS: dict[str, Reward] = {
         "ngram_size": "repetition_n_grams", "max_penalty": "repetition_max_penalty"}),
     "soft_overlong_punishment": Reward(f"{_T}:get_soft_overlong_punishment", params={
         "max_completion_len": "max_completion_len", "soft_punish_cache": "soft_punish_cache"}),
-    # The code rewards (sandboxed, ogrpo/train/code_rewards.py) are plain functions; the recipe's values are bound
+    # The code rewards (sandboxed, ogrpo/rewards/code.py) are plain functions; the recipe's values are bound
     # as keywords, only those the function names, as open-r1 binds them with functools.partial. A dataset column of
     # the same name (`language`) still wins: call-time keywords override a partial's.
     "code": Reward(f"{_C}:code_reward", columns=("verification_info",)),
@@ -73,6 +73,11 @@ REWARDS: dict[str, Reward] = {
                                            fixed={"max_completion_len": 1280, "soft_punish_cache": 256}),
 }
 ALIASES = {"len": "length"}
+# The reward modules' paths before they moved out of ogrpo/train/: a recipe naming a function by one
+# (`ogrpo.train.math_rewards:accuracy_reward`) still gets it.
+MOVED = {"ogrpo.train.rewards": "ogrpo.rewards.registry", "ogrpo.train.text_rewards": "ogrpo.rewards.text",
+         "ogrpo.train.math_rewards": "ogrpo.rewards.math", "ogrpo.train.code_rewards": "ogrpo.rewards.code",
+         "ogrpo.train.formats": "ogrpo.rewards.formats"}
 # What open-r1's grpo.py uses when a recipe sets no reward_funcs (GRPOScriptArguments' default); TRL's script
 # has none and fails. Its older recipes (e.g. config_demo.yaml before reward_funcs existed) rely on it.
 DEFAULT_REWARDS = ("accuracy", "format", "tag_count")
@@ -124,12 +129,12 @@ def is_path_spec(spec: str) -> bool:
 
 
 def _split(spec: str) -> tuple[str, str]:
-    """(module or file, attribute) of an import/file path."""
+    """(module or file, attribute) of an import/file path; a reward module's old path becomes its new one."""
     if ":" in spec:
         target, _, attr = spec.rpartition(":")
-        return target, attr
-    target, _, attr = spec.rpartition(".")
-    return target, attr
+    else:
+        target, _, attr = spec.rpartition(".")
+    return MOVED.get(target, target), attr
 
 
 def _is_file(target: str) -> bool:

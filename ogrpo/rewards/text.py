@@ -4,7 +4,7 @@ reasoning steps, n-gram repetition, overlong punishment, and the zero-math-code 
 adapted its tag_count from (tags in order, any whitespace between them).
 
 Pure Python, so these run anywhere; parameterised ones are factories taking the recipe's values. The layout
-checks are linear-time scanners with the regexes' exact answers (ogrpo/train/formats.py): the regexes backtrack
+checks are linear-time scanners with the regexes' exact answers (ogrpo/rewards/formats.py): the regexes backtrack
 for seconds on long model-written text. `_STEPS` stays a regex: it is linear already, since each alternative is
 a literal or `Step ` plus one digit run that only that occurrence scans.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from ogrpo.train.formats import is_format, is_soft_format, is_think_format
-from ogrpo.train.math_rewards import completion_text
+from ogrpo.rewards.formats import is_format, is_soft_format, is_think_format
+from ogrpo.rewards.math import completion_text
 
 _STEPS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
 

@@ -19,7 +19,7 @@ Why this shape:
 - A worker exits when the trainer dies (it watches its parent pid), so nothing outlives the run; `close` kills
   and reaps them all, and runs at interpreter exit.
 
-Worker side: `python -m ogrpo.train.bounded MODULE:FUNCTION PARENT_PID [MODULE:INIT]`.
+Worker side: `python -m ogrpo.rewards.bounded MODULE:FUNCTION PARENT_PID [MODULE:INIT]`.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 class _Worker:
     def __init__(self, target: str, init: str | None, env: dict[str, str]):
-        argv = [sys.executable, "-m", "ogrpo.train.bounded", target, str(os.getpid())] + ([init] if init else [])
+        argv = [sys.executable, "-m", "ogrpo.rewards.bounded", target, str(os.getpid())] + ([init] if init else [])
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
                                      start_new_session=True, env=env)
         self.pid = self.proc.pid

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 
-from ogrpo.train.formats import fenced_blocks, is_code_format
-from ogrpo.train.sandbox import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, JobResult, Limits, Sandbox
-from ogrpo.train.sandbox_policy import default_sandbox
+from ogrpo.rewards.formats import fenced_blocks, is_code_format
+from ogrpo.sandbox.policy import default_sandbox
+from ogrpo.sandbox.pool import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, JobResult, Limits, Sandbox
 
 BINARY_THRESHOLD = 0.99  # open-r1's binary_code_reward
 _ALIASES = {"python": "python", "python3": "python", "py": "python", "c": "c", "cpp": "cpp", "c++": "cpp",

@@ -9,7 +9,7 @@ length/cosine use `boxed=True` instead of "all": the same result unless a comple
 A gold answer that does not parse gives None: TRL then leaves the sample out of that reward's mean instead of
 scoring it, which is what open-r1 does.
 
-Parsing and verification run in worker processes (ogrpo/train/bounded.py), each completion under a hard time
+Parsing and verification run in worker processes (ogrpo/rewards/bounded.py), each completion under a hard time
 limit, wherever the reward is called from: math-verify's own timeout is a signal.alarm, off outside the main
 thread (TRL may call rewards from a worker thread) and unable to interrupt C code, and a `\\frac` nested 10,000
 deep ran for minutes without it. Inside a worker (its main thread) math-verify's alarms still give open-r1's
@@ -27,6 +27,8 @@ import math
 import os
 import threading
 from functools import lru_cache
+
+from ogrpo.rewards.formats import after_last_think
 
 # math-verify's (and open-r1's) own limits, enforced by its alarms inside a worker.
 PARSE_TIMEOUT_S, VERIFY_TIMEOUT_S = 5, 5
@@ -117,20 +119,22 @@ def check_one(pair) -> bool | None:
 def math_pool():
     """The trainer process's workers (at most 4, fewer on a smaller CPU allocation), started on first use."""
     global _pool
-    from ogrpo.train.bounded import BoundedPool
+    # Not at the top: the workers import this module under `python -m ogrpo.rewards.bounded`, which would load
+    # bounded.py a second time there.
+    from ogrpo.rewards.bounded import BoundedPool
 
     with _pool_lock:
         if _pool is None:
             workers = min(4, len(os.sched_getaffinity(0)))
-            _pool = BoundedPool("ogrpo.train.math_rewards:check_one", workers=workers, timeout_s=MATH_TIMEOUT_S,
-                                init="ogrpo.train.math_rewards:warm_worker")
+            _pool = BoundedPool("ogrpo.rewards.math:check_one", workers=workers, timeout_s=MATH_TIMEOUT_S,
+                                init="ogrpo.rewards.math:warm_worker")
         return _pool
 
 
 def check_answers(completions, solution, *, pool=None, log_metric=None) -> list[bool | None]:
     """Per completion: True/False when its answer does / does not equal the gold one, None if gold is unparsable.
     One round trip to the workers for the whole batch; a completion past the time limit is False."""
-    from ogrpo.train.bounded import FAILED, TIMED_OUT
+    from ogrpo.rewards.bounded import FAILED, TIMED_OUT
 
     pairs = [[completion_text(c), str(s)] for c, s in zip(completions, solution, strict=True)]
     got = (pool or math_pool()).map(pairs)
@@ -150,8 +154,6 @@ def think_accuracy_reward(completions, solution, **kwargs) -> list[float | None]
     """open-r1's `think_accuracy` (branch zero-math-code): `accuracy` on the text after the completion's last
     `</think>`, stripped, so an answer inside the reasoning does not count; no `</think>` scores 0.0 (nothing to
     extract). Same parse settings, None for an unparsable gold, and worker pool as `accuracy`."""
-    from ogrpo.train.formats import after_last_think
-
     answers = [after_last_think(completion_text(c)) for c in completions]
     oks = check_answers(answers, solution, log_metric=kwargs.get("log_metric"))
     return [None if ok is None else float(ok) for ok in oks]

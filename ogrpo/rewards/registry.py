@@ -240,7 +240,7 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
     if not attr or not target:
         return spec, f"reward {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
     if _is_file(target):
-        from ogrpo.train.local_paths import local_path
+        from ogrpo.local_paths import local_path
 
         path = local_path(target, base_dirs, Path.is_file)
         if path is None:

@@ -81,7 +81,7 @@ def absolute_sources(trl: dict, base_dirs: list[Path]) -> list[tuple[str, str, s
     """Rewrite the recipe's relative local dataset paths (dataset_name, open-r1's mixture ids, TRL's `datasets`
     paths) in `trl` as absolute paths, found as reward files are (the submit directory, then the config's): the
     job reads them from its job directory. Returns (key, old, new) for each; hub ids (found nowhere here) stay."""
-    from ogrpo.train.local_paths import local_path
+    from ogrpo.local_paths import local_path
 
     slots: list[tuple[str, dict, str]] = []  # (key as listed, the dict holding it, its field)
     mix = trl.get("dataset_mixture")

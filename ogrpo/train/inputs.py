@@ -24,7 +24,7 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     from ogrpo.planner.types import Change
     from ogrpo.train.data import prompt_settings
     from ogrpo.train.data_sources import absolute_sources, check_data
-    from ogrpo.train.local_paths import ABSOLUTE_REASON
+    from ogrpo.local_paths import ABSOLUTE_REASON
 
     problems: list[str] = []
     warnings: list[str] = []

@@ -7,6 +7,7 @@
       run/             the run directory (ogrpo.train.rundir): manifest.json, profile.jsonl, metrics.jsonl,
                        checkpoint-N/, ports.json, preempted.json
         logs/<role>.log    each step's output
+        logs/<role>.console  what the supervisor echoes of the step it follows (O-GRPO's own lines)
         roles/<role>.json  each step's exit record
 
 Pure path arithmetic: nothing here creates or reads a file.
@@ -28,6 +29,9 @@ PROFILE = "profile.jsonl"
 METRICS = "metrics.jsonl"
 PORTS = "ports.json"
 PREEMPTED = "preempted.json"
+# the supervisor and the step it follows (ogrpo.train.quiet): where the step writes its echoed lines, its whole log
+CONSOLE_ENV = "OGRPO_CONSOLE"
+LOG_ENV = "OGRPO_STEP_LOG"
 
 PathLike = str | os.PathLike
 
@@ -84,3 +88,8 @@ def slurm_output(job_dir: PathLike, job_id: str | int) -> Path:
 def supervisor_log(job_dir: PathLike) -> Path:
     """The local backend's supervisor output."""
     return job_logs(job_dir) / "supervisor.log"
+
+
+def console_for(log_path) -> Path:
+    """The console file beside a step's log: `trainer.log` -> `trainer.console`."""
+    return Path(log_path).with_suffix(".console")

@@ -134,6 +134,22 @@ def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
     return best
 
 
+def package_of(module: str) -> str:
+    """ogrpo's package (or top-level module) a module belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph one level up: each of ogrpo's packages (and top-level modules) a node, an edge where any module of
+    one imports any module of another."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(package_of(module), set()).update(package_of(t) for t in targets)
+    for node, targets in out.items():
+        targets.discard(node)
+    return out
+
+
 def upward_imports(graph, layers) -> list[str]:
     out = []
     for module in sorted(graph):
@@ -165,6 +181,11 @@ def test_the_reader_counts_every_kind_of_import(tmp_path):
     assert cycles(graph) == [["ogrpo.base", "ogrpo.sub.leaf", "ogrpo.sub.other", "ogrpo.top"]]
     layers = [("low", ["base", "sub.leaf"]), ("high", ["sub", "top", "__init__"])]
     assert upward_imports(graph, layers) == ["ogrpo.base (low) -> ogrpo.top (high)"]
+    graph["ogrpo.base"].discard("ogrpo.top")
+    assert package_graph(graph) == {"ogrpo": set(), "ogrpo.base": set(), "ogrpo.sub": {"ogrpo.base"},
+                                    "ogrpo.top": {"ogrpo.sub", "ogrpo.base"}}
+    graph["ogrpo.base"].add("ogrpo.sub.other")  # a file-level path back up makes a package-level cycle
+    assert cycles(package_graph(graph)) == [["ogrpo.base", "ogrpo.sub"]]
 
 
 # --- the project ------------------------------------------------------------------------------------------------
@@ -191,6 +212,15 @@ def test_the_documented_layers_place_every_module_and_name_only_modules_that_exi
 def test_the_import_graph_has_no_cycles():
     found = cycles(project_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_packages_import_each_other_without_cycles():
+    """A package per feature: one feature's package may use another's, never both ways round (through any chain)."""
+    graph = project_graph()
+    found = cycles(package_graph(graph))
+    edges = [f"{m} -> {t}" for component in found for m in sorted(graph) for t in sorted(graph[m])
+             if package_of(m) != package_of(t) and {package_of(m), package_of(t)} <= set(component)]
+    assert not found, "package cycles: " + "; ".join(" <-> ".join(c) for c in found) + "\n" + "\n".join(edges)
 
 
 def test_at_most_two_imports_run_against_the_layer_order():

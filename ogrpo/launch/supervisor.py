@@ -42,7 +42,6 @@ from ogrpo import layout
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch.procs import group_members
 from ogrpo.placeholders import fill_text
-from ogrpo.train import quiet
 LOG_TAIL_LINES = 30
 
 
@@ -181,8 +180,8 @@ class Supervisor:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab", buffering=0)
         if step.role == self.follow:  # echoed: its own lines only (ogrpo/train/quiet.py); the log keeps everything
-            quiet.console_for(log_path).write_bytes(b"")
-            env.update({quiet.CONSOLE_ENV: str(quiet.console_for(log_path)), quiet.LOG_ENV: str(log_path)})
+            layout.console_for(log_path).write_bytes(b"")
+            env.update({layout.CONSOLE_ENV: str(layout.console_for(log_path)), layout.LOG_ENV: str(log_path)})
         # A new session per step: the whole tree (vLLM engine core, accelerate's workers) is one process group
         # that we can signal at once, and a Ctrl-C at the terminal reaches us, not the children directly.
         proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -238,7 +237,7 @@ class Supervisor:
                 continue
             pos = self._echo_pos.get(r.name, 0)
             try:
-                with open(quiet.console_for(r.log_path), "rb") as f:
+                with open(layout.console_for(r.log_path), "rb") as f:
                     f.seek(pos)
                     chunk = f.read()
             except OSError:

@@ -31,8 +31,8 @@ import os
 import sys
 from typing import Iterator
 
-CONSOLE_ENV = "OGRPO_CONSOLE"  # the file the supervisor echoes to the user's terminal
-LOG_ENV = "OGRPO_STEP_LOG"  # the step's complete log, named in the one-line summary
+from ogrpo.layout import CONSOLE_ENV, LOG_ENV
+
 PRINTERS = frozenset({"rich", "tqdm"})  # libraries that print on behalf of whoever called them
 OURS = "ogrpo"
 _MAX_DEPTH = 64
@@ -222,10 +222,3 @@ def libraries_note(counts: Counts) -> str | None:
         return None
     warned = f", {counts.warnings} warning{'s' if counts.warnings != 1 else ''}" if counts.warnings else ""
     return f"note: library output ({counts.hidden} lines{warned}) is in {counts.path}"
-
-
-def console_for(log_path):
-    """The console file beside a step's log: `trainer.log` -> `trainer.console`."""
-    from pathlib import Path
-
-    return Path(log_path).with_suffix(".console")

@@ -38,7 +38,7 @@ def recipe(steps: int, seed: int) -> dict:
 
 def curve(run: Path) -> list[tuple[int, float, float]]:
     """(step, seconds of training at its end, reward) from a run directory's metrics and profile."""
-    from ogrpo.train.rundir import read_jsonl
+    from ogrpo.launch.run_state import read_jsonl
 
     rewards = {m["step"]: m["reward"] for m in read_jsonl(run / "metrics.jsonl") if m.get("reward") is not None}
     out, t = [], 0.0

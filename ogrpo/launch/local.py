@@ -157,7 +157,7 @@ def run_local(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | Non
 
 def _record_run_end(job_dir: Path, rc: int, message: str) -> None:
     """The run manifest's status when the trainer could not write it itself (killed, or stopped first)."""
-    from ogrpo.train.rundir import record_status
+    from ogrpo.launch.run_state import record_status
 
     if rc == 0:
         return
@@ -316,7 +316,7 @@ class LocalJob(Job):
         kill any step group still alive; returns when none of the run's processes is left (LaunchError naming
         the survivors otherwise) and records `cancelled` in the run's manifest."""
         from ogrpo.launch import stopping
-        from ogrpo.train.rundir import record_status
+        from ogrpo.launch.run_state import record_status
 
         rec = self.record()
         if not ls.on_this_host(rec):

@@ -1,12 +1,16 @@
 """What a run directory says about its job, whatever ran it: attempts, requeues, the devices each role saw,
-checkpoints, the last metrics line."""
+checkpoints, the last metrics line; and the manifest's status, which the trainer, the supervisor and `ogrpo
+cancel` all write (the trainer's own run-directory writes are ogrpo.train.rundir)."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from ogrpo import layout
+from ogrpo.layout import MANIFEST
 
 
 def run_dir_state(job_dir: Path | None) -> dict:
@@ -48,3 +52,46 @@ def run_dir_state(job_dir: Path | None) -> dict:
             except ValueError:
                 pass
     return out
+
+
+# manifest.json's "status": running → finished | preempted (checkpointed on a signal and exited, to be requeued
+# or resubmitted) | cancelled | failed (with "error"). A requeued attempt writes running again.
+OPEN_STATUSES = ("running", "preempted")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    # the trainer, the supervisor and `ogrpo cancel` may all write it as a job ends: never a half-written file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def update_manifest(run_dir: Path, **fields) -> None:
+    path = run_dir / MANIFEST
+    data = json.loads(path.read_text())
+    data.update(fields)
+    _write_atomic(path, data)
+
+
+def record_status(run_dir: str | os.PathLike, status: str, reason: str | None = None) -> bool:
+    """Record how the run ended, unless it already says so (an ended status is never overwritten: the first
+    to know, usually the trainer itself, is the most precise). False when there is no manifest yet."""
+    path = Path(run_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if data.get("status") not in OPEN_STATUSES:
+        return False
+    data["status"] = status
+    if reason:
+        data["error" if status == "failed" else "stop_reason"] = reason
+    data["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    _write_atomic(path, data)
+    return True
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

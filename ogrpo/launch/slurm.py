@@ -318,8 +318,8 @@ class SlurmSupervisor:
     # -- why the job ends, when this step did not decide it
 
     def _record(self, status: str, reason: str) -> None:
-        """The run manifest's status (ogrpo.train.rundir), unless the trainer already wrote how it ended."""
-        from ogrpo.train.rundir import record_status
+        """The run manifest's status (ogrpo.launch.run_state), unless the trainer already wrote how it ended."""
+        from ogrpo.launch.run_state import record_status
 
         record_status(layout.run_dir(self.spec.job_dir), status, reason)
 

@@ -238,7 +238,7 @@ class SlurmJob(Job):
         process that escaped Slurm's tracking would be). LaunchError (exit 1) naming what is still alive after
         `wait_s` (default: the cluster's KillWait + 60 s). Records `cancelled` in the run's manifest."""
         from ogrpo.launch import ports, procs, stopping
-        from ogrpo.train.rundir import record_status
+        from ogrpo.launch.run_state import record_status
 
         require("scancel")
         # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".

@@ -89,8 +89,8 @@ def _callback(trainer, gather_all, stats):
             if trainer.accelerator.is_main_process:
                 from pathlib import Path
 
-                from ogrpo.train import rundir
+                from ogrpo.launch import run_state
 
-                rundir.update_manifest(Path(args.output_dir), zero3_push=dict(stats))
+                run_state.update_manifest(Path(args.output_dir), zero3_push=dict(stats))
 
     return Zero3PushCallback()

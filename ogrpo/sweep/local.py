@@ -79,7 +79,7 @@ def run(sweep_dir: Path, out=None) -> int:
 def cancel(sweep_dir: Path, data: dict, wait_s: float = 60) -> list[int]:
     """Stop the running point and the runner; return once neither is left (LaunchError naming survivors)."""
     from ogrpo.launch.local import LocalJob
-    from ogrpo.train.rundir import record_status
+    from ogrpo.launch.run_state import record_status
 
     runner = ls.read_state(sweep_dir)
     if not runner or runner.get("state") != "RUNNING" or not ls.record_alive(runner):

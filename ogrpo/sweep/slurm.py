@@ -196,7 +196,7 @@ def cancel(sweep_dir: Path, data: dict, wait_s: float = 120) -> list[int]:
     from ogrpo.launch import ports, procs, stopping
     from ogrpo.launch.slurm_query import leftover_processes
     from ogrpo.launch.submitit_adapter import job
-    from ogrpo.train.rundir import record_status
+    from ogrpo.launch.run_state import record_status
 
     sl = data.get("slurm") or {}
     array = sl.get("array_job_id")

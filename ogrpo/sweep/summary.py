@@ -22,7 +22,7 @@ from ogrpo.sweep.grid import format_value
 
 CSV = "summary.csv"
 PLOT = "rewards.png"
-# the run manifest's status (ogrpo.train.rundir) in Slurm's words, for a point no scheduler answers for
+# the run manifest's status (ogrpo.launch.run_state) in Slurm's words, for a point no scheduler answers for
 RUN_STATES = {"running": "RUNNING", "preempted": "REQUEUED", "finished": "COMPLETED", "failed": "FAILED",
               "cancelled": "CANCELLED"}
 

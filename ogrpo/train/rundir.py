@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+# the manifest's status and the JSON lines are read and written as launch does (one home: ogrpo.launch.run_state)
+from ogrpo.launch.run_state import OPEN_STATUSES, read_jsonl, record_status, update_manifest  # noqa: F401
 from ogrpo.layout import MANIFEST, METRICS, PROFILE  # noqa: F401  (the run dir's file names, one home)
 from ogrpo.sandbox import policy as sandbox_policy
 
@@ -82,43 +84,6 @@ def write_manifest(run_dir: Path, *, config: dict, plan: dict, seed, model_path:
     return path
 
 
-# manifest.json's "status": running → finished | preempted (checkpointed on a signal and exited, to be requeued
-# or resubmitted) | cancelled | failed (with "error"). A requeued attempt writes running again.
-OPEN_STATUSES = ("running", "preempted")
-
-
-def _write_atomic(path: Path, data: dict) -> None:
-    # the trainer, the supervisor and `ogrpo cancel` may all write it as a job ends: never a half-written file
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def update_manifest(run_dir: Path, **fields) -> None:
-    path = run_dir / MANIFEST
-    data = json.loads(path.read_text())
-    data.update(fields)
-    _write_atomic(path, data)
-
-
-def record_status(run_dir: str | os.PathLike, status: str, reason: str | None = None) -> bool:
-    """Record how the run ended, unless it already says so (an ended status is never overwritten: the first
-    to know, usually the trainer itself, is the most precise). False when there is no manifest yet."""
-    path = Path(run_dir) / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if data.get("status") not in OPEN_STATUSES:
-        return False
-    data["status"] = status
-    if reason:
-        data["error" if status == "failed" else "stop_reason"] = reason
-    data["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    _write_atomic(path, data)
-    return True
-
-
 def metrics_callback(run_dir: Path):
     from transformers import TrainerCallback
 
@@ -141,12 +106,6 @@ def _plain(v):
     if isinstance(v, float) and v != v:
         return None
     return v
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not Path(path).is_file():
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def rewind_logs(run_dir: Path, step: int) -> int:

@@ -1,9 +1,11 @@
-"""The parsers of Slurm's output: scontrol's `Key=Value` records and Slurm time strings.
+"""The one reader of Slurm's output (ogrpo/launch/slurm/parse.py): scontrol's `Key=Value` records and Slurm time
+strings.
 
-Every form each of the former parsers accepted (ogrpo.launch.slurm_cli.key_values for `scontrol show job|partition
--o`, ogrpo.launch.grace.parse_config for `scontrol show config`, the NodeAddr regex of ogrpo.launch.slurm.node_addr
-for `scontrol show node -o`; ogrpo.launch.grace._seconds for KillWait/GraceTime and ogrpo.launch.sbatch.parse_time
-for --time) is here with the value it gave, so that one parser in their place provably gives the same.
+These tables were written first against the parsers it replaced, and passed there (commit 861073d):
+ogrpo.launch.slurm_cli.key_values (`scontrol show job|partition -o`), ogrpo.launch.grace.parse_config (`scontrol
+show config`), the NodeAddr regex of ogrpo.launch.slurm.node_addr (`scontrol show node -o`),
+ogrpo.launch.grace._seconds (KillWait/GraceTime) and ogrpo.launch.sbatch.parse_time (`--time`). Every form each
+of them accepted is here with the value it gave; where they disagreed, the tests at the end say what is kept.
 """
 
 from __future__ import annotations
@@ -14,23 +16,22 @@ from pathlib import Path
 import pytest
 
 from ogrpo.errors import OgrpoError
-from ogrpo.launch import grace, sbatch
 from ogrpo.launch import slurm as sl
-from ogrpo.launch.slurm_cli import key_values
+from ogrpo.launch.slurm import grace, parse, sbatch
 
 DATA = Path(__file__).parent / "data"
 
 
 def words(text):
-    return key_values(text)
+    return parse.key_values(text)
 
 
 def config(text):
-    return grace.parse_config(text)
+    return parse.key_values(text, lines=True)
 
 
 def seconds(text):
-    return grace._seconds(text)
+    return parse.seconds(text)
 
 
 def minutes(text):
@@ -139,3 +140,51 @@ def test_minutes(text, mins):
 def test_minutes_rejects(bad):
     with pytest.raises(OgrpoError, match="--time"):
         minutes(bad)
+
+
+# ------------------------------------------------- the callers' names still give what they gave (the wrappers)
+
+
+def test_the_callers_names_read_through_the_one_parser():
+    assert grace.parse_config("KillWait = 5 sec\nA=1") == {"KillWait": "5 sec", "A": "1"}
+    assert grace._seconds("5 sec") == 5 and grace._seconds("UNLIMITED") is None and grace._seconds(None) is None
+    assert sl.parse_time("1-02:03") == 1563
+
+
+# --------------------------------------------- where the old parsers disagreed: what the one parser keeps
+
+
+def test_a_repeated_key_keeps_its_first_value_in_lines_too():
+    # key_values (words) kept the first value, parse_config (lines) the last; `scontrol show config` prints each
+    # key once (the plugin sections it appends after the main list name other keys), so no reader saw either
+    assert config("A = 1\nA = 2") == {"A": "1"}
+    assert words("A=1 A=2") == {"A": "1"}
+
+
+def test_an_empty_key_is_no_key_in_words_too():
+    # parse_config skipped `= value`; key_values kept `=x` under the key "" (nothing read it)
+    assert words("=x A=1") == {"A": "1"}
+
+
+@pytest.mark.parametrize("text, secs", [("01:30", 90), ("1-02", 93600), ("1-02:03", 93780)])
+def test_seconds_reads_every_slurm_time_form(text, secs):
+    # _seconds knew only N, N sec, HH:MM:SS and D-HH:MM:SS (None for the rest); parse_time also MM:SS, D-HH and
+    # D-HH:MM: the one parser reads Slurm's whole grammar for both (scontrol prints KillWait as `N sec` and
+    # GraceTime as plain seconds, so what scontrol gives is read as before)
+    assert seconds(text) == secs
+
+
+def test_a_bare_number_is_seconds_from_scontrol_and_minutes_for_sbatch():
+    # the one real difference in meaning, Slurm's own: KillWait=30 is seconds, --time 30 is minutes
+    assert parse.seconds("30") == 30
+    assert parse.seconds("30", bare="minutes") == 1800
+    assert parse.seconds("30 sec", bare="minutes") is None  # a unit is scontrol's, not sbatch's: --time refuses it
+    with pytest.raises(ValueError):
+        parse.seconds("30", bare="hours")
+
+
+@pytest.mark.parametrize("stdout, job_id", [("12345\n", "12345"), ("12345;cluster\n", "12345"), (" 7 ", "7"),
+                                            ("", None), ("Submitted batch job 5\n", None), ("x;y", None)])
+def test_parsable_job_id(stdout, job_id):
+    # what ogrpo.launch.slurm.submit and ogrpo.sweep.slurm._sbatch each read from `sbatch --parsable`
+    assert parse.parsable_job_id(stdout) == job_id

@@ -41,8 +41,9 @@ from pathlib import Path
 # Imported here, never inside the signal handler: a second SIGTERM (torch elastic's agent sends its own after
 # Slurm's) that lands while the first handler is importing a module finds it half-initialized
 # ("partially initialized module 'ogrpo.launch.stopping'").
-from ogrpo.launch import grace, stopping
-from ogrpo.launch.local_state import process_start
+from ogrpo.launch import stopping
+from ogrpo.launch.slurm import grace
+from ogrpo.launch.local.state import process_start
 from ogrpo.serve import deadline
 from ogrpo.train import rundir
 

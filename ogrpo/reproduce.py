@@ -46,7 +46,7 @@ def _job_dir(ref: str) -> Path:
     if path.is_dir():
         return path
     if ref.split("_")[0].isdigit():  # a Slurm job id: its run directory, from our index or the controller
-        from ogrpo.launch.slurm_query import resolve
+        from ogrpo.launch.slurm.query import resolve
 
         job = resolve(ref)
         if job.job_dir is None:

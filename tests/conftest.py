@@ -109,9 +109,9 @@ TINY_CONFIG = {
 
 @pytest.fixture(autouse=True)
 def _no_cluster_outside_slurm_tests(request, monkeypatch):
-    """plan/render/submit read KillWait/GraceTime from whatever cluster SLURM_CONF reaches (ogrpo/launch/grace.py);
-    the Slurm tests point it at the test cluster for the whole session. Every other test plans as on a machine
-    without Slurm, whatever ran before it."""
+    """plan/render/submit read KillWait/GraceTime from whatever cluster SLURM_CONF reaches
+    (ogrpo/launch/slurm/grace.py); the Slurm tests point it at the test cluster for the whole session. Every other
+    test plans as on a machine without Slurm, whatever ran before it."""
     if request.node.get_closest_marker("slurm") is None:
         monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
 

@@ -1,5 +1,5 @@
 """A GPU plan asks Slurm for its GPU type and refuses devices it was not planned for: the typed GRES request and
-its `sinfo` check (ogrpo.launch.sbatch, ogrpo.launch.gres), and the CUDA/GPU-model check the server and the
+its `sinfo` check (ogrpo.launch.slurm.sbatch, ogrpo.launch.slurm.gres), and the CUDA/GPU-model check the server and the
 trainer make at start (ogrpo.device_check). tests/slurm/test_slurm_gres.py runs the same against real Slurm."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from ogrpo.device_check import device_problem, planned_gpu
 from ogrpo.errors import OgrpoError
 from ogrpo.hardware import parse_gpus
-from ogrpo.launch.gres import gres_problem, parse_gres, partition_gpus
-from ogrpo.launch.sbatch import SlurmOptions, directives, gres_type_for
+from ogrpo.launch.slurm.gres import gres_problem, parse_gres, partition_gpus
+from ogrpo.launch.slurm.sbatch import SlurmOptions, directives, gres_type_for
 
 SINFO = "debug* gpu:a40:3(S:0-1)\ntwo gpu:a40:3(S:0-1)\ntwo gpu:v100:2\nv100 gpu:v100:2\ncpu (null)\n"
 

@@ -1,4 +1,4 @@
-"""Preemption timing (ogrpo.launch.grace): the cluster's SIGTERM → SIGKILL window from real scontrol output, the
+"""Preemption timing (ogrpo.launch.slurm.grace): the cluster's SIGTERM → SIGKILL window from real scontrol output, the
 policy it gives (save_steps, signal lead time, warnings), and the trainer's SIGTERM decision
 (ogrpo.train.preemption), without Slurm or a training run."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ogrpo.launch import grace
+from ogrpo.launch.slurm import grace
 from ogrpo.planner.types import Change
 
 DATA = Path(__file__).parent / "data"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ogrpo.errors import OgrpoError
-from ogrpo.launch import local_state as ls
+from ogrpo.launch.local import state as ls
 from ogrpo.launch.executor import find, submit
 from ogrpo.launch.local import LocalJob, run_local, start_detached
 from ogrpo.launch.supervisor import group_members

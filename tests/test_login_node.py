@@ -189,7 +189,7 @@ def test_a_job_id_resolves_within_this_cluster_only(cluster_ci):
 
 
 def test_submit_records_the_cluster_with_the_job(cluster_ci, monkeypatch):
-    from ogrpo.launch import slurm_query
+    from ogrpo.launch.slurm import query as slurm_query
 
     env, index, runs, _ = cluster_ci
     monkeypatch.setenv("PATH", env["PATH"])

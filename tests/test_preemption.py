@@ -163,7 +163,7 @@ def test_a_cancel_stops_at_once_without_a_checkpoint(tmp_path, monkeypatch, mark
 def test_sigterm_reasons_as_slurm_reports_them():
     """`scontrol show job -o` while the SIGTERM is delivered, as recorded on the test cluster (Slurm 22.05), for
     an attempt that started as restart 0."""
-    from ogrpo.launch.slurm_cli import key_values
+    from ogrpo.launch.slurm.parse import key_values
     from ogrpo.launch.stopping import CANCEL, REQUEUE, STEPS, TIMEOUT, classify
 
     seen = {

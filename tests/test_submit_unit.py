@@ -13,7 +13,7 @@ import pytest
 from ogrpo.errors import OgrpoError
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import slurm as sl
-from ogrpo.launch.sbatch import sbatch_lines
+from ogrpo.launch.slurm.sbatch import sbatch_lines
 from ogrpo.render import sbatch_script
 
 

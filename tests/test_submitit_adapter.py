@@ -1,11 +1,11 @@
-"""ogrpo.launch.submitit_adapter against the pinned submitit: our command in the batch step (no srun, no pickle),
+"""ogrpo.launch.slurm.submitit_adapter against the pinned submitit: our command in the batch step (no srun, no pickle),
 O-GRPO's overrides of submitit's defaults, job arrays, and a check() that fails when the private renderer moves."""
 
 from __future__ import annotations
 
 import pytest
 
-from ogrpo.launch import submitit_adapter as sa
+from ogrpo.launch.slurm import submitit_adapter as sa
 from ogrpo.patches.target import PatchTargetMoved
 
 PARAMS = {"nodes": 2, "ntasks_per_node": 1, "cpus-per-task": 16, "gres": "gpu:a40:3", "mem": "64G",

@@ -91,7 +91,7 @@ def run_checks(patches: bool = True) -> dict:
     # connections fails every submit (one socket connect, bounded, only where the commands are)
     report["slurm_problem"] = None
     if report["slurm_client"]:
-        from ogrpo.launch.slurm_cli import conf_problem, controller_unreachable
+        from ogrpo.launch.slurm.cli import conf_problem, controller_unreachable
 
         report["slurm_problem"] = conf_problem() or controller_unreachable()
     report["containers"] = {rt: shutil.which(rt) for rt in CONTAINER_RUNTIMES}

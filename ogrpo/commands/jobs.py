@@ -117,7 +117,7 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
         check_local([(rc, plan)], dry_run, "ogrpo submit", "submit it to Slurm")
     job_dir = os.path.abspath(output) if output else _default_job_dir(rc.ogrpo.job_name or "ogrpo")
     if backend == "slurm":
-        from ogrpo.launch import grace
+        from ogrpo.launch.slurm import grace
 
         # KillWait/GraceTime and the step time → signal lead time and save_steps (warnings and changes shown)
         signal_delay = grace.for_plan(rc, plan, job_dir=job_dir, partition=extra.get("partition"),

@@ -64,7 +64,7 @@ def plan(
     from ogrpo.planner.device_rules import rules_of
 
     if not rules_of(p).runs_locally:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
-        from ogrpo.launch import grace
+        from ogrpo.launch.slurm import grace
 
         preempt = grace.for_plan(rc, p, strict=strict)
     if as_json:
@@ -116,8 +116,8 @@ def render(
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
     if not os.path.isabs(job_dir):
         raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
-    from ogrpo.launch import grace
-    from ogrpo.launch.sbatch import options_for
+    from ogrpo.launch.slurm import grace
+    from ogrpo.launch.slurm.sbatch import options_for
 
     # the same preemption policy `submit` applies (KillWait/GraceTime when this machine reaches a cluster)
     preempt = grace.for_plan(rc, p, job_dir=job_dir, strict=strict)

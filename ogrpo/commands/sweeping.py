@@ -65,7 +65,7 @@ def sweep(
     if not swept and not n_seeds:
         raise OgrpoError("nothing to sweep: give --grid KEY=V1,V2 (repeatable) and/or --seeds N")
     backend = _backend(backend, max_parallel, dry_run, gpus, config)
-    from ogrpo.launch import sbatch as sb
+    from ogrpo.launch.slurm import sbatch as sb
 
     extra_sbatch = sb.parse_passthrough(slurm)
     minutes = sb.parse_time(time_limit) if time_limit else None
@@ -182,8 +182,8 @@ def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, ext
     import shutil
 
     from ogrpo.jobspec import build_jobspec
-    from ogrpo.launch import grace
-    from ogrpo.launch import sbatch as sb
+    from ogrpo.launch.slurm import grace
+    from ogrpo.launch.slurm import sbatch as sb
     from ogrpo.sweep import manifest
 
     delays = [grace.for_plan(pp.rc, pp.plan, job_dir=str(manifest.point_dir(sweep_dir, pp.index)),

@@ -3,7 +3,7 @@ returns its `Job` (ogrpo.launch.handle); `dry_run` says what `submit` would do w
 handle of any submitted job back from its run directory or Slurm job id.
 
 - `LocalExecutor`: the job runs on this machine, detached (a LocalJob to follow) or in the foreground.
-- `SlurmExecutor`: `sbatch job.sbatch` (the file `ogrpo render` writes; rendered by ogrpo.launch.sbatch for a
+- `SlurmExecutor`: `sbatch job.sbatch` (the file `ogrpo render` writes; rendered by ogrpo.launch.slurm.sbatch for a
   JobSpec built in code), followed through submitit (a SlurmJob).
 """
 
@@ -57,12 +57,12 @@ class LocalExecutor(Executor):
 
 
 class SlurmExecutor(Executor):
-    """`sbatch` with these SlurmOptions (ogrpo.launch.sbatch), already checked by ogrpo.launch.slurm.preflight."""
+    """`sbatch` with these SlurmOptions (ogrpo.launch.slurm.sbatch), already checked by ogrpo.launch.slurm.preflight."""
 
     backend = "slurm"
 
     def __init__(self, opts=None):
-        self.opts = opts  # None: the defaults (ogrpo.launch.sbatch.SlurmOptions) for a JobSpec built in code
+        self.opts = opts  # None: the defaults (ogrpo.launch.slurm.sbatch.SlurmOptions) for a JobSpec built in code
 
     def dry_run(self, spec, files: dict[str, str]) -> list[str]:
         from ogrpo.launch import slurm
@@ -80,8 +80,8 @@ class SlurmExecutor(Executor):
 
     def submit(self, spec) -> Job:
         from ogrpo.launch import slurm
-        from ogrpo.launch.sbatch import SlurmOptions, render_script
-        from ogrpo.launch.slurm_query import JobRef, SlurmJob
+        from ogrpo.launch.slurm.sbatch import SlurmOptions, render_script
+        from ogrpo.launch.slurm.query import JobRef, SlurmJob
 
         path = Path(spec.job_dir) / layout.SBATCH
         opts = self.opts or SlurmOptions(job_name=spec.name)
@@ -101,14 +101,16 @@ def executor(backend: str, **kwargs) -> Executor:
 
 def submit(spec, backend: str = "local", slurm_options=None) -> Job:
     """Start a JobSpec and return its handle: `local` runs it detached on this machine, `slurm` runs sbatch with
-    `slurm_options` (ogrpo.launch.sbatch.SlurmOptions)."""
+    `slurm_options` (ogrpo.launch.slurm.sbatch.SlurmOptions)."""
     ex = executor(backend, **({"opts": slurm_options} if backend == "slurm" else {}))
     return ex.submit(spec)
 
 
 def find(ref: str | os.PathLike) -> Job:
     """The handle of a job from its run directory (any backend) or a Slurm job id."""
-    from ogrpo.launch import local, local_state, slurm_query
+    from ogrpo.launch import local
+    from ogrpo.launch.local import state as local_state
+    from ogrpo.launch.slurm import query as slurm_query
 
     path = Path(ref).expanduser()
     if path.is_dir():

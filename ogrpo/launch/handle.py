@@ -3,7 +3,7 @@
 Like submitit's Job: an executor (ogrpo.launch.executor) submits a JobSpec and returns a handle; `find(ref)` there
 gets the same handle back later from a run directory (or a Slurm job id), so `ogrpo status/logs/cancel` need not
 know the backend. Handles: ogrpo.launch.local (LocalJob: a supervisor process on this machine, its state in
-JOB_DIR/local/) and ogrpo.launch.slurm_query (SlurmJob: submitit's, its id in JOB_DIR/slurm/job_id). This module
+JOB_DIR/local/) and ogrpo.launch.slurm.query (SlurmJob: submitit's, its id in JOB_DIR/slurm/job_id). This module
 imports neither: it is the interface they implement.
 """
 

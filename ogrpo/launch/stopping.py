@@ -24,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ogrpo.launch.slurm_cli import key_values
+from ogrpo.launch.slurm.parse import key_values
 
 CANCEL_MARKER = "cancel.json"
 SCONTROL_TIMEOUT_S = 5

@@ -33,7 +33,7 @@ PATCHES = {
     "submitit_adapter": ("submitit", "Slurm batch scripts and job state through submitit's private renderer"),
 }
 # checks that live beside the code they guard rather than in this package (module -> its import path)
-ELSEWHERE = {"submitit_adapter": "ogrpo.launch.submitit_adapter", "trl_stream": "ogrpo.serve.trl_stream",
+ELSEWHERE = {"submitit_adapter": "ogrpo.launch.slurm.submitit_adapter", "trl_stream": "ogrpo.serve.trl_stream",
              "trl_trainer_overrides": "ogrpo.trainer.overrides"}
 REQUIRES = {"trl_colocate_cpu": ("vllm",), "trl_vllm_client": ("vllm",), "trl_vllm_serve": ("vllm",),
             "trl_overlap": ("vllm",), "trl_zero3_push": ("vllm",), "trl_vllm_wraps": ("vllm",),

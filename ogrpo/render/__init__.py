@@ -102,15 +102,15 @@ def run_yaml(plan, run_config) -> str:
 
 
 def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = "") -> str:
-    """job.sbatch for a JobSpec and its SlurmOptions: the launch layer's one renderer (ogrpo.launch.sbatch)."""
-    from ogrpo.launch.sbatch import render_script
+    """job.sbatch for a JobSpec and its SlurmOptions: the launch layer's one renderer (ogrpo.launch.slurm.sbatch)."""
+    from ogrpo.launch.slurm.sbatch import render_script
 
     return render_script(jobspec, slurm, title=title, summary=summary)
 
 
 def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
     """job.sbatch for a plan: `slurm` (SlurmOptions) as `ogrpo submit` resolved them, else the run config's."""
-    from ogrpo.launch.sbatch import options_for
+    from ogrpo.launch.slurm.sbatch import options_for
 
     p = _plan(plan)
     if slurm is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
-from ogrpo.launch import local_state as ls
+from ogrpo.launch.local import state as ls
 from ogrpo.sweep import manifest, summary
 
 

@@ -4,11 +4,11 @@ Each task's batch step `exec`s the same supervisor a single `ogrpo submit` job r
 ogrpo.launch.slurm supervise POINT_DIR`), pointed at points/$SLURM_ARRAY_TASK_ID. Slurm gives every array task
 its own job id (SLURM_JOB_ID), so each point gets what a single job gets from it: its own port slot, its own
 `scontrol requeue` (the supervisor requeues its own id: that task only) and its own restart count; its key and run
-directory are the point's. The array's `#SBATCH` request is the single job's (ogrpo.launch.sbatch.directives)
+directory are the point's. The array's `#SBATCH` request is the single job's (ogrpo.launch.slurm.sbatch.directives)
 for the point's plan, the same for every point by construction (one --gpus), with the largest memory any point
 needs; `%a` (the task index) puts each task's log in its point's logs/.
 
-The script is rendered by submitit (ogrpo.launch.submitit_adapter.render_sbatch, `array=(n, max_parallel)`),
+The script is rendered by submitit (ogrpo.launch.slurm.submitit_adapter.render_sbatch, `array=(n, max_parallel)`),
 and the tasks are followed and cancelled through submitit's SlurmJob (one sacct for the whole array per poll).
 The summary (ogrpo.sweep.summary) is refreshed as each task starts, i.e. as earlier points end, and by a small
 job after the array (`--dependency=afterany:ARRAY`) once every task has ended.
@@ -33,7 +33,7 @@ _PER_POINT = ("mem", "chdir", "output", "job-name")
 
 def array_params(specs: list, opts: list) -> dict:
     """The array's sbatch options: the single-job request of every point, which must agree but for memory."""
-    from ogrpo.launch.sbatch import directives
+    from ogrpo.launch.slurm.sbatch import directives
 
     first = dict(directives(specs[0], opts[0]))
     mem = []
@@ -80,8 +80,8 @@ RENDERED_PYTHON={python}
 def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: list, opts: list,
                  max_parallel: int) -> str:
     from ogrpo import __version__
-    from ogrpo.launch.sbatch import job_python, supervise_command
-    from ogrpo.launch.submitit_adapter import render_sbatch
+    from ogrpo.launch.slurm.sbatch import job_python, supervise_command
+    from ogrpo.launch.slurm.submitit_adapter import render_sbatch
 
     params = array_params(specs, opts)
     params["chdir"] = str(sweep_dir)
@@ -99,7 +99,8 @@ def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: lis
 
 
 def _sbatch(args: list[str], cwd: Path) -> str:
-    from ogrpo.launch.slurm_cli import run_slurm
+    from ogrpo.launch.slurm.cli import run_slurm
+    from ogrpo.launch.slurm.parse import parsable_job_id
 
     # OGRPO_PYTHON: this Python runs the supervisors (sbatch exports it to the tasks), as for `ogrpo submit`
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
@@ -107,8 +108,8 @@ def _sbatch(args: list[str], cwd: Path) -> str:
     if out.returncode != 0:
         last = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
         raise OgrpoError(f"sbatch refused {' '.join(args[-1:])}: {last[-1] if last else out.returncode}")
-    job_id = out.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
+    job_id = parsable_job_id(out.stdout)
+    if job_id is None:
         raise LaunchError(f"sbatch printed no job id: {out.stdout.strip()!r}")
     return job_id
 
@@ -117,7 +118,7 @@ def submit(sweep_dir: Path, opts0) -> dict:
     """sbatch the array (and the summary job after it); records the ids in sweep.json and each point's
     slurm/job_id (`<array>_<i>` until the task starts and writes its own)."""
     from ogrpo.launch import secret
-    from ogrpo.launch.slurm_query import remember
+    from ogrpo.launch.slurm.query import remember
 
     data = manifest.read(sweep_dir)
     for entry in data["points"]:  # each point's key before the task exists (its supervisor hands it to the steps)
@@ -165,7 +166,7 @@ def states(sweep_dir: Path, data: dict) -> dict[int, str]:
     """Each task's Slurm state, from one sacct call for the whole array (submitit's watcher). A task sacct does
     not know (yet: slurmdbd records a new array with a delay) is left out: the summary then takes the run's own
     record, else PENDING."""
-    from ogrpo.launch.submitit_adapter import job
+    from ogrpo.launch.slurm.submitit_adapter import job
 
     ids = task_ids(data)
     handles = {i: job(manifest.point_dir(sweep_dir, i), tid) for i, tid in ids.items()}  # all watched at once
@@ -180,7 +181,7 @@ def states(sweep_dir: Path, data: dict) -> dict[int, str]:
 
 def _queued(array: str) -> list[str]:
     """The array's tasks the controller still has (pending, running, or still being killed)."""
-    from ogrpo.launch.slurm_cli import run_slurm
+    from ogrpo.launch.slurm.cli import run_slurm
 
     out = run_slurm(["squeue", "-h", "-r", "-j", array, "-o", "%i %T"], timeout=30)
     if out.returncode != 0:
@@ -194,9 +195,9 @@ def cancel(sweep_dir: Path, data: dict, wait_s: float = 120) -> list[int]:
     """scancel every task of the array (and the summary job); return once Slurm has ended them and no process of
     any point is left on this machine (LaunchError naming survivors). Returns the points that were stopped."""
     from ogrpo.launch import ports, procs, stopping
-    from ogrpo.launch.slurm_query import leftover_processes
-    from ogrpo.launch.submitit_adapter import job
     from ogrpo.launch.run_state import record_status
+    from ogrpo.launch.slurm.query import leftover_processes
+    from ogrpo.launch.slurm.submitit_adapter import job
 
     sl = data.get("slurm") or {}
     array = sl.get("array_job_id")

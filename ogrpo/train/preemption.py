@@ -10,7 +10,7 @@ apart) stops the trainer at once, without a checkpoint (nothing resumes a cancel
 checkpoint stays on disk), and records `cancelled` in the run's manifest.
 
 SIGTERM comes with a deadline: SIGKILL follows after the cluster's KillWait (+ GraceTime on a preemption;
-ogrpo.launch.grace). When the running step cannot finish and be saved before it, and the last finished step is
+ogrpo.launch.slurm.grace). When the running step cannot finish and be saved before it, and the last finished step is
 already checkpointed (the plan then checkpoints every step), the trainer exits at once instead (marker written,
 EXIT_PREEMPTED): waiting could save nothing the disk does not already hold. It never saves mid-step: the state in
 memory then is one the uninterrupted run never has (RNG advanced, the optimizer maybe half-stepped), and the
@@ -41,8 +41,9 @@ from pathlib import Path
 # Imported here, never inside the signal handler: a second SIGTERM (torch elastic's agent sends its own after
 # Slurm's) that lands while the first handler is importing a module finds it half-initialized
 # ("partially initialized module 'ogrpo.launch.stopping'").
-from ogrpo.launch import grace, stopping
-from ogrpo.launch.local_state import process_start
+from ogrpo.launch import stopping
+from ogrpo.launch.slurm import grace
+from ogrpo.launch.local.state import process_start
 from ogrpo.serve import deadline
 from ogrpo.train import rundir
 
@@ -269,7 +270,7 @@ class PreemptionCallback(_trainer_callback_base()):
         return recent[len(recent) // 2] if recent else None
 
     def _leave_now(self) -> bool:
-        """SIGTERM: exit at once (ogrpo.launch.grace.leave_now) when waiting for the step end cannot save more."""
+        """SIGTERM: exit at once (ogrpo.launch.slurm.grace.leave_now) when waiting for the step end cannot save more."""
         if self._step_began is None or (self._step_ended is not None and self._step_ended >= self._step_began):
             return False  # between steps: a save may be running, and it may still make it
         elapsed = time.monotonic() - self._step_began

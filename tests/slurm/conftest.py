@@ -78,7 +78,7 @@ def _no_job_outlives_its_test(request):
 
 def _job_log_tail(job_id: str, chars: int = 3000) -> str:
     """The end of the job's batch log (StdOut), for a failure message that says where the job was."""
-    from ogrpo.launch.slurm_cli import key_values
+    from ogrpo.launch.slurm.parse import key_values
 
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
     job = key_values(out.stdout)

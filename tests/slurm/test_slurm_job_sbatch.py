@@ -136,7 +136,7 @@ def test_submit_runs_the_file_render_writes(slurm_cluster, tmp_path, fake_entry_
 def toy_job(tmp_path: Path, name: str, steps: int):
     """A toy job rendered by the product's renderer: a 1-GPU server and a CPU trainer, 2 CPUs, 1 GiB each."""
     from ogrpo.jobspec import JobSpec, Step
-    from ogrpo.launch.sbatch import SlurmOptions
+    from ogrpo.launch.slurm.sbatch import SlurmOptions
     from ogrpo.launch.slurm import preflight
 
     job_dir = tmp_path / name

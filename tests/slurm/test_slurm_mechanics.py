@@ -13,7 +13,7 @@ import pytest
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import slurm as sl
 from ogrpo.launch.executor import SlurmExecutor
-from ogrpo.launch import slurm_query
+from ogrpo.launch.slurm import query as slurm_query
 
 from .conftest import TOY, ogrpo, processes_of_job, read_json, sacct_state, wait_for, wait_gone
 
@@ -33,7 +33,8 @@ def toy_spec(job_dir: Path, total: int) -> JobSpec:
 
 
 def submit_toy(job_dir: Path, total: int, **opts) -> str:
-    """Through the same path as `ogrpo submit`: preflight, job.sbatch (ogrpo.launch.sbatch.render_script), sbatch."""
+    """Through the same path as `ogrpo submit`: preflight, job.sbatch (ogrpo.launch.slurm.sbatch.render_script),
+    sbatch."""
     spec = toy_spec(job_dir, total)
     options = sl.SlurmOptions(gpus_per_node=3, time_min=opts.pop("time_min", 10), **opts)
     return SlurmExecutor(sl.preflight(spec, options)).submit(spec).job_id

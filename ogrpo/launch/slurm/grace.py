@@ -4,7 +4,7 @@ take, and what follows for the checkpoint frequency (`save_steps`) and the time-
 Two different warnings reach a job:
 - the time-limit warning (`#SBATCH --signal=B:USR2@delay`): the trainer finishes its step, saves and exits, and
   the supervisor stops the server and requeues. `delay` must cover one step, one save and the supervisor's own
-  stop; Slurm sends the warning up to 30 s early, never late (ogrpo.launch.sbatch.MIN_SIGNAL_DELAY_S).
+  stop; Slurm sends the warning up to 30 s early, never late (ogrpo.launch.slurm.sbatch.MIN_SIGNAL_DELAY_S).
 - SIGTERM, on `scontrol requeue`, a preemption or a node drain: SIGKILL follows after the cluster's KillWait
   (`scontrol show config`) — after the partition's GraceTime plus KillWait for a preemption on a cluster that
   preempts. When that window is shorter than a step plus a save, the running step is lost whatever the trainer
@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ogrpo.launch.slurm_cli import key_values
+from ogrpo.launch.slurm.parse import key_values, seconds
 
 # Unknown step time: long enough for a GRPO step of a <= 7B model with a server on one GPU node (10-60 s), and
 # for the CPU recipes (0.5-3 s a step on two cores) with room for a loaded machine.
@@ -52,28 +51,13 @@ QUERY_TIMEOUT_S = 3
 
 
 def _seconds(value: str | None) -> int | None:
-    """`5 sec`, `30`, `00:01:00`, `1-00:00:00` → seconds; None for NONE/UNLIMITED/empty."""
-    if value is None:
-        return None
-    v = value.strip().lower()
-    m = re.fullmatch(r"(\d+)\s*(sec|secs|s)?", v)
-    if m:
-        return int(m.group(1))
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d+):(\d+)", v)
-    if m:
-        d, h, mi, s = (int(x or 0) for x in m.groups())
-        return ((d * 24 + h) * 60 + mi) * 60 + s
-    return None
+    """`5 sec`, `30`, `00:01:00`, `1-00:00:00` → seconds; None for NONE/UNLIMITED/empty (ogrpo.launch.slurm.parse)."""
+    return seconds(value)
 
 
 def parse_config(text: str) -> dict[str, str]:
     """`scontrol show config` (`Key = Value` lines) → {Key: Value}."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() and " " not in key.strip():
-            out[key.strip()] = value.strip()
-    return out
+    return key_values(text, lines=True)
 
 
 def parse_partitions(text: str) -> list[dict[str, str]]:
@@ -135,13 +119,13 @@ _unread: str | None = None
 
 def query(partition: str | None = None) -> Grace | None:
     """The cluster's Grace from scontrol; None without Slurm or when the controller does not answer (quickly:
-    ogrpo.launch.slurm_cli.run_slurm), with the reason kept for `unread_reason`."""
+    ogrpo.launch.slurm.cli.run_slurm), with the reason kept for `unread_reason`."""
     global _unread
     _unread = None
     if shutil.which("scontrol") is None:
         return None
     from ogrpo.errors import OgrpoError
-    from ogrpo.launch.slurm_cli import conf_problem, configured, run_slurm, unanswered
+    from ogrpo.launch.slurm.cli import conf_problem, configured, run_slurm, unanswered
 
     try:
         cfg = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)

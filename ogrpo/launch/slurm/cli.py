@@ -34,17 +34,6 @@ def configured() -> bool:
     return os.path.isfile(os.environ.get("SLURM_CONF") or DEFAULT_CONF)
 
 
-def key_values(text: str) -> dict[str, str]:
-    """A record of `scontrol show job|partition -o` (`Key=Value` words) → {Key: Value}, the first value of a
-    repeated key. Values with spaces (a job's Comment=) are cut at the first one: no reader here needs them."""
-    out: dict[str, str] = {}
-    for word in text.split():
-        key, sep, value = word.partition("=")
-        if sep and key not in out:
-            out[key] = value
-    return out
-
-
 def controllers(conf_text: str) -> tuple[list[str], int]:
     """The controller addresses and port of a slurm.conf (`SlurmctldHost=name(addr)`, or the older
     ControlMachine/ControlAddr/BackupController/BackupAddr; `SlurmctldPort=6817[-6818]`)."""

@@ -182,7 +182,7 @@ def check() -> None:
         problems += [f"SlurmInfoWatcher lost its `{a}` attribute" for a in _WATCHER_STATE if not hasattr(probe, a)]
     if problems:
         raise PatchTargetMoved(f"patch {NAME} cannot apply to {LIBRARY} {version(LIBRARY)}: " + "; ".join(problems)
-                               + " (update ogrpo/launch/submitit_adapter.py)")
+                               + " (update ogrpo/launch/slurm/submitit_adapter.py)")
 
 
 _WATCHER_CLS = None
@@ -198,11 +198,11 @@ def _watcher_cls():
 
         class Watcher(SlurmInfoWatcher):
             def update(self) -> None:
-                """submitit's update with sacct run through ogrpo.launch.slurm_cli.run_slurm: a cluster that
+                """submitit's update with sacct run through ogrpo.launch.slurm.cli.run_slurm: a cluster that
                 cannot answer is one line within seconds (submitit's own call retries for a minute, printing
                 sacct's errors). A sacct that fails (a site without accounting) leaves the info as it was, as
-                submitit does; the controller then answers for the job (ogrpo.launch.slurm_query)."""
-                from ogrpo.launch.slurm_cli import run_slurm
+                submitit does; the controller then answers for the job (ogrpo.launch.slurm.query)."""
+                from ogrpo.launch.slurm.cli import run_slurm
 
                 command = self._make_command()
                 if command is None:

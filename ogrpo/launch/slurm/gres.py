@@ -1,6 +1,6 @@
 """Which partitions have GPUs of the plan's GRES type (`sinfo` GRES), checked before a job is submitted.
 
-A GPU plan asks for its type (`--gres=gpu:a40:3`, ogrpo.launch.sbatch): on a partition without that type Slurm
+A GPU plan asks for its type (`--gres=gpu:a40:3`, ogrpo.launch.slurm.sbatch): on a partition without that type Slurm
 would keep the job pending forever or refuse it with a generic message, and an untyped request could land a bf16
 plan on V100s. `check_gres_type` refuses (exit 2) naming the partitions that have the type.
 """

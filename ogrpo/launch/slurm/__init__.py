@@ -1,7 +1,7 @@
 """Slurm backend: job.sbatch's batch step runs the supervisor, which starts one `srun --exact` step per role.
 
 One batch script: `ogrpo render`, `ogrpo submit --dry-run` and `ogrpo submit` write the same job.sbatch
-(ogrpo.launch.sbatch.render_script: submitit's rendering of the supervisor command), and `submit` here hands that
+(ogrpo.launch.slurm.sbatch.render_script: submitit's rendering of the supervisor command), and `submit` here hands that
 file to `sbatch`, so `sbatch job.sbatch` by hand runs exactly the same job. Its body `exec`s
 `python -m ogrpo.launch.slurm supervise JOB_DIR`: the shared `ogrpo.launch.supervisor.Supervisor` (server and
 trainer started together, health wait, watchdog, teardown), with each step's command wrapped in `srun --exact`
@@ -47,7 +47,8 @@ from ogrpo.jobspec import JobSpec, Step, fill
 from ogrpo.launch import procs, stopping
 from ogrpo.launch.containers import Container, wrap
 from ogrpo.launch.ports import pick_slurm_ports, release_ports
-from ogrpo.launch.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
+from ogrpo.launch.slurm.parse import key_values, parsable_job_id
+from ogrpo.launch.slurm.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
     MIN_SIGNAL_DELAY_S, SlurmOptions, job_mem_gib, job_nodes, options_for, parse_passthrough, parse_time,
     request_flags,
 )
@@ -166,8 +167,7 @@ def node_addr(host: str) -> str:
     """The address Slurm knows for a node (NodeAddr; the node name where it sets none). A node's first
     `hostname -I` address can be a container bridge or a management network the other nodes cannot reach."""
     out = subprocess.run(["scontrol", "show", "node", host, "-o"], capture_output=True, text=True)
-    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
-    return m.group(1) if m else host
+    return (key_values(out.stdout).get("NodeAddr") if out.returncode == 0 else None) or host
 
 
 def _log(msg: str) -> None:
@@ -452,7 +452,7 @@ class SlurmSupervisor:
 
 
 def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    from ogrpo.launch.slurm_cli import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
+    from ogrpo.launch.slurm.cli import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
 
     return run_slurm(cmd, timeout)
 
@@ -537,7 +537,7 @@ def preflight(spec: JobSpec, opts: SlurmOptions) -> SlurmOptions:
         if accounts is not None and opts.account not in accounts:
             raise OgrpoError(f"unknown account {opts.account!r} for this user: use one of "
                              f"{', '.join(accounts) or '(none)'} (sacctmgr show assoc user=$USER)")
-    from ogrpo.launch.gres import check_gres_type
+    from ogrpo.launch.slurm.gres import check_gres_type
 
     check_gres_type(opts)  # a typed request (gpu:a40:3) on a partition without that type: name those with it
     have = max_gpus_per_node(opts.partition)
@@ -567,7 +567,7 @@ class Submitted:
 
 
 def supervisor_log(job_dir: str | Path, job_id: str | int) -> Path:
-    """Where the batch step's output goes (`#SBATCH --output`, ogrpo.launch.sbatch.directives)."""
+    """Where the batch step's output goes (`#SBATCH --output`, ogrpo.launch.slurm.sbatch.directives)."""
     return layout.slurm_output(job_dir, job_id)
 
 
@@ -592,16 +592,16 @@ def submit(spec: JobSpec, *, script: str | None = None) -> Submitted:
     # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
     # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
-    from ogrpo.launch.slurm_cli import run_slurm
+    from ogrpo.launch.slurm.cli import run_slurm
 
     out = run_slurm(["sbatch", "--parsable", str(path)], timeout=120, cwd=job_dir, env=env)
     if out.returncode != 0:
         raise OgrpoError(f"sbatch refused {path}: {_first_line(out.stderr) or out.returncode}")
-    job_id = out.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
+    job_id = parsable_job_id(out.stdout)
+    if job_id is None:
         raise LaunchError(f"sbatch printed no job id for {path}: {out.stdout.strip()!r}")
     (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
-    from ogrpo.launch.slurm_query import remember
+    from ogrpo.launch.slurm.query import remember
 
     remember(job_id, job_dir)
     return Submitted(
@@ -699,12 +699,3 @@ def _supervise_main(argv: list[str]) -> int:
         print(f"ogrpo: {exc}", file=sys.stderr, flush=True)
         return getattr(exc, "exit_code", 2)
     return rc if 0 <= rc < 256 else 1
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "step":
-        sys.exit(_step_main(sys.argv[2:]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "supervise":
-        sys.exit(_supervise_main(sys.argv[2:]))
-    else:
-        raise SystemExit("usage: python -m ogrpo.launch.slurm step|supervise ...")

@@ -1,5 +1,5 @@
 """The Slurm backend's job handle (SlurmJob): find a job by id or run directory, follow it through submitit
-(ogrpo.launch.submitit_adapter: its SlurmJob and batched sacct watcher), add what O-GRPO knows on top (requeue
+(ogrpo.launch.slurm.submitit_adapter: its SlurmJob and batched sacct watcher), add what O-GRPO knows on top (requeue
 count, steps, the run directory's records), cancel it.
 
 A job id maps to its run directory three ways: the run dir itself (`slurm/job_id`); the job's working directory
@@ -18,10 +18,11 @@ from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
-from ogrpo.launch import submitit_adapter
+from ogrpo.launch.slurm import submitit_adapter
 from ogrpo.launch.handle import ENDED, Job
 from ogrpo.launch.run_state import run_dir_state
-from ogrpo.launch.slurm_cli import key_values, require, run_slurm, unanswered
+from ogrpo.launch.slurm.cli import require, run_slurm, unanswered
+from ogrpo.launch.slurm.parse import key_values
 
 __all__ = ["SlurmJob", "JobRef", "resolve", "remember", "cluster_identity", "run_slurm", "status", "stream_logs",
            "cancel", "interrupt"]
@@ -36,11 +37,11 @@ def cluster_identity() -> dict[str, str]:
     """This machine's Slurm cluster: {cluster: ClusterName, controller: the first SlurmctldHost} from `scontrol
     show config`. A job id names a job only within its cluster (a new or a second cluster counts from 1 again).
     OgrpoError (one line) when Slurm is not installed here or cannot answer."""
-    from ogrpo.launch.grace import QUERY_TIMEOUT_S, parse_config
+    from ogrpo.launch.slurm.grace import QUERY_TIMEOUT_S
 
     out = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
     unanswered(out)
-    cfg = parse_config(out.stdout) if out.returncode == 0 else {}
+    cfg = key_values(out.stdout, lines=True) if out.returncode == 0 else {}
     if not cfg.get("ClusterName"):
         why = (out.stderr.strip().splitlines() or ["no ClusterName in its output"])[-1]
         raise OgrpoError(f"cannot tell which Slurm cluster this is (`scontrol show config`: {why})")
@@ -250,7 +251,7 @@ class SlurmJob(Job):
             stopping.request_cancel(run, self.job_id)
         self._job.cancel()
         if wait_s is None:
-            from ogrpo.launch.grace import query
+            from ogrpo.launch.slurm.grace import query
 
             grace = query()
             wait_s = (grace.kill_wait_s if grace else 30) + 60

@@ -5,7 +5,7 @@ Local means every role shares this node, so the server binds to loopback (never 
 exposes the dev-mode weight-update routes to the whole network) and both ports are fresh free ones, reserved so
 that two local jobs at once cannot collide.
 
-Either way the run records itself in JOB_DIR/local/state.json (ogrpo.launch.local_state) and writes the
+Either way the run records itself in JOB_DIR/local/state.json (ogrpo.launch.local.state) and writes the
 supervisor's messages to JOB_DIR/logs/supervisor.log, so a foreground run can be watched and stopped from another
 terminal just like a detached one.
 """
@@ -24,9 +24,9 @@ from typing import Callable, TextIO
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step
-from ogrpo.launch import local_state as ls
+from ogrpo.launch.local import state as ls
 from ogrpo.launch.handle import ENDED, Job
-from ogrpo.launch.local_state import STATE_FILE
+from ogrpo.launch.local.state import STATE_FILE
 from ogrpo.launch.ports import free_ports, release_ports
 from ogrpo.launch.procs import group_members
 from ogrpo.launch.supervisor import JobResult, Supervisor, log_tail
@@ -379,6 +379,3 @@ def _main(argv: list[str]) -> int:
         return exc.exit_code
     return rc if 0 <= rc < 256 else 1
 
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -15,6 +15,7 @@ from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.jobspec import build_jobspec, fill
 from ogrpo.plan import plan_from_config
+from ogrpo.planner.types import Plan
 from ogrpo.render import deepspeed_config, render_job, write_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,6 +125,7 @@ def _with_strategy(recipe, gpus, strategy):
     rc = load_run_config(recipe)
     p = plan_from_config(rc, gpus=gpus).to_dict()
     p["trainer"]["strategy"] = strategy
+    p = Plan.from_dict(p)
     return p, render_job(p, rc, build_jobspec(p, rc, "/jobs/x"))
 
 

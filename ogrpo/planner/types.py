@@ -18,12 +18,21 @@ from ogrpo.hardware import Cluster, GpuType
 from ogrpo.models import ModelFacts
 
 
-class Mode(StrEnum):
-    """Where generation runs: a vLLM server on its own GPUs, vLLM inside the trainer, or no vLLM (HF generate)."""
+def _choices(name: str, doc: str, values: str) -> type[StrEnum]:
+    """A StrEnum whose members are `values` (space-separated), each named as its value in capitals."""
+    kind = StrEnum(name, [(v.upper().replace("-", "_"), v) for v in values.split()], module=__name__)
+    kind.__doc__ = doc
+    return kind
 
-    SERVER = "server"
-    COLOCATE = "colocate"
-    NONE = "none"
+
+# Where generation runs: a vLLM server on its own GPUs, vLLM inside the trainer, or no vLLM (HF generate).
+Mode = _choices("Mode", "Where generation runs (server | colocate | none).", "server colocate none")
+# The trainer's precision (torch/vLLM names: ogrpo.dtypes).
+Precision = _choices("Precision", "The trainer's precision (fp32 | bf16 | fp16).", "fp32 bf16 fp16")
+# ogrpo.overlap: whether server and trainer work at the same time (ogrpo/overlap/pipeline.py).
+Overlap = _choices("Overlap", "ogrpo.overlap (off | lossless | one-step).", "off lossless one-step")
+# How a lossless run takes a batch from the server (ogrpo/planner/overlap_stream.py).
+OverlapStream = _choices("OverlapStream", "How a lossless run takes a batch (groups | batch).", "groups batch")
 
 
 class Strategy(StrEnum):
@@ -53,29 +62,6 @@ class Strategy(StrEnum):
         return 0 if self is Strategy.DDP else 2 if self is Strategy.ZERO2 else 3
 
 
-class Precision(StrEnum):
-    """The trainer's precision (torch/vLLM names: ogrpo.dtypes)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class Overlap(StrEnum):
-    """ogrpo.overlap: whether server and trainer work at the same time (ogrpo/overlap/pipeline.py)."""
-
-    OFF = "off"
-    LOSSLESS = "lossless"
-    ONE_STEP = "one-step"
-
-
-class OverlapStream(StrEnum):
-    """How a lossless run takes a batch from the server (ogrpo/planner/overlap_stream.py)."""
-
-    GROUPS = "groups"
-    BATCH = "batch"
-
-
 def _enum(kind, value):
     """`value` as a member of `kind` (None stays None)."""
     return None if value is None else kind(value)
@@ -84,6 +70,21 @@ def _enum(kind, value):
 def _plain_value(value):
     """A JSON/YAML-safe value: an enum member as its plain string (YAML's safe dumper refuses str subclasses)."""
     return value.value if isinstance(value, StrEnum) else value
+
+
+def _mapping(d, where: str) -> dict:
+    """`d` (None: empty) as the mapping a plan part is read from; TypeError (a damaged plan) otherwise."""
+    d = d or {}
+    if not isinstance(d, dict):
+        raise TypeError(f"plan.{where}: {d!r} is not a mapping")
+    return d
+
+
+class _Unset:
+    """Typed options whose None means "not set": left out of the JSON form, which keeps the fields' order."""
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 class _Section:
@@ -95,9 +96,7 @@ class _Section:
 
     @classmethod
     def from_dict(cls, d: dict | None):
-        d = d or {}
-        if not isinstance(d, dict):
-            raise TypeError(f"plan.{cls.__name__}: {d!r} is not a mapping")
+        d = _mapping(d, cls.__name__)
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
@@ -112,7 +111,7 @@ def _plain(value):
 
 
 @dataclass(frozen=True)
-class VllmArgs:
+class VllmArgs(_Unset):
     """The vLLM engine arguments the plan sets (`vllm serve` options), one typed field each, in the order of the
     JSON form. None: not set, left out of the JSON (a plan without vLLM has none; only a server gets
     `disable_log_stats`; the memory budget is either `gpu_memory_utilization`, a share of the device, or
@@ -130,15 +129,9 @@ class VllmArgs:
     logprobs_mode: str | None = None
     disable_log_stats: bool | None = None
 
-    def to_dict(self) -> dict:
-        """`vllm serve` option -> value, unset ones left out (the plan's JSON form)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
     @classmethod
     def from_dict(cls, d: dict | None) -> VllmArgs:
-        d = d or {}
-        if not isinstance(d, dict):
-            raise TypeError(f"plan.vllm.args: {d!r} is not a mapping")
+        d = _mapping(d, "vllm.args")
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"plan.vllm.args: unknown vLLM options {', '.join(unknown)}")
@@ -149,20 +142,15 @@ class VllmArgs:
 
 
 @dataclass(frozen=True)
-class Kernels:
+class Kernels(_Unset):
     """O-GRPO's own kernels (ogrpo/kernels) the plan turns on; None: not in the plan (one written before them)."""
 
     linear_logprobs: bool | None = None
     fused_sample: bool | None = None
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
     @classmethod
     def from_dict(cls, d: dict | None) -> Kernels:
-        d = d or {}
-        if not isinstance(d, dict):
-            raise TypeError(f"plan.kernels: {d!r} is not a mapping")
+        d = _mapping(d, "kernels")
         names = {f.name for f in fields(cls)}
         return cls(**{k: bool(v) for k, v in d.items() if k in names})
 
@@ -179,10 +167,7 @@ class TrainerArgs:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> TrainerArgs:
-        d = d or {}
-        if not isinstance(d, dict):
-            raise TypeError(f"plan.trainer_args: {d!r} is not a mapping")
-        return cls(dict(d))
+        return cls(dict(_mapping(d, "trainer_args")))
 
     def items(self):
         """(GRPOConfig key, value) in the plan's order: what the trainer's settings apply."""

@@ -57,13 +57,11 @@ def health_path(flavor: str) -> str:
 
 
 def plan_trl_version(plan) -> str:
-    """The TRL a plan's job runs under (a Plan or its dict form): a GPU plan the GPU images (both families), a CPU
+    """The TRL a plan's job runs under (a Plan): a GPU plan the GPU images (both families), a CPU
     plan the environment it is rendered in (it runs there): the CPU/CI stack, or the images' line in CI's second
     environment (requirements/trl19-cpu.lock); from package metadata, no import."""
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
-
-    if not rules_of(as_plan(plan)).runs_locally:
+    if not rules_of(plan).runs_locally:
         return IMAGE_TRL_VERSION
     return installed_trl_version() or CPU_TRL_VERSION
 

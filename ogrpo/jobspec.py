@@ -45,12 +45,10 @@ def fill(argv: list[str], values: dict[str, object]) -> list[str]:
 
 
 def build_jobspec(plan, run_config, job_dir) -> JobSpec:
-    """The steps of one job for a Plan (or its dict form): a server step when the plan has one, then the
+    """The steps of one job for a Plan: a server step when the plan has one, then the
     trainer."""
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
-
-    p = as_plan(plan)
+    p = plan
     rules = rules_of(p)
     host_gib = step_host_gib(p)
     steps: list[Step] = []

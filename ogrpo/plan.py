@@ -23,10 +23,10 @@ from ogrpo.planner.fixes import Fix, fixes_that_hold
 from ogrpo.planner.kernels import plan_kernels
 from ogrpo.lengths import DEFAULT_PROMPT_LENGTH
 from ogrpo.planner.placement import valid_tp_sizes
-from ogrpo.planner.types import BatchPart, Plan, TrainerPart, VllmPart, as_plan
+from ogrpo.planner.types import BatchPart, Kernels, Plan, TrainerArgs, TrainerPart, VllmArgs, VllmPart
 
 __all__ = ["CPU_VLLM_UTIL", "DEFAULT_PROMPT_LENGTH", "PROFILES", "BatchPart", "Fix", "Plan", "TrainerPart",
-           "VllmPart", "as_plan", "batch_rules", "make_plan", "plan_from_config", "plan_kernels", "valid_tp_sizes"]
+           "VllmPart", "batch_rules", "make_plan", "plan_from_config", "plan_kernels", "valid_tp_sizes"]
 
 
 def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "balanced",
@@ -62,7 +62,8 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                     tensor_parallel_size=place.tp if place.mode != "none" else 0,
                     data_parallel_size=place.dp if place.mode == "server" else 0,
                     memory_gib_per_gpu=round(vest.total_gib, 2) if vest else 0.0,
-                    memory_terms=vest.to_dict() if vest else {}, env={**place.server_env, **server_env}, args=vargs)
+                    memory_terms=vest.to_dict() if vest else {}, env={**place.server_env, **server_env},
+                    args=VllmArgs(**vargs))
     trainer = TrainerPart(nodes=place.trainer_nodes, gpus=place.trainer_gpus, num_gpus=n if rules.counts_gpus else 0,
                           num_processes=n, strategy=tfit.strategy,
                           memory_gib_per_gpu=round(tfit.estimate.total_gib, 2),
@@ -75,12 +76,12 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                                replan=lambda c, m, rc, prof: make_plan(c, m, rc, prof, check_fixes=False))
     return Plan(cluster=cluster, model=model, profile=profile, fits=fits, reasons=d.reasons,
                 fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=place.mode,
-                vllm=vllm, trainer=trainer, trainer_args=targs, env=env, settings=d.settings.items,
+                vllm=vllm, trainer=trainer, trainer_args=TrainerArgs(targs), env=env, settings=d.settings.items,
                 batch=BatchPart(**batch),
                 warnings=d.warnings + list(model.warnings) + ([] if model.exact_shapes else
                                        [f"{model.name}: shapes extrapolated from --params; activations are rough"]),
                 changes=d.changes.items, fix_actions=held,
-                kernels={name: on for name, (on, _) in tfit.kernels.items()})
+                kernels=Kernels(**{name: on for name, (on, _) in tfit.kernels.items()}))
 
 
 def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) -> None:

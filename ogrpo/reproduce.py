@@ -113,14 +113,23 @@ def drift(record: Record, installed: dict | None = None, git_sha: str | None = N
     return lines
 
 
+def _shown(value):
+    """A plan field as its JSON form (an enum as its string, a typed section as its dict), as records show it."""
+    from enum import Enum
+
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return value.value if isinstance(value, Enum) else value
+
+
 def plan_differences(recorded, now) -> list[str]:
     """The Plan fields that decide how a run executes, where today's planner chooses differently."""
     keys = ("precision", "attn_implementation", "mode", "trainer_args", "env")
-    out = [f"plan.{k}: {getattr(recorded, k)!r} -> {getattr(now, k)!r}" for k in keys
+    out = [f"plan.{k}: {_shown(getattr(recorded, k))!r} -> {_shown(getattr(now, k))!r}" for k in keys
            if getattr(recorded, k) != getattr(now, k)]
     for role, fields in (("trainer", ("num_processes", "strategy")),
                          ("vllm", ("tensor_parallel_size", "data_parallel_size", "args"))):
         a, b = getattr(recorded, role), getattr(now, role)
-        out += [f"plan.{role}.{k}: {getattr(a, k)!r} -> {getattr(b, k)!r}" for k in fields
+        out += [f"plan.{role}.{k}: {_shown(getattr(a, k))!r} -> {_shown(getattr(b, k))!r}" for k in fields
                 if getattr(a, k) != getattr(b, k)]
     return out

@@ -4,6 +4,7 @@ serve` and real trainer processes). Shared by tests/test_overlap.py and tests/tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def run_job(tmp: Path, mode: str, gpus: str = "2xcpu", steps: int = 3, ogrpo: di
     cfg.write_text(yaml.safe_dump(recipe))
     rc = load_run_config(str(cfg))
     plan = plan_from_config(rc, gpus=gpus)
-    plan.vllm.args.update(DETERMINISTIC_SERVER)
+    plan.vllm = dataclasses.replace(plan.vllm, args=dataclasses.replace(plan.vllm.args, **DETERMINISTIC_SERVER))
     job_dir = tmp / "job"
     spec = build_jobspec(plan, rc, str(job_dir))
     write_job(render_job(plan, rc, spec), str(job_dir))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ogrpo.planner.types import Mode
 from ogrpo import compat
 from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
@@ -94,9 +95,9 @@ SETTINGS_KEYS = {"vllm_server_base_url", "use_vllm", "vllm_mode", "output_dir", 
 def _all_trainer_keys(basic_recipe, tiny_recipe):
     keys: dict[str, str] = {}
     for gpus, model in PLANS:
-        keys.update({k: gpus for k in _plan(basic_recipe, gpus, model)[1].trainer_args})
+        keys.update({k: gpus for k in _plan(basic_recipe, gpus, model)[1].trainer_args.to_dict()})
     for gpus in CPU_PLANS:
-        keys.update({k: gpus for k in _plan(tiny_recipe, gpus)[1].trainer_args})
+        keys.update({k: gpus for k in _plan(tiny_recipe, gpus)[1].trainer_args.to_dict()})
     return keys
 
 
@@ -181,8 +182,8 @@ def test_vllm_api_argv_is_the_default_on_the_cpu_line(tmp_path):
                                         ("2xcpu", "/health")])
 def test_health_path_in_jobspec_and_sbatch(basic_recipe, tiny_recipe, gpus, path):
     rc, plan = _plan(tiny_recipe if "cpu" in gpus else basic_recipe, gpus)
-    assert plan.mode == "server"
-    assert compat.plan_server_flavor(plan.to_dict()) == (compat.VLLM_API if "cpu" in gpus
+    assert plan.mode is Mode.SERVER
+    assert compat.plan_server_flavor(plan) == (compat.VLLM_API if "cpu" in gpus
                                                           else compat.TRL_VLLM_SERVE)
     spec = build_jobspec(plan, rc, "/jobs/x")
     assert spec.health_path == path

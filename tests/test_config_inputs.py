@@ -253,7 +253,7 @@ def test_model_init_kwargs_attention_wins_and_is_listed(tmp_path):
                    "model_init_kwargs:\n  attn_implementation: eager\n")
     _, plan = load_and_plan(str(cfg), "3xA40", None, None, None, None)
     assert plan.attn_implementation == "eager"
-    assert plan.trainer_args["model_init_kwargs"]["attn_implementation"] == "eager"
+    assert plan.trainer_args.to_dict()["model_init_kwargs"]["attn_implementation"] == "eager"
     c = plan.change("attn_implementation")
     assert c is not None and (c.old, c.new) == ("flash_attention_2", "eager")
     with pytest.raises(ConfigError, match="attn_implementation would change"):

@@ -23,6 +23,7 @@ import yaml
 from ogrpo.config import load_run_config
 from ogrpo.errors import ConfigError
 from ogrpo.plan import plan_from_config
+from ogrpo.planner.types import Strategy
 from ogrpo.render import accelerate_config, deepspeed_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_cpu_plan_honours_the_strategy_and_says_why(tmp_path, strategy):
     assert s.value == strategy and f"ogrpo.strategy {strategy}" in s.reason and "gloo" in s.reason
     # without the option a CPU plan stays on DDP, and says how to get ZeRO
     default = _plan(tmp_path)
-    assert default.trainer.strategy == "ddp" and "ogrpo.strategy" in _setting(default, "trainer.strategy").reason
+    assert default.trainer.strategy is Strategy.DDP and "ogrpo.strategy" in _setting(default, "trainer.strategy").reason
 
 
 def test_gpu_plan_takes_the_strategy_instead_of_the_cheapest_that_fits(tmp_path):
@@ -80,8 +81,8 @@ def test_gpu_plan_takes_the_strategy_instead_of_the_cheapest_that_fits(tmp_path)
     (tmp_path / "zero3.yaml").write_text(text + "ogrpo:\n  strategy: zero3\n")
     chosen = plan_from_config(load_run_config(str(tmp_path / "zero3.yaml")), gpus="4xA40")
     auto = plan_from_config(load_run_config(str(tmp_path / "auto.yaml")), gpus="4xA40")
-    assert auto.trainer.strategy == "ddp"
-    assert chosen.fits and chosen.trainer.strategy == "zero3"
+    assert auto.trainer.strategy is Strategy.DDP
+    assert chosen.fits and chosen.trainer.strategy is Strategy.ZERO3
     assert chosen.trainer.memory_gib_per_gpu < auto.trainer.memory_gib_per_gpu  # sharded weights
 
 

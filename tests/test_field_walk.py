@@ -178,7 +178,7 @@ def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
     assert changes["torch_dtype"]["to"] == "float32" and init["dtype"] == "float32"
     assert init["attn_implementation"] == "eager" == plan.attn_implementation and "attn_implementation" not in changes
     assert plan.batch.prompt_length == 40
-    assert plan.vllm.args["enable_prefix_caching"] is False
+    assert plan.vllm.args.to_dict()["enable_prefix_caching"] is False
     assert (plan.env["WANDB_PROJECT"], plan.env["WANDB_ENTITY"], plan.env["WANDB_RUN_GROUP"]) == ("p", "e", "g")
     for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split", "code_provider"):
         assert key in changes and changes[key]["reason"], key

@@ -4,6 +4,7 @@ policy it gives (save_steps, signal lead time, warnings), and the trainer's SIGT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -68,7 +69,7 @@ def test_seconds(text, secs):
 
 def test_short_kill_wait_checkpoints_every_step_and_warns():
     rc, plan = _plan()
-    p = plan.to_dict()
+    p = plan
     g = grace.grace_from(CONFIG, PARTITION)
     pol = grace.policy(p, rc.trl, grace=g, step=(3.0, "measured"), signal_delay_s=None)
     # one step (with margin) + the tiny model's save do not fit in 5 s
@@ -85,25 +86,25 @@ def test_short_kill_wait_checkpoints_every_step_and_warns():
 def test_a_long_enough_window_changes_nothing():
     rc, plan = _plan()
     g = grace.grace_from(PREEMPTING_CONFIG, PARTITION + SCAVENGER, "scavenger")
-    pol = grace.policy(plan.to_dict(), rc.trl, grace=g, step=(2.0, "measured"), signal_delay_s=None)
+    pol = grace.policy(plan, rc.trl, grace=g, step=(2.0, "measured"), signal_delay_s=None)
     assert pol.save_steps is None and not pol.warnings and not pol.changes
     # without a cluster, nothing is known about SIGTERM: no change either
-    assert grace.policy(plan.to_dict(), rc.trl, grace=None, step=(2.0, "m"), signal_delay_s=None).save_steps is None
+    assert grace.policy(plan, rc.trl, grace=None, step=(2.0, "m"), signal_delay_s=None).save_steps is None
 
 
 def test_already_every_step_or_no_step_checkpoints_only_warn():
     rc, plan = _plan()
     g = grace.grace_from(CONFIG, PARTITION)
-    every = grace.policy(plan.to_dict(), {**rc.trl, "save_steps": 1}, grace=g, step=(3.0, "m"), signal_delay_s=None)
+    every = grace.policy(plan, {**rc.trl, "save_steps": 1}, grace=g, step=(3.0, "m"), signal_delay_s=None)
     assert every.save_steps is None and not every.changes and "save_steps is 1" in every.warnings[0]
-    epoch = grace.policy(plan.to_dict(), {**rc.trl, "save_strategy": "epoch"}, grace=g, step=(3.0, "m"),
+    epoch = grace.policy(plan, {**rc.trl, "save_strategy": "epoch"}, grace=g, step=(3.0, "m"),
                          signal_delay_s=None)
     assert epoch.save_steps is None and "save_strategy 'epoch'" in epoch.warnings[0]
 
 
 def test_signal_lead_time_follows_step_and_save_time():
     rc, plan = _plan("8xA100-80G")
-    p = plan.to_dict()
+    p = plan
     slow = grace.policy(p, rc.trl, grace=None, step=(120.0, "m"), signal_delay_s=None)
     # 120 s x 1.25 + a 2 s save + 20 s for the supervisor's stop
     assert slow.signal_delay_s == grace.lead_time_s(120.0, slow.save_s) == 172
@@ -115,15 +116,14 @@ def test_signal_lead_time_follows_step_and_save_time():
 
 def test_save_estimate_grows_with_the_model():
     _, tiny = _plan()
-    p = tiny.to_dict()
-    assert grace.save_estimate_s(p) == pytest.approx(grace.SAVE_FIXED_S, abs=0.1)
-    big = {**p, "model": {**p["model"], "params": 7e9}}
+    assert grace.save_estimate_s(tiny) == pytest.approx(grace.SAVE_FIXED_S, abs=0.1)
+    big = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, params=7e9))
     assert grace.save_estimate_s(big) == pytest.approx(2 + 7e9 * 16 / 1e9)  # 114 s at 1 GB/s
 
 
 def test_step_time_sources(tmp_path):
     _, plan = _plan()
-    p = plan.to_dict()
+    p = plan
     assert grace.step_estimate(p) == (10.0, "default for CPU plans (set ogrpo.step_time_s)")
     run = tmp_path / "run"
     run.mkdir()

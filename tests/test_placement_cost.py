@@ -11,6 +11,7 @@ import pytest
 from ogrpo.config import load_run_config
 from ogrpo.plan import plan_from_config
 from ogrpo.planner import costs
+from ogrpo.planner.types import Mode
 
 TINY_PARAMS = 10_000_000  # near conftest's TINY_CONFIG; the table below is interpolated to the model anyway
 # Inside the trainer is cheaper: HF generate about as fast as the server, and every server step pays a push.
@@ -78,7 +79,7 @@ def test_choice_flips_with_the_numbers_and_is_listed(cost_table, write_recipe, t
     p = _plan(write_recipe, tiny_model_dir)
     c = _expected(p, SLOW_SERVER)
     assert c.mode == "none"
-    assert p.mode == "none" and p.trainer_args["use_vllm"] is False and p.trainer.num_processes == 2
+    assert p.mode is Mode.NONE and p.trainer_args.to_dict()["use_vllm"] is False and p.trainer.num_processes == 2
     s = _setting(p, "generation")
     assert s.value.startswith("inside the trainer")
     # the numbers the choice was made with, as computed from the table
@@ -89,11 +90,11 @@ def test_choice_flips_with_the_numbers_and_is_listed(cost_table, write_recipe, t
     cost_table(FAST_SERVER)
     p = _plan(write_recipe, tiny_model_dir)
     c = _expected(p, FAST_SERVER)
-    assert c.mode == "server" and p.mode == "server" and p.trainer_args["vllm_mode"] == "server"
+    assert c.mode == "server" and p.mode is Mode.SERVER and p.trainer_args.to_dict()["vllm_mode"] == "server"
     assert _setting(p, "generation").value == "a vLLM server"
     change = next(ch for ch in p.changes if ch.key == "use_vllm")
     assert (change.old, change.new) == (False, True) and f"{c.server_s:.3f} s/step" in change.reason
-    assert p.vllm.args["dtype"] == "float32"  # no bf16 units on this (pretend) CPU
+    assert p.vllm.args.to_dict()["dtype"] == "float32"  # no bf16 units on this (pretend) CPU
 
 
 @pytest.mark.parametrize("extra", ["use_vllm: true\n", "vllm_mode: server\n", "ogrpo_use_vllm"],
@@ -106,22 +107,22 @@ def test_user_choice_wins(cost_table, write_recipe, tiny_model_dir, extra):
         p = plan_from_config(load_run_config(path), gpus="2xcpu")
     else:
         p = _plan(write_recipe, tiny_model_dir, extra)
-    assert p.mode == "server" and _setting(p, "generation") is None
+    assert p.mode is Mode.SERVER and _setting(p, "generation") is None
 
 
 def test_user_choice_wins_the_other_way(cost_table, write_recipe, tiny_model_dir):
     cost_table(FAST_SERVER)  # the table says: a server
     p = _plan(write_recipe, tiny_model_dir, "use_vllm: false\n")
-    assert p.mode == "none" and _setting(p, "generation") is None
+    assert p.mode is Mode.NONE and _setting(p, "generation") is None
 
 
 def test_bf16_server_only_with_the_cpu_flag(cost_table, write_recipe, tiny_model_dir):
     cost_table(FAST_SERVER, flags={"avx512f", "amx_bf16"})
     p = _plan(write_recipe, tiny_model_dir)
     c = _expected(p, FAST_SERVER, bf16=True)
-    assert c.server_dtype == "bfloat16" and p.mode == "server"
-    assert p.vllm.args["dtype"] == "bfloat16"
-    assert p.trainer_args["vllm_importance_sampling_correction"] is True
+    assert c.server_dtype == "bfloat16" and p.mode is Mode.SERVER
+    assert p.vllm.args.to_dict()["dtype"] == "bfloat16"
+    assert p.trainer_args.to_dict()["vllm_importance_sampling_correction"] is True
     change = next(ch for ch in p.changes if ch.key == "vllm.dtype")
     assert (change.old, change.new) == ("float32", "bfloat16")
     assert "amx_bf16" in change.reason and f"{c.server_s:.3f} s vs {c.fp32_server_s:.3f} s" in change.reason
@@ -129,12 +130,12 @@ def test_bf16_server_only_with_the_cpu_flag(cost_table, write_recipe, tiny_model
 
     cost_table(FAST_SERVER, flags={"avx512f"})  # no bf16 units
     p = _plan(write_recipe, tiny_model_dir)
-    assert p.mode == "server" and p.vllm.args["dtype"] == "float32"
+    assert p.mode is Mode.SERVER and p.vllm.args.to_dict()["dtype"] == "float32"
     assert not any(ch.key == "vllm.dtype" for ch in p.changes)
 
     cost_table(FAST_SERVER, flags={"amx_bf16"})  # the correction turned off in the recipe: no bf16 server
     p = _plan(write_recipe, tiny_model_dir, "vllm_importance_sampling_correction: false\n")
-    assert p.vllm.args["dtype"] == "float32"
+    assert p.vllm.args.to_dict()["dtype"] == "float32"
 
 
 def test_shipped_table_sends_tiny_into_the_trainer(write_recipe, tiny_model_dir):
@@ -143,7 +144,7 @@ def test_shipped_table_sends_tiny_into_the_trainer(write_recipe, tiny_model_dir)
     table = costs.table()
     assert table["entries"] and all(e["device"] == "cpu" for e in table["entries"])
     p = _plan(write_recipe, tiny_model_dir)
-    assert p.mode == "none" and "measured per-token costs" in _setting(p, "generation").reason
+    assert p.mode is Mode.NONE and "measured per-token costs" in _setting(p, "generation").reason
 
 
 def test_regenerating_some_sizes_keeps_the_others_measured_the_same_way():

@@ -12,6 +12,7 @@ from ogrpo.errors import ConfigError, OgrpoError
 from ogrpo.hardware import parse_gpus
 from ogrpo.models import resolve_model
 from ogrpo.plan import make_plan, plan_from_config, valid_tp_sizes
+from ogrpo.planner.types import Mode, Precision, Strategy
 
 CONTRACT_KEYS = {"fits", "reasons", "fixes", "precision", "attn_implementation", "mode", "vllm", "trainer",
                  "trainer_args", "env", "settings"}
@@ -64,9 +65,9 @@ def test_v100_adapts_a40_settings_and_lists_each_change(write_recipe):
     text = ("model_name_or_path: Qwen/Qwen2.5-0.5B\nbf16: true\ntorch_dtype: bfloat16\n"
             "attn_implementation: flash_attention_2\ntf32: true\n")
     p = _plan(write_recipe(text), "4xV100")
-    assert p.precision == "fp16" and p.attn_implementation == "sdpa"
-    assert p.trainer_args["fp16"] is True and p.trainer_args["bf16"] is False and p.trainer_args["tf32"] is False
-    assert p.trainer_args["model_init_kwargs"] == {"attn_implementation": "sdpa", "dtype": "float32"}
+    assert p.precision is Precision.FP16 and p.attn_implementation == "sdpa"
+    assert p.trainer_args.to_dict()["fp16"] is True and p.trainer_args.to_dict()["bf16"] is False and p.trainer_args.to_dict()["tf32"] is False
+    assert p.trainer_args.to_dict()["model_init_kwargs"] == {"attn_implementation": "sdpa", "dtype": "float32"}
     ch = _changes(p)
     assert ch["bf16"] == (True, False) and ch["attn_implementation"] == ("flash_attention_2", "sdpa")
     assert ch["tf32"] == (True, False) and ch["torch_dtype"] == ("bfloat16", "float32")
@@ -76,7 +77,7 @@ def test_v100_adapts_a40_settings_and_lists_each_change(write_recipe):
     assert "bf16" not in a40 and "attn_implementation" not in a40 and "tf32" not in a40
     assert a40["torch_dtype"] == ("bfloat16", "float32")
     # A user's tf32: false on an Ampere GPU is honored, not overridden.
-    assert _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\ntf32: false\n"), "3xA40").trainer_args[
+    assert _plan(write_recipe("model_name_or_path: Qwen/Qwen2.5-0.5B\ntf32: false\n"), "3xA40").trainer_args.to_dict()[
         "tf32"] is False
 
 
@@ -98,8 +99,8 @@ def test_vllm_settings_from_the_recipe(write_recipe):
     # Set explicitly, they keep their meaning: colocated, with the recipe's share of the device.
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: colocate\nvllm_gpu_memory_utilization: 0.35\n",
                            "c.yaml"), "3xA40")
-    assert p.mode == "colocate" and p.trainer_args["vllm_gpu_memory_utilization"] == 0.35
-    assert p.vllm.args["gpu_memory_utilization"] == 0.35
+    assert p.mode is Mode.COLOCATE and p.trainer_args.to_dict()["vllm_gpu_memory_utilization"] == 0.35
+    assert p.vllm.args.to_dict()["gpu_memory_utilization"] == 0.35
     # the vLLM keys are kept; what is listed is what the plan sets for keys the recipe leaves unset (TF32 ...)
     assert not {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"} & set(_changes(p))
     assert all("not set in the recipe" in c.reason for c in p.changes)
@@ -107,9 +108,9 @@ def test_vllm_settings_from_the_recipe(write_recipe):
     p = _plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_gpu_memory_utilization: 0.7\n"
                            "vllm_tensor_parallel_size: 2\nvllm_data_parallel_size: 2\nnum_processes: 4\n", "s.yaml"),
               "8xA40")
-    assert p.vllm.args["gpu_memory_utilization"] == 0.7
+    assert p.vllm.args.to_dict()["gpu_memory_utilization"] == 0.7
     assert (p.vllm.tensor_parallel_size, p.vllm.data_parallel_size, p.vllm.gpus) == (2, 2, [0, 1, 2, 3])
-    assert p.vllm.args["data_parallel_size"] == 2 and p.trainer.num_processes == 4
+    assert p.vllm.args.to_dict()["data_parallel_size"] == 2 and p.trainer.num_processes == 4
     assert all("not set in the recipe" in c.reason for c in p.changes)  # nothing the recipe set is changed
     # One that cannot be kept is listed with its reason: TP 5 does not divide 12 heads.
     ch = _changes(_plan(write_recipe(base + "use_vllm: true\nvllm_mode: server\nvllm_tensor_parallel_size: 5\n",
@@ -124,14 +125,14 @@ def test_deepspeed_eval_and_output_dir_are_reported(write_recipe):
     # x 1.544e9 = 23.0 GiB), the larger of its gradients (4 B/param, 5.75) and activations + logits chunk
     # (1.3 + 0.37), + 1 = 29.75 GiB, over 4xV100-16G's 14.4: ZeRO-2 (11.4 GiB), with the plan's own DeepSpeed file.
     p = _plan(write_recipe(text), "4xV100-16G")
-    assert p.trainer.strategy == "zero2"
+    assert p.trainer.strategy is Strategy.ZERO2
     ch = _changes(p)
     assert ch["deepspeed"] == ("ds/zero3.json", "deepspeed.json")
-    assert p.trainer_args["deepspeed"] is None and p.trainer_args["eval_strategy"] == "no"
+    assert p.trainer_args.to_dict()["deepspeed"] is None and p.trainer_args.to_dict()["eval_strategy"] == "no"
     assert ch["eval_strategy"] == ("steps", "no") and ch["output_dir"][0] == "data/x"
     # On 3xA40 DDP fits (29.75 of 40.5 GiB): the recipe's file is dropped and none replaces it.
     ddp = _plan(write_recipe(text, "ddp.yaml"), "3xA40")
-    assert ddp.trainer.strategy == "ddp" and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
+    assert ddp.trainer.strategy is Strategy.DDP and _changes(ddp)["deepspeed"] == ("ds/zero3.json", None)
 
 
 def test_one_gpu_colocates(basic_recipe):
@@ -195,20 +196,20 @@ def test_strategy_escalates_with_memory(basic_recipe):
     # fp32 weights, Adam and all-reduce buckets (4 + 8 + 4 B/param, 23.0 GiB) + the larger of the gradients
     # (4 B/param, 5.75) and activations + logits (1.95 + 0.37) + 1 = 29.75 GiB: fits an A40 (40.5), not a
     # V100-32G (28.8).
-    assert _plan(basic_recipe, "3xA40").trainer.strategy == "ddp"
+    assert _plan(basic_recipe, "3xA40").trainer.strategy is Strategy.DDP
     # V100-32G and V100-16G (14.4): ZeRO-2 over 3 ranks, (2 + 12 / 3) B/param (8.6 GiB) + the larger of the
     # gradient partition (2 / 3 B/param, 1.0) and activations + logits (2.32) + 1 = 11.9 GiB.
-    assert _plan(basic_recipe, "4xV100-32G").trainer.strategy == "zero2"
-    assert _plan(basic_recipe, "4xV100-16G").trainer.strategy == "zero2"
+    assert _plan(basic_recipe, "4xV100-32G").trainer.strategy is Strategy.ZERO2
+    assert _plan(basic_recipe, "4xV100-16G").trainer.strategy is Strategy.ZERO2
     # 2xV100-16G: one trainer GPU shards nothing; only offloading the optimizer (4 B/param, 5.8 GiB) fits.
-    assert _plan(basic_recipe, "2xV100-16G").trainer.strategy == "zero3_offload"
+    assert _plan(basic_recipe, "2xV100-16G").trainer.strategy is Strategy.ZERO3_OFFLOAD
     # TRL's own log-prob path (kernels off) with 2048-token completions holds B x C x V x 8 B = 18.5 GiB of
     # logits: DDP needs 17.3 (weights, Adam) + 5.75 buckets + 3.25 activations + 18.5 logits (they outweigh the
     # 5.75 of gradients) + 1 = 45.8 GiB > 40.5 on an A40 (the kernel's chunk: 29.75), so the same run escalates
     # to ZeRO-2 there.
     long = {"max_completion_length": 2048}
-    assert _plan(basic_recipe, "3xA40", **long).trainer.strategy == "ddp"
-    assert _plan(basic_recipe, "3xA40", **long, ogrpo={"kernels": False}).trainer.strategy == "zero2"
+    assert _plan(basic_recipe, "3xA40", **long).trainer.strategy is Strategy.DDP
+    assert _plan(basic_recipe, "3xA40", **long, ogrpo={"kernels": False}).trainer.strategy is Strategy.ZERO2
 
 
 def test_7b_on_8xa40_takes_zero2(basic_recipe):
@@ -227,14 +228,14 @@ def test_7b_on_8xa40_takes_zero2(basic_recipe):
     assert ddp > budget >= zero2  # the cheapest that fits is ZeRO-2 (ZeRO-3 would shard more, for nothing)
     p = _plan(basic_recipe, "8xA40", model="Qwen/Qwen2.5-7B-Instruct")
     assert p.fits and p.trainer.num_processes == n and p.trainer.gradient_checkpointing
-    assert p.trainer.strategy == "zero2"
+    assert p.trainer.strategy is Strategy.ZERO2
     assert abs(p.trainer.memory_gib_per_gpu - zero2) < 0.1 and p.trainer.memory_terms["budget_gib"] == budget
 
 
 def test_no_fit_names_fixes(basic_recipe):
     # (1.5B fits one V100-16G with ZeRO-3 + optimizer offload: the GPU keeps only the fp16 weights, 2.9 GiB; 7.6B
     # does not, with 14.2 GiB of fp16 weights.)
-    assert _plan(basic_recipe, "1xV100-16G").trainer.strategy == "zero3_offload"
+    assert _plan(basic_recipe, "1xV100-16G").trainer.strategy is Strategy.ZERO3_OFFLOAD
     p = _plan(basic_recipe, "1xV100-16G", model="Qwen/Qwen2.5-7B-Instruct")
     assert not p.fits and p.reasons and p.fixes
     assert [f.text for f in p.fix_actions] == p.fixes
@@ -329,7 +330,7 @@ def test_cpu_kv_budget_beyond_the_host_share_does_not_fit(tiny_recipe):
 
 def test_cpu_without_vllm(tiny_recipe):
     p = _plan(tiny_recipe, "2xcpu", **{"use_vllm": False})
-    assert p.mode == "none" and p.trainer.num_processes == 2 and p.trainer_args["use_vllm"] is False
+    assert p.mode is Mode.NONE and p.trainer.num_processes == 2 and p.trainer_args.to_dict()["use_vllm"] is False
 
 
 def test_profiles(basic_recipe):
@@ -372,7 +373,7 @@ def test_prompt_length_default_fits_small_models(write_recipe):
     p = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 32\nuse_vllm: true\n"
                            "per_device_train_batch_size: 4\nnum_generations: 4\n"), "2xcpu")
     assert p.fits, p.reasons
-    assert p.batch.prompt_length == 224 and p.vllm.args["max_model_len"] == 256
+    assert p.batch.prompt_length == 224 and p.vllm.args.to_dict()["max_model_len"] == 256
     too_long = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 200\n"
                                   "num_generations: 4\nper_device_train_batch_size: 4\n"
                                   "ogrpo:\n  max_prompt_length: 128\n", "long.yaml"), "2xcpu")
@@ -385,7 +386,7 @@ def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):
     # (the GPU keeps the 14.2 GiB of fp16 weights; DeepSpeed holds the gradients and optimizer in host RAM), DDP
     # does not, and with DDP pinned LoRA is the fix named.
     auto = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct")
-    assert auto.fits and auto.trainer.strategy == "zero3_offload"
+    assert auto.fits and auto.trainer.strategy is Strategy.ZERO3_OFFLOAD
     ddp = {"strategy": "ddp"}
     p = _plan(basic_recipe, "1xA40", model="Qwen/Qwen2.5-7B-Instruct", ogrpo=ddp).to_dict()
     assert p["mode"] == "colocate"
@@ -444,7 +445,7 @@ def test_every_catalog_gpu_follows_its_facts(basic_recipe):
         want = "fp32" if gpu.is_cpu else "bf16" if gpu.bf16 else "fp16"
         assert p.precision == want, name
         assert p.attn_implementation == ("flash_attention_2" if gpu.fa2 else "sdpa"), name
-        assert p.trainer_args.get("tf32", False) is gpu.tf32, name
+        assert p.trainer_args.to_dict().get("tf32", False) is gpu.tf32, name
         assert (p.trainer.num_gpus == 0) is gpu.is_cpu, name
 
 
@@ -471,7 +472,7 @@ def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(writ
     # The cheapest that fits: ZeRO-2. The whole base and half-precision adapters on each GPU (2P + 2T), the
     # adapters' gradients (2T / 8) and fp32 master + Adam (12T / 8) sharded.
     auto = _plan(write_recipe(LORA_MOE), "2x8xA100-80G")
-    assert auto.fits and auto.trainer.strategy == "zero2" and auto.trainer.num_processes == n
+    assert auto.fits and auto.trainer.strategy is Strategy.ZERO2 and auto.trainer.num_processes == n
     terms = auto.trainer.memory_terms["terms"]
     assert terms["weights"] == pytest.approx((2 * P + 2 * T) / GiB, abs=1e-3)
     assert terms["optimizer"] == pytest.approx(12 * T / n / GiB, abs=1e-3)
@@ -482,7 +483,7 @@ def test_lora_strategy_is_chosen_by_memory_and_zero3_shards_the_frozen_base(writ
     # 2 (P + T) beside the partitions, less the loss step's activations, logits and layer gathers it replaces.
     z3 = _plan(write_recipe(LORA_MOE + "ogrpo:\n  strategy: zero3\n", "z3.yaml"), "2x8xA100-80G")
     t3 = z3.trainer.memory_terms["terms"]
-    assert z3.fits and z3.trainer.strategy == "zero3"
+    assert z3.fits and z3.trainer.strategy is Strategy.ZERO3
     assert t3["weights"] == pytest.approx((2 * P + 2 * T) / n / GiB, abs=1e-3)
     assert t3["zero3_lora_full_gather"] == pytest.approx(
         2 * (P + T) / GiB - t3["activations"] - t3["logits"] - t3["zero3_gather"], abs=5e-3)
@@ -571,7 +572,7 @@ def test_zero3_offload_keeps_gradients_off_the_gpu_qwen3_30b_on_v100s(basic_reci
 
     p = _plan(basic_recipe, "8xV100-32G", model="Qwen/Qwen3-30B-A3B")
     t = p.trainer
-    assert p.fits and t.strategy == "zero3_offload" and t.num_processes == 4
+    assert p.fits and t.strategy is Strategy.ZERO3_OFFLOAD and t.num_processes == 4
     P = p.model.params
     assert t.memory_terms["terms"]["gradients"] == 0 and t.memory_gib_per_gpu < 22
     assert sum(t.memory_terms["host_terms"].values()) == pytest.approx(18 * P / 4 / 2**30, abs=0.01)
@@ -590,7 +591,7 @@ def test_one_gpu_no_fit_names_the_ddp_figure(basic_recipe, write_recipe):
     p = _plan(write_recipe(text), "1xH100")
     assert not p.fits and p.trainer.num_processes == 1
     reason = next(r for r in p.reasons if r.startswith("trainer:"))
-    assert p.trainer.strategy == "ddp" and "with DDP" in reason and "gather" not in reason
+    assert p.trainer.strategy is Strategy.DDP and "with DDP" in reason and "gather" not in reason
     assert reason.startswith(f"trainer: {p.trainer.memory_gib_per_gpu:.1f} GiB per GPU needed")
     # DDP's own estimate, as the plan's inputs give it
     b = p.batch
@@ -600,7 +601,7 @@ def test_one_gpu_no_fit_names_the_ddp_figure(basic_recipe, write_recipe):
                            micro_batch=b.per_device_train_batch_size, prompt_len=b.prompt_length,
                            completion_len=b.completion_length, gradient_checkpointing=p.trainer.gradient_checkpointing,
                            beta=0.0, lora=lora_spec({"use_peft": True}, p.precision),
-                           fused_logprobs=bool(p.kernels.get("linear_logprobs")),
+                           fused_logprobs=bool(p.kernels.to_dict().get("linear_logprobs")),
                            grad_accumulation_steps=b.gradient_accumulation_steps)
     assert f"{ddp.total_gib:.1f} GiB per GPU needed" in reason
 
@@ -612,7 +613,7 @@ def test_many_trainer_nodes_on_one_server_node_is_a_note_with_numbers(basic_reci
     assert p.vllm.nodes == [0] and len(p.trainer.nodes) == 999
     note = next(w for w in p.warnings if "one vLLM server node" in w)
     gbs = p.batch.generation_batch_size
-    at_once = min(p.vllm.args["max_num_seqs"], p.vllm.memory_terms["max_concurrent_seqs"]) * p.vllm.data_parallel_size
+    at_once = min(p.vllm.args.to_dict()["max_num_seqs"], p.vllm.memory_terms["max_concurrent_seqs"]) * p.vllm.data_parallel_size
     assert gbs == 8 * 999 * 8 and "999 trainer nodes (7992 GPUs)" in note
     assert f"generation batch of {gbs} completions is {-(-gbs // at_once)} round(s) of at most {at_once}" in note
     assert not any("one vLLM server node" in w for w in _plan(basic_recipe, "2x8xA100-80G").warnings)

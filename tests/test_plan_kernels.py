@@ -45,7 +45,7 @@ def test_plan_reports_its_kernels_and_a_config_can_turn_them_off(tmp_path):
 def _logprobs(recipe: str, gpus: str, overrides: dict | None = None) -> tuple[bool, str, str]:
     plan = plan_from_config(load_run_config(recipe, overrides), gpus=gpus)
     reason = next(s.reason for s in plan.settings if s.name == "kernels.linear_logprobs")
-    return plan.kernels["linear_logprobs"], reason, plan.trainer.strategy
+    return plan.kernels.to_dict()["linear_logprobs"], reason, plan.trainer.strategy
 
 
 MATH_1_5B = "slurm/examples/recipes/qwen2.5-1.5b-math.yaml"  # Qwen2.5-1.5B, 8 x 1024 completion tokens

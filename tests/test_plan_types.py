@@ -84,21 +84,29 @@ def test_a_section_has_no_dict_reads():
 # Names that hold the run's plan, and the plan's typed sections: `.get(` or `[...]` on them reads plan data as a dict.
 PLAN_NAMES = {"plan", "splan", "vplan"}
 SECTIONS = {"vllm", "trainer", "batch", "cluster", "model"}
+# The typed insides: vLLM's arguments (plan.vllm.args), the kernels, the trainer arguments. Read by field.
+INNER = {"args", "kernels", "trainer_args"}
 ITEMS = {"changes", "settings", "fix_actions"}
+# Plan fields that are enums (Strategy, Mode, Precision): compared to members, never to a string literal.
+ENUM_FIELDS = {"strategy", "mode", "precision"}
+DICT_METHODS = {"get", "pop", "keys", "values", "setdefault"}  # (TrainerArgs.items(): all of them, in order)
 # Parsing the dict form is the planner's job (and the JSON-writing side's).
 ALLOWED = ("ogrpo/planner/", "ogrpo/plan.py")
 
 
-def _is_plan(node: ast.AST, local_dicts: set[str]) -> bool:
-    """`plan`, `p.plan`, `(plan or {})`, `plan.trainer` ... (a local built there as a dict literal is not the plan)."""
+def _is_plan(node: ast.AST, local_dicts: set[str], aliases: frozenset[str] = frozenset()) -> bool:
+    """`plan`, `p.plan`, `(plan or {})`, `plan.trainer`, `plan.vllm.args`, `plan.kernels` ..., or a local bound to
+    one of them (`vargs = p.plan.vllm.args`); a local built there as a dict literal is not the plan."""
     if isinstance(node, ast.Name):
-        return node.id in PLAN_NAMES and node.id not in local_dicts
+        return (node.id in PLAN_NAMES or node.id in aliases) and node.id not in local_dicts
     if isinstance(node, ast.Attribute):
-        return node.attr == "plan" or (node.attr in SECTIONS and _is_plan(node.value, local_dicts))
+        return node.attr == "plan" or (node.attr in SECTIONS | INNER and _is_plan(node.value, local_dicts, aliases))
     if isinstance(node, ast.BoolOp):
-        return _is_plan(node.values[0], local_dicts)
+        return _is_plan(node.values[0], local_dicts, aliases)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-        return _is_plan(node.func.value, local_dicts)  # plan.get("vllm").get(...)
+        return _is_plan(node.func.value, local_dicts, aliases)  # plan.get("vllm").get(...)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and node.args:
+        return _is_plan(node.args[0], local_dicts, aliases)  # dict(plan.vllm.args)
     return False
 
 
@@ -115,10 +123,11 @@ def _walk_scope(scope: ast.AST):
             todo.extend(ast.iter_child_nodes(node))
 
 
-def _scope_facts(scope: ast.AST) -> tuple[set[str], set[str]]:
+def _scope_facts(scope: ast.AST) -> tuple[set[str], set[str], frozenset[str]]:
     """(names assigned a dict literal in this scope, names bound to items of a `.changes`, `.settings` or
-    `.fix_actions`, whatever holds them: a Plan under any name, a preemption policy's changes)."""
-    local_dicts, items = set(), set()
+    `.fix_actions`, whatever holds them: a Plan under any name, a preemption policy's changes; names bound to an
+    inner part of a plan: `vargs = p.plan.vllm.args`, `args = dict(vplan.args)`, `t = p.trainer`)."""
+    local_dicts, items, aliases = set(), set(), set()
     for node in _walk_scope(scope):
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Dict, ast.DictComp)):
             local_dicts |= {t.id for t in node.targets if isinstance(t, ast.Name)}
@@ -127,30 +136,59 @@ def _scope_facts(scope: ast.AST) -> tuple[set[str], set[str]]:
             it = node.iter
             if isinstance(it, ast.Attribute) and it.attr in ITEMS:  # p.changes, pol.changes, plan.settings ...
                 items.add(node.target.id)
-    return local_dicts, items
+    for _ in range(2):  # an alias of an alias
+        for node in _walk_scope(scope):
+            if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Name) and \
+                    _is_plan(node.value, local_dicts, frozenset(aliases)):
+                aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return local_dicts, items, frozenset(aliases)
+
+
+def _enum_field(node: ast.AST, local_dicts: set[str], aliases: frozenset[str]) -> bool:
+    """`plan.mode`, `p.precision`, `plan.trainer.strategy`, `t.strategy` (t a plan's trainer) ..."""
+    if not (isinstance(node, ast.Attribute) and node.attr in ENUM_FIELDS):
+        return False
+    owner = node.value
+    return _is_plan(owner, local_dicts, aliases) or (isinstance(owner, ast.Name) and owner.id == "p")
+
+
+def _is_str(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_is_str(e) for e in node.elts)
 
 
 def dict_reads(source: str, filename: str = "<src>") -> list[str]:
-    """Every `.get(`, subscript or `in` test on the plan, a section of it, or an item of its changes, settings or
-    fixes, as `file:line: code`."""
+    """Every `.get(`/`.pop(`/`.items(`..., subscript or `in` test on the plan, a section or inner part of it
+    (vLLM's arguments, the kernels, the trainer arguments), or an item of its changes, settings or fixes; every
+    setting looked up by a string (`plan.setting("overlap")`); every strategy, mode or precision compared to a
+    string literal (`== "server"`, `.startswith("zero3")`), as `file:line: code`."""
     tree = ast.parse(source, filename=filename)
     scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, _SCOPES)]
     found: dict[tuple[int, int, int], str] = {}
     for scope in scopes:
-        local_dicts, items = _scope_facts(scope)
+        local_dicts, items, aliases = _scope_facts(scope)
 
         def flagged(node: ast.AST) -> bool:
-            return _is_plan(node, local_dicts) or (isinstance(node, ast.Name) and node.id in items)
+            return _is_plan(node, local_dicts, aliases) or (isinstance(node, ast.Name) and node.id in items)
 
         for node in _walk_scope(scope):
-            target = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-                target = node.func.value
+            target, hit = None, False
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in DICT_METHODS:
+                    target = node.func.value
+                elif node.func.attr == "setting" and node.args and _is_str(node.args[0]):
+                    hit = True  # a setting by name: the plan's typed property (plan.overlap ...) instead
+                elif node.func.attr in ("startswith", "endswith"):
+                    hit = _enum_field(node.func.value, local_dicts, aliases)
             elif isinstance(node, ast.Subscript):
                 target = node.value
-            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
-                target = node.comparators[0]
-            if target is not None and flagged(target):
+            elif isinstance(node, ast.Compare):
+                if isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                    target = node.comparators[0]
+                sides = [node.left, *node.comparators]
+                hit = any(_enum_field(a, local_dicts, aliases) for a in sides) and any(_is_str(a) for a in sides)
+            if hit or (target is not None and flagged(target)):
                 found[(node.lineno, node.col_offset, -node.end_col_offset)] = \
                     f"{filename}:{node.lineno}: {ast.unparse(node)}"
     return [found[k] for k in sorted(found)]
@@ -189,3 +227,52 @@ def fused(processors):
     assert lines == ["(plan.get('vllm') or {}).get('args')", "plan.get('vllm')", "(plan or {}).get('settings')",
                      "p.plan['trainer']", "plan.trainer.get('strategy')", "'fits' in plan", "item.get('name')",
                      "s['name']", "s['value']", "c['key']"]  # not `plan.cluster.gpu` (a GPU's facts) nor the local dict in fused()
+
+
+def test_the_guard_finds_each_way_of_reading_the_typed_insides():
+    # the shapes the trainer, server, selftest, render and host-memory code used before the plan was typed inside
+    source = '''
+def b(p, plan, vplan, t):
+    vargs = p.plan.vllm.args
+    d = vargs.get("dtype")
+    args = dict(vplan.args)
+    gmu = args.pop("gpu_memory_utilization", None)
+    k = plan.kernels.get("linear_logprobs")
+    tf = plan.trainer_args["tf32"]
+    o = plan.setting("overlap")
+    s = plan.trainer.strategy == "ddp"
+    z = plan.trainer.strategy.startswith("zero3")
+    m = p.mode == "server"
+    q = plan.precision in ("bf16", "fp16")
+    return [x for x in plan.kernels.keys()]
+
+def fine(plan, args, cfg):
+    ok = plan.vllm.args.dtype, plan.kernels.linear_logprobs, plan.trainer.strategy is Strategy.ZERO3
+    other = args.vllm_mode == "server", cfg.get("mode"), plan.overlap
+    return plan.setting(name)
+'''
+    lines = [line.split(": ", 1)[1] for line in dict_reads(source)]
+    assert lines == ["vargs.get('dtype')", "args.pop('gpu_memory_utilization', None)",
+                     "plan.kernels.get('linear_logprobs')", "plan.trainer_args['tf32']", "plan.setting('overlap')",
+                     "plan.trainer.strategy == 'ddp'", "plan.trainer.strategy.startswith('zero3')",
+                     "p.mode == 'server'", "plan.precision in ('bf16', 'fp16')", "plan.kernels.keys()"]
+
+
+def test_the_guard_fails_on_the_code_before_the_plan_was_typed_inside():
+    """The same scan over ogrpo/ as of fabed8e (before this change) finds the dict reads and string compares."""
+    import subprocess
+
+    listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", "fabed8e", "ogrpo/"],
+                             capture_output=True, text=True)
+    if listing.returncode:
+        pytest.skip("fabed8e is not in this clone")
+    problems = []
+    for rel in listing.stdout.split():
+        if rel.endswith(".py") and not rel.startswith(ALLOWED):
+            text = subprocess.run(["git", "-C", str(REPO), "show", f"fabed8e:{rel}"], capture_output=True,
+                                  text=True).stdout
+            problems += dict_reads(text, rel)
+    joined = "\n".join(problems)
+    for shape in ('vargs.get(\'dtype\')', "plan.kernels.get('linear_logprobs')", "plan.setting('overlap')",
+                  "plan.trainer.strategy == 'ddp'", "p.mode == 'server'", "plan.trainer_args.get('tf32')"):
+        assert shape in joined, shape

@@ -15,6 +15,7 @@ import pytest
 from ogrpo.config import load_run_config
 from ogrpo.hardware import parse_gpus
 from ogrpo.plan import batch_rules, plan_from_config
+from ogrpo.planner.types import Precision
 
 RECIPES = Path(__file__).parent / "data" / "recipes"
 GiB = 2**30
@@ -210,7 +211,7 @@ KERNEL_CASES = [
 def test_linear_logprobs_decides_the_plan(recipe, gpus, off, on):
     for overrides, (fits, strategy, hand_gib) in ((KERNELS_OFF, off), (None, on)):
         p = _plan(recipe, gpus, overrides)
-        assert p.kernels["linear_logprobs"] is (overrides is None)
+        assert p.kernels.to_dict()["linear_logprobs"] is (overrides is None)
         assert (p.fits, p.trainer.strategy) == (fits, strategy), p.reasons
         # a plan that does not fit fails on trainer memory alone: the batch rules and vLLM hold in both
         assert all(r.startswith("trainer: ") for r in p.reasons)
@@ -223,7 +224,7 @@ def _changes(plan) -> dict:
 
 def test_an_a40_recipe_plans_for_v100_with_its_adaptations_listed():
     p = _plan(DEMO, "4xV100-32G")
-    assert p.fits and p.precision == "fp16" and p.attn_implementation == "sdpa"
+    assert p.fits and p.precision is Precision.FP16 and p.attn_implementation == "sdpa"
     ch = _changes(p)
     assert ch["bf16"] == (True, False)
     assert ch["attn_implementation"] == ("flash_attention_2", "sdpa")
@@ -231,7 +232,7 @@ def test_an_a40_recipe_plans_for_v100_with_its_adaptations_listed():
     # keys O-GRPO replaces are listed too, never dropped
     assert {"vllm_device", "overwrite_output_dir", "output_dir"} <= set(ch)
     # the recipe's server share is kept (0.7), its warmup_ratio reaches the trainer (TRL 1.9 has the field)
-    assert p.vllm.args["gpu_memory_utilization"] == 0.7 and "vllm_gpu_memory_utilization" not in ch
+    assert p.vllm.args.to_dict()["gpu_memory_utilization"] == 0.7 and "vllm_gpu_memory_utilization" not in ch
     assert "warmup_ratio" not in ch
     # on an A40 the same recipe keeps bf16 and FA2
     a40 = _changes(_plan(DEMO, "3xA40"))
@@ -243,7 +244,7 @@ def test_old_open_r1_keys_are_mapped_or_listed():
     ch = _changes(p)
     # num_processes 7 is what the plan gives the trainer on 8 GPUs: kept, not listed
     assert p.trainer.num_processes == 7 and "num_processes" not in ch
-    assert ch["eval_strategy"] == ("steps", "no") and p.trainer_args["eval_strategy"] == "no"
+    assert ch["eval_strategy"] == ("steps", "no") and p.trainer_args.to_dict()["eval_strategy"] == "no"
     rc = load_run_config(RECIPES / DEMO_V1)
     assert rc.trl["dataset_config"] == "all"
     assert _changes(_plan(DEMO_V1, "4xV100-32G"))["num_processes"] == (7, 3)

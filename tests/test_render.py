@@ -15,6 +15,8 @@ from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.jobspec import build_jobspec, fill
 from ogrpo.plan import plan_from_config
+from ogrpo.planner.types import Precision, Strategy
+from ogrpo.planner.types import Plan
 from ogrpo.render import deepspeed_config, render_job, write_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,12 +126,13 @@ def _with_strategy(recipe, gpus, strategy):
     rc = load_run_config(recipe)
     p = plan_from_config(rc, gpus=gpus).to_dict()
     p["trainer"]["strategy"] = strategy
+    p = Plan.from_dict(p)
     return p, render_job(p, rc, build_jobspec(p, rc, "/jobs/x"))
 
 
 def test_deepspeed_fp16_block_on_v100(basic_recipe):
     p, files = _with_strategy(basic_recipe, "4xV100-32G", "zero2")
-    assert p["precision"] == "fp16"  # V100: no bf16
+    assert p.precision is Precision.FP16  # V100: no bf16
     ds = json.loads(files["deepspeed.json"])
     assert ds["zero_optimization"]["stage"] == 2
     assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
@@ -157,7 +160,7 @@ def test_accelerate_reads_the_config(basic_recipe, tiny_recipe, tmp_path, gpus, 
     cfg = load_config_from_file(str(tmp_path / "accelerate.yaml"))
     assert cfg.num_processes == plan.trainer.num_processes
     assert cfg.num_machines == len(plan.trainer.nodes)
-    if plan.trainer.strategy != "ddp":
+    if plan.trainer.strategy is not Strategy.DDP:
         assert cfg.distributed_type.value == "DEEPSPEED" and cfg.mixed_precision is None
     if "cpu" in gpus:
         assert cfg.use_cpu and cfg.distributed_type.value == "MULTI_GPU"
@@ -371,7 +374,7 @@ def test_cpu_trainer_step_starts_real_gloo_workers(tiny_recipe, tmp_path):
     import os
 
     plan, spec, files = _render(tiny_recipe, "3xcpu", job_dir=str(tmp_path))
-    assert plan.trainer_args["use_cpu"] is True
+    assert plan.trainer_args.to_dict()["use_cpu"] is True
     (tmp_path / "accelerate.yaml").write_text(files["accelerate.yaml"])
     (tmp_path / "rankprobe.py").write_text(
         "from accelerate import PartialState\n"

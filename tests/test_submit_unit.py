@@ -382,6 +382,7 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     import copy
 
     from ogrpo.planner import host_memory as hm
+    from ogrpo.planner.types import Plan
 
     P = 1543714304  # Qwen2.5-1.5B parameters
     GiB = 2**30
@@ -390,7 +391,7 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     ddp["trainer_args"]["model_init_kwargs"]["dtype"] = "float32"
     # two DDP processes, each loading fp32 weights (4·P) on the host; the server: 4 + 2 per GPU + bf16 weights;
     # +10 %, rounded up
-    assert hm.step_host_gib(ddp) == {"trainer": float(-(-(2 * (3 + 4 * P / GiB)) * 1.1 // 1)),
+    assert hm.step_host_gib(Plan.from_dict(ddp)) == {"trainer": float(-(-(2 * (3 + 4 * P / GiB)) * 1.1 // 1)),
                                      "server": float(-(-(4 + 2 + 2 * P / GiB) * 1.1 // 1))}
     offload = _plan("3xA40", strategy="zero3_offload")
     assert offload["trainer"]["strategy"] == "zero3_offload"
@@ -401,11 +402,11 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     host = offload["trainer"]["memory_terms"]["host_terms"]
     assert sum(host.values()) == pytest.approx(18 * P / 2 / GiB, abs=0.01)
     want = -(-(2 * (3 + 2 * P / 2 / GiB + sum(host.values()))) * 1.1 // 1)
-    assert hm.step_host_gib(offload)["trainer"] == want > hm.step_host_gib(ddp)["trainer"]
+    assert hm.step_host_gib(Plan.from_dict(offload))["trainer"] == want > hm.step_host_gib(Plan.from_dict(ddp))["trainer"]
     # one-step under ZeRO-3: rank 0 also holds the push's host copy of the full weights (bf16 plan: 2·P)
     one_step = copy.deepcopy(offload)
     one_step["settings"] = [s for s in one_step["settings"] if s["name"] != "overlap"]
     one_step["settings"].append({"name": "overlap", "value": "one-step", "reason": "test"})
     assert one_step["precision"] == "bf16"
     want = -(-(2 * (3 + 2 * P / 2 / GiB + sum(host.values())) + 2 * P / GiB) * 1.1 // 1)
-    assert hm.step_host_gib(one_step)["trainer"] == want
+    assert hm.step_host_gib(Plan.from_dict(one_step))["trainer"] == want

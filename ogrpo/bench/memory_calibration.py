@@ -159,7 +159,7 @@ def estimate_terms(plan, model_path: str, beta: float) -> dict:
                          prompt_len=b.prompt_length, completion_len=b.completion_length,
                          gradient_checkpointing=t.gradient_checkpointing, beta=beta,
                          device=rules_of(plan).memory_terms,
-                         fused_logprobs=bool(plan.kernels.get("linear_logprobs")),
+                         fused_logprobs=bool(plan.kernels.linear_logprobs),
                          grad_accumulation_steps=b.gradient_accumulation_steps)
     return e.terms
 

@@ -147,7 +147,7 @@ def _run_split_trl(workdir: Path, rec: dict) -> None:
     from ogrpo.launch.cpu_slots import SLOTS_ENV
 
     _, plan = split_plan(workdir, "split-trl", rec, "off")
-    trl_server.run(workdir, rec, dict(plan.vllm.args), workdir / "split-trl-profile.jsonl",
+    trl_server.run(workdir, rec, plan.vllm.args.to_dict(), workdir / "split-trl-profile.jsonl",
                    server_slots=plan.vllm.env.get(SLOTS_ENV), trainer_slots=plan.trainer.env.get(SLOTS_ENV))
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from ogrpo.dtypes import FP16_MAX, torch_name
+from ogrpo.planner.types import Precision
 from ogrpo.errors import OgrpoError
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -105,7 +106,7 @@ def selftest_plan(config: str, gpus: str | None, model: str | None, cuda_count: 
 
 def plan_dtype(plan) -> str:
     """The server's dtype for a Plan: its vLLM engine's, else the trainer's precision."""
-    return torch_name(plan.vllm.args.get("dtype") or plan.precision or "fp32", allow_auto=True)
+    return torch_name(plan.vllm.args.dtype or plan.precision or "fp32", allow_auto=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def check_tf32(plan, gpu: dict | None) -> dict:
     state = {"cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
              "cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32),
              "float32_matmul_precision": torch.get_float32_matmul_precision()}
-    planned = plan.trainer_args.get("tf32")
+    planned = plan.trainer_args.tf32
     numbers = {"torch": state, "plan_tf32": planned, "gpu_tf32": bool(gpu.get("tf32")), "sm": gpu.get("sm")}
     if planned and not gpu.get("tf32"):
         return result(FAIL, f"the plan sets tf32 but sm_{gpu.get('sm')} has none (transformers raises)", **numbers)
@@ -301,7 +302,7 @@ def overflow_probe(model_path: str, device: str, precision: str, server_dtype: s
     del model
     _free(device)
     overflows = numbers["ratio"] >= 1.0 or numbers["fp16_first_nonfinite_module"] is not None
-    uses_fp16 = precision == "fp16" or (server_dtype is not None and server_dtype != "auto"
+    uses_fp16 = precision == Precision.FP16 or (server_dtype is not None and server_dtype != "auto"
                                           and torch_name(server_dtype, allow_auto=True) == "float16")
     where = numbers.get("first_module_over_fp16") or numbers["fp16_first_nonfinite_module"] or numbers["max_module"]
     detail = (f"max |activation| {numbers['max_abs_activation']:.4g} in {numbers['max_module']} = "
@@ -392,13 +393,13 @@ class Server:
 def server_plan(plan, one_gpu: bool, model_bytes: int, total_bytes: int) -> tuple[object, str | None]:
     """The Plan the server starts from; on one GPU shared with the self-test's reference model, vLLM's memory
     share is capped so that model fits beside it (the only flag changed, and said so). `plan` is not modified."""
-    gmu = plan.vllm.args.get("gpu_memory_utilization")
+    gmu = plan.vllm.args.gpu_memory_utilization
     if not one_gpu or gmu is None or not total_bytes:
         return plan, None
     cap = round(max(0.1, 1.0 - (2.0 * model_bytes + 4 * 2**30) / total_bytes), 2)
     if gmu <= cap:
         return plan, None
-    vllm = dataclasses.replace(plan.vllm, args={**plan.vllm.args, "gpu_memory_utilization": cap})
+    vllm = dataclasses.replace(plan.vllm, args=dataclasses.replace(plan.vllm.args, gpu_memory_utilization=cap))
     return (dataclasses.replace(plan, vllm=vllm),
             f"gpu_memory_utilization {gmu} -> {cap}: one GPU shared with the self-test's reference model")
 
@@ -535,9 +536,9 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
         "device": ({k: gpu_row.get(k) for k in ("name", "catalog", "sm", "memory_gib", "bf16", "tf32")}
                    if gpu_row else {"name": "cpu"}),
         "config": str(rc.source), "model": model_path, "gpus_planned": gpus,
-        "plan": {"precision": plan.precision, "mode": plan.mode, "strategy": plan.trainer.strategy,
-                 "attn_implementation": plan.attn_implementation, "tf32": plan.trainer_args.get("tf32"),
-                 "vllm_args": dict(plan.vllm.args)},
+        "plan": {"precision": plan.precision.value, "mode": plan.mode.value, "strategy": plan.trainer.strategy.value,
+                 "attn_implementation": plan.attn_implementation, "tf32": plan.trainer_args.tf32,
+                 "vllm_args": plan.vllm.args.to_dict()},
         "environment": env, "checks": {},
     }
     checks = report["checks"]
@@ -596,7 +597,7 @@ def _server_checks(report, rc, plan, model_path, device, sdtype, texts, health_t
             argv = serve_argv(str(run_yaml), "127.0.0.1", srv.port, dry_run=True)
             secs = srv.start(health_timeout)
             return result(PASS, f"healthy after {secs:.1f} s with the plan's flags" + (f" ({note})" if note else ""),
-                          argv=argv, startup_s=round(secs, 1), plan_args=dict(splan.vllm.args),
+                          argv=argv, startup_s=round(secs, 1), plan_args=splan.vllm.args.to_dict(),
                           changed=note, log=str(srv.log_path))
 
         started = record("vllm_server", start)

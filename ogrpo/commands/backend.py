@@ -61,6 +61,6 @@ def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> Non
     if not dry_run:  # a missing stack is the one line, before the plan's notes
         from ogrpo.install_hints import require
 
-        server = any(plan.mode == "server" for _, plan in pairs)
+        server = any(plan.has_server for _, plan in pairs)
         require(("torch", "trl", "accelerate", *(("vllm",) if server else ())),
                 f"`{command} --backend local` (it runs on this machine)")

@@ -35,7 +35,9 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
 
-OFF, LOSSLESS, ONE_STEP = "off", "lossless", "one-step"
+from ogrpo.planner.types import Overlap
+
+OFF, LOSSLESS, ONE_STEP = Overlap.OFF, Overlap.LOSSLESS, Overlap.ONE_STEP
 MODES = (OFF, LOSSLESS, ONE_STEP)
 MAX_STALENESS = {LOSSLESS: 0, ONE_STEP: 1}
 
@@ -484,6 +486,6 @@ def ratio_stats(rows: list[list[float]]) -> dict[str, float]:
             "clipped": sum(r[4] for r in rows) / n}
 
 
-def plan_mode(plan) -> str:
+def plan_mode(plan) -> Overlap:
     """The overlap mode a Plan chose (its `overlap` setting); `off` for plans made before the option existed."""
-    return (plan.setting("overlap") if plan is not None else None) or OFF
+    return plan.overlap if plan is not None else OFF

@@ -37,15 +37,14 @@ def _per_node(total_processes: int, nodes: list) -> int:
     return max(1, -(-int(total_processes) // max(1, len(nodes))))
 
 
-def step_host_gib(plan) -> dict[str, float]:
-    """role → host RAM in GiB that the role's step needs on each of its nodes (`plan`: a Plan or its dict)."""
+def step_host_gib(p) -> dict[str, float]:
+    """role → host RAM in GiB that the role's step needs on each of its nodes (`p`: a Plan)."""
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
+    from ogrpo.planner.types import Overlap
 
-    p = as_plan(plan)
     rules = rules_of(p)
     params = float(p.model.params or 0)
-    load_dtype = (p.trainer_args.get("model_init_kwargs") or {}).get("dtype")
+    load_dtype = p.trainer_args.model_init_kwargs.get("dtype")
     # "auto" loads the checkpoint's own dtype: 2 bytes for every released model we plan for
     weight_bytes = float(dtypes.nbytes("bf16" if str(load_dtype) == "auto" else load_dtype,
                                        default=dtypes.nbytes(p.precision)))
@@ -55,11 +54,11 @@ def step_host_gib(plan) -> dict[str, float]:
     if rules.estimates_host_ram:
         trainer = procs * float(t.memory_gib_per_gpu or 0)
     else:
-        shard = max(1, int(t.num_processes)) if t.strategy.startswith("zero3") else 1
+        shard = max(1, int(t.num_processes)) if t.strategy.is_zero3 else 1
         per_proc = TRAINER_RUNTIME_GIB + params * weight_bytes / shard / GiB
         per_proc += sum((t.memory_terms or {}).get("host_terms", {}).values())
         trainer = procs * per_proc
-        if t.strategy.startswith("zero3") and p.has_server and p.setting("overlap") == "one-step":
+        if t.strategy.is_zero3 and p.has_server and p.overlap is Overlap.ONE_STEP:
             # the one-step push's copy of the full weights, on rank 0's node (ogrpo/overlap/zero3_push.py; LoRA's
             # merged push, which keeps TRL's, gathers as much)
             trainer += params * dtypes.nbytes(p.precision) / GiB

@@ -15,7 +15,9 @@ model): what only the built trainer shows.
 
 from __future__ import annotations
 
-GROUPS, BATCH = "groups", "batch"
+from ogrpo.planner.types import OverlapStream
+
+GROUPS, BATCH = OverlapStream.GROUPS.value, OverlapStream.BATCH.value
 # The first TRL line whose VLLMClient speaks to vLLM's OpenAI API server (ogrpo.compat.server_flavor); earlier
 # lines talk to `trl vllm-serve`. tests/test_overlap.py checks the two agree.
 FIRST_VLLM_API_LINE = (1, 16)

@@ -10,10 +10,81 @@ records compare old plans with new ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from dataclasses import replace as _replace
+from enum import StrEnum
 
 from ogrpo.errors import OgrpoError
 from ogrpo.hardware import Cluster, GpuType
 from ogrpo.models import ModelFacts
+
+
+def _choices(name: str, doc: str, values: str) -> type[StrEnum]:
+    """A StrEnum whose members are `values` (space-separated), each named as its value in capitals."""
+    kind = StrEnum(name, [(v.upper().replace("-", "_"), v) for v in values.split()], module=__name__)
+    kind.__doc__ = doc
+    return kind
+
+
+# Where generation runs: a vLLM server on its own GPUs, vLLM inside the trainer, or no vLLM (HF generate).
+Mode = _choices("Mode", "Where generation runs (server | colocate | none).", "server colocate none")
+# The trainer's precision (torch/vLLM names: ogrpo.dtypes).
+Precision = _choices("Precision", "The trainer's precision (fp32 | bf16 | fp16).", "fp32 bf16 fp16")
+# ogrpo.overlap: whether server and trainer work at the same time (ogrpo/overlap/pipeline.py).
+Overlap = _choices("Overlap", "ogrpo.overlap (off | lossless | one-step).", "off lossless one-step")
+# How a lossless run takes a batch from the server (ogrpo/planner/overlap_stream.py).
+OverlapStream = _choices("OverlapStream", "How a lossless run takes a batch (groups | batch).", "groups batch")
+
+
+class Strategy(StrEnum):
+    """The trainer's memory strategy, cheapest first: DDP, DeepSpeed ZeRO-2, ZeRO-3, ZeRO-3 + optimizer offload."""
+
+    DDP = "ddp"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    ZERO3_OFFLOAD = "zero3_offload"
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self is not Strategy.DDP
+
+    @property
+    def is_zero3(self) -> bool:
+        """ZeRO-3, with or without offload: parameters are sharded (collective forward passes)."""
+        return self in (Strategy.ZERO3, Strategy.ZERO3_OFFLOAD)
+
+    @property
+    def offloads(self) -> bool:
+        return self is Strategy.ZERO3_OFFLOAD
+
+    @property
+    def zero_stage(self) -> int:
+        """DeepSpeed's ZeRO stage (0: DDP)."""
+        return 0 if self is Strategy.DDP else 2 if self is Strategy.ZERO2 else 3
+
+
+def _enum(kind, value):
+    """`value` as a member of `kind` (None stays None)."""
+    return None if value is None else kind(value)
+
+
+def _plain_value(value):
+    """A JSON/YAML-safe value: an enum member as its plain string (YAML's safe dumper refuses str subclasses)."""
+    return value.value if isinstance(value, StrEnum) else value
+
+
+def _mapping(d, where: str) -> dict:
+    """`d` (None: empty) as the mapping a plan part is read from; TypeError (a damaged plan) otherwise."""
+    d = d or {}
+    if not isinstance(d, dict):
+        raise TypeError(f"plan.{where}: {d!r} is not a mapping")
+    return d
+
+
+class _Unset:
+    """Typed options whose None means "not set": left out of the JSON form, which keeps the fields' order."""
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 class _Section:
@@ -25,9 +96,7 @@ class _Section:
 
     @classmethod
     def from_dict(cls, d: dict | None):
-        d = d or {}
-        if not isinstance(d, dict):
-            raise TypeError(f"plan.{cls.__name__}: {d!r} is not a mapping")
+        d = _mapping(d, cls.__name__)
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
@@ -36,7 +105,87 @@ def _plain(value):
         return dict(value)
     if isinstance(value, list):
         return list(value)
-    return value
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return _plain_value(value)
+
+
+@dataclass(frozen=True)
+class VllmArgs(_Unset):
+    """The vLLM engine arguments the plan sets (`vllm serve` options), one typed field each, in the order of the
+    JSON form. None: not set, left out of the JSON (a plan without vLLM has none; only a server gets
+    `disable_log_stats`; the memory budget is either `gpu_memory_utilization`, a share of the device, or
+    `kv_cache_memory_bytes`, an explicit KV budget)."""
+
+    dtype: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    tensor_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    logprobs_mode: str | None = None
+    disable_log_stats: bool | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> VllmArgs:
+        d = _mapping(d, "vllm.args")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"plan.vllm.args: unknown vLLM options {', '.join(unknown)}")
+        return cls(**d)
+
+    def __bool__(self) -> bool:
+        return bool(self.to_dict())
+
+
+@dataclass(frozen=True)
+class Kernels(_Unset):
+    """O-GRPO's own kernels (ogrpo/kernels) the plan turns on; None: not in the plan (one written before them)."""
+
+    linear_logprobs: bool | None = None
+    fused_sample: bool | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Kernels:
+        d = _mapping(d, "kernels")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: bool(v) for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class TrainerArgs:
+    """What the trainer's GRPOConfig gets from the plan. The keys vary with the plan (and their order is the JSON
+    form's), so they are held in order; the ones code reads by name are typed properties."""
+
+    values: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(self.values)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> TrainerArgs:
+        return cls(dict(_mapping(d, "trainer_args")))
+
+    def items(self):
+        """(GRPOConfig key, value) in the plan's order: what the trainer's settings apply."""
+        return self.values.items()
+
+    @property
+    def model_init_kwargs(self) -> dict:
+        """What from_pretrained gets (attention, the load dtype; the recipe's own keys)."""
+        return dict(self.values.get("model_init_kwargs") or {})
+
+    @property
+    def tf32(self) -> bool | None:
+        return self.values.get("tf32")
+
+    @property
+    def vllm_gpu_memory_utilization(self) -> float | None:
+        """Colocated vLLM's share of the device (TRL's GRPOConfig key; the server's is VllmArgs')."""
+        return self.values.get("vllm_gpu_memory_utilization")
 
 
 @dataclass(frozen=True)
@@ -102,7 +251,13 @@ class VllmPart(_Section):
     memory_gib_per_gpu: float = 0.0
     memory_terms: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
-    args: dict = field(default_factory=dict)
+    args: VllmArgs = field(default_factory=VllmArgs)
+
+    @classmethod
+    def from_dict(cls, d: dict | None):
+        part = super().from_dict(d)
+        return part if isinstance(part.args, VllmArgs) else \
+            _replace(part, args=VllmArgs.from_dict(part.args))
 
 
 @dataclass(frozen=True)
@@ -111,11 +266,14 @@ class TrainerPart(_Section):
     gpus: list[int] = field(default_factory=list)
     num_gpus: int = 0
     num_processes: int = 1
-    strategy: str = "ddp"
+    strategy: Strategy = Strategy.DDP
     memory_gib_per_gpu: float = 0.0
     memory_terms: dict = field(default_factory=dict)
     gradient_checkpointing: bool = False
     env: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "strategy", Strategy(self.strategy))
 
 
 @dataclass(frozen=True)
@@ -140,12 +298,12 @@ class Plan:
     fits: bool
     reasons: list[str]
     fixes: list[str]
-    precision: str
+    precision: Precision
     attn_implementation: str
-    mode: str  # "server" | "colocate" | "none"
+    mode: Mode
     vllm: VllmPart
     trainer: TrainerPart
-    trainer_args: dict  # what the trainer's GRPOConfig gets from the plan
+    trainer_args: TrainerArgs  # what the trainer's GRPOConfig gets from the plan
     env: dict[str, str]
     settings: list[Setting]
     batch: BatchPart
@@ -154,8 +312,12 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     # The fixes as data; each was re-planned with it applied and fits.
     fix_actions: list[Fix] = field(default_factory=list)
-    # O-GRPO's own kernels the trainer installs: {"linear_logprobs": bool, "fused_sample": bool}.
-    kernels: dict = field(default_factory=dict)
+    # O-GRPO's own kernels the trainer installs.
+    kernels: Kernels = field(default_factory=Kernels)
+
+    def __post_init__(self):
+        self.precision = Precision(self.precision)
+        self.mode = Mode(self.mode)
 
     @property
     def is_cpu(self) -> bool:
@@ -163,10 +325,21 @@ class Plan:
 
     @property
     def has_server(self) -> bool:
-        return self.mode == "server"
+        return self.mode is Mode.SERVER
+
+    @property
+    def overlap(self) -> Overlap:
+        """The `overlap` setting (off where the plan has none: no split placement, or an older plan)."""
+        return _enum(Overlap, self.setting("overlap")) or Overlap.OFF
+
+    @property
+    def overlap_stream(self) -> OverlapStream | None:
+        """The `overlap.stream` setting of a lossless run, else None."""
+        return _enum(OverlapStream, self.setting("overlap.stream"))
 
     def setting(self, name: str, default=None):
-        """The value the plan chose for one of its settings (`overlap`, ...), else `default`."""
+        """The value the plan chose for one of its settings, else `default` (the planner's and the tables' generic
+        read; code reads a setting it acts on through its typed property: `overlap`, `overlap_stream`)."""
         return next((item.value for item in self.settings if item.name == name), default)
 
     def change(self, key: str) -> Change | None:
@@ -178,22 +351,22 @@ class Plan:
             "fits": self.fits,
             "reasons": list(self.reasons),
             "fixes": list(self.fixes),
-            "precision": self.precision,
+            "precision": self.precision.value,
             "attn_implementation": self.attn_implementation,
-            "mode": self.mode,
+            "mode": self.mode.value,
             "profile": self.profile,
             "cluster": self.cluster.to_dict(),
             "model": self.model.to_dict(),
             "vllm": self.vllm.to_dict(),
             "trainer": self.trainer.to_dict(),
             "batch": self.batch.to_dict(),
-            "trainer_args": self.trainer_args,
+            "trainer_args": self.trainer_args.to_dict(),
             "env": dict(self.env),
             "settings": [s.to_dict() for s in self.settings],
             "warnings": list(self.warnings),
             "changes": [c.to_dict() for c in self.changes],
             "fix_actions": [f.to_dict() for f in self.fix_actions],
-            "kernels": dict(self.kernels),
+            "kernels": self.kernels.to_dict(),
         }
 
     @classmethod
@@ -216,18 +389,13 @@ class Plan:
                    reasons=list(d.get("reasons") or []), fixes=list(d.get("fixes") or []),
                    precision=d.get("precision", "fp32"), attn_implementation=d.get("attn_implementation", "sdpa"),
                    mode=d.get("mode", "none"), vllm=VllmPart.from_dict(d.get("vllm")),
-                   trainer=TrainerPart.from_dict(d.get("trainer")), trainer_args=dict(d.get("trainer_args") or {}),
+                   trainer=TrainerPart.from_dict(d.get("trainer")), trainer_args=TrainerArgs.from_dict(d.get("trainer_args")),
                    env=dict(d.get("env") or {}),
                    settings=[Setting.from_dict(s) for s in d.get("settings") or []],
                    batch=BatchPart.from_dict(d.get("batch")), warnings=list(d.get("warnings") or []),
                    changes=[Change.from_dict(c) for c in d.get("changes") or []],
                    fix_actions=[Fix.from_dict(f) for f in d.get("fix_actions") or []],
-                   kernels=dict(d.get("kernels") or {}))
-
-
-def as_plan(plan) -> Plan:
-    """A Plan from a Plan or its dict form (a manifest read back)."""
-    return plan if isinstance(plan, Plan) else Plan.from_dict(plan)
+                   kernels=Kernels.from_dict(d.get("kernels")))
 
 
 def cluster_from_dict(d: dict) -> Cluster:
@@ -246,5 +414,5 @@ def model_from_dict(d: dict) -> ModelFacts:
     return ModelFacts(**{**defaults, **kw})
 
 
-__all__ = ["BatchPart", "Change", "Fix", "Plan", "Setting", "TrainerPart", "VllmPart", "as_plan", "cluster_from_dict",
-           "model_from_dict"]
+__all__ = ["BatchPart", "Change", "Fix", "Kernels", "Mode", "Overlap", "OverlapStream", "Plan", "Precision", "Setting",
+           "Strategy", "TrainerArgs", "TrainerPart", "VllmArgs", "VllmPart", "cluster_from_dict", "model_from_dict"]

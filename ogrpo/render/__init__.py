@@ -12,13 +12,7 @@ from pathlib import Path
 
 from ogrpo import __version__, layout
 from ogrpo.errors import OgrpoError
-
-
-def _plan(plan):
-    """The Plan (a manifest or run.yaml may hand its dict form)."""
-    from ogrpo.planner.types import as_plan
-
-    return as_plan(plan)
+from ogrpo.planner.types import Precision
 
 
 def _rules(p):
@@ -30,12 +24,12 @@ def _rules(p):
 
 def deepspeed_config(plan) -> dict | None:
     """DeepSpeed JSON for a ZeRO plan ("auto" values are filled by transformers from GRPOConfig)."""
-    p = _plan(plan)
+    p = plan
     strategy = p.trainer.strategy
-    if strategy == "ddp":
+    if not strategy.uses_deepspeed:
         return None
     rules = _rules(p)
-    stage = 2 if strategy == "zero2" else 3
+    stage = strategy.zero_stage
     zero: dict = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                   "reduce_bucket_size": "auto"}
     if stage == 3:
@@ -49,30 +43,30 @@ def deepspeed_config(plan) -> dict | None:
         "zero_optimization": zero,
     }
     cfg.update(rules.deepspeed_precision(p.precision))
-    if strategy == "zero3_offload":
+    if strategy.offloads:
         zero["offload_optimizer"], top = rules.deepspeed_offload()
         cfg.update(top)
     return cfg
 
 
 def accelerate_config(plan, job_dir: str) -> dict:
-    p = _plan(plan)
+    p = plan
     t = p.trainer
     rules = _rules(p)
     n = int(t.num_processes)
     nodes = len(t.nodes)
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    if t.strategy != "ddp" and rules.deepspeed_through_accelerate:
+    if t.strategy.uses_deepspeed and rules.deepspeed_through_accelerate:
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = {
             "deepspeed_config_file": f"{job_dir}/deepspeed.json",
-            "zero3_init_flag": t.strategy.startswith("zero3"),
+            "zero3_init_flag": t.strategy.is_zero3,
             "deepspeed_multinode_launcher": "standard",
         }
     else:
         # On CPU, MULTI_GPU + use_cpu gives real gloo workers (`--cpu` with 2 processes starts one).
         cfg["distributed_type"] = "MULTI_GPU" if n > 1 else "NO"
-        cfg["mixed_precision"] = {"bf16": "bf16", "fp16": "fp16"}.get(p.precision, "no")
+        cfg["mixed_precision"] = "no" if p.precision is Precision.FP32 else p.precision.value
     cfg.update({
         "downcast_bf16": "no",
         "machine_rank": 0,
@@ -89,7 +83,7 @@ def accelerate_config(plan, job_dir: str) -> dict:
 def run_yaml(plan, run_config) -> str:
     from ogrpo.config import dump_yaml
 
-    p = _plan(plan)
+    p = plan
     d = run_config.to_dict()
     opts = dict(d.pop("ogrpo", {}) or {})
     opts["gpus"] = p.cluster.spec
@@ -112,7 +106,7 @@ def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
     """job.sbatch for a plan: `slurm` (SlurmOptions) as `ogrpo submit` resolved them, else the run config's."""
     from ogrpo.launch.slurm.sbatch import options_for
 
-    p = _plan(plan)
+    p = plan
     if slurm is None:
         slurm = options_for(p, run_config, job_name=jobspec.name)
     summary = (f"{p.cluster.spec}, {p.model.name}, mode {p.mode}, precision {p.precision}, "
@@ -123,7 +117,7 @@ def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
 
 
 def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = None) -> str:
-    p = _plan(plan)
+    p = plan
     doc = {
         "ogrpo_version": __version__,
         "inputs": {"config": run_config.source, "gpus": p.cluster.spec, "profile": p.profile,

@@ -27,10 +27,10 @@ def _where(nodes: list[int], gpus: list[int], processes: int, rules) -> str:
     return f"{node}, {rules.devices_text(gpus, processes)}"
 
 
-def _kv_share(args: dict) -> str:
-    if args.get("kv_cache_memory_bytes"):
-        return f"KV {args['kv_cache_memory_bytes'] / 2**20:,.0f} MiB"
-    return f"{args.get('gpu_memory_utilization')} of the device"
+def _kv_share(args) -> str:
+    if args.kv_cache_memory_bytes:
+        return f"KV {args.kv_cache_memory_bytes / 2**20:,.0f} MiB"
+    return f"{args.gpu_memory_utilization} of the device"
 
 
 def print_plan(plan, out=None) -> None:
@@ -42,9 +42,9 @@ def print_plan(plan, out=None) -> None:
         out.write(text + "\n")
 
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
+    from ogrpo.planner.types import Mode
 
-    p = as_plan(plan)
+    p = plan
     m, rules = p.model, rules_of(p)
     unit = rules.unit
     say(wrap(f"{p.cluster.spec} · {m.name} ({_count(m.params)} params, {m.source}) · profile {p.profile} · "
@@ -52,15 +52,15 @@ def print_plan(plan, out=None) -> None:
     rows = []
     v, tr = p.vllm, p.trainer
     mt = v.memory_terms or {}
-    if p.mode == "server":
+    if p.mode is Mode.SERVER:
         rows.append(["vLLM server", _where(v.nodes, v.gpus, 1, rules),
                      f"TP {v.tensor_parallel_size}, DP {v.data_parallel_size}; "
-                     f"{mt.get('max_concurrent_seqs', 0)} x {v.args.get('max_model_len')} tokens in KV",
+                     f"{mt.get('max_concurrent_seqs', 0)} x {v.args.max_model_len} tokens in KV",
                      f"{mt['total_gib']:.1f}", f"{mt['budget_gib']:.1f}", _terms(mt)])
-    elif p.mode == "colocate" and mt:
+    elif p.mode is Mode.COLOCATE and mt:
         rows.append(["vLLM (colocated)", "in each trainer process",
                      f"{_kv_share(v.args)}; {mt.get('max_concurrent_seqs', 0)} x "
-                     f"{v.args.get('max_model_len')} tokens in KV", f"{mt['total_gib']:.1f}",
+                     f"{v.args.max_model_len} tokens in KV", f"{mt['total_gib']:.1f}",
                      f"{mt['budget_gib']:.1f}", _terms(mt)])
     tt = tr.memory_terms
     rows.append(["trainer", _where(tr.nodes, tr.gpus, tr.num_processes, rules), f"{tr.num_processes} x {tr.strategy}",

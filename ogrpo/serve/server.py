@@ -28,6 +28,7 @@ from typing import Any
 
 from ogrpo import dtypes, lengths
 from ogrpo.errors import OgrpoError
+from ogrpo.planner.types import VllmArgs
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -122,7 +123,7 @@ def resolve_settings(trl: dict, ogrpo: dict, plan) -> ServeSettings:
         raise OgrpoError("run config has no model_name_or_path; set it to a model id or local directory")
     model = resolve_model(model)
     vplan = plan.vllm if plan is not None else None
-    args = dict(vplan.args) if vplan is not None else {}
+    args = vplan.args if vplan is not None else VllmArgs()
     if plan is not None:
         from ogrpo.planner.device_rules import rules_of
 
@@ -131,29 +132,28 @@ def resolve_settings(trl: dict, ogrpo: dict, plan) -> ServeSettings:
         device = "cpu" if _cpu_build() else "cuda"
     # vLLM picks bf16 on CPU for an fp32 checkpoint when no dtype is given, which breaks the trainer/server
     # log-prob match; always pass the trainer's dtype explicitly.
-    dtype = args.pop("dtype", None) or _trainer_dtype(trl, plan) or _checkpoint_dtype(model) or (
+    dtype = args.dtype or _trainer_dtype(trl, plan) or _checkpoint_dtype(model) or (
         "float32" if device == "cpu" else "auto")
     need = required_max_model_len(trl, ogrpo, plan)
-    max_len = args.pop("max_model_len", None) or need
+    max_len = args.max_model_len or need
     if need and max_len and int(max_len) < need:
         raise OgrpoError(f"plan's vllm max_model_len {max_len} < {need} (prompt + completion); re-run `ogrpo render`")
-    gmu = args.pop("gpu_memory_utilization", None)
-    if gmu is None:
-        gmu = trl.get("vllm_gpu_memory_utilization")
+    # the device share: the plan's (None where it gives vLLM an explicit KV budget); the recipe's own only for a
+    # config that was not rendered (no plan)
+    gmu = args.gpu_memory_utilization if plan is not None else trl.get("vllm_gpu_memory_utilization")
     return ServeSettings(
         model=str(model),
         device=device,
         dtype=normalize_dtype(dtype),
         max_model_len=int(max_len) if max_len else None,
-        revision=args.pop("revision", None) or (trl.get("model_revision") if trl.get("model_revision") not in
+        revision=(trl.get("model_revision") if trl.get("model_revision") not in
                                                  (None, "main") else None),
-        tensor_parallel_size=int((vplan.tensor_parallel_size if vplan else 0) or args.pop("tensor_parallel_size", 1)
-                                 or 1),
-        data_parallel_size=int((vplan.data_parallel_size if vplan else 0) or args.pop("data_parallel_size", 1) or 1),
+        tensor_parallel_size=int((vplan.tensor_parallel_size if vplan else 0) or args.tensor_parallel_size or 1),
+        data_parallel_size=int((vplan.data_parallel_size if vplan else 0) or args.data_parallel_size or 1),
         gpu_memory_utilization=float(gmu) if gmu is not None else None,
-        enable_prefix_caching=args.pop("enable_prefix_caching", None),
-        logprobs_mode=args.pop("logprobs_mode", None) or "processed_logprobs",
-        extra={k: v for k, v in args.items() if k not in _OWN_FLAGS},
+        enable_prefix_caching=args.enable_prefix_caching,
+        logprobs_mode=args.logprobs_mode or "processed_logprobs",
+        extra={k: v for k, v in args.to_dict().items() if k not in _OWN_FLAGS},
     )
 
 

@@ -184,19 +184,19 @@ def install_vllm_hooks(p: Prepared) -> None:
         # the plan this trainer runs, carried or made here: its max_model_len is the server's
         # the server's dtype is the plan's (a bf16 server beside an fp32 CPU trainer where measured costs chose it)
         expect = client.expected_from_run_config(trl, p.run_config.ogrpo.to_dict(),
-                                                 dtype=vargs.get("dtype") or _trainer_dtype(p), plan=p.plan)
+                                                 dtype=vargs.dtype or _trainer_dtype(p), plan=p.plan)
     if torch.cuda.is_available():
-        client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.get("dtype") or _trainer_dtype(p))
+        client.install_gpu_sync_timeout(expect=expect, push_dtype=vargs.dtype or _trainer_dtype(p))
         return
     if args.vllm_mode == "server":
         client.install_cpu_client(expect, seed=args.seed)  # seeded requests: a rerun samples the same
     elif args.vllm_mode == "colocate":
         from ogrpo.patches import trl_colocate_cpu as colocate_cpu
 
-        dtype = vargs.get("dtype") or _trainer_dtype(p)
-        colocate_cpu.install(dtype=dtype, enforce_eager=vargs.get("enforce_eager", True),
-                             memory_share=float(vargs.get("gpu_memory_utilization") or colocate_cpu.CPU_MEMORY_SHARE),
-                             kv_cache_bytes=vargs.get("kv_cache_memory_bytes"))
+        dtype = vargs.dtype or _trainer_dtype(p)
+        colocate_cpu.install(dtype=dtype, enforce_eager=True if vargs.enforce_eager is None else vargs.enforce_eager,
+                             memory_share=float(vargs.gpu_memory_utilization or colocate_cpu.CPU_MEMORY_SHARE),
+                             kv_cache_bytes=vargs.kv_cache_memory_bytes)
 
 
 def install_kernels(trainer, plan) -> dict:
@@ -204,9 +204,9 @@ def install_kernels(trainer, plan) -> dict:
     returns what was installed and which implementation runs, for the manifest."""
     chosen = plan.kernels
     out: dict = {}
-    if chosen.get("linear_logprobs"):
+    if chosen.linear_logprobs:
         out["linear_logprobs"] = trainer.use_linear_logprobs()  # OgrpoError if TRL's method moved
-    if chosen.get("fused_sample") and not getattr(trainer.args, "use_vllm", False):
+    if chosen.fused_sample and not getattr(trainer.args, "use_vllm", False):
         from ogrpo.kernels.fused_sample import implementation
         from ogrpo.patches import transformers_fused_sample
 
@@ -230,9 +230,9 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
         print(f"note: ogrpo.overlap {mode} (the plan's default) does not apply: {'; '.join(problems)}; running off",
               file=sys.stderr, flush=True)
         return {"mode": OFF, "reason": "; ".join(problems)}
-    from ogrpo.planner.overlap_stream import GROUPS
+    from ogrpo.planner.types import OverlapStream
 
-    installed = trainer.pipeline_generation(mode, stream=plan.setting("overlap.stream") == GROUPS)
+    installed = trainer.pipeline_generation(mode, stream=plan.overlap_stream is OverlapStream.GROUPS)
     if mode == ONE_STEP:
         from ogrpo.overlap import zero3_push
 

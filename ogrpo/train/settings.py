@@ -34,7 +34,7 @@ def cpu_deepspeed(plan, config_source=None) -> str | dict | None:
     (next to the run.yaml the job passes), or the same config built from the plan for an unrendered run."""
     from pathlib import Path
 
-    if plan is None or plan.trainer.strategy == "ddp":
+    if plan is None or not plan.trainer.strategy.uses_deepspeed:
         return None
     from ogrpo.planner.device_rules import rules_of
 
@@ -76,7 +76,7 @@ def grpo_config_kwargs(run_trl: dict, plan, output_dir, vllm_url: str | None = N
         else:
             init[key] = run_trl[key]
 
-    for key, value in (plan.trainer_args if plan is not None else {}).items():
+    for key, value in (plan.trainer_args.items() if plan is not None else ()):
         if key == "model_init_kwargs":
             for k, v in (value or {}).items():
                 init[dtype_key if k in ("dtype", "torch_dtype") else k] = v

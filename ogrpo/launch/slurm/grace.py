@@ -185,7 +185,7 @@ def recorded_step_s(job_dir: str | Path | None) -> tuple[float, str] | None:
     return statistics.median(steps), f"median of {len(steps)} recorded steps in {path}"
 
 
-def step_estimate(plan: dict, step_time_s: float | None = None, recorded: tuple[float, str] | None = None
+def step_estimate(plan, step_time_s: float | None = None, recorded: tuple[float, str] | None = None
                   ) -> tuple[float, str]:
     """(seconds per optimizer step, where the figure comes from)."""
     if step_time_s:
@@ -193,17 +193,13 @@ def step_estimate(plan: dict, step_time_s: float | None = None, recorded: tuple[
     if recorded:
         return recorded
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
-
-    kind = rules_of(as_plan(plan)).kind
+    kind = rules_of(plan).kind
     return DEFAULT_STEP_S[kind], f"default for {kind.upper()} plans (set ogrpo.step_time_s)"
 
 
-def save_estimate_s(plan: dict) -> float:
+def save_estimate_s(plan) -> float:
     """Rough seconds to write one checkpoint of the plan's model."""
-    from ogrpo.planner.types import as_plan
-
-    params = float(as_plan(plan).model.params or 0)
+    params = float(plan.model.params or 0)
     return round(SAVE_FIXED_S + params * CHECKPOINT_BYTES_PER_PARAM / (WRITE_GBPS * 1e9), 1)
 
 
@@ -239,9 +235,9 @@ def lead_time_s(step_s: float, save_s: float) -> int:
     return math.ceil(step_s * STEP_MARGIN + save_s + SUPERVISOR_S)
 
 
-def policy(plan: dict, trl: dict, *, grace: Grace | None, step: tuple[float, str], signal_delay_s: int | None
+def policy(plan, trl: dict, *, grace: Grace | None, step: tuple[float, str], signal_delay_s: int | None
            ) -> Policy:
-    """The preemption policy for a plan (dict) and the recipe's TRL args. `signal_delay_s`: the user's
+    """The preemption policy for a Plan and the recipe's TRL args. `signal_delay_s`: the user's
     --signal-delay (None: chosen here, at least DEFAULT_SIGNAL_DELAY_S)."""
     step_s, source = step
     save_s = save_estimate_s(plan)
@@ -299,7 +295,7 @@ def for_plan(run_config, plan, *, job_dir: str | None = None, partition: str | N
              signal_delay_s: int | None = None, query_cluster: bool = True, strict: bool = False) -> Policy:
     """The edge used by plan, render and submit: ask the cluster (when there is one), read a recorded step time,
     compute the policy and apply it to the run config and plan. `strict` (--strict): a change is an error."""
-    p = plan.to_dict()
+    p = plan
     grace = query(partition or run_config.ogrpo.partition) if query_cluster else None
     step = step_estimate(p, getattr(run_config.ogrpo, "step_time_s", None), recorded_step_s(job_dir))
     pol = policy(p, run_config.trl, grace=grace, step=step, signal_delay_s=signal_delay_s)

@@ -91,10 +91,8 @@ def options_for(plan, run_config, *, nodes: int | None = None, time_min: int | N
     """SlurmOptions for a Plan (or its dict form) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/
     mem_per_gpu/container), with command-line values already merged into the run config's ogrpo section."""
     from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import as_plan
-
     o = run_config.ogrpo
-    cl = as_plan(plan).cluster
+    cl = plan.cluster
     rules = rules_of(cl)
     devices = max(1, int(cl.gpus_per_node))
     if time_min is None and o.time:

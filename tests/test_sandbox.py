@@ -355,18 +355,24 @@ def test_cpu_bound_programs_scale_with_cores(tmp_path):
     if cores < 2:
         pytest.skip("needs 2 cores")
     busy = "s = 0\nfor i in range(4_000_000):\n    s += i\nprint(s)"
+    ratios = []
     with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
         box.run(busy)  # warm the page cache
-        t0 = time.perf_counter()
-        box.run(busy)
-        one = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        two = box.run_jobs([Job(busy), Job(busy)])
-        both = time.perf_counter() - t0
-    assert all(r.runs[0].ok for r in two)
-    # Serial would be 2x. Other load on a shared 2-core machine pushes the ratio toward 1.5 at worst (one
-    # competing task: 1 core alone vs 2/3 of a core each), so 1.75 still tells parallel from serial.
-    assert both < 1.75 * one, f"1 program {one:.2f} s, 2 in parallel {both:.2f} s"
+        # Serial would be 2x in every try. Other load on a shared 2-core machine pushes one try's ratio toward 1.5
+        # and, in a burst, past 1.75: the best of three tries still tells parallel from serial, which never
+        # goes under 2.
+        for _ in range(3):
+            t0 = time.perf_counter()
+            box.run(busy)
+            one = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            two = box.run_jobs([Job(busy), Job(busy)])
+            both = time.perf_counter() - t0
+            assert all(r.runs[0].ok for r in two)
+            ratios.append(both / one)
+            if ratios[-1] < 1.75:
+                break
+    assert min(ratios) < 1.75, f"2 programs in parallel took {', '.join(f'{r:.2f}' for r in ratios)} x one"
 
 
 @pytest.mark.gpu

@@ -71,12 +71,12 @@ def _cpu_twin(job_dir: Path, role: str, argv: list[str]) -> tuple[list[str], dic
     """(argv, env) of the CPU plan's ROLE step standing in for the GPU step ARGV of the job in JOB_DIR."""
     from ogrpo.config import dump_yaml, load_run_config
     from ogrpo.jobspec import build_jobspec, fill
-    from ogrpo.plan import plan_from_config
+    from ogrpo.plan import Plan, plan_from_config
     from ogrpo.render import accelerate_config, run_yaml
 
     rc = load_run_config(str(job_dir / "run.yaml"))
-    gpu_plan = rc.ogrpo.plan
-    gpu_step = build_jobspec(gpu_plan, rc, job_dir).step(role)
+    gpu_plan = rc.ogrpo.plan  # the dict form the job carries (read below); the job's code takes the Plan
+    gpu_step = build_jobspec(Plan.from_dict(gpu_plan), rc, job_dir).step(role)
     values = _values(gpu_step.argv, argv) if gpu_step else None
     if values is None:
         raise SystemExit(f"fake GPUs: {argv} is not the {role} step of {job_dir}/run.yaml's plan "
@@ -88,17 +88,18 @@ def _cpu_twin(job_dir: Path, role: str, argv: list[str]) -> tuple[list[str], dic
     if gpu_plan.get("mode") in ("server", "colocate") and rc.ogrpo.use_vllm is None:
         # the GPU plan's vLLM placement, kept: left open, the CPU's measured costs may generate in the trainer
         rc = load_run_config(str(job_dir / "run.yaml"), {"ogrpo": {"use_vllm": True}})
-    cpu_plan = plan_from_config(rc, gpus=f"{n}xcpu" if n > 1 else "cpu").to_dict()
+    cpu = plan_from_config(rc, gpus=f"{n}xcpu" if n > 1 else "cpu")
+    cpu_plan = cpu.to_dict()
     twin_dir = job_dir / RECORD_DIR / role
-    cpu_spec = build_jobspec(cpu_plan, rc, twin_dir)
+    cpu_spec = build_jobspec(cpu, rc, twin_dir)
     cpu_step = cpu_spec.step(role)
     layout = lambda p: (p["mode"], p["trainer"]["num_processes"])  # noqa: E731
     if cpu_step is None or layout(cpu_plan) != layout(gpu_plan):
         raise SystemExit(f"fake GPUs: the {n}xcpu plan (mode, trainer processes) {layout(cpu_plan)} differs from "
                          f"the GPU plan's {layout(gpu_plan)}; set ogrpo.vllm_gpus so both agree")
     twin_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("run.yaml", run_yaml(cpu_plan, rc)),
-                       ("accelerate.yaml", dump_yaml(accelerate_config(cpu_plan, str(job_dir))))):
+    for name, text in (("run.yaml", run_yaml(cpu, rc)),
+                       ("accelerate.yaml", dump_yaml(accelerate_config(cpu, str(job_dir))))):
         tmp = twin_dir / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, twin_dir / name)

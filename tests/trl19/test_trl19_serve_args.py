@@ -50,8 +50,9 @@ def test_cpu_plan_serves_trl_vllm_serve_on_cpu(tiny_recipe, tmp_path):
     from ogrpo import tiny
 
     rc = load_run_config(tiny_recipe, {"ogrpo": {"use_vllm": True}})
-    plan = plan_from_config(rc, gpus="2xcpu", model=str(tiny.ensure_tiny_model())).to_dict()
-    assert plan["mode"] == "server" and compat.plan_server_flavor(plan) == compat.TRL_VLLM_SERVE
+    typed = plan_from_config(rc, gpus="2xcpu", model=str(tiny.ensure_tiny_model()))
+    plan = typed.to_dict()
+    assert plan["mode"] == "server" and compat.plan_server_flavor(typed) == compat.TRL_VLLM_SERVE
     run = rc.to_dict()
     run["ogrpo"]["plan"] = plan
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))

@@ -22,7 +22,7 @@ import yaml
 
 from ogrpo.config import load_run_config
 from ogrpo.errors import ConfigError
-from ogrpo.plan import plan_from_config
+from ogrpo.plan import Plan, plan_from_config
 from ogrpo.planner.types import Strategy
 from ogrpo.render import accelerate_config, deepspeed_config
 
@@ -285,7 +285,7 @@ def test_one_process_without_a_launcher_trains_under_zero2(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["distributed"]["num_processes"] == 1
     assert manifest["distributed"]["deepspeed"]["zero_stage"] == 2
-    assert manifest["grpo_config"]["deepspeed"] == deepspeed_config(manifest["plan"])
+    assert manifest["grpo_config"]["deepspeed"] == deepspeed_config(Plan.from_dict(manifest["plan"]))
     assert all(math.isfinite(r["loss"]) for r in _steps(out).values())
 
 

@@ -224,7 +224,7 @@ def test_lora_fields_reach_the_peft_config():
 
 
 def _flat_plan_values(plan) -> dict:
-    targs = dict(plan.trainer_args)
+    targs = plan.trainer_args.to_dict()
     mik = targs.pop("model_init_kwargs", None) or {}
     return {**targs, **{k: v for k, v in mik.items() if k in ("attn_implementation", "dtype")}}
 

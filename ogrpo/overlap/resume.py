@@ -99,12 +99,11 @@ def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:
 
 def restore(pipeline, checkpoint: Path) -> bool:
     """Queue the checkpoint's saved request as the pipeline's first ticket; False when the checkpoint has none."""
-    path = checkpoint / FILE
-    if not path.is_file():
+    record = _read(checkpoint / FILE)
+    if record is None:
         return False
     from ogrpo.overlap.pipeline import Ticket
 
-    record = _read(path)
     future: Future = Future()
     future.set_result(record["result"])
     pipeline.tickets.clear()
@@ -133,12 +132,10 @@ def save_seed_counter(client, pipeline, checkpoint: Path) -> dict:
 
 def restore_seed_counter(client, checkpoint: Path) -> bool:
     """Set the client's seed counter from the checkpoint; False when it has none (an older checkpoint)."""
-    path = checkpoint / SEED_FILE
-    if not path.is_file():
-        return False
-    record = _read(path)
-    client._generation_calls = int(record["generation_calls"])
-    return True
+    record = _read(checkpoint / SEED_FILE)
+    if record is not None:
+        client._generation_calls = int(record["generation_calls"])
+    return record is not None
 
 
 def _write(checkpoint: Path, name: str, record: dict) -> dict:
@@ -150,7 +147,10 @@ def _write(checkpoint: Path, name: str, record: dict) -> dict:
     return record
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict | None:
+    """The record at `path`; None when the checkpoint has none (nothing in flight, or an older checkpoint)."""
+    if not path.is_file():
+        return None
     record = json.loads(path.read_text())
     if record.get("format") != FORMAT:
         from ogrpo.errors import OgrpoError

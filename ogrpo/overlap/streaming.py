@@ -2,7 +2,7 @@
 old-policy/reference log-probs (on the main thread) while the server generates the rest, and the check that hands
 TRL those results only where its own batch is exactly what the groups were scored on (ogrpo/overlap/steps.py).
 
-Every reading of TRL's internals for the per-group work is in this section (the same on TRL 1.9.2 and 1.16:
+Every reading of TRL's internals for the per-group work is in this module (the same on TRL 1.9.2 and 1.16:
 _tokenize_prompts, processing_class.batch_decode, `pad_to_multiple_of`, `mask_truncated_completions`, the
 old/ref pass conditions of _generate_and_score_completions, `disable_gradient_checkpointing`). What it gets
 wrong only costs the overlap: TRL's own tensors and completions are compared before a result is used.

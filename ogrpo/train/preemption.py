@@ -41,11 +41,10 @@ from pathlib import Path
 # Imported here, never inside the signal handler: a second SIGTERM (torch elastic's agent sends its own after
 # Slurm's) that lands while the first handler is importing a module finds it half-initialized
 # ("partially initialized module 'ogrpo.launch.stopping'").
-from ogrpo.launch import stopping
+from ogrpo.launch import run_state, stopping
 from ogrpo.launch.slurm import grace
 from ogrpo.launch.local.state import process_start
 from ogrpo.serve import deadline
-from ogrpo.train import rundir
 
 # EX_TEMPFAIL: "try again later" — the supervisor requeues the job when the trainer exits with it.
 EXIT_PREEMPTED = 75
@@ -257,7 +256,7 @@ class PreemptionCallback(_trainer_callback_base()):
         print(f"[ogrpo] SIGTERM: the job was cancelled; stopping now without a checkpoint ({kept})",
               file=sys.stderr, flush=True)
         if _is_main_process():
-            rundir.record_status(self.output_dir, "cancelled", f"cancelled during step {self.step + 1}")
+            run_state.record_status(self.output_dir, "cancelled", f"cancelled during step {self.step + 1}")
         sys.stdout.flush()
         _exit(128 + signal.SIGTERM)
 
@@ -335,7 +334,7 @@ class PreemptionCallback(_trainer_callback_base()):
         if self.preempted and state.is_world_process_zero:
             ckpt = f"checkpoint-{self.saved_step}" if self.saved_step else None
             _write_marker(self.output_dir, self.signal_name, state.global_step, ckpt, reason=self.reason)
-            rundir.record_status(self.output_dir, "preempted", f"{self.signal_name}{self.why()}; saved {ckpt}")
+            run_state.record_status(self.output_dir, "preempted", f"{self.signal_name}{self.why()}; saved {ckpt}")
         self.restore_handlers()
         return control
 
@@ -363,7 +362,7 @@ def leave_after_failed_step(cb: PreemptionCallback, exc: BaseException) -> None:
           f"{ckpt or 'no checkpoint'}{cb.then()}", file=sys.stderr, flush=True)
     if _is_main_process():
         _write_marker(cb.output_dir, "SIGTERM", cb.step, ckpt, reason=cb.reason, left_mid_step=True)
-        rundir.record_status(cb.output_dir, "preempted", f"SIGTERM{cb.why()}; step {cb.step + 1} lost; kept {ckpt}")
+        run_state.record_status(cb.output_dir, "preempted", f"SIGTERM{cb.why()}; step {cb.step + 1} lost; kept {ckpt}")
     sys.exit(EXIT_PREEMPTED)
 
 

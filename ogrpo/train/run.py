@@ -288,6 +288,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     """Run one GRPO training; returns the run directory. `own_process`: see `build_trainer`."""
     from rich.console import Console
 
+    from ogrpo.launch import run_state  # the manifest's status, as launch writes it
     from ogrpo.train import rundir
     from ogrpo.profile.profiler import StageProfiler, render_table, summarize
     from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
@@ -316,10 +317,10 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     # checkpoint, so a resumed server-mode run samples what the uninterrupted one did.
     kernels = install_kernels(trainer, p.plan)
     if is_main and kernels:
-        rundir.update_manifest(run_dir, kernels=kernels)
+        run_state.update_manifest(run_dir, kernels=kernels)
     overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))
     if is_main and overlap:
-        rundir.update_manifest(run_dir, overlap=overlap)
+        run_state.update_manifest(run_dir, overlap=overlap)
     profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
     profiler.attach(trainer)  # after the overlap: its timeline and pipeline are the overlap's
     for cb in default_callbacks(run_dir):
@@ -341,16 +342,16 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             trainer.state = TrainerState.load_from_json(str(Path(p.resume_from) / "trainer_state.json"))
     except NonFiniteError as exc:
         if is_main:
-            rundir.update_manifest(run_dir, status="failed", error=str(exc))
+            run_state.update_manifest(run_dir, status="failed", error=str(exc))
         raise
     except Exception as exc:  # the manifest says how the run ended, not "running" forever
         preemption.leave_after_failed_step(preempt_cb, exc)  # the stop took the server: exit for requeue
         if is_main:
-            rundir.record_status(run_dir, "failed", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+            run_state.record_status(run_dir, "failed", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise
     preemption.exit_if_preempted(preempt_cb)
     if trainer.accelerator.is_main_process:
-        rows = rundir.read_jsonl(run_dir / rundir.PROFILE)
+        rows = run_state.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
         from ogrpo.profile import timeline
 
@@ -358,7 +359,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
         plots += [picture] if picture else []
         if trainer.logprobs_scorer is not None:  # which scoring calls ran the kernel and which fell back to TRL's
             kernels["linear_logprobs"]["calls"] = dict(trainer.logprobs_scorer.calls)
-        rundir.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
+        run_state.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
                                profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
                                distributed=distributed_summary(trainer), kernels=kernels)
         render_table(rows, console)

@@ -13,8 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-# the manifest's status and the JSON lines are read and written as launch does (one home: ogrpo.launch.run_state)
-from ogrpo.launch.run_state import OPEN_STATUSES, read_jsonl, record_status, update_manifest  # noqa: F401
+from ogrpo.launch.run_state import read_jsonl
 from ogrpo.layout import MANIFEST, METRICS, PROFILE  # noqa: F401  (the run dir's file names, one home)
 from ogrpo.sandbox import policy as sandbox_policy
 

@@ -11,7 +11,8 @@ import contextlib
 import io
 import sys
 
-from ogrpo.errors import OgrpoError
+from ogrpo.commands.options import fast_kwargs, typer_defaults
+from ogrpo.errors import ConfigError, OgrpoError
 
 _SETTINGS = dict(
     name="ogrpo",
@@ -49,7 +50,7 @@ def make_app(only: str | None = None):
     anything: ~40 ms of a login node's `ogrpo render` for ten commands that do not run)."""
     import typer
 
-    from ogrpo.commands.options import typer_defaults
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.patches import typer_options
 
     typer_options.install()
@@ -81,8 +82,6 @@ def _json_errors(messages: list[str], code: int) -> None:
 
 
 def _messages(exc: BaseException) -> list[str]:
-    from ogrpo.errors import ConfigError
-
     if isinstance(exc, ConfigError):
         return [f"{exc.source}: {p}" for p in exc.problems]
     return [str(exc)]
@@ -127,8 +126,6 @@ def _echo_err(text: str) -> None:
 def _run(name: str | None):
     """Run the command line: a plain `plan`/`render` without typer, everything else through the Typer app."""
     if name in _FAST:
-        from ogrpo.commands.options import fast_kwargs
-
         fn = _command(name, _COMMANDS)
         kwargs = fast_kwargs(fn, sys.argv[2:])
         if kwargs is not None:
@@ -147,6 +144,7 @@ def _main(name: str | None) -> None:
         _echo_err("interrupted")
         sys.exit(130)
     except ModuleNotFoundError as exc:
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.install_hints import hint as install_hint
 
         hint = install_hint(exc.name)

@@ -12,6 +12,9 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from ogrpo.errors import OgrpoError
+from ogrpo.planner.device_rules import rules_of
+
 # TRL's logged gap between the trainer's and vLLM's log-probs of the sampled tokens (TRL >= 0.20 name; the same
 # key in 1.9.2 and 1.16.0).
 SAMPLING_GAP_METRIC = "sampling/sampling_logp_difference/mean"
@@ -39,6 +42,7 @@ _FIELD_FILES = {(1, 16): "trl_fields.json", (1, 9): "trl_fields_1.9.json"}
 
 
 def _line(version: str) -> tuple[int, int]:
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.stacks import parse_version
 
     return parse_version(version)[:2]
@@ -60,7 +64,6 @@ def plan_trl_version(plan) -> str:
     """The TRL a plan's job runs under (a Plan): a GPU plan the GPU images (both families), a CPU
     plan the environment it is rendered in (it runs there): the CPU/CI stack, or the images' line in CI's second
     environment (requirements/trl19-cpu.lock); from package metadata, no import."""
-    from ogrpo.planner.device_rules import rules_of
     if not rules_of(plan).runs_locally:
         return IMAGE_TRL_VERSION
     return installed_trl_version() or CPU_TRL_VERSION
@@ -127,6 +130,7 @@ def model_dtype_key() -> str:
     """transformers >= 4.56 takes `dtype`; older releases only `torch_dtype`."""
     import transformers
 
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.stacks import in_range
 
     return "dtype" if in_range(transformers.__version__, ">=4.56") else "torch_dtype"
@@ -167,8 +171,6 @@ def vllm_generation_class():
 
     Only O-GRPO's CPU colocate sync hooks it, and that sync walks `_iter_named_params`, which TRL 1.9 (the GPU
     images) lacks: there it fails here, naming the stack to use, instead of mid-training."""
-    from ogrpo.errors import OgrpoError
-
     mod = vllm_generation_module()
     cls = getattr(mod, "VLLMGeneration", None)
     if cls is None or not hasattr(cls, "_iter_named_params"):
@@ -192,6 +194,7 @@ def replace_trl_range_warning() -> str | None:
     import warnings
     from importlib import metadata
 
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.stacks import beyond_range_reason
 
     try:

@@ -19,8 +19,11 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from ogrpo import fields as rules
 from ogrpo.errors import ConfigError, OgrpoError
-from ogrpo.values import kinds_from_type
+from ogrpo.hardware import parse_gpus
+from ogrpo.models import parse_params
+from ogrpo.values import bool_as_choice, choice_problem, choices, coerce, kind_of, kinds_from_type, range_problem
 
 DATA_DIR = Path(__file__).with_name("data")
 RECIPES_DIR = Path(__file__).with_name("recipes")
@@ -94,8 +97,6 @@ def trl_fields() -> dict:
 def _field_index() -> dict[str, dict]:
     """Every accepted key -> {"kinds", "default", "group"}: TRL 1.16's fields, then TRL 1.9's GRPOConfig fields,
     then the keys ogrpo/fields.py classifies (open-r1, older stacks)."""
-    from ogrpo import fields as rules
-
     index: dict[str, dict] = {}
     data = trl_fields()
     for group in TRL_GROUPS:
@@ -343,16 +344,12 @@ def _read_source(source, notes: list[str] | None = None) -> tuple[dict, str]:
 
 
 def _kind_of(value) -> str:
-    from ogrpo.values import kind_of
-
     return kind_of(value)
 
 
 def _accepts(kinds: list[str] | tuple[str, ...], value) -> bool:
     """Whether TRL's parser takes this YAML value for a field of these kinds (a quoted number for a number field
     included: it converts string values with the field's type, ogrpo/values.py)."""
-    from ogrpo.values import coerce
-
     try:
         coerce("", value, kinds)
     except ValueError:
@@ -400,9 +397,6 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         problems.append(f"ogrpo: must be a mapping of O-GRPO options (got {_kind_of(section)} {section!r:.40}); "
                         "write `ogrpo:` then indented `key: value` lines")
         section = {}
-
-    from ogrpo import fields as rules
-    from ogrpo.values import bool_as_choice, choice_problem, choices, coerce, range_problem
 
     def as_word(name: str, value, allowed):
         """An unquoted `off`/`no` read by YAML as a boolean, taken as the word where the setting's values are
@@ -504,8 +498,6 @@ def _map_open_r1(data: dict, section: dict) -> None:
 def _map_renamed(data: dict, problems: list[str]) -> None:
     """Older names (ogrpo/fields.py RENAMED) carried to today's key, so the planner, the checks and the trainer
     read one key."""
-    from ogrpo import fields as rules
-
     for old, new in rules.RENAMED.items():
         # both set to different values: today's key is applied and the plan lists the older one as changed
         if data.get(old) is not None and data.get(new) is None:
@@ -555,15 +547,11 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
                                         and math.isfinite(x) for x in rw):
         problems.append("ogrpo.reward_weights: must be a list of finite numbers")
     if "params" in opts and opts["params"] is not None:
-        from ogrpo.models import parse_params
-
         try:
             parse_params(opts["params"])
         except OgrpoError as exc:
             problems.append(f"ogrpo.{exc}".replace("ogrpo.--params", "ogrpo.params"))
     if "gpus" in opts and opts["gpus"] is not None:
-        from ogrpo.hardware import parse_gpus
-
         try:
             parse_gpus(str(opts["gpus"]))
         except OgrpoError as exc:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 
 from ogrpo.errors import OgrpoError
+from ogrpo.hardware import CATALOG, match_device
+from ogrpo.planner.device_rules import rules_of
 
 
 def planned_gpu(plan) -> dict | None:
     """The catalog GPU a Plan was made for, as its dict form; None for a CPU plan or no plan."""
-    from ogrpo.planner.device_rules import rules_of
-
     if plan is None or not rules_of(plan).checks_devices:
         return None
     return plan.cluster.gpu.to_dict()
@@ -26,8 +26,6 @@ def planned_gpu(plan) -> dict | None:
 def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | None:
     """Why ROWS (this process's CUDA devices, `gpu_rows`: name, catalog, memory_gib) cannot run a plan
     made for GPU; None when they can. Pure, for tests."""
-    from ogrpo.hardware import CATALOG
-
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not rows:
         return (f"{role}: the plan is for {spec} but this process sees no CUDA device (CUDA_VISIBLE_DEVICES="
@@ -52,8 +50,6 @@ def device_problem(gpu: dict, rows: list[dict], spec: str, role: str) -> str | N
 def gpu_rows(torch) -> list[dict]:
     """This process's CUDA devices (index, name, catalog entry, sm, memory, bf16/TF32/FA2 by arch), as `doctor`,
     `selftest` and the device check read them; `torch` is passed in so this module imports it only when asked."""
-    from ogrpo.hardware import match_device
-
     rows = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)

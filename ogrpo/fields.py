@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ogrpo.errors import ConfigError
+from ogrpo.values import choice_problem, coerce, kinds_from_type
+
 PASS, PLANNED, MAPPED, CHANGED, UNSUPPORTED = "pass", "planned", "mapped", "changed", "unsupported"
 KINDS = (PASS, PLANNED, MAPPED, CHANGED, UNSUPPORTED)
 
@@ -294,8 +297,6 @@ def line_kinds(line: str) -> dict[str, tuple[str, ...]]:
     """Field of `trl grpo`'s dataclasses (GRPOConfig, ModelConfig, script arguments) -> the YAML kinds this TRL
     line's field type takes (ogrpo/config.py's kinds); GRPOConfig first where two classes share a name. Cached:
     read it, never change it."""
-    from ogrpo.values import kinds_from_type
-
     out: dict[str, tuple[str, ...]] = {}
     table = _line_table(line)
     for group in ("GRPOConfig", "ModelConfig", "GRPOScriptArguments", "DatasetMixtureConfig"):
@@ -315,8 +316,6 @@ REPLACED_BY_PLAN = frozenset({"fsdp", "fsdp_config", "deepspeed", "output_dir"})
 def line_type_problems(trl: dict, line: str) -> list[str]:
     """Values the loader accepted (typed by the union of both lines' fields) that the target line's own GRPOConfig
     field type refuses: e.g. a JSON string for generation_kwargs, which TRL 1.16 parses and 1.9 does not."""
-    from ogrpo.values import choice_problem, coerce
-
     kinds = line_kinds(line)
     problems = []
     for key, value in trl.items():
@@ -338,8 +337,6 @@ def config_changes(trl: dict, line: str) -> list[dict]:
     types refuse (line_type_problems)."""
     problems = line_type_problems(trl, line)
     if problems:
-        from ogrpo.errors import ConfigError
-
         raise ConfigError(problems, "run config")
     out: list[dict] = []
     line_fields = grpo_fields(line) or frozenset()

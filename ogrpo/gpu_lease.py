@@ -41,7 +41,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from ogrpo import gpu_report
+from ogrpo import gpu_report, layout
+from ogrpo.hardware import known_types
+from ogrpo.tables import format_table
 
 LIMIT_MIB = 64.0  # what one device call carries (the working tree and the wheels together)
 TARGET_PYTHON = "3.12"  # the lent image's python3 (KINDS.md)
@@ -221,8 +223,6 @@ def build(out: Path, cache: Path, python_version: str = TARGET_PYTHON, limit_mib
 
 
 def manifest_table(m: dict) -> str:
-    from ogrpo.tables import format_table
-
     rows = [(r["name"], r["version"], f"{r['mib']:.2f}", r["source"], ", ".join(r["needed_by"]) or "-")
             for r in m["wheels"]]
     text = format_table(["wheel", "version", "MiB", "from", "needed by"], rows, right=(2,))
@@ -238,8 +238,6 @@ MODEL_05B = {"hidden": 896, "layers": 24, "heads": 14, "kv-heads": 2, "intermedi
 
 def card(devices: list[str]) -> str:
     """The catalog name of the first CUDA device ("NVIDIA H100 80GB HBM3" -> H100), for `--gpus 1xNAME`."""
-    from ogrpo.hardware import known_types
-
     name = (devices or ["?"])[0].upper()
     hits = [t for t in known_types() if t != "cpu" and re.search(rf"\b{re.escape(t.upper())}\b", name)]
     return max(hits, key=len) if hits else "H100"
@@ -315,8 +313,6 @@ def check_requirements(wheelhouse: Path) -> list[str]:
 def check_run(run: Path) -> list[str]:
     """Why the training run is not a good one: a missing run-directory file, no checkpoint, or a reward that
     did not rise (mean of the last quarter of the steps over the first quarter)."""
-    from ogrpo import layout
-
     problems = [f"no {name}" for name in (layout.MANIFEST, layout.METRICS, layout.PROFILE)
                 if not (run / name).is_file()]
     if not any(run.glob("checkpoint-*")):

@@ -26,6 +26,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ogrpo.tables import format_table
+
 # (name, argv after the interpreter, files it writes under the report dir)
 PARTS = (
     ("gpu tests", ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--junitxml={out}/gpu-tests.xml",
@@ -132,7 +134,6 @@ def table(report: dict) -> str:
         # a lease run (ogrpo/gpu_lease.py) says what it would have run there, with each part's budget
         lines += [f"would run: {p['part']} ({p['budget_s']:g} s): {p['command']}" for p in report.get("would_run", [])]
         return "\n".join(lines) + "\n"
-    from ogrpo.tables import format_table
 
     rows = [(p["part"], p["outcome"], str(p["rc"]), f"{p['seconds']:.1f}", p["summary"]) for p in report["parts"]]
     lines.append(format_table(["part", "outcome", "rc", "seconds", "summary"], rows, right=(2, 3)))

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from ogrpo import compat, layout
 from ogrpo.planner.host_memory import step_host_gib
 from ogrpo.placeholders import PLACEHOLDERS, fill_argv  # noqa: F401  (PLACEHOLDERS: the steps' vocabulary)
+from ogrpo.planner.device_rules import rules_of
 
 @dataclass
 class Step:
@@ -47,7 +48,6 @@ def fill(argv: list[str], values: dict[str, object]) -> list[str]:
 def build_jobspec(plan, run_config, job_dir) -> JobSpec:
     """The steps of one job for a Plan: a server step when the plan has one, then the
     trainer."""
-    from ogrpo.planner.device_rules import rules_of
     p = plan
     rules = rules_of(p)
     host_gib = step_host_gib(p)

@@ -4,15 +4,18 @@ the CLI does without importing it; imports inside the function, so that `ogrpo -
 
 from __future__ import annotations
 
+from ogrpo.errors import ConfigError, OgrpoError
+
 
 def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
                   strict: bool = False, trl: dict | None = None):
     """Run config + command-line options → (RunConfig, Plan); shared by plan, render, submit and sweep. `strict`:
     every change from the recipe (plan.changes) is an error, all of them reported together. `trl`: keys set over
     the recipe's (flat TRL keys or `ogrpo.KEY`: one point of a sweep)."""
-    from ogrpo.config import load_run_config
-    from ogrpo.errors import OgrpoError
+    # CLI latency: `ogrpo --help` imports this module
+    from ogrpo.config import OVERLAPS, STRATEGIES, load_run_config
     from ogrpo.hardware import parse_gpus
+    from ogrpo.models import parse_params
     from ogrpo.plan import plan_from_config
 
     if not config:
@@ -27,19 +30,13 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
         raise OgrpoError(f"--vllm-gpus {vllm_gpus}: must be 0 (colocate) or more")
     strategy = (extra or {}).get("strategy")
     if strategy is not None:
-        from ogrpo.config import STRATEGIES
-
         if strategy not in STRATEGIES:
             raise OgrpoError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     overlap = (extra or {}).get("overlap")
     if overlap is not None:
-        from ogrpo.config import OVERLAPS
-
         if overlap not in OVERLAPS:
             raise OgrpoError(f"--overlap {overlap!r}: choose one of {', '.join(OVERLAPS)}")
     if params is not None:
-        from ogrpo.models import parse_params
-
         parse_params(params)
 
     overrides = {**(trl or {}), "ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
@@ -55,8 +52,6 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
 
     plan_notes(rc, plan)
     if strict and plan.changes:
-        from ogrpo.errors import ConfigError
-
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
     return rc, plan

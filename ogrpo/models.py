@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ogrpo import tiny
 from ogrpo.errors import OgrpoError
 
 # vLLM runs these only in fp32: they cannot be served on V100 with --dtype half.
@@ -370,9 +371,8 @@ def _resolve_known(name: str) -> ModelFacts:
     hit = builtin_table().get(name.lower())
     if hit is not None:
         return hit
-    from ogrpo import tiny  # cheap: the spec is data, building needs torch
 
-    builtin = tiny.builtin_model(name)
+    builtin = tiny.builtin_model(name)  # cheap: the spec is data, building needs torch
     if builtin:
         return from_config_dict(tiny.model_config(builtin), builtin, "builtin")
     # A hub name that is not built in: look in the local HF cache before giving up (no network).

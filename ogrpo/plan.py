@@ -9,9 +9,12 @@ ogrpo/planner/device_rules.py.
 
 from __future__ import annotations
 
+from ogrpo import packages
 from ogrpo.errors import OgrpoError
+from ogrpo.fields import config_changes
 from ogrpo.hardware import Cluster, parse_gpus
-from ogrpo.models import ModelFacts
+from ogrpo.lengths import DEFAULT_PROMPT_LENGTH
+from ogrpo.models import ModelFacts, resolve_model
 from ogrpo.planner import batch as _batch
 from ogrpo.planner import placement as _placement
 from ogrpo.planner import settings as _settings
@@ -21,7 +24,6 @@ from ogrpo.planner.device_rules import CPU_VLLM_UTIL, rules_for
 from ogrpo.planner.draft import PROFILES, Draft
 from ogrpo.planner.fixes import Fix, fixes_that_hold
 from ogrpo.planner.kernels import plan_kernels
-from ogrpo.lengths import DEFAULT_PROMPT_LENGTH
 from ogrpo.planner.placement import valid_tp_sizes
 from ogrpo.planner.types import BatchPart, Kernels, Plan, TrainerArgs, TrainerPart, VllmArgs, VllmPart
 
@@ -38,7 +40,6 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
         raise OgrpoError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
     rules = rules_for(cluster.gpu)
     d = Draft(cluster=cluster, model=model, run_config=run_config, profile=profile, rules=rules)
-    from ogrpo.fields import config_changes
 
     for c in config_changes(d.trl, rules.trl_line):  # fields.py, below the planner, lists them as dicts
         d.changes.add(c["key"], c["from"], c["to"], c["reason"])
@@ -87,8 +88,6 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
 def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) -> None:
     """Exit 2 (with the fix) when the run enables a feature whose package the target stack does not carry
     (ogrpo/packages.py): such a job would fail at its first line, after its wait in the queue."""
-    from ogrpo import packages
-
     stack = d.rules.stack
     lines = packages.refusals(stack, packages.enabled_features({**d.trl, **targs}, attn, strategy))
     if lines:
@@ -98,7 +97,6 @@ def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) ->
 def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,
                      params=None) -> Plan:
     """Parse gpus (argument, else the config's ogrpo.gpus, else "cpu"), resolve the model, plan."""
-    from ogrpo.models import resolve_model
 
     spec = gpus or run_config.ogrpo.gpus or "cpu"
     cluster = parse_gpus(spec)

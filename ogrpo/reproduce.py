@@ -13,8 +13,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ogrpo import layout
+from ogrpo import __version__, layout
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.slurm.query import resolve
+from ogrpo.planner.types import Plan
 
 VERSIONED = ("torch", "transformers", "trl", "vllm", "accelerate", "datasets", "deepspeed", "peft")
 
@@ -46,7 +48,6 @@ def _job_dir(ref: str) -> Path:
     if path.is_dir():
         return path
     if ref.split("_")[0].isdigit():  # a Slurm job id: its run directory, from our index or the controller
-        from ogrpo.launch.slurm.query import resolve
 
         job = resolve(ref)
         if job.job_dir is None:
@@ -70,7 +71,6 @@ def load_record(ref: str) -> Record:
     recorded = job_manifest.get("plan") or run_manifest.get("plan") or carried or {}
     plan = None
     if recorded.get("cluster"):  # the one place a recorded plan is read: parsed once, then typed
-        from ogrpo.planner.types import Plan
 
         plan = Plan.from_dict(recorded)
     gpus = (plan.cluster.spec if plan is not None else None) or (config.get("ogrpo") or {}).get("gpus")
@@ -84,8 +84,6 @@ def load_record(ref: str) -> Record:
 
 def installed_versions() -> dict:
     from importlib import metadata
-
-    from ogrpo import __version__
 
     out = {"ogrpo": __version__}
     for dist in VERSIONED:

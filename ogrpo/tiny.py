@@ -28,6 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ogrpo.tasks import warm
+
 TINY_NAME = "ogrpo:tiny"  # what a run config names as model_name_or_path / dataset_name
 BUILD_VERSION = 1  # bump when the build procedure changes in a way the spec does not capture
 
@@ -110,8 +112,6 @@ def spec_hash(name: str = TINY_NAME) -> str:
                 "special": SPECIAL_TOKENS, "build": BUILD_VERSION,
                 "warmup": [WARMUP_STEPS, WARMUP_BATCH, WARMUP_COPY, REWARD_CHARS, LETTERS]}
     else:
-        from ogrpo.tasks import warm
-
         task = _task(name)
         spec = {"model": model_config(name), "seed": SEED, "corpus": _corpus(), "special": SPECIAL_TOKENS,
                 "build": BUILD_VERSION, "warm": task.WARM, "source": _source_hash(task, warm)}
@@ -309,16 +309,12 @@ def build_model(out_dir: Path, tok, name: str = TINY_NAME, train=None) -> None:
 
 def _task_tokenizer(out_dir: Path, name: str):
     """A task model's tokenizer: BPE over the letters corpus plus the task's prompts and completions."""
-    from ogrpo.tasks import warm
-
     task = _task(name)
     return build_tokenizer(out_dir, _corpus() + warm.corpus(task), task.WARM["vocab_size"], qwen2_split=True)
 
 
 def _task_training(name: str):
     """`train(model, tok)` for build_model: the task's supervised warm start (ogrpo/tasks/warm.py)."""
-    from ogrpo.tasks import warm
-
     task = _task(name)
     examples = task.warm_examples()
     return lambda model, tok: warm.fine_tune(model, tok, examples, **task.WARM)

@@ -31,6 +31,8 @@ from ogrpo.bench.harness import device_name
 from ogrpo.tables import format_table
 from ogrpo.bench.rollout import (RESULT_TAG, RolloutShape, Workload, _server_generate, _spawn, _start_server,
                                  _stop_server, _wait_health, build_model, make_prompts)
+from ogrpo.planner import costs
+from ogrpo.serve.client import install_cpu_client
 
 SHAPES = {
     "tiny": RolloutShape(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=384),
@@ -45,8 +47,6 @@ def _server_costs(w: Workload) -> dict:
     """Rollout tokens/s, one request's seconds and one push's seconds against one `ogrpo serve`."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from ogrpo.serve.client import install_cpu_client
 
     proc, port, log = _start_server(w)
     try:
@@ -172,8 +172,6 @@ def merged(previous: dict, measured: list[dict], source: str, workload: str) -> 
 
 
 def run(write: bool = False, models: list[str] | None = None, out=sys.stdout) -> dict:
-    from ogrpo.planner import costs
-
     bf16 = costs.bf16_capable(costs.cpu_flags())
     work = Path(tempfile.mkdtemp(prefix="ogrpo-bench-costs-"))
     entries = []

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import yaml
 
+from ogrpo.config import load_run_config
+from ogrpo.jobspec import build_jobspec
+from ogrpo.launch.local import run_local
+from ogrpo.plan import plan_from_config
+from ogrpo.render import render_job, write_job
+
 SPLIT = "2xcpu"
 
 
 def split_plan(workdir: Path, name: str, recipe: dict, mode: str):
     """(run config, plan) of `recipe` on the split placement with `ogrpo.overlap: mode`."""
-    from ogrpo.config import load_run_config
-    from ogrpo.plan import plan_from_config
-
     ogrpo = {**(recipe.get("ogrpo") or {}), "gpus": SPLIT, "use_vllm": True, "overlap": mode}
     cfg = workdir / f"{name}-recipe.yaml"
     cfg.write_text(yaml.safe_dump({**recipe, "ogrpo": ogrpo}))
@@ -26,10 +29,6 @@ def split_plan(workdir: Path, name: str, recipe: dict, mode: str):
 
 def run_split_job(workdir: Path, name: str, recipe: dict, mode: str) -> Path:
     """Runs the job in workdir/<name>-job; returns its run directory (RuntimeError naming the logs if it fails)."""
-    from ogrpo.jobspec import build_jobspec
-    from ogrpo.launch.local import run_local
-    from ogrpo.render import render_job, write_job
-
     rc, plan = split_plan(workdir, name, recipe, mode)
     job = workdir / f"{name}-job"
     spec = build_jobspec(plan, rc, str(job))

@@ -35,8 +35,12 @@ from typing import TextIO
 
 from ogrpo import dtypes
 from ogrpo.bench.harness import append_rows, environment_tags, make_row, median_seconds
-from ogrpo.tables import format_table
 from ogrpo.errors import OgrpoError
+from ogrpo.install_hints import require
+from ogrpo.kernels import _build
+from ogrpo.kernels.fused_sample import fused_sample
+from ogrpo.kernels.linear_logprobs import linear_logprobs
+from ogrpo.tables import format_table
 
 RESULT_TAG = "OGRPO_BENCH_RESULT "
 LOGPROB_PATHS = ("trl_1_9_2", "trl_1_16", "ogrpo")
@@ -142,8 +146,6 @@ def trl_1_16(hidden, weight, targets, temperature):
 
 
 def ogrpo_logprobs(hidden, weight, targets, temperature):
-    from ogrpo.kernels.linear_logprobs import linear_logprobs
-
     return linear_logprobs(hidden, weight, targets, temperature)
 
 
@@ -167,6 +169,7 @@ def _rss_mib() -> float:
 def _implementation(path: str) -> str:
     if path == "ogrpo":
         try:
+            # inside the try: a failing import is reported in the table, not raised
             from ogrpo.kernels.linear_logprobs import implementation
 
             impl = implementation("cpu")
@@ -279,8 +282,6 @@ def transformers_sample(logits, case: SampleCase, previous, generator):
 
 
 def ogrpo_sample(logits, case: SampleCase, previous, generator):
-    from ogrpo.kernels.fused_sample import fused_sample
-
     return fused_sample(logits, case.temperature, case.top_k, case.top_p, case.repetition_penalty, previous,
                         generator)
 
@@ -329,7 +330,6 @@ def run_kernels_bench(tokens=(1024, 4096), hidden: int = 1536, vocab: int = 1519
                          f"paths: {', '.join(LOGPROB_PATHS)}")
     if min(tokens, default=1) < 1 or hidden < 1 or vocab < 2 or batch < 1 or repeats < 1:
         raise OgrpoError("tokens, hidden, batch and repeats must be >= 1 and vocab >= 2")
-    from ogrpo.install_hints import require
 
     # before any child starts: a missing stack is one line, not three failed paths
     require(["torch", "transformers", "trl"], "ogrpo bench kernels")
@@ -436,9 +436,7 @@ def run_kernels_bench(tokens=(1024, 4096), hidden: int = 1536, vocab: int = 1519
 def _prebuild(out: TextIO) -> None:
     """Build (or find) the CPU extension once here, so no child process times a compile."""
     try:
-        from ogrpo.kernels._build import load_extension
-
-        load_extension("linear_logprobs")
+        _build.load_extension("linear_logprobs")
     except Exception as exc:  # noqa: BLE001 - the op falls back to its reference; the table says which ran
         print(f"note: the linear_logprobs extension did not build ({type(exc).__name__}); "
               "ogrpo runs its reference", file=out)

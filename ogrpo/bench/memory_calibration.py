@@ -27,7 +27,12 @@ from pathlib import Path
 
 import yaml
 
-from ogrpo.bench.rollout import RolloutShape
+from ogrpo.bench.harness import _version, device_name
+from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
+from ogrpo.models import resolve_model
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.planner.memory import tensor_gib, trainer_estimate
+from ogrpo.planner.types import Plan
 
 SHAPES = {
     # ogrpo:tiny's architecture (ogrpo/tiny.py), and the two shapes of `ogrpo bench rollout` in the README
@@ -82,8 +87,6 @@ def recipe(case: Case, model_dir: Path, data: Path, steps: int = STEPS) -> dict:
 
 def prepare_shape(shape: str, work: Path) -> tuple[Path, Path]:
     """The shape's random fp32 model and a prompt file whose prompts are all PROMPT_TOKENS tokens long."""
-    from ogrpo.bench.rollout import build_model, text_prompts
-
     s = SHAPES[shape]
     model = build_model(s, "float32", work / f"model-{shape}")
     data = work / f"prompts-{s.vocab}.jsonl"
@@ -119,14 +122,11 @@ def _free_port() -> int:
 
 
 def read_result(case: Case, run_dir: Path) -> dict:
-    from ogrpo.planner.memory import tensor_gib
-
     manifest = json.loads((run_dir / "manifest.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "profile.jsonl").read_text().splitlines() if x.strip()]
     measured = [r for r in rows if r.get("mem_measured_gib") is not None]
     if not measured:
         raise RuntimeError(f"{case.name}: profile.jsonl has no mem_measured_gib")
-    from ogrpo.planner.types import Plan
 
     plan = Plan.from_dict(manifest["plan"])  # the run's record, parsed once
     plan_terms = plan.trainer.memory_terms["terms"]
@@ -149,10 +149,6 @@ def estimate_terms(plan, model_path: str, beta: float) -> dict:
     """trainer_estimate with the inputs the plan gave it (its model, processes, strategy, precision, batch,
     lengths, checkpointing, beta, kernels, gradient_accumulation_steps): the plan's own terms unrounded, and
     today's model for runs that `--reuse` reads back from before a change to it."""
-    from ogrpo.planner.memory import trainer_estimate
-    from ogrpo.planner.device_rules import rules_of
-    from ogrpo.models import resolve_model
-
     b, t = plan.batch, plan.trainer
     e = trainer_estimate(resolve_model(model_path), num_processes=t.num_processes, strategy=t.strategy,
                          precision=plan.precision, micro_batch=b.per_device_train_batch_size,
@@ -272,8 +268,6 @@ largest step against the estimate (`profile.mem_measured_over_estimate`), so use
 
 
 def environment() -> dict:
-    from ogrpo.bench.harness import _version, device_name
-
     return {"device": device_name(), "torch": _version("torch"), "transformers": _version("transformers"),
             "trl": _version("trl"), "deepspeed": _version("deepspeed")}
 

@@ -22,8 +22,10 @@ from pathlib import Path
 import yaml
 
 from ogrpo.bench.harness import environment_tags, save_figure
-from ogrpo.tables import format_table
+from ogrpo.bench.jobs import run_split_job
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.run_state import read_jsonl
+from ogrpo.tables import format_table
 
 MODES = ("off", "one-step")
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny-math.yaml"
@@ -38,8 +40,6 @@ def recipe(steps: int, seed: int) -> dict:
 
 def curve(run: Path) -> list[tuple[int, float, float]]:
     """(step, seconds of training at its end, reward) from a run directory's metrics and profile."""
-    from ogrpo.launch.run_state import read_jsonl
-
     rewards = {m["step"]: m["reward"] for m in read_jsonl(run / "metrics.jsonl") if m.get("reward") is not None}
     out, t = [], 0.0
     for row in sorted(read_jsonl(run / "profile.jsonl"), key=lambda r: r["step"]):
@@ -91,8 +91,6 @@ def _fmt(ms: tuple[float, float]) -> str:
 def run_overlap_bench(*, seeds: int = 3, steps: int = 30, workdir: str | None = None,
                       csv_path: str = "bench/results/overlap.csv", png_path: str = "bench/results/overlap.png",
                       out=None) -> dict:
-    from ogrpo.bench.jobs import run_split_job
-
     out = out or sys.stdout
     if seeds < 1:
         raise OgrpoError(f"--seeds {seeds}: give at least 1")

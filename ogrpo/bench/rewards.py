@@ -24,6 +24,7 @@ import threading
 import time
 
 from ogrpo.bench.harness import append_rows, environment_tags, make_row
+from ogrpo.sandbox.pool import Job, Limits, Sandbox
 from ogrpo.tables import format_table
 
 OPEN_R1_FORMAT = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
@@ -63,6 +64,7 @@ def _old_math(texts, golds, thread: bool) -> None:
     """The reward before: math-verify in the calling thread, its signal timeout off outside the main thread."""
     from math_verify import parse, verify
 
+    # heavy: rewards.math (math_verify's worker pool, the sandbox)
     from ogrpo.rewards.math import _configs
 
     gold_cfg, answer_cfg = _configs()
@@ -148,10 +150,10 @@ def _timed(fn, repeats: int = 1) -> float:
 def _new_paths(tmp: str):
     from concurrent.futures import ThreadPoolExecutor
 
+    # heavy: rewards.code (math_verify's worker pool, the sandbox)
     from ogrpo.rewards.code import code_format_reward, code_reward
     from ogrpo.rewards.math import accuracy_reward
     from ogrpo.rewards.text import format_reward
-    from ogrpo.sandbox.pool import Job, Limits, Sandbox
 
     limits = Limits(cpu_s=10, wall_s=CASE_SECONDS + 5)
     info = {"test_cases": [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(CASES)]}
@@ -196,6 +198,7 @@ def run_rewards_bench(old_cap_s: float = 150.0, csv_path: str | None = "bench/re
                       cases: tuple[str, ...] | None = None) -> list[list[str]]:
     import tempfile
 
+    # heavy: rewards.math (math_verify's worker pool, the sandbox)
     from ogrpo.rewards.math import MATH_TIMEOUT_S
 
     tags = environment_tags()

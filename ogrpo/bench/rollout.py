@@ -31,7 +31,15 @@ from pathlib import Path
 
 from ogrpo import dtypes
 from ogrpo.bench.harness import append_rows, environment_tags, make_row, median_seconds
+from ogrpo.errors import OgrpoError
+from ogrpo.launch.ports import free_ports, release_ports
+from ogrpo.launch.secret import ensure_in_env
+from ogrpo.planner.memory import kv_budget_bytes
+from ogrpo.serve import SERVER_ARGS
+from ogrpo.serve.auth import install_client_key
+from ogrpo.serve.server import engine_flags
 from ogrpo.tables import format_table
+from ogrpo.tiny import SPECIAL_TOKENS, build_tokenizer
 
 RESULT_TAG = "OGRPO_BENCH_RESULT "
 PATHS = ("hf", "vllm", "server", "vllm_inproc")
@@ -97,8 +105,6 @@ class Workload:
 def kv_cache_budget(shape: RolloutShape, dtype_bytes: int, seqs: int, max_model_len: int) -> int:
     """KV bytes that hold every sequence of one rollout at once (see ogrpo.planner.memory.kv_budget_bytes for why an
     explicit budget rather than a memory share)."""
-    from ogrpo.planner.memory import kv_budget_bytes
-
     per_token = 2 * shape.layers * shape.kv_heads * (shape.hidden // shape.heads) * dtype_bytes
     return kv_budget_bytes(per_token, seqs, max_model_len)
 
@@ -117,8 +123,6 @@ def build_model(shape: RolloutShape, dtype: str, out_dir: Path, seed: int = 0, e
 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from ogrpo.tiny import SPECIAL_TOKENS, build_tokenizer
 
     out_dir = Path(out_dir)
     mark = json.dumps({"shape": asdict(shape), "dtype": dtype, "seed": seed, "end_ids": list(end_ids)}) + "\n"
@@ -218,13 +222,8 @@ def _start_server(w: Workload):
     """`ogrpo serve` for a run config of this workload; returns (process, port, log file)."""
     import yaml
 
-    from ogrpo.launch.ports import free_ports
-
     work = Path(w.workdir)
     run_yaml = work / "bench-run.yaml"
-    from ogrpo.serve import SERVER_ARGS
-
-    from ogrpo.serve.server import engine_flags
 
     # What a plan gives every server (stats off: also the offline LLM's default, so settings stay the same). A run
     # config carries a whole plan or none, so these go on the server's command line, after `--`.
@@ -236,7 +235,6 @@ def _start_server(w: Workload):
         "model_name_or_path": w.model_dir, "max_completion_length": w.new_tokens, "dtype": w.dtype,
         **({"vllm_gpu_memory_utilization": gmu} if gmu is not None else {}),
         "ogrpo": {"max_prompt_length": w.max_model_len - w.new_tokens}}))
-    from ogrpo.launch.secret import ensure_in_env
 
     ensure_in_env()  # the server (a child) and our client share this process's job key
     (port,) = free_ports(1)
@@ -248,8 +246,6 @@ def _start_server(w: Workload):
 
 
 def _stop_server(proc: subprocess.Popen, port: int, log) -> None:
-    from ogrpo.launch.ports import release_ports
-
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -265,8 +261,6 @@ def _stop_server(proc: subprocess.Popen, port: int, log) -> None:
 def _server_generate(w: Workload, port: int):
     """TRL's own client call, as GRPOTrainer makes it each step (token-id prompts, n, logprobs=0)."""
     from trl.generation.vllm_client import VLLMClient
-
-    from ogrpo.serve.auth import install_client_key
 
     install_client_key()
     client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=60)
@@ -401,7 +395,6 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
                       workdir: str | None = None, gpu_memory_utilization: float | None = None,
                       enforce_eager: bool = False, paired: bool = True, out=None) -> list[dict]:
     """Run the chosen paths, print a table with tokens/s and ratios, append CSV rows; returns the rows."""
-    from ogrpo.errors import OgrpoError
 
     out = out or sys.stdout
     paths = paths or list(DEFAULT_PATHS)

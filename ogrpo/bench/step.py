@@ -31,14 +31,17 @@ from pathlib import Path
 
 import yaml
 
-from ogrpo.bench.jobs import run_split_job, split_plan
+from ogrpo import dtypes
+from ogrpo.bench import trl_server
 from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_figure
-from ogrpo.tables import format_table
+from ogrpo.bench.jobs import run_split_job, split_plan
 from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
 from ogrpo.bench.task import token_reward
-from ogrpo.profile.profiler import pad_shares
-from ogrpo import dtypes
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.cpu_slots import SLOTS_ENV
+from ogrpo.profile.hooks import profiled
+from ogrpo.profile.profiler import StageProfiler, pad_shares
+from ogrpo.tables import format_table
 
 PATHS = ("trl", "ogrpo")
 # "split-" + an ogrpo.overlap mode; split-trl: plain TRL's server mode on the same split (the anchor)
@@ -109,9 +112,6 @@ def _run_trl(workdir: Path, rec: dict) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from ogrpo.profile.hooks import profiled
-    from ogrpo.profile.profiler import StageProfiler
-
     keys = {k: v for k, v in rec.items()
             if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "ogrpo")}
     on_cpu = rec.get("ogrpo", {}).get("gpus", "cpu") == "cpu"
@@ -143,9 +143,6 @@ def _run_ogrpo(workdir: Path, rec: dict) -> None:
 
 def _run_split_trl(workdir: Path, rec: dict) -> None:
     """Plain TRL's server mode on the same split, with the server memory O-GRPO's plan gives its own."""
-    from ogrpo.bench import trl_server
-    from ogrpo.launch.cpu_slots import SLOTS_ENV
-
     _, plan = split_plan(workdir, "split-trl", rec, "off")
     trl_server.run(workdir, rec, plan.vllm.args.to_dict(), workdir / "split-trl-profile.jsonl",
                    server_slots=plan.vllm.env.get(SLOTS_ENV), trainer_slots=plan.trainer.env.get(SLOTS_ENV))

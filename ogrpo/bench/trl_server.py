@@ -18,13 +18,20 @@ import subprocess
 from pathlib import Path
 
 from ogrpo.bench.rollout import _stop_server, _wait_health
+from ogrpo.bench.task import token_reward
+from ogrpo.launch import cpu_slots
+from ogrpo.launch.ports import free_ports
+from ogrpo.patches import trl_vllm_client
+from ogrpo.profile.hooks import profiled
+from ogrpo.profile.profiler import StageProfiler
+from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
+from ogrpo.serve.client import _cpu_client_cls
+from ogrpo.serve.server import version_shim_dir
 
 
 def server_command(model: str, port: int, vllm_args: dict) -> list[str]:
     """`trl vllm-serve`'s command line for this model, with the CPU weight-transfer backend instead of NCCL."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
-
-    from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 
     args = ScriptArguments(model=model, host="127.0.0.1", port=port, dtype=vllm_args["dtype"],
                            max_model_len=vllm_args.get("max_model_len"))
@@ -40,8 +47,6 @@ def server_command(model: str, port: int, vllm_args: dict) -> list[str]:
 def server_env() -> dict[str, str]:
     """What `trl vllm-serve` sets (dev mode) plus the version shim the CPU build of vLLM needs for `vllm serve`;
     the trainer's thread cap is not the server's."""
-    from ogrpo.serve.server import version_shim_dir
-
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["VLLM_SERVER_DEV_MODE"] = "1"
     shim = version_shim_dir()
@@ -55,8 +60,6 @@ def run(workdir: Path, rec: dict, vllm_args: dict, profile_path: Path, server_sl
     """Start the server, train `rec` against it with plain TRL and the stage profiler, stop the server.
     `server_slots`/`trainer_slots`: the plan's OGRPO_CPU_SLOTS of each side; each side is pinned to those cores
     as the local launcher pins O-GRPO's (a server left on every core would generate on the trainer's too)."""
-    from ogrpo.launch import cpu_slots
-    from ogrpo.launch.ports import free_ports
 
     (port,) = free_ports(1)
     pinned = cpu_slots.step_env("server", server_slots)
@@ -78,12 +81,6 @@ def _train(workdir: Path, rec: dict, port: int, profile_path: Path) -> None:
     import datasets
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
-
-    from ogrpo.bench.task import token_reward
-    from ogrpo.patches import trl_vllm_client
-    from ogrpo.serve.client import _cpu_client_cls
-    from ogrpo.profile.hooks import profiled
-    from ogrpo.profile.profiler import StageProfiler
 
     cls = _cpu_client_cls()  # run_seed None: TRL's own unseeded requests
     trl_vllm_client.install_client_class(cls)

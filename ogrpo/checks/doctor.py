@@ -13,6 +13,10 @@ import sys
 from importlib import metadata
 
 from ogrpo.device_check import gpu_rows
+from ogrpo.launch.slurm.cli import conf_problem, controller_unreachable
+from ogrpo.patches import run_checks as check_patches
+from ogrpo.render.boxes import box_table, styled
+from ogrpo.stacks import supported_pair
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sacct", "scancel")
 CONTAINER_RUNTIMES = ("apptainer", "singularity", "enroot", "podman", "docker")
@@ -74,8 +78,6 @@ def run_checks(patches: bool = True) -> dict:
         if not report[need]:
             problems.append(f"{need} is not installed: pip install 'ogrpo[train]'")
 
-    from ogrpo.stacks import supported_pair
-
     if report["trl"] and report["vllm"]:
         ok, why = supported_pair(report["trl"], report["vllm"])
         report["stack"] = {"supported": ok, "reason": why}
@@ -91,13 +93,9 @@ def run_checks(patches: bool = True) -> dict:
     # connections fails every submit (one socket connect, bounded, only where the commands are)
     report["slurm_problem"] = None
     if report["slurm_client"]:
-        from ogrpo.launch.slurm.cli import conf_problem, controller_unreachable
-
         report["slurm_problem"] = conf_problem() or controller_unreachable()
     report["containers"] = {rt: shutil.which(rt) for rt in CONTAINER_RUNTIMES}
     if patches:
-        from ogrpo.patches import run_checks as check_patches
-
         report["patches"] = check_patches()
         problems += [row["detail"] for row in report["patches"].values() if row["status"] == "failed"]
     report["problems"] = problems
@@ -106,8 +104,6 @@ def run_checks(patches: bool = True) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from ogrpo.render.boxes import box_table, styled
-
     rows: list[list[str]] = []
 
     def row(name, value, ok):

@@ -44,6 +44,9 @@ from ogrpo.stacks import (
     parse_version,
     read_lock,
 )
+from ogrpo.kernels import _build
+from ogrpo.kernels.fused_sample import fused_sample, fused_sample_reference
+from ogrpo.kernels.linear_logprobs import linear_logprobs, linear_logprobs_reference
 
 FATBIN_MAGIC = 0xBA55ED50
 DEFAULT_PREBUILT = "/opt/ogrpo/kernels"  # the image's OGRPO_KERNELS_PREBUILT (install-runtime.sh INFODIR/kernels)
@@ -240,8 +243,6 @@ def gather(build_info: dict | None = None) -> dict:
 def _check_linear_logprobs(device) -> str | None:
     import torch
 
-    from ogrpo.kernels.linear_logprobs import linear_logprobs, linear_logprobs_reference
-
     gen = torch.Generator().manual_seed(0)
     n, hid, vocab = 37, 40, 1001  # nothing a multiple of 8 or of a chunk
     h = torch.randn(n, hid, generator=gen).to(device).requires_grad_()
@@ -263,7 +264,7 @@ def _check_linear_logprobs(device) -> str | None:
 def _check_fused_sample(device) -> str | None:
     import torch
 
-    from ogrpo.kernels.fused_sample import fused_sample, fused_sample_reference
+    # heavy: torch
     from ogrpo.kernels.fused_sample.reference import processed_scores
 
     gen = torch.Generator().manual_seed(0)
@@ -289,10 +290,8 @@ def check_op(op: str, device: str) -> dict[str, str]:
     compiled path agrees with the PyTorch reference on a small odd-shaped input."""
     import torch
 
-    from ogrpo.kernels._build import load_extension
-
     try:
-        ext = load_extension(op, cuda=device == "cuda")
+        ext = _build.load_extension(op, cuda=device == "cuda")
     except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
         return {"status": "failed", "detail": f"extension does not load: {type(exc).__name__}: {exc}"[:400]}
     check = OP_CHECKS.get(op)

@@ -37,9 +37,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ogrpo.checks.doctor import run_checks
 from ogrpo.dtypes import FP16_MAX, torch_name
-from ogrpo.planner.types import Precision
 from ogrpo.errors import OgrpoError
+from ogrpo.hardware import parse_gpus
+from ogrpo.launch.ports import free_ports, release_ports
+from ogrpo.launch.secret import ensure_in_env
+from ogrpo.launch.supervisor import health_ok
+from ogrpo.load_plan import load_and_plan
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.planner.types import Precision
+from ogrpo.serve import client as weight_client
+from ogrpo.serve.client import expected_from_run_config
+from ogrpo.serve.server import serve as serve_argv
+from ogrpo.train.run import resolve_model_path
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 DEFAULT_DS_OPS = ("cpu_adam", "fused_adam")
@@ -90,12 +101,8 @@ def machine_gpus(env: dict) -> str | None:
 def selftest_plan(config: str, gpus: str | None, model: str | None, cuda_count: int):
     """(run config, plan) of a server-mode run on this machine: the server flags come from the plan. With one GPU
     the plan is made for two of that type (one for vLLM), which is what a one-GPU server of it gets."""
-    from ogrpo.hardware import parse_gpus
-    from ogrpo.load_plan import load_and_plan
-
     extra: dict = {"use_vllm": True}
     cluster = parse_gpus(gpus) if gpus else None
-    from ogrpo.planner.device_rules import rules_of
 
     if cluster is not None and not rules_of(cluster).counts_gpus:
         return load_and_plan(config, gpus, model, None, None, None, extra=extra)
@@ -201,6 +208,7 @@ def check_deepspeed_ops(ops: tuple[str, ...], jit: bool = True) -> dict:
 def calibration_texts(run_config, limit: int = 4) -> tuple[list, str]:
     """The run's first prompts (what the model will really see), else fixed texts."""
     try:
+        # inside the try: a failing import falls back to the fixed texts
         from ogrpo.train.data import load_prompts
 
         ds = load_prompts(run_config.trl, run_config.ogrpo.prompt_column, run_config.ogrpo.system_prompt)
@@ -339,22 +347,17 @@ class Server:
     """`ogrpo serve` for a run config carrying the plan, as its own process group."""
 
     def __init__(self, run_yaml: Path, workdir: Path, env: dict[str, str] | None = None):
-        from ogrpo.launch.ports import free_ports
-
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "server.log"
         self.argv = [sys.executable, "-m", "ogrpo", "serve", "--config", str(run_yaml), "--host", "127.0.0.1",
                      "--port", str(self.port)]
-        from ogrpo.launch.secret import ensure_in_env
 
         ensure_in_env()  # the server (a child) and this process's client share one job key
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float) -> float:
-        from ogrpo.launch.supervisor import health_ok
-
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
@@ -375,8 +378,6 @@ class Server:
         return " | ".join(lines[-n:])[-600:]
 
     def stop(self) -> None:
-        from ogrpo.launch.ports import release_ports
-
         if self.proc is not None and self.proc.poll() is None:
             for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
                 try:
@@ -436,9 +437,6 @@ def push_and_gap(url: str, model_path: str, dtype: str, device: str, push: bool,
                  prompts: list[list[int]], n: int = 2, max_tokens: int = 8) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from ogrpo.launch.ports import free_ports
-    from ogrpo.serve import client as weight_client
 
     if device == "cuda":
         cls = weight_client.install_gpu_sync_timeout(timeout_s=300, expect=expect, push_dtype=dtype)
@@ -508,7 +506,6 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
                  ds_ops: tuple[str, ...] = DEFAULT_DS_OPS, jit_ops: bool = True, server: bool = True,
                  health_timeout: float = 900.0, progress: Callable[[str, dict], None] | None = None) -> dict:
     """Every check, in order; returns the report (see `write_report`)."""
-    from ogrpo.checks.doctor import run_checks
 
     env = run_checks(patches=False)  # the checks below exercise the patches themselves; `ogrpo doctor` checks them
     import torch
@@ -527,7 +524,6 @@ def run_selftest(config: str = "tiny", *, gpu: bool = False, gpus: str | None = 
             raise OgrpoError(f"--gpu: cannot tell which catalog GPU this is ({names}); pass --gpus NxTYPE "
                              "(e.g. 1xA40, 1xV100-32G)")
     rc, plan = selftest_plan(config, gpus, model, torch.cuda.device_count() if gpu else 0)
-    from ogrpo.train.run import resolve_model_path
 
     model_path = resolve_model_path(rc.trl.get("model_name_or_path"))
     gpu_row = (env.get("gpus") or [None])[0] if gpu else None
@@ -574,9 +570,6 @@ def _server_checks(report, rc, plan, model_path, device, sdtype, texts, health_t
         return
     import torch
     import yaml
-
-    from ogrpo.serve.client import expected_from_run_config
-    from ogrpo.serve.server import serve as serve_argv
 
     n_cuda = torch.cuda.device_count() if device == "cuda" else 0
     one_gpu = n_cuda == 1

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from ogrpo.config import load_run_config
+from ogrpo.errors import OgrpoError
+from ogrpo.hardware import parse_gpus
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.sandbox.policy import check_here
+
 
 def checked_backend(backend: str, dry_run: bool) -> str:
     """--backend slurm|local; slurm only where sbatch is, except for a dry run (it writes files anywhere)."""
     import shutil
-
-    from ogrpo.errors import OgrpoError
 
     if backend not in ("slurm", "local"):
         raise OgrpoError(f"--backend {backend!r}: use slurm or local")
@@ -23,8 +27,6 @@ def default_backend(backend: str | None, dry_run: bool, gpus: str | None, config
     would run here, on hardware it was not planned for, and fail late. Shared by submit and sweep."""
     import shutil
 
-    from ogrpo.errors import OgrpoError
-
     if backend is None:
         if shutil.which("sbatch") is None and not dry_run and not runs_locally(gpus, config):
             raise OgrpoError(f"no Slurm here (`sbatch` is not on PATH), so --gpus {gpus or '(from the config)'} "
@@ -37,12 +39,7 @@ def default_backend(backend: str | None, dry_run: bool, gpus: str | None, config
 def runs_locally(gpus: str | None, config: str) -> bool:
     """Whether the cluster a job targets (--gpus, else the config's ogrpo.gpus, else this machine's CPU) can run
     here without Slurm (the device rules' `runs_locally`)."""
-    from ogrpo.hardware import parse_gpus
-    from ogrpo.planner.device_rules import rules_of
-
     if gpus is None:
-        from ogrpo.config import load_run_config
-
         gpus = load_run_config(config).ogrpo.gpus
     return gpus is None or rules_of(parse_gpus(str(gpus))).runs_locally
 
@@ -50,15 +47,13 @@ def runs_locally(gpus: str | None, config: str) -> bool:
 def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> None:
     """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
     rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""
-    from ogrpo.errors import OgrpoError
-    from ogrpo.sandbox.policy import check_here
-
     for rc, plan in pairs:
         check_here(rc)
         if plan.cluster.nodes > 1:
             raise OgrpoError(f"--backend local runs on this machine; the {plan.cluster.spec} plan spans "
                              f"{plan.cluster.nodes} nodes: {elsewhere} (--backend slurm)")
     if not dry_run:  # a missing stack is the one line, before the plan's notes
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.install_hints import require
 
         server = any(plan.has_server for _, plan in pairs)

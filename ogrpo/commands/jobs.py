@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from ogrpo.errors import OgrpoError
+
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 JOB_HELP = "Slurm job id or the job's run directory (Slurm or --backend local)."
@@ -70,9 +72,11 @@ def submit(
                                  "[lines]}, or {errors: [...]} on failure (ogrpo/cli.py collects it)."),
 ) -> None:
     """Plan, render and submit a job (Slurm: `sbatch job.sbatch`, or run it here with --backend local)."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.jobspec import build_jobspec
     from ogrpo.render import render_job, write_job
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.commands.backend import default_backend
 
     backend = default_backend(backend, dry_run, gpus, config)
@@ -104,6 +108,7 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
     signal delay)."""
     import os
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.commands.planning import load_and_plan, require_fit, warn
     from ogrpo.launch import slurm as sl
 
@@ -112,11 +117,13 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
         sl.parse_time(extra["time"])
     rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict)
     if backend == "local":
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.commands.backend import check_local
 
         check_local([(rc, plan)], dry_run, "ogrpo submit", "submit it to Slurm")
     job_dir = os.path.abspath(output) if output else _default_job_dir(rc.ogrpo.job_name or "ogrpo")
     if backend == "slurm":
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.launch.slurm import grace
 
         # KillWait/GraceTime and the step time → signal lead time and save_steps (warnings and changes shown)
@@ -132,14 +139,14 @@ def _executor(backend, plan, rc, spec, detach, *, nodes, time_limit, slurm, sign
     """The executor with its options; Slurm's checked against the cluster (preflight) before anything is written."""
     import shutil
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch import slurm as sl
+    from ogrpo.launch.containers import make_container
     from ogrpo.launch.executor import LocalExecutor, SlurmExecutor
 
     if backend == "local":
         return LocalExecutor(detach=detach)
     if container_runtime is not None:
-        from ogrpo.launch.containers import make_container
-
         make_container(rc.ogrpo.container, container_runtime, [spec.job_dir])  # refuses a bad runtime first
     opts = sl.options_for(plan, rc, nodes=nodes, time_min=sl.parse_time(time_limit) if time_limit else None,
                           extra=sl.parse_passthrough(slurm), signal_delay_s=signal_delay, max_requeues=max_requeues,
@@ -172,12 +179,15 @@ def status(
     (its directory or id): one row per point."""
     import json
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 
     if (sweep := find_sweep(job)) is not None:
+        # heavy: typer
         from ogrpo.commands.sweeping import print_status
 
         return print_status(sweep, as_json)
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.executor import find
 
     info = find(job).status()
@@ -222,7 +232,7 @@ def logs(
     """Print a job's logs (supervisor, server, trainer) from its run directory."""
     import sys
 
-    from ogrpo.errors import OgrpoError
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.executor import find
 
     if role not in (None, "server", "trainer", "supervisor"):
@@ -240,12 +250,15 @@ def cancel(
 ) -> None:
     """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone (exit 1
     naming any still alive after a bounded wait). A sweep (its directory or id): every point."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 
     if (sweep := find_sweep(job)) is not None:
+        # heavy: typer
         from ogrpo.commands.sweeping import cancel_sweep
 
         return cancel_sweep(sweep)
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.executor import find
 
     handle = find(job)

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ogrpo.commands.options import Option, echo
 from ogrpo.load_plan import load_and_plan  # noqa: F401  (its home, below the commands; submit, sweep use it)
+from ogrpo.errors import NoFitError, OgrpoError
 
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, 2x8xA100-80G, cpu, 2xcpu."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
@@ -38,8 +39,6 @@ def warn(rc, plan) -> None:
 
 
 def require_fit(plan, force: bool, what: str) -> None:
-    from ogrpo.errors import NoFitError
-
     if not plan.fits and not force:
         raise NoFitError("the plan does not fit: " + "; ".join(plan.reasons)
                          + (f"; try: {', '.join(plan.fixes)}" if plan.fixes else "") + f" (or --force to {what})")
@@ -61,9 +60,11 @@ def plan(
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
                           extra={"strategy": strategy, "overlap": overlap}, strict=strict)
     preempt = None
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.planner.device_rules import rules_of
 
     if not rules_of(p).runs_locally:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.launch.slurm import grace
 
         preempt = grace.for_plan(rc, p, strict=strict)
@@ -76,6 +77,7 @@ def plan(
         echo(json.dumps(d, indent=2))
     else:
         warn(rc, p)
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.render.table import print_plan
 
         print_plan(p)
@@ -105,7 +107,7 @@ def render(
     """Render the Slurm job (job.sbatch, accelerate.yaml, deepspeed.json, run.yaml, manifest.json)."""
     import os
 
-    from ogrpo.errors import OgrpoError
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.jobspec import build_jobspec
     from ogrpo.render import render_job, write_job
 
@@ -116,6 +118,7 @@ def render(
     job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
     if not os.path.isabs(job_dir):
         raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.slurm import grace
     from ogrpo.launch.slurm.sbatch import options_for
 
@@ -155,6 +158,7 @@ def doctor(
                                       "(imports vLLM/TRL: slower)."),
 ) -> None:
     """Check this machine: python, torch/CUDA, GPUs, vLLM/TRL pair, DeepSpeed, Slurm, containers, patch targets."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.checks.doctor import print_report, run_checks
     from ogrpo.kernels._build import cache_root
     from ogrpo.train.quiet import libraries_note, libraries_to_log

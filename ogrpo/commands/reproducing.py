@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from ogrpo.errors import OgrpoError
+
 
 def reproduce(
     run: str = typer.Argument(..., help="Job/run directory of the run to repeat, or its Slurm job id; a sweep's "
@@ -21,14 +23,16 @@ def reproduce(
     import sys
     import tempfile
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 
     if (sweep := find_sweep(run)) is not None:  # a whole sweep; one point of it is a job directory (points/I)
+        # heavy: typer
         from ogrpo.commands.sweeping import reproduce_sweep
 
         raise typer.Exit(reproduce_sweep(sweep, output, backend, strict, dry_run))
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import dump_yaml, load_run_config
-    from ogrpo.errors import OgrpoError
     from ogrpo.plan import plan_from_config
     from ogrpo.reproduce import drift, load_record, plan_differences
     from ogrpo.train.rundir import git_sha

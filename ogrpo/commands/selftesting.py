@@ -22,6 +22,7 @@ def selftest(
 ) -> None:
     """Check this node against what the plan relies on; write one JSON report (attach it to bug reports).
     Exit 0 when nothing failed, 1 when a check failed, 2 on bad input (e.g. --gpu without CUDA)."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.checks.selftest import run_selftest, write_report
 
     def progress(name: str, res: dict) -> None:

@@ -5,6 +5,8 @@ from typing import Optional
 
 import typer
 
+from ogrpo.errors import OgrpoError
+
 bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline measured in the same run.",
                         no_args_is_help=True)
 
@@ -23,6 +25,7 @@ def serve(
     """Run the vLLM OpenAI server for a run, with the plan's flags (and the cpu_shm weight sync on CPU)."""
     import shlex
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.serve.server import serve as run_serve
 
     argv = run_serve(config, host, port, model=model, revision=revision, dtype=dtype,
@@ -35,6 +38,7 @@ def supervise(
     health_timeout: Optional[float] = typer.Option(None, help="Seconds to wait for the server's /health."),
 ) -> None:
     """Run a job's steps on this machine: server and trainer as process groups, health wait, watchdog."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.local import run_local
 
     rc = run_local(job, health_timeout_s=health_timeout)
@@ -68,6 +72,7 @@ def bench_rollout(
                                      "run (robust to load from other jobs), or each in its own run."),
 ) -> None:
     """Rollout tokens/s: TRL's default (HF generate) vs raw vLLM offline vs O-GRPO's server path."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
     from ogrpo.launch.teardown import exit_on_signals
 
@@ -94,8 +99,8 @@ def bench_kernels(
     csv: str = typer.Option("bench/results/kernels.csv", help="CSV file rows are appended to."),
 ) -> None:
     """Our kernels vs TRL 1.9.2 / TRL 1.16 log-probs (time, peak memory) and transformers' sampling chain."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.kernels import run_kernels_bench
-    from ogrpo.errors import OgrpoError
 
     try:
         token_counts = tuple(int(t) for t in tokens.split(",") if t.strip())
@@ -135,6 +140,7 @@ def bench_step(
                                                                                "(default: the plan's choice)."),
 ) -> None:
     """The same GRPO steps as plain TRL (its defaults) and as O-GRPO's plan: per-stage seconds, memory, ratios."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.step import preset, run_step_bench
     from ogrpo.launch.teardown import exit_on_signals
 
@@ -158,6 +164,7 @@ def bench_overlap(
 ) -> None:
     """tiny-math with ogrpo.overlap off and one-step on the split placement: reward (mean ± std over seeds) at
     fixed steps and wall-clock times, and whether one-step is within 2 std of off."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.overlap import run_overlap_bench
     from ogrpo.launch.teardown import exit_on_signals
 
@@ -176,8 +183,8 @@ def bench_rewards(
     workers, one completion's test cases in turn vs in parallel."""
     import math
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.rewards import run_rewards_bench
-    from ogrpo.errors import OgrpoError
 
     if not (math.isfinite(old_cap) and old_cap > 0):
         raise OgrpoError(f"--old-cap {old_cap}: give the seconds after which an old path is stopped (> 0)")

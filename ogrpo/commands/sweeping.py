@@ -9,6 +9,9 @@ from typing import Optional
 
 import typer
 
+from ogrpo.commands.planning import _short
+from ogrpo.errors import OgrpoError
+
 GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, cpu. Every point runs on one such job."
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 GRID_HELP = ("KEY=V1,V2,...: a run-config key (TRL's, or ogrpo.KEY) and its values (repeatable; the points are "
@@ -54,17 +57,17 @@ def sweep(
     import os
     from pathlib import Path
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import load_run_config
-    from ogrpo.errors import OgrpoError
-    from ogrpo.sweep import grid as g
-    from ogrpo.sweep import manifest
-    from ogrpo.sweep.plan import PointsDoNotFit, plan_points
+    from ogrpo.sweep import grid as g, manifest, slurm as sweep_slurm
+    from ogrpo.sweep.plan import PointsDoNotFit, plan_points, write_point
 
     swept = g.parse_grid(grid)
     n_seeds = g.parse_seeds(seeds, swept)
     if not swept and not n_seeds:
         raise OgrpoError("nothing to sweep: give --grid KEY=V1,V2 (repeatable) and/or --seeds N")
     backend = _backend(backend, max_parallel, dry_run, gpus, config)
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.slurm import sbatch as sb
 
     extra_sbatch = sb.parse_passthrough(slurm)
@@ -99,8 +102,6 @@ def sweep(
     for line in notes(planned):
         typer.echo(line, err=True)
 
-    from ogrpo.sweep.plan import write_point
-
     entries = [{**pp.point.to_dict(), "label": pp.point.label(), "dir": f"{manifest.POINTS}/{pp.index}"}
                for pp in planned]
     parallel = min(max_parallel or len(planned), len(planned))
@@ -115,8 +116,6 @@ def sweep(
             "points": entries}
     specs = [write_point(sweep_dir, sweep_id, pp, slurm=o, local=backend == "local") for pp, o in zip(planned, opts)]
     if backend == "slurm":
-        from ogrpo.sweep import slurm as sweep_slurm
-
         text = sweep_slurm.render_array(sweep_dir, sweep_id, entries, specs, opts, parallel)
         (sweep_dir / manifest.SBATCH).write_text(text)
         (sweep_dir / manifest.SBATCH).chmod(0o755)
@@ -136,14 +135,13 @@ def sweep(
                    "points here)")
         return
     if backend == "slurm":
-        from ogrpo.sweep import slurm as sweep_slurm
-
         data = sweep_slurm.submit(sweep_dir, opts[0])
         sl_ids = data["slurm"]
         typer.echo(f"submitted job array {sl_ids['array_job_id']}: {len(planned)} tasks, at most {parallel} at once"
                    + (f"; summary job {sl_ids['summary_job_id']} after it" if sl_ids.get("summary_job_id") else ""))
         typer.echo(f"follow with: ogrpo status {sweep_dir}   (stop: ogrpo cancel {sweep_dir})")
         return
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep import local as sweep_local
 
     typer.echo(f"running {len(planned)} points here, one after another")
@@ -156,10 +154,10 @@ def _backend(backend: str | None, max_parallel: int | None, dry_run: bool, gpus:
              config: str) -> str:
     """--backend, checked with --max-parallel; by default what `submit` picks (slurm where sbatch is on PATH, else
     local for a cluster that runs here, else refused)."""
-    from ogrpo.errors import OgrpoError
 
     if max_parallel is not None and max_parallel < 1:
         raise OgrpoError(f"--max-parallel {max_parallel}: must be 1 or more")
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.commands.backend import default_backend
 
     backend = default_backend(backend, dry_run, gpus, config)
@@ -170,6 +168,7 @@ def _backend(backend: str | None, max_parallel: int | None, dry_run: bool, gpus:
 
 def _check_local(planned: list, dry_run: bool) -> None:
     """What `ogrpo submit --backend local` checks of a job, for every point: it runs on this machine."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.commands.backend import check_local
 
     check_local([(pp.rc, pp.plan) for pp in planned], dry_run, "ogrpo sweep", "sweep on Slurm")
@@ -181,9 +180,9 @@ def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, ext
     checked once, before anything is written)."""
     import shutil
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.jobspec import build_jobspec
-    from ogrpo.launch.slurm import grace
-    from ogrpo.launch.slurm import sbatch as sb
+    from ogrpo.launch.slurm import grace, sbatch as sb
     from ogrpo.sweep import manifest
 
     delays = [grace.for_plan(pp.rc, pp.plan, job_dir=str(manifest.point_dir(sweep_dir, pp.index)),
@@ -191,6 +190,7 @@ def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, ext
     opts = [sb.options_for(pp.plan, pp.rc, time_min=time_min, extra=extra, signal_delay_s=max(delays),
                            max_requeues=max_requeues, job_name=job_name) for pp in planned]
     if shutil.which("sbatch"):
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.launch import slurm as sl
 
         first = planned[0]
@@ -202,8 +202,6 @@ def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, ext
 
 def notes(planned: list) -> list[str]:
     """Warnings and changes from the recipe, each once, with the points it concerns when not all of them."""
-    from ogrpo.commands.planning import _short
-
     seen: dict[str, list[int]] = {}
     for pp in planned:
         lines = [f"warning: {w}" for w in dict.fromkeys(list(pp.rc.warnings) + list(pp.plan.warnings))]
@@ -217,6 +215,7 @@ def notes(planned: list) -> list[str]:
 
 
 def _job_name(pp) -> str:
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.jobspec import build_jobspec
 
     return build_jobspec(pp.plan, pp.rc, "/").name
@@ -230,14 +229,17 @@ def _now() -> str:
 
 def sweep_states(sweep_dir) -> tuple[dict, dict[int, str]]:
     """(manifest, point index -> state) from the sweep's backend."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep import manifest
 
     data = manifest.read(sweep_dir)
     if data.get("backend") == "slurm" and (data.get("slurm") or {}).get("array_job_id"):
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.sweep import slurm as sweep_slurm
 
         return data, sweep_slurm.states(sweep_dir, data)
     if data.get("backend") == "local":
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.sweep import local as sweep_local
 
         return data, sweep_local.states(sweep_dir, data)
@@ -248,6 +250,7 @@ def print_status(sweep_dir, as_json: bool = False) -> None:
     """`ogrpo status SWEEP`: one row per point; refreshes summary.csv and rewards.png."""
     import json
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep import summary
     from ogrpo.sweep.grid import format_value
 
@@ -275,14 +278,17 @@ def print_status(sweep_dir, as_json: bool = False) -> None:
 
 def cancel_sweep(sweep_dir) -> None:
     """`ogrpo cancel SWEEP`: every task stopped; returns once no process of the sweep is left."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep import manifest, summary
 
     data = manifest.read(sweep_dir)
     if data.get("backend") == "local":
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.sweep import local as sweep_local
 
         sweep_local.cancel(sweep_dir, data)
     else:
+        # CLI latency: `ogrpo --help` imports this module
         from ogrpo.sweep import slurm as sweep_slurm
 
         sweep_slurm.cancel(sweep_dir, data)
@@ -299,8 +305,8 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
     import sys
     import tempfile
 
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import dump_yaml
-    from ogrpo.errors import OgrpoError
     from ogrpo.reproduce import drift, load_record
     from ogrpo.sweep import manifest
     from ogrpo.sweep.grid import format_value

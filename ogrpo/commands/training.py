@@ -17,6 +17,7 @@ def train(
     overrides: Optional[List[str]] = typer.Option(None, "--set", help="Override a run-config key: KEY=VALUE."),
 ) -> None:
     """Train with TRL's GRPOTrainer using the plan's settings; profile every step; write a run directory."""
+    # CLI latency: `ogrpo --help` imports this module
     from ogrpo.train import parse_overrides
     from ogrpo.train.run import leave_process_group, train as run_train
 

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 from ogrpo.errors import OgrpoError
+from ogrpo.kernels import _build, cuda_check
 
 
 def build(kernels: list[str] | None, cuda: bool, out: Path | None, verbose: bool = False) -> int:
-    from ogrpo.kernels import _build
-
     if cuda:
         import torch
 
@@ -62,8 +61,6 @@ def build(kernels: list[str] | None, cuda: bool, out: Path | None, verbose: bool
 
 
 def check_cuda(archs: list[str], as_json: bool, report_path: Path | None, files: list[Path] | None = None) -> int:
-    from ogrpo.kernels import cuda_check
-
     bad = [a for a in archs if not (a.startswith("sm_") and a[3:].isdigit())]
     if bad:
         raise OgrpoError(f"--arch takes names like sm_70 sm_86, got {' '.join(bad)}")

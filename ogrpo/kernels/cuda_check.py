@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ogrpo.errors import OgrpoError
+from ogrpo.tables import format_table
 
 KERNELS_DIR = Path(__file__).parent
 ARCHS = ("sm_70", "sm_86")
@@ -303,8 +304,6 @@ def run_check(archs=ARCHS, files: list[Path] | None = None) -> dict:
 
 
 def format_report(report: dict) -> str:
-    from ogrpo.tables import format_table
-
     rows = [[k["demangled"], k["arch"], str(k["registers"]), str(k["budget"] if k["budget"] is not None else "-"),
              str(k["max_threads"] or "-"), f"{k['spill_stores']}/{k['spill_loads']}", str(k["stack_bytes"]),
              "ok" if not k["problems"] else "FAIL"] for k in report["kernels"]]

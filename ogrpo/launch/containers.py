@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from ogrpo.errors import OgrpoError
+
 RUNTIMES = ("apptainer", "singularity", "pyxis", "none")
 
 
@@ -56,8 +58,6 @@ def _srun_has_pyxis() -> bool:
 def detect_runtime(image: str) -> str:
     """Pick the runtime for IMAGE: a .sif file or a local path → apptainer/singularity; a registry reference or
     a .sqsh → pyxis when srun has the plugin, else apptainer (which pulls docker:// itself)."""
-    from ogrpo.errors import OgrpoError
-
     local_image = image.endswith((".sif", ".simg")) or image.startswith(("/", "./"))
     found = [r for r in ("apptainer", "singularity") if shutil.which(r)]
     pyxis = _srun_has_pyxis()
@@ -76,8 +76,6 @@ def detect_runtime(image: str) -> str:
 
 def make_container(image: str | None, runtime: str | None, binds: list[str]) -> Container | None:
     """The Container for `--container IMAGE [--container-runtime R]`, or None when there is none."""
-    from ogrpo.errors import OgrpoError
-
     if runtime is not None and runtime not in RUNTIMES:
         raise OgrpoError(f"--container-runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
     if not image:

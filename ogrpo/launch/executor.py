@@ -17,7 +17,14 @@ from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import OgrpoError
+from ogrpo.launch import local, slurm
 from ogrpo.launch.handle import Job
+from ogrpo.launch.local import JOBSPEC_FILE, LocalJob, run_local, start_detached
+from ogrpo.launch.local import state as local_state
+from ogrpo.launch.ports import slurm_ports
+from ogrpo.launch.slurm import query as slurm_query
+from ogrpo.launch.slurm.query import JobRef, SlurmJob
+from ogrpo.launch.slurm.sbatch import SlurmOptions, render_script
 
 
 class Executor(ABC):
@@ -45,8 +52,6 @@ class LocalExecutor(Executor):
         return [f"would run locally in {spec.job_dir}:", *(f"  {s.role}: {' '.join(s.argv)}" for s in spec.steps)]
 
     def submit(self, spec) -> Job:
-        from ogrpo.launch.local import JOBSPEC_FILE, LocalJob, run_local, start_detached
-
         job_dir = Path(spec.job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
         (job_dir / JOBSPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
@@ -65,9 +70,6 @@ class SlurmExecutor(Executor):
         self.opts = opts  # None: the defaults (ogrpo.launch.slurm.sbatch.SlurmOptions) for a JobSpec built in code
 
     def dry_run(self, spec, files: dict[str, str]) -> list[str]:
-        from ogrpo.launch import slurm
-        from ogrpo.launch.ports import slurm_ports
-
         lines = [f"==> {spec.job_dir}/{layout.SBATCH} (submitted with: sbatch {layout.SBATCH}) <==",
                  files[layout.SBATCH].rstrip(),
                  "==> steps (started by the supervisor in the batch step; ports and addresses are picked when the "
@@ -79,10 +81,6 @@ class SlurmExecutor(Executor):
         return lines + [f"{role}: {shlex.join(argv)}" for role, argv in cmds.items()]
 
     def submit(self, spec) -> Job:
-        from ogrpo.launch import slurm
-        from ogrpo.launch.slurm.sbatch import SlurmOptions, render_script
-        from ogrpo.launch.slurm.query import JobRef, SlurmJob
-
         path = Path(spec.job_dir) / layout.SBATCH
         opts = self.opts or SlurmOptions(job_name=spec.name)
         sub = slurm.submit(spec, script=None if path.exists() else render_script(spec, opts))
@@ -108,10 +106,6 @@ def submit(spec, backend: str = "local", slurm_options=None) -> Job:
 
 def find(ref: str | os.PathLike) -> Job:
     """The handle of a job from its run directory (any backend) or a Slurm job id."""
-    from ogrpo.launch import local
-    from ogrpo.launch.local import state as local_state
-    from ogrpo.launch.slurm import query as slurm_query
-
     path = Path(ref).expanduser()
     if path.is_dir():
         if not (local_state.has_state(path) or (path / layout.SLURM / "job_id").exists()) and path.name == layout.RUN:

@@ -40,6 +40,7 @@ from typing import BinaryIO, Callable, TextIO
 
 from ogrpo import layout
 from ogrpo.jobspec import JobSpec, Step
+from ogrpo.launch import secret
 from ogrpo.launch.procs import group_members
 from ogrpo.placeholders import fill_text
 LOG_TAIL_LINES = 30
@@ -128,7 +129,6 @@ class Supervisor:
         self.job = jobspec
         self.values = {k: str(v) for k, v in values.items()}
         self.values.setdefault("job_dir", str(jobspec.job_dir))
-        from ogrpo.launch import secret
 
         # the job's key (JOB_DIR/job.key, 0600; a requeued attempt reads the same): to the steps' environment only
         self.key_env = {secret.KEY_ENV: secret.ensure(jobspec.job_dir)}

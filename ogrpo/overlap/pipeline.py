@@ -35,6 +35,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from ogrpo.patches.trl_vllm_wraps import wrap
 from ogrpo.planner.types import Overlap
 
 OFF, LOSSLESS, ONE_STEP = Overlap.OFF, Overlap.LOSSLESS, Overlap.ONE_STEP
@@ -337,8 +338,6 @@ class Pipeline:
     def attach(self, client) -> None:
         """Route `client`'s generate, weight push and prefix-cache reset through this pipeline (the `overlap`
         layer of ogrpo.patches.trl_vllm_wraps: the client is an instance TRL's trainer builds)."""
-        from ogrpo.patches.trl_vllm_wraps import wrap
-
         def through(real):
             self._real = real
 

@@ -30,6 +30,9 @@ import json
 from concurrent.futures import Future
 from pathlib import Path
 
+from ogrpo.errors import OgrpoError
+from ogrpo.overlap.pipeline import ONE_STEP, OverlapError, Ticket
+
 FILE = "ogrpo_overlap_inflight.json"
 FORMAT = 1
 SEED_FILE = "ogrpo_generation_seed.json"
@@ -55,8 +58,6 @@ class StreamCheckpoints:
         return found if isinstance(getattr(found, "_generation_calls", None), int) else None
 
     def _one_step_pipeline(self):
-        from ogrpo.overlap.pipeline import ONE_STEP
-
         pipe = self._stream_pipeline()
         return pipe if pipe is not None and pipe.mode == ONE_STEP else None
 
@@ -84,7 +85,6 @@ def save(pipeline, checkpoint: Path, global_step: int) -> dict | None:
     if not pipeline.tickets:
         return None
     if len(pipeline.tickets) > 1:  # one-step keeps one request ahead: more would be a broken invariant
-        from ogrpo.overlap.pipeline import OverlapError
 
         raise OverlapError(f"overlap: {len(pipeline.tickets)} requests queued at a checkpoint (one expected)")
     ticket = pipeline.tickets[0]
@@ -102,7 +102,6 @@ def restore(pipeline, checkpoint: Path) -> bool:
     record = _read(checkpoint / FILE)
     if record is None:
         return False
-    from ogrpo.overlap.pipeline import Ticket
 
     future: Future = Future()
     future.set_result(record["result"])
@@ -115,8 +114,6 @@ def restore(pipeline, checkpoint: Path) -> bool:
 def seed_counter_to_save(client, pipeline) -> int:
     """The client's seed counter as a resumed run must start it: where the oldest request in flight that the
     checkpoint does not keep (lossless) took its seed, else the counter itself."""
-    from ogrpo.overlap.pipeline import ONE_STEP
-
     if pipeline is not None and pipeline.mode != ONE_STEP:
         taken = [t.calls for t in list(pipeline.tickets) if t.calls is not None]
         if taken:
@@ -153,7 +150,5 @@ def _read(path: Path) -> dict | None:
         return None
     record = json.loads(path.read_text())
     if record.get("format") != FORMAT:
-        from ogrpo.errors import OgrpoError
-
         raise OgrpoError(f"{path}: format {record.get('format')!r}, this O-GRPO reads format {FORMAT}")
     return record

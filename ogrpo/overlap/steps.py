@@ -32,8 +32,13 @@ from __future__ import annotations
 import copy
 import time
 
+from ogrpo.errors import OgrpoError
 from ogrpo.overlap import streaming
+from ogrpo.overlap import pipeline as overlap
+from ogrpo.overlap.pipeline import _spawn
 from ogrpo.patches import trl_overlap as trl_collectives
+from ogrpo.profile.profiler import Timeline
+from ogrpo.serve import deadline
 
 
 class OverlapState:
@@ -114,16 +119,12 @@ class Overlapped:
 
 
 def install(trainer, mode: str, stream: bool) -> dict:
-    from ogrpo.errors import OgrpoError
-    from ogrpo.overlap import pipeline as overlap
-
     if mode not in overlap.MAX_STALENESS:
         raise OgrpoError(f"ogrpo.overlap {mode!r}: install takes {' or '.join(overlap.MAX_STALENESS)}")
     problems = overlap.unsupported(trainer.args, trainer)
     if problems:
         raise OgrpoError(f"ogrpo.overlap {mode} cannot run: " + "; ".join(problems) + "; set ogrpo.overlap: off")
     trl_collectives.check()
-    from ogrpo.profile.profiler import Timeline
 
     timeline = trainer.timeline = trainer.timeline or Timeline()  # the stage profiler reads the same spans
     streams = mode == overlap.LOSSLESS and stream  # the plan's: the same on every rank
@@ -167,8 +168,6 @@ def _stage_next(trainer, state) -> None:
 
 def generate(trainer, state, original, prompts):
     from accelerate.utils import broadcast_object_list
-
-    from ogrpo.overlap import pipeline as overlap
 
     if not trainer.model.training:
         return original(prompts)
@@ -218,8 +217,6 @@ def _log_streamed(trainer, state) -> None:
 
 
 def _start_rewards(trainer, state, prompts, completions, completion_ids) -> None:
-    from ogrpo.overlap.pipeline import _spawn
-
     inputs = state.inputs
 
     def run():
@@ -250,8 +247,6 @@ def rewards(trainer, state, original, inputs, prompts, completions, completion_i
 
 
 def score(trainer, state, original, inputs):
-    from ogrpo.overlap import pipeline as overlap
-
     state.inputs = inputs if trainer.model.training else None
     try:
         out = original(inputs)
@@ -273,8 +268,6 @@ def score(trainer, state, original, inputs):
 def _log_ratios(trainer, out: dict) -> None:
     import torch
 
-    from ogrpo.overlap import pipeline as overlap
-
     old, sampled = out.get("old_per_token_logps"), out.get("sampling_per_token_logps")
     if old is None or sampled is None:
         return
@@ -291,15 +284,12 @@ def _log_ratios(trainer, out: dict) -> None:
 def _callback(trainer, state):
     from transformers import TrainerCallback
 
-    from ogrpo.overlap import pipeline as overlap
-
     class OverlapCallback(TrainerCallback):
         def on_step_end(self, args, st, control, **kwargs):
             # lossless: the weights are final once the optimizer has stepped; the push and the next request go
             # out now, before logging, evaluation and checkpointing, instead of when the next batch is scored
             if state.mode != overlap.LOSSLESS or st.global_step >= st.max_steps or control.should_training_stop:
                 return
-            from ogrpo.serve import deadline
 
             if deadline.stopping.is_set():  # SIGTERM: training stops after this step (saved without the server,
                 return  # which got the same signal); a resumed run pushes its own weights first

@@ -13,7 +13,10 @@ from __future__ import annotations
 import copy
 import time
 
+from ogrpo import compat
+from ogrpo.overlap.pipeline import GroupWork, RankGroups
 from ogrpo.patches import trl_overlap as trl_collectives
+from ogrpo.serve.client import group_calls
 
 _REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref - logp) stays 0, never inf x 0
 _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
@@ -22,9 +25,6 @@ _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
 def splitter(trainer):
     """The main process's pipeline `split`: one request per prompt group."""
     import trl
-
-    from ogrpo import compat
-    from ogrpo.serve.client import group_calls
 
     flavor = compat.server_flavor(trl.__version__)
     client = trainer.vllm_generation.vllm_client
@@ -35,8 +35,6 @@ def rank_groups(trainer, state, work, prompts):
     """This rank's RankGroups for the batch; on the main process, the pipeline's `on_group` hands each finished
     group to every rank. Under lockstep the ranks score per group only if all of them can (one collective)."""
     from accelerate.utils import broadcast_object_list, gather_object
-
-    from ogrpo.overlap.pipeline import RankGroups
 
     acc = trainer.accelerator
     if state.lockstep:
@@ -58,8 +56,6 @@ def rank_groups(trainer, state, work, prompts):
 def group_work(trainer, state, prompts):
     """This rank's GroupWork for this training batch, or None where it cannot stream: images, a batch that is not
     whole groups, or nothing to do ahead."""
-    from ogrpo.overlap.pipeline import GroupWork
-
     inputs = state.inputs
     if not state.streams or inputs is None:
         return None

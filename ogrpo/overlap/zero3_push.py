@@ -18,11 +18,12 @@ full copy of the weights in rank 0's host RAM from the step's end to the push (c
 
 from __future__ import annotations
 
+from ogrpo.launch import run_state
+from ogrpo.patches import trl_zero3_push
+
 
 def why_not(trainer) -> str | None:
     """None when the single-gather push can be installed on `trainer`, else why not."""
-    from ogrpo.patches import trl_zero3_push
-
     vg = getattr(trainer, "vllm_generation", None)
     if vg is None or getattr(vg, "mode", None) != "server":
         return "no vLLM server"
@@ -40,8 +41,6 @@ def install(trainer) -> dict:
     at the end of training (`zero3_push`): parameter tensors, gathers of all of them, pushes served from those,
     and TRL's per-parameter gathers (one per tensor, in the first push only). The TRL side (the push's iterator
     and its gathers) is a library patch: ogrpo.patches.trl_zero3_push."""
-    from ogrpo.patches import trl_zero3_push
-
     vg = trainer.vllm_generation
     stats = {"parameters": len(list(vg.model.parameters())), "full_gathers": 0, "pushes_from_gather": 0,
              "per_parameter_gathers": 0}
@@ -88,8 +87,6 @@ def _callback(trainer, gather_all, stats):
         def on_train_end(self, args, state, control, **kwargs):
             if trainer.accelerator.is_main_process:
                 from pathlib import Path
-
-                from ogrpo.launch import run_state
 
                 run_state.update_manifest(Path(args.output_dir), zero3_push=dict(stats))
 

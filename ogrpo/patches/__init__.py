@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from importlib import util
 
+from ogrpo.patches.target import PatchTargetMoved, version
+
 # module -> (distribution it patches, what it does); REQUIRES: other distributions without which it never applies
 PATCHES = {
     "typer_options": ("typer", "option coercion without pydantic (ogrpo CLI start-up time)"),
@@ -50,8 +52,6 @@ def module(name: str):
 
 def run_checks(names=None) -> dict[str, dict]:
     """{patch: {"library", "status": "ok" | "skipped" | "failed", "detail"}} for every (or the named) patch."""
-    from ogrpo.patches.target import PatchTargetMoved, version
-
     out: dict[str, dict] = {}
     for name in names or PATCHES:
         dist, what = PATCHES[name]

@@ -32,6 +32,7 @@ def moved(patch: str, dist: str, problems: Iterable[str]) -> PatchTargetMoved:
 def trl_generation_module(patch: str) -> str:
     """The name of TRL's module with VLLMGeneration and VLLMClient (it moved between TRL lines); PatchTargetMoved
     for `patch` where it is gone."""
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo import compat
 
     try:

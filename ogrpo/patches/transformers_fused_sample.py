@@ -20,6 +20,7 @@ import copy
 import inspect
 
 from ogrpo.errors import OgrpoError
+from ogrpo.kernels.fused_sample import fused_sample
 from ogrpo.patches.target import moved
 
 NAME = "transformers_fused_sample"
@@ -188,8 +189,6 @@ class FusedSampler:
 
     def __call__(self, input_ids, scores):
         import torch
-
-        from ogrpo.kernels.fused_sample import fused_sample
 
         previous = input_ids if self.repetition_penalty != 1.0 else None
         tokens = fused_sample(scores, self.temperature, self.top_k, self.top_p, self.repetition_penalty, previous,

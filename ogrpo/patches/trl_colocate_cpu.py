@@ -13,7 +13,10 @@ keyword arguments TRL does not pass: dtype, enforce_eager, and the plan's KV bud
 
 from __future__ import annotations
 
+from ogrpo import compat
+from ogrpo.errors import OgrpoError
 from ogrpo.patches.target import moved, problems_of
+from ogrpo.patches.vllm_cpu_reload import reload_weights
 
 NAME = "trl_colocate_cpu"
 LIBRARY = "trl"
@@ -28,8 +31,6 @@ def not_applicable() -> str | None:
     (`install` refuses there, naming it)."""
     import trl
 
-    from ogrpo import compat
-
     if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:
         return f"colocated vLLM on CPU needs the CPU stack (TRL {compat.CPU_TRL_VERSION}); this line never takes it"
     return None
@@ -38,9 +39,6 @@ def not_applicable() -> str | None:
 def check() -> None:
     """TRL's colocate generation: the module-level `LLM` it calls and `VLLMGeneration.sync_weights`/
     `_iter_named_params`/`mode`, which this patch wraps or reads."""
-    from ogrpo import compat
-    from ogrpo.errors import OgrpoError
-
     try:
         mod = compat.vllm_generation_module()
         compat.vllm_generation_class()
@@ -62,8 +60,6 @@ def _model_runner(llm):
 
 def cpu_sync_weights(self) -> None:
     """All trainer parameters → vLLM in one layerwise reload (the CPU replacement for TRL's colocate loop)."""
-    from ogrpo.patches.vllm_cpu_reload import reload_weights
-
     runner = _model_runner(self.llm)
     model_config = getattr(runner, "model_config", None) or self.llm.llm_engine.model_config
     # Materialize first: a layerwise reload must see every tensor of a layer within one pass.
@@ -78,8 +74,6 @@ def install(dtype: str | None = "float32", enforce_eager: bool | None = True,
     """Idempotent. Call before the GRPOTrainer is built (it constructs the LLM in its __init__).
     `kv_cache_bytes`: the plan's explicit KV budget, which vLLM takes over the memory share."""
     import torch
-
-    from ogrpo import compat
 
     if torch.cuda.is_available():
         return
@@ -122,8 +116,6 @@ def install(dtype: str | None = "float32", enforce_eager: bool | None = True,
 
 
 def uninstall() -> None:
-    from ogrpo import compat
-
     mod = compat.vllm_generation_module()
     cls = compat.vllm_generation_class()
     if getattr(cls.sync_weights, "_ogrpo_cpu", False):

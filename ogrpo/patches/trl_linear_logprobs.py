@@ -22,6 +22,7 @@ import logging
 import types
 
 from ogrpo.errors import OgrpoError
+from ogrpo.kernels.linear_logprobs import linear_logprobs
 from ogrpo.patches.target import moved
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def _score(model, spec: dict, input_ids=None, attention_mask=None, **kwargs):
     """Backbone -> hidden states of the positions that predict the last `logits_to_keep` tokens -> kernel."""
     import torch
 
-    from ogrpo.kernels.linear_logprobs import linear_logprobs
+    # heavy: torch
     from ogrpo.kernels.linear_logprobs.op import gathered
 
     if input_ids is None:
@@ -162,6 +163,7 @@ def install(trainer) -> tuple[dict, object]:
     if not models["policy"]:
         return {"installed": False, "trl_line": line, "models": models,
                 "reason": unsupported_reason(_unwrap(trainer, trainer.model)), "implementation": None}, None
+    # heavy: torch
     from ogrpo.kernels.linear_logprobs.op import implementation
 
     device = _unwrap(trainer, trainer.model).get_output_embeddings().weight.device

@@ -102,8 +102,6 @@ def hand_groups_over() -> None:
     broadcast runs on every rank as before. Idempotent."""
     import importlib
 
-    from ogrpo.patches.target import trl_generation_module
-
     mod = importlib.import_module(trl_generation_module(NAME))
     if getattr(mod.broadcast_object_list, "_ogrpo_original", None) is not None:
         return

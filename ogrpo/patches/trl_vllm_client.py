@@ -17,7 +17,8 @@ methods on a subclass (a deadline around each; the pushed tensors cast), passing
 
 from __future__ import annotations
 
-from ogrpo.patches.target import moved, problems_of, trl_generation_module
+from ogrpo import compat
+from ogrpo.patches.target import moved, problems_of, resolve, trl_generation_module
 
 NAME = "trl_vllm_client"
 LIBRARY = "trl"
@@ -45,8 +46,6 @@ def client_modules():
 def check() -> None:
     import trl
 
-    from ogrpo import compat
-
     gen = trl_generation_module(NAME)
     fused_line = compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE
     targets: dict = {f"{gen}:VLLMClient": ("base_url", "host", "group_port"),
@@ -61,8 +60,6 @@ def check() -> None:
     problems = problems_of(targets)
     if fused_line and not problems:
         import inspect
-
-        from ogrpo.patches.target import resolve
 
         if "self._updating_weights" not in inspect.getsource(resolve(f"{gen}:VLLMClient.update_named_params")):
             problems.append("VLLMClient.update_named_params no longer reads `self._updating_weights` (the CPU "
@@ -81,8 +78,6 @@ def check() -> None:
 
 def install_client_class(cls) -> None:
     """TRL's generation builds `cls` in server mode: it looks `VLLMClient` up in its module's globals."""
-    from ogrpo import compat
-
     compat.vllm_generation_module().VLLMClient = cls
 
 
@@ -116,8 +111,6 @@ def around_sync(cls, base, wrapper) -> None:
     """On subclass `cls`: each of this TRL line's weight-sync methods that `base` (TRL's VLLMClient) has becomes
     `wrapper(base's method)` (a function taking self)."""
     import trl
-
-    from ogrpo import compat
 
     for name in compat.vllm_client_sync_methods(trl.__version__):
         if hasattr(base, name):

@@ -9,6 +9,7 @@ it), then runs TRL's.
 
 from __future__ import annotations
 
+from ogrpo import compat
 from ogrpo.patches.target import require
 
 NAME = "trl_vllm_serve"
@@ -21,8 +22,6 @@ _ON_WORKER = None
 
 def check() -> None:
     import trl
-
-    from ogrpo import compat
 
     targets: dict = {"trl.scripts.vllm_serve:make_parser": None, "trl.scripts.vllm_serve:main": ("script_args",),
                      "vllm:LLM.reset_prefix_cache": None, "vllm:LLM.collective_rpc": None}

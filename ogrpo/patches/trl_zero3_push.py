@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ogrpo.patches.target import moved, problems_of, trl_generation_module
+from ogrpo import compat
+from ogrpo.patches import trl_vllm_wraps
+from ogrpo.patches.target import moved, problems_of, resolve, trl_generation_module
 
 NAME = "trl_zero3_push"
 LIBRARY = "trl"
@@ -22,8 +24,6 @@ LIBRARY = "trl"
 def not_applicable() -> str | None:
     """TRL 1.9's push has no per-parameter iterator: the patch never applies on that line."""
     import trl
-
-    from ogrpo import compat
 
     if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:
         return "this TRL line's push has no per-parameter iterator to replace (the patch never applies)"
@@ -38,8 +38,6 @@ def check() -> None:
                             f"{gen}:VLLMGeneration._fix_param_name_to_vllm": ("name",)})
     if not problems:
         import inspect
-
-        from ogrpo.patches.target import resolve
 
         if "self._weight_metadata" not in inspect.getsource(resolve(f"{gen}:VLLMGeneration.sync_weights")):
             problems.append("VLLMGeneration.sync_weights no longer keeps `self._weight_metadata` (the names the "
@@ -67,8 +65,6 @@ def install(vg, snapshot: Callable[[], list | None], on_gather: Callable[[], Non
     tensor, device)` list `snapshot()` returns when that is not None (and runs no collective; an empty list on
     ranks that hold no copy), else TRL's own iterator, calling `on_gather()` per parameter TRL gathers.
     Returns `gather(param)`: TRL's gather context for one parameter, for the caller's own single gather."""
-    from ogrpo.patches import trl_vllm_wraps
-
     check()
     dist = vg._dist
     gather_params = dist.gather_params

@@ -14,9 +14,10 @@ of it left elsewhere.
 from __future__ import annotations
 
 from ogrpo import dtypes, packages
-from ogrpo.planner import memory
 from ogrpo.config import STRATEGIES
-from ogrpo.hardware import Cluster, GpuType
+from ogrpo.fields import CPU_LINE, IMAGE_LINE
+from ogrpo.hardware import Cluster, GpuType, known_types, parse_gpus
+from ogrpo.planner import memory
 
 # Share of host RAM a CPU vLLM may take (a measured working value): the ceiling its estimate is
 # checked against; vLLM itself gets an explicit KV budget on CPU.
@@ -109,8 +110,6 @@ class CpuRules(DeviceRules):
 
     @property
     def trl_line(self) -> str:
-        from ogrpo.fields import CPU_LINE
-
         return CPU_LINE  # the CPU/CI stack's TRL (ogrpo/compat.py)
 
     # ---- precision and attention
@@ -287,8 +286,6 @@ class GpuRules(DeviceRules):
 
     @property
     def trl_line(self) -> str:
-        from ogrpo.fields import IMAGE_LINE
-
         return IMAGE_LINE  # the images' TRL (ogrpo/compat.py)
 
     def precision(self, trl: dict) -> tuple[str, str, list[tuple[str, object, str]]]:
@@ -470,8 +467,6 @@ def _more_gpus(cluster: Cluster) -> list[str]:
 def _fewest_gpus(cluster: Cluster) -> list[str]:
     """Specs on this GPU type (more GPUs) or on any catalog type with more memory (any count), fewest GPUs first,
     then the smaller GPU."""
-    from ogrpo.hardware import known_types, parse_gpus
-
     gpn = cluster.gpus_per_node if cluster.nodes > 1 else 8
     out = [(parse_gpus(spec).total_gpus, cluster.gpu.memory_gib, spec) for spec in _more_gpus(cluster)]
     for name in known_types():

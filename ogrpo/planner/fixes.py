@@ -7,6 +7,7 @@ import dataclasses
 
 from ogrpo.errors import OgrpoError
 from ogrpo.planner.types import Fix  # the plan's fix_actions are these
+from ogrpo.hardware import parse_gpus
 
 
 def set_key(key: str, value, text: str | None = None) -> Fix:
@@ -53,8 +54,6 @@ def apply_fix(run_config, fix: Fix):
 
 def _holds(fix: Fix, cluster, model, run_config, profile: str, replan) -> bool:
     """Re-plan with the fix applied: it holds when that plan fits (memory and TRL's batch rules)."""
-    from ogrpo.hardware import parse_gpus
-
     try:
         target = parse_gpus(fix.cli["gpus"]) if "gpus" in fix.cli else cluster
         return replan(target, model, apply_fix(run_config, fix), profile).fits

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 
 from ogrpo import dtypes
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.planner.types import Overlap
 
 GiB = float(2**30)
 TRAINER_RUNTIME_GIB = 3.0
@@ -39,9 +41,6 @@ def _per_node(total_processes: int, nodes: list) -> int:
 
 def step_host_gib(p) -> dict[str, float]:
     """role → host RAM in GiB that the role's step needs on each of its nodes (`p`: a Plan)."""
-    from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import Overlap
-
     rules = rules_of(p)
     params = float(p.model.params or 0)
     load_dtype = p.trainer_args.model_init_kwargs.get("dtype")

@@ -49,7 +49,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ogrpo import dtypes
+from ogrpo.kernels.linear_logprobs.sizing import peak_logits_bytes
 from ogrpo.models import ModelFacts
+from ogrpo.planner.lora import lora_spec
 
 if TYPE_CHECKING:
     from ogrpo.planner.lora import LoraSpec
@@ -155,8 +157,6 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     w_b, g_b, o_b = state_bytes_per_param(strategy, precision)
     act_b = dtypes.nbytes(precision)
     if lora is True:
-        from ogrpo.planner.lora import lora_spec
-
         lora = lora_spec({"use_peft": True}, precision)
     if lora and strategy == "ddp":
         w_b = float(dtypes.nbytes(lora.base_dtype))
@@ -204,7 +204,6 @@ def trainer_estimate(model: ModelFacts, *, num_processes: int, strategy: str, pr
     if liger:
         logits = 0.0
     elif fused_logprobs:  # ogrpo.kernels.linear_logprobs: one chunk of fp32 logits at a time, never B·C·V
-        from ogrpo.kernels.linear_logprobs.sizing import peak_logits_bytes
 
         logits = float(peak_logits_bytes(micro_batch * completion_len, V))
     else:

@@ -16,6 +16,7 @@ model): what only the built trainer shows.
 from __future__ import annotations
 
 from ogrpo.planner.types import OverlapStream
+from ogrpo.stacks import parse_version
 
 GROUPS, BATCH = OverlapStream.GROUPS.value, OverlapStream.BATCH.value
 # The first TRL line whose VLLMClient speaks to vLLM's OpenAI API server (ogrpo.compat.server_flavor); earlier
@@ -28,7 +29,6 @@ def decide(trl_version: str, trainer_processes: int, rank_rows: int | None = Non
     """(GROUPS or BATCH, why) for a lossless run under `trl_version` with this many trainer processes, each
     scoring `rank_rows` completions per generation in groups of `num_generations`, against a server of
     `server_dp` data-parallel engines."""
-    from ogrpo.stacks import parse_version
 
     trl_serve = parse_version(trl_version)[:2] < FIRST_VLLM_API_LINE
     if trl_serve and server_dp > 1:

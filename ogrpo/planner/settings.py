@@ -4,10 +4,13 @@ model), then what the trainer (TrainingArguments/GRPOConfig), the job's environm
 from __future__ import annotations
 
 from ogrpo.errors import ConfigError
+from ogrpo.fields import line_default, rule
+from ogrpo.planner import overlap_stream
+from ogrpo.planner.batch import eval_dropped
 from ogrpo.planner.draft import Draft
+from ogrpo.planner.lora import BASE_DTYPE_REASON as LORA_BASE_REASON
 from ogrpo.planner.placement import Placement, bf16_server
 from ogrpo.planner.strategy import STRATEGY_NAMES, TrainerFit, VllmFit
-from ogrpo.planner.lora import BASE_DTYPE_REASON as LORA_BASE_REASON
 
 # vLLM options every O-GRPO server gets from its plan (the reasons are the settings below): the offline `LLM`
 # that TRL's own vllm-serve wraps has the same defaults.
@@ -163,8 +166,6 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
         ch.add("ogrpo.overlap", OVERLAP_DEFAULT, mode, why)
     s.add("overlap", mode, why)
     if mode == "lossless":
-        from ogrpo.planner import overlap_stream
-
         rc = d.run_config  # one generation per optimizer step (above): a rank's rows are its micro-batches'
         rows = int(rc.get("per_device_train_batch_size")) * int(rc.get("gradient_accumulation_steps"))
         s.add("overlap.stream", *overlap_stream.decide(overlap_stream.trl_version(d.rules), p.num_processes, rows,
@@ -246,7 +247,6 @@ def replaced_by_job(d: Draft, targs: dict, strategy: str) -> None:
                f"the plan picks {STRATEGY_NAMES[strategy]} for {d.cluster.spec}"
                + (" and renders its own DeepSpeed config" if strategy != "ddp" else ", which needs no DeepSpeed config")
                + "; the recipe's file is not read")
-    from ogrpo.planner.batch import eval_dropped
 
     if eval_dropped(trl):
         targs["eval_strategy"] = "no"
@@ -288,8 +288,6 @@ def list_plan_values(d: Draft, targs: dict) -> None:
     with the same recipe would have used the recipe's value or the target TRL line's default. The steps above list
     adaptations with their own reasons first (Changes keeps the first reason per key); this pass lists the rest
     (TF32, attention, fused AdamW, dataloader workers, vLLM mode ...) with the setting's reason."""
-    from ogrpo.fields import line_default, rule
-
     line, trl = d.rules.trl_line, d.trl
     why = {}
     for item in d.settings.items:

@@ -62,6 +62,9 @@ import threading
 import time
 from pathlib import Path
 
+from ogrpo.patches.trl_vllm_wraps import wrap
+from ogrpo.planner.memory import tensor_gib
+
 STAGES = ("generation", "reward", "logprobs", "train")
 GIB = 1024**3
 MEASURE_STEPS = 3  # CPU steps whose live-tensor peak is measured: the first builds the optimizer state lazily
@@ -121,7 +124,6 @@ class StageProfiler:
         if vg is None or getattr(vg, "mode", None) != "server":
             return
         self.timeline = trainer.timeline = getattr(trainer, "timeline", None) or Timeline()
-        from ogrpo.patches.trl_vllm_wraps import wrap
 
         timeline = self.timeline
         drained: dict = {}  # end of the overlap pipeline's wait for the request in flight, within this push
@@ -435,7 +437,6 @@ def estimate_fields(memory_terms: dict | None) -> dict:
     terms = (memory_terms or {}).get("terms")
     if not terms:
         return {}
-    from ogrpo.planner.memory import tensor_gib
 
     return {"mem_estimate_gib": round(tensor_gib(terms), 6), "mem_runtime_gib": round(terms.get("runtime", 0.0), 3)}
 

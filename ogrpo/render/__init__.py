@@ -11,14 +11,14 @@ import tempfile
 from pathlib import Path
 
 from ogrpo import __version__, layout
+from ogrpo.config import dump_yaml
 from ogrpo.errors import OgrpoError
+from ogrpo.planner.device_rules import rules_of
 from ogrpo.planner.types import Precision
 
 
 def _rules(p):
     """The device rules of a Plan (ogrpo/planner/device_rules.py)."""
-    from ogrpo.planner.device_rules import rules_of
-
     return rules_of(p)
 
 
@@ -81,8 +81,6 @@ def accelerate_config(plan, job_dir: str) -> dict:
 
 
 def run_yaml(plan, run_config) -> str:
-    from ogrpo.config import dump_yaml
-
     p = plan
     d = run_config.to_dict()
     opts = dict(d.pop("ogrpo", {}) or {})
@@ -97,6 +95,7 @@ def run_yaml(plan, run_config) -> str:
 
 def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = "") -> str:
     """job.sbatch for a JobSpec and its SlurmOptions: the launch layer's one renderer (ogrpo.launch.slurm.sbatch)."""
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch.slurm.sbatch import render_script
 
     return render_script(jobspec, slurm, title=title, summary=summary)
@@ -104,6 +103,7 @@ def sbatch_script(jobspec, slurm, *, title: str | None = None, summary: str = ""
 
 def job_sbatch(plan, run_config, jobspec, slurm=None) -> str:
     """job.sbatch for a plan: `slurm` (SlurmOptions) as `ogrpo submit` resolved them, else the run config's."""
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch.slurm.sbatch import options_for
 
     p = plan
@@ -135,8 +135,6 @@ def manifest(plan, run_config, jobspec, files: list[str], inputs: dict | None = 
 def render_job(plan, run_config, jobspec, inputs: dict | None = None, slurm=None) -> dict[str, str]:
     """filename -> text for one job directory. `slurm`: the SlurmOptions `ogrpo submit` resolved (default: the
     run config's), so that render and submit write the same job.sbatch."""
-    from ogrpo.config import dump_yaml
-
     files: dict[str, str] = {}
     files[layout.SBATCH] = job_sbatch(plan, run_config, jobspec, slurm)
     files["accelerate.yaml"] = dump_yaml(accelerate_config(plan, jobspec.job_dir))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.planner.types import Mode
+from ogrpo.render.boxes import box_table, styled, wrap
+
 
 def _terms(terms: dict) -> str:
     items = [(k, v) for k, v in terms.get("terms", {}).items() if v >= 0.005]
@@ -34,15 +38,10 @@ def _kv_share(args) -> str:
 
 
 def print_plan(plan, out=None) -> None:
-    from ogrpo.render.boxes import box_table, styled, wrap
-
     out = out or sys.stdout
 
     def say(text: str = "") -> None:
         out.write(text + "\n")
-
-    from ogrpo.planner.device_rules import rules_of
-    from ogrpo.planner.types import Mode
 
     p = plan
     m, rules = p.model, rules_of(p)

@@ -28,6 +28,8 @@ import json
 import os
 import sys
 
+from ogrpo.errors import OgrpoError
+
 
 class _Marker:
     def __init__(self, name: str):
@@ -227,7 +229,6 @@ class BoundedPool:
                     continue
                 if not w.ready:
                     w.kill()
-                    from ogrpo.errors import OgrpoError
 
                     raise OgrpoError(f"{self.target} worker did not start within {self.start_timeout_s:.0f} s")
                 i, _ = w.queue.pop(0)  # the item it was running
@@ -301,8 +302,6 @@ class BoundedPool:
         return finished
 
     def _message(self, w: _Worker, msg, results: list, on_error) -> int:
-        from ogrpo.errors import OgrpoError
-
         if isinstance(msg, dict):
             if "error" in msg:
                 w.kill()
@@ -320,8 +319,6 @@ class BoundedPool:
         return 1
 
     def _died(self, w: _Worker, active: list[_Worker], results: list, on_error) -> int:
-        from ogrpo.errors import OgrpoError
-
         if not w.ready:
             w.kill()
             code = w.proc.returncode

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 
+from ogrpo.errors import OgrpoError
 from ogrpo.rewards.formats import fenced_blocks, is_code_format
 from ogrpo.sandbox.policy import default_sandbox
 from ogrpo.sandbox.pool import CPU_LIMIT, OK, SANDBOX_ERROR, TIMEOUT, Job, JobResult, Limits, Sandbox
@@ -38,8 +39,6 @@ def _content(completion) -> str:
 def canonical_language(name: str) -> str:
     lang = _ALIASES.get(str(name).strip().lower())
     if lang is None:
-        from ogrpo.errors import OgrpoError
-
         raise OgrpoError(f"code language {name!r} is not supported; use python, c or cpp")
     return lang
 
@@ -124,7 +123,6 @@ def code_reward(completions, verification_info=None, *, language="python", num_p
     parallel on the workers the batch leaves idle (`split_counts`). `enforce_same_language` raises, as in
     open-r1, when the batch mixes languages.
     """
-    from ogrpo.errors import OgrpoError
 
     n = len(completions)
     if verification_info is None:

@@ -134,6 +134,7 @@ def math_pool():
 def check_answers(completions, solution, *, pool=None, log_metric=None) -> list[bool | None]:
     """Per completion: True/False when its answer does / does not equal the gold one, None if gold is unparsable.
     One round trip to the workers for the whole batch; a completion past the time limit is False."""
+    # not at the top: see math_pool
     from ogrpo.rewards.bounded import FAILED, TIMED_OUT
 
     pairs = [[completion_text(c), str(s)] for c, s in zip(completions, solution, strict=True)]

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ogrpo.config import _accepts  # the one rule for "does a YAML value fit this kind"
 from ogrpo.errors import ConfigError, OgrpoError
+from ogrpo.local_paths import local_path
 
 
 @dataclass(frozen=True)
@@ -240,8 +242,6 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
     if not attr or not target:
         return spec, f"reward {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
     if _is_file(target):
-        from ogrpo.local_paths import local_path
-
         path = local_path(target, base_dirs, Path.is_file)
         if path is None:
             return spec, f"reward {spec!r}: file {target} does not exist (looked in {', '.join(map(str, base_dirs))})"
@@ -340,8 +340,6 @@ def _binds_value(source: str, attr: str) -> bool:
 
 
 def _param_problems(names: list[str], trl: dict) -> list[str]:
-    from ogrpo.config import _accepts  # the one rule for "does a YAML value fit this kind"
-
     problems = []
     keys = {key for n in names for key in REWARDS[n].params.values()}
     if any(n in CODE_REWARDS for n in names):

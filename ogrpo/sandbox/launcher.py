@@ -341,6 +341,7 @@ def _drop_bounding_set(libc) -> None:
 def _exec_program(spec: dict, status_fd: int) -> None:
     import resource
 
+    # not at the top: see _launcher_main
     from ogrpo.sandbox import landlock, seccomp
 
     os.close(status_fd)

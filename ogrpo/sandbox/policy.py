@@ -16,6 +16,8 @@ import os
 import sys
 import threading
 
+from ogrpo.planner.types import Change
+
 OPTIONS = ("auto", "none")
 RUNS_PROGRAMS = ("code", "binary_code")  # code_format only reads the completion
 
@@ -40,7 +42,6 @@ def plan_notes(rc, plan) -> None:
     """`ogrpo.sandbox: none` with code rewards: a change from the default and a warning, on the plan."""
     if option_of(rc) != "none" or not runs_programs(rc.trl):
         return
-    from ogrpo.planner.types import Change
 
     reason = ("the recipe opts out of isolation: model-written programs run without namespaces, as the "
               "trainer's user (or a slot uid when root), contained only by rlimits, seccomp, Landlock where the "

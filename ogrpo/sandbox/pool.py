@@ -188,8 +188,6 @@ class Sandbox:
                  c_flags: tuple[str, ...] = ("-O2", "-std=gnu17", "-lm"),
                  cxx_flags: tuple[str, ...] = ("-O2", "-std=gnu++17", "-lm"),
                  tmp_root: str | None = None):
-        from ogrpo.errors import OgrpoError
-
         cores = len(os.sched_getaffinity(0))
         self.max_workers = max(1, int(max_workers or cores))
         if self.max_workers > _UIDS_PER_PROCESS:

@@ -30,6 +30,10 @@ import hashlib
 import hmac
 import json
 
+from ogrpo.launch.secret import KEY_ENV, from_env
+from ogrpo.patches import starlette_job_key, trl_vllm_client
+from ogrpo.serve import deadline
+
 SCHEME = "Bearer"
 OPEN_PATHS = ("/health", "/health/")  # vLLM's and TRL's liveness routes; GET/HEAD only
 
@@ -43,8 +47,6 @@ def _digest(key: str) -> bytes:
 
 
 def server_key() -> str:
-    from ogrpo.launch.secret import KEY_ENV, from_env
-
     key = from_env()
     if not key:
         raise RuntimeError(f"no job key in {KEY_ENV}: the server would answer anyone (ogrpo.serve.auth)")
@@ -100,8 +102,6 @@ def install_starlette_guard(key: str | None = None, inner=None) -> None:
     """Every Starlette/FastAPI app in this process answers through `JobKeyMiddleware` (for `trl vllm-serve`, which
     has no middleware option; the patch: ogrpo.patches.starlette_job_key), around `inner(app)` where given (an ASGI
     middleware that only requests carrying the key reach)."""
-    from ogrpo.patches import starlette_job_key
-
     if starlette_job_key.installed():
         return
     key = key or server_key()  # no key, no guard: fail at start-up, not on the first request
@@ -113,8 +113,6 @@ def install_starlette_guard(key: str | None = None, inner=None) -> None:
 
 def _refuse_on_auth(response, *args, **kwargs):
     if response.status_code in (401, 403):
-        from ogrpo.launch.secret import KEY_ENV
-
         why = "carried no job key" if response.status_code == 401 else "carried another job's key"
         raise JobKeyRefused(
             f"vLLM server refused {response.request.method} {response.url} (HTTP {response.status_code}): the "
@@ -129,7 +127,6 @@ def _keyed_session_cls(requests_mod):
 
         def __init__(self):
             super().__init__()
-            from ogrpo.launch.secret import from_env
 
             key = from_env()
             if key:
@@ -138,8 +135,6 @@ def _keyed_session_cls(requests_mod):
 
         def request(self, method, url, *args, **kwargs):
             from urllib.parse import urlsplit
-
-            from ogrpo.serve import deadline
 
             payload = kwargs.get("json")
             if (str(url).rstrip("/").endswith("/init_communicator") and isinstance(payload, dict)
@@ -189,8 +184,6 @@ def route_address(host: str, port: int = 80) -> str:
 def install_client_key() -> None:
     """Make every TRL VLLMClient created from now on send this process's job key (see the module docstring; the
     patch: ogrpo.patches.trl_vllm_client)."""
-    from ogrpo.patches import trl_vllm_client
-
     trl_vllm_client.install_requests(_KeyedRequests)
 
 
@@ -199,8 +192,6 @@ def bind_group_near(server_url: str) -> str | None:
     listens on the address this host reaches the server from. Returns that address (None on lines whose group
     the server opens, handled by the session above)."""
     from urllib.parse import urlsplit
-
-    from ogrpo.patches import trl_vllm_client
 
     url = urlsplit(server_url)
     address = route_address(url.hostname or "127.0.0.1", url.port or 80)

@@ -25,6 +25,12 @@ import tempfile
 import weakref
 from typing import Any, Iterator
 
+from ogrpo import compat
+from ogrpo.patches import trl_vllm_client
+from ogrpo.serve import auth
+from ogrpo.serve.auth import install_client_key
+from ogrpo.serve.server import required_max_model_len, resolve_model
+
 SHM_DIR = "/dev/shm"
 _counter = itertools.count()
 
@@ -171,7 +177,6 @@ def expected_from_run_config(trl_args: dict, ogrpo: dict | None = None, dtype: s
                              plan=None) -> dict:
     """What the trainer needs from the server, from a run config's TRL fields (`RunConfig.trl`) and the Plan the
     trainer runs (None: the run's own lengths)."""
-    from ogrpo.serve.server import required_max_model_len, resolve_model
 
     model = trl_args.get("model_name_or_path")
     expect: dict[str, Any] = {"model": resolve_model(model) if model else None}
@@ -257,8 +262,6 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; TRL 1.9's server samples
     every prompt of a request with the request's seed, so each group keeps it; an unseeded request stays unseeded
     (the engine's generator: no two runs agree anyway)."""
-    from ogrpo import compat
-
     images = sampling.get("images")
     if len(prompts) < 2 or sampling.get("features") is not None \
             or (images is not None and any(i is not None for i in images)):
@@ -387,16 +390,12 @@ def install_cpu_client(expect: dict | None = None, seed: int | None = None):
     """
     import trl
 
-    from ogrpo import compat
-    from ogrpo.patches import trl_vllm_client
-
     if compat.server_flavor(trl.__version__) == compat.TRL_VLLM_SERVE:
         # TRL 1.9 (the images' line, CI's second env) talks to `trl vllm-serve`: a gloo group instead of NCCL;
         # that server has no /server_info to check `expect` against
         from ogrpo.serve.trl_serve_cpu import install_client
 
         return install_client()
-    from ogrpo.serve.auth import install_client_key
 
     install_client_key()  # every request carries the job key
     cls = _cpu_client_cls()
@@ -428,10 +427,6 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
 
     import trl
     from trl.generation.vllm_client import VLLMClient
-
-    from ogrpo import compat
-    from ogrpo.patches import trl_vllm_client
-    from ogrpo.serve import auth
 
     auth.install_client_key()  # every request carries the job key; TRL 1.9's group binds the server's address
     # TRL 1.9's client talks to `trl vllm-serve`: no server-info route to verify against, one tensor per call.
@@ -470,7 +465,5 @@ def install_gpu_sync_timeout(timeout_s: float = 600.0, expect: dict | None = Non
 def _push_in_server_dtype(cls) -> None:
     """The class's weight push (TRL 1.16: update_named_params(metadata, iterator); TRL 1.9:
     update_named_param(name, tensor)) sends floating tensors in `self.server_dtype`."""
-    from ogrpo.patches import trl_vllm_client
-
     trl_vllm_client.convert_push(cls, lambda self, metadata: metadata_in_server_dtype(metadata, self.server_dtype),
                                  lambda self, named_params: in_server_dtype(named_params, self.server_dtype))

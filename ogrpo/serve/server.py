@@ -26,9 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ogrpo import dtypes, lengths
+from ogrpo import compat, dtypes, lengths, tiny
+from ogrpo.config import load_run_config
+from ogrpo.device_check import check_devices
 from ogrpo.errors import OgrpoError
-from ogrpo.planner.types import VllmArgs
+from ogrpo.launch.cpu_slots import pin_from_env
+from ogrpo.launch.secret import KEY_ENV, from_env
+from ogrpo.planner.device_rules import CPU_SERVER_ENV, rules_of
+from ogrpo.planner.types import Plan, VllmArgs
+from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -63,14 +69,11 @@ def normalize_dtype(value: Any) -> str:
 def load_serving_config(source: str | os.PathLike) -> tuple[dict, dict, Any]:
     """(trl fields, ogrpo options, Plan or None) of a run config path or built-in recipe name: the plan a
     rendered config carries is parsed here, once, and leaves the options."""
-    from ogrpo.config import load_run_config
-
     rc = load_run_config(source)
     opts = rc.ogrpo.to_dict()
     carried = opts.pop("plan", None)
     if not carried:
         return dict(rc.trl), opts, None
-    from ogrpo.planner.types import Plan
 
     return dict(rc.trl), opts, Plan.from_dict(carried)
 
@@ -111,8 +114,6 @@ def _checkpoint_dtype(model: str) -> str | None:
 def resolve_model(name: str) -> str:
     """The path vLLM loads: a built-in tiny model (`ogrpo:tiny`, `ogrpo:tiny-math` ...) is built into the local
     cache on first use."""
-    from ogrpo import tiny
-
     return str(tiny.ensure_model(name)) if tiny.builtin_model(name) else str(name)
 
 
@@ -125,8 +126,6 @@ def resolve_settings(trl: dict, ogrpo: dict, plan) -> ServeSettings:
     vplan = plan.vllm if plan is not None else None
     args = vplan.args if vplan is not None else VllmArgs()
     if plan is not None:
-        from ogrpo.planner.device_rules import rules_of
-
         device = rules_of(plan).torch_device
     else:
         device = "cpu" if _cpu_build() else "cuda"
@@ -198,14 +197,12 @@ def build_server_argv(s: ServeSettings, host: str, port: int, python: str | None
                       flavor: str | None = None) -> list[str]:
     """The server command line for these settings: vLLM's OpenAI server, or `trl vllm-serve` for TRL < 1.16
     (`flavor` defaults to what the installed TRL needs)."""
-    from ogrpo import compat
 
     flavor = flavor or compat.runtime_server_flavor()
     if flavor == compat.TRL_VLLM_SERVE:
         return build_trl_serve_argv(s, host, port, python)
     if flavor != compat.VLLM_API:
         raise OgrpoError(f"unknown server flavor {flavor!r}; one of {', '.join(compat.FLAVORS)}")
-    from ogrpo.serve import CPU_BACKEND, CPU_EXTENSION_CLS
 
     argv = [python or sys.executable, "-m", "ogrpo.serve.vllm_api",
             "--model", s.model, "--host", host, "--port", str(port), "--dtype", s.dtype,
@@ -245,8 +242,6 @@ _TRL_SERVE_BUILT_IN = {"disable_log_stats"}
 
 def trl_serve_unsupported(s: ServeSettings) -> list[str]:
     """Plan options `trl vllm-serve` has no argument for (they are left out of its command line)."""
-    from ogrpo import compat
-
     accepted = compat.trl_vllm_serve_args()
     return sorted(k for k, v in s.extra.items()
                   if v is not None and k not in accepted and k not in _TRL_SERVE_BUILT_IN)
@@ -256,8 +251,6 @@ def build_trl_serve_argv(s: ServeSettings, host: str, port: int, python: str | N
     """`trl vllm-serve` (TRL 1.9) for these settings. It always samples with processed log-probs, so
     `logprobs_mode` needs no flag; vLLM options it has no argument for (e.g. max_num_seqs) cannot be passed,
     its parser refuses unknown flags."""
-    from ogrpo import compat
-
     accepted = compat.trl_vllm_serve_args()
     # ogrpo.serve.trl_api: TRL's server script behind the job-key guard; on CPU ogrpo.serve.trl_serve_cpu, the
     # same script with a gloo weight-sync group instead of NCCL (the images' line, run by CI's second env)
@@ -310,11 +303,8 @@ def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str
     # /init_weight_transfer_engine, /update_weights, /server_info are dev-mode routes.
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if s.device == "cpu":
-        from ogrpo.planner.device_rules import CPU_SERVER_ENV
-
         for key, value in CPU_SERVER_ENV.items():
             env.setdefault(key, value)
-        from ogrpo import compat
 
         if compat.runtime_server_flavor() == compat.TRL_VLLM_SERVE:
             # `trl vllm-serve` has no KV-budget flag, and vLLM 0.19's CPU build sizes its KV cache from this
@@ -333,7 +323,6 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     """Resolve, check, and exec the server (never returns unless dry_run, which returns the argv)."""
     if host == "0.0.0.0" and os.environ.get("OGRPO_ALLOW_ANY_HOST") != "1":
         raise OgrpoError("refusing to bind 0.0.0.0; pass this node's address (or set OGRPO_ALLOW_ANY_HOST=1)")
-    from ogrpo.launch.secret import KEY_ENV, from_env
 
     if not dry_run and not from_env():
         raise OgrpoError(f"no job key: set {KEY_ENV} in the server's and the trainer's environment (the same "
@@ -343,13 +332,11 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     check_request(settings, model=model, revision=revision, dtype=dtype, max_model_len=max_model_len)
     if max_model_len:
         settings.max_model_len = max_model_len
-    from ogrpo import compat
 
     flavor = compat.runtime_server_flavor()
     argv = build_server_argv(settings, host, port, flavor=flavor) + list(extra_args or [])
     if dry_run:
         return argv
-    from ogrpo.device_check import check_devices
 
     check_devices(plan, "server")  # before vLLM's start-up: a GPU plan refuses a node without its GPUs
     if flavor == compat.TRL_VLLM_SERVE and trl_serve_unsupported(settings):
@@ -358,7 +345,6 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
     env = server_env(settings)
     sys.stdout.write("ogrpo serve: " + " ".join(argv) + "\n")
     sys.stdout.flush()
-    from ogrpo.launch.cpu_slots import pin_from_env
 
     pin_from_env(env)  # a CPU plan's server keeps to its own cores; the affinity survives the exec
     # exec, so that signals from the supervisor (or Slurm) reach vLLM directly.

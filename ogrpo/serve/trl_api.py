@@ -8,10 +8,10 @@ Run as `python -m ogrpo.serve.trl_api ARGS` with the arguments of `python -m trl
 
 from __future__ import annotations
 
+from ogrpo.serve import trl_stream
+
 
 def main(argv: list[str] | None = None) -> None:
-    from ogrpo.serve import trl_stream
-
     trl_stream.serve("ogrpo.serve.trl_api", argv=argv)
 
 

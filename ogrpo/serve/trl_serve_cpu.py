@@ -25,6 +25,11 @@ import datetime
 import os
 from typing import Any
 
+from ogrpo.patches import trl_vllm_client
+from ogrpo.patches.vllm_cpu_reload import reload_weights
+from ogrpo.serve import trl_stream
+from ogrpo.serve.auth import install_client_key
+
 EXTENSION_CLS = "ogrpo.serve.trl_serve_cpu.CPUWeightSyncExtension"
 # Same prefix as TRL's XCCL branch, so the store keys cannot collide with anything else on the port.
 _STORE_PREFIX = "client2server"
@@ -93,8 +98,6 @@ class CPUWeightSyncExtension(_extension_base()):
 
     def ogrpo_load_pending(self) -> int:
         """Load what arrived since the last call as one layerwise reload; returns the number of tensors."""
-        from ogrpo.patches.vllm_cpu_reload import reload_weights
-
         pending, self._pending = self._pending or [], []
         if pending:
             runner = self.model_runner
@@ -124,8 +127,6 @@ def _cpu_llm(base):
 
 def main(argv: list[str] | None = None) -> None:
     """TRL's `vllm-serve` main, with its own argument parser, on CPU, behind the job-key guard."""
-    from ogrpo.serve import trl_stream
-
     trl_stream.serve("ogrpo.serve.trl_serve_cpu", _cpu_llm, argv)  # its engine workers build CPUWeightSyncLLM
 
 
@@ -163,9 +164,6 @@ def _client_cls():
 
 def install_client():
     """Make TRL 1.9's server-mode generation use the gloo client (sending the job key). Returns the class."""
-    from ogrpo.patches import trl_vllm_client
-    from ogrpo.serve.auth import install_client_key
-
     install_client_key()
 
     cls = _client_cls()

@@ -25,6 +25,11 @@ from __future__ import annotations
 import itertools
 import threading
 
+from ogrpo import compat
+from ogrpo.patches import trl_vllm_serve
+from ogrpo.patches.target import moved, problems_of
+from ogrpo.serve.auth import install_starlette_guard
+
 PART, FAILED, IDLE = "ogrpo-part", "ogrpo-failed", "ogrpo-idle"
 METHOD = "ogrpo_generate_stream"
 # TRL 1.9's GenerateRequest fields that make its SamplingParams; a request carrying all of them (TRL's client
@@ -43,8 +48,6 @@ def not_applicable() -> str | None:
     """Only TRL 1.9's client talks to `trl vllm-serve`; later lines talk to vLLM's API server."""
     import trl
 
-    from ogrpo import compat
-
     if compat.server_flavor(trl.__version__) != compat.TRL_VLLM_SERVE:
         return "this TRL line's client talks to vLLM's API server, not `trl vllm-serve` (never applies)"
     return None
@@ -53,8 +56,6 @@ def not_applicable() -> str | None:
 def check() -> None:
     """What this module reads of TRL's server script and of vLLM's LLM: the names, and the lines of TRL's
     `/generate/` handler whose sampling parameters `sampling_params` rebuilds."""
-    from ogrpo.patches.target import moved, problems_of
-
     problems = problems_of({
         "trl.scripts.vllm_serve:Pipe": None, "trl.scripts.vllm_serve:main": ("script_args",),
         "trl.scripts.vllm_serve:llm_worker": None, "trl.generation.vllm_generation:extract_logprobs": None,
@@ -336,9 +337,6 @@ def install(wrap_llm=None) -> None:
     """Before TRL's `main`: its engine workers build `streaming_llm(wrap_llm(vllm.LLM))`, its pipes are recorded
     and every Starlette app it builds answers through the job-key guard around `GroupBatcher`."""
     from trl.scripts import vllm_serve
-
-    from ogrpo.patches import trl_vllm_serve
-    from ogrpo.serve.auth import install_starlette_guard
 
     check()  # fail at start-up, naming what moved, not on the first request
     install_starlette_guard(inner=GroupBatcher)

@@ -13,6 +13,7 @@ import runpy
 import sys
 
 from ogrpo.patches import vllm_completions
+from ogrpo.serve.auth import server_key
 
 
 GUARD = "ogrpo.serve.auth.JobKeyMiddleware"
@@ -23,8 +24,6 @@ def with_guard(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    from ogrpo.serve.auth import server_key
-
     server_key()  # no key, no server: fail here rather than in the API process after the model loaded
     vllm_completions.install()
     sys.argv[:] = ["vllm.entrypoints.openai.api_server", *with_guard(sys.argv[1:])]

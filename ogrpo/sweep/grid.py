@@ -14,7 +14,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from ogrpo import config
 from ogrpo.errors import OgrpoError
+from ogrpo.values import choice_problem, coerce, range_problem
 
 # One cluster, one request per array task, one run directory per point: these cannot vary between points.
 FIXED_KEYS = ("output_dir", "ogrpo.gpus", "ogrpo.plan", "ogrpo.partition", "ogrpo.account", "ogrpo.qos",
@@ -81,8 +83,6 @@ def _known_key(key: str, flag: str) -> tuple:
     """(kinds, name as the validators know it) of a run-config key; OgrpoError naming the closest one."""
     from dataclasses import fields as dc_fields
 
-    from ogrpo import config
-
     if key.startswith("ogrpo."):
         name = key[len("ogrpo."):]
         known = {f.name for f in dc_fields(config.OgrpoOptions)}
@@ -100,8 +100,6 @@ def _known_key(key: str, flag: str) -> tuple:
 
 
 def _check_value(key: str, value, kinds: tuple, flag: str):
-    from ogrpo.values import choice_problem, coerce, range_problem
-
     try:
         value = coerce(key, value, kinds)
     except ValueError as exc:

@@ -17,7 +17,11 @@ from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
+from ogrpo.launch.local import LocalJob, run_local
 from ogrpo.launch.local import state as ls
+from ogrpo.launch.procs import describe
+from ogrpo.launch.run_state import record_status
+from ogrpo.launch.teardown import exit_on_signals
 from ogrpo.sweep import manifest, summary
 
 
@@ -25,7 +29,6 @@ def point_state(pdir: Path) -> str:
     """RUNNING, COMPLETED, FAILED, CANCELLED, LOST (ogrpo.launch.local.LocalJob), or PENDING before it ran."""
     if not ls.has_state(pdir):
         return "PENDING"
-    from ogrpo.launch.local import LocalJob
 
     return LocalJob(pdir).state()
 
@@ -43,9 +46,6 @@ def states(sweep_dir: Path, data: dict) -> dict[int, str]:
 def run(sweep_dir: Path, out=None) -> int:
     """Run every point in order; 0 when all completed, else the first failing point's code. A point that fails
     does not stop the sweep (its neighbours are independent runs); a cancel or Ctrl-C does."""
-    from ogrpo.launch.local import run_local
-    from ogrpo.launch.teardown import exit_on_signals
-
     out = out or sys.stdout
     data = manifest.read(sweep_dir)
     record = ls.running_record()
@@ -78,9 +78,6 @@ def run(sweep_dir: Path, out=None) -> int:
 
 def cancel(sweep_dir: Path, data: dict, wait_s: float = 60) -> list[int]:
     """Stop the running point and the runner; return once neither is left (LaunchError naming survivors)."""
-    from ogrpo.launch.local import LocalJob
-    from ogrpo.launch.run_state import record_status
-
     runner = ls.read_state(sweep_dir)
     if not runner or runner.get("state") != "RUNNING" or not ls.record_alive(runner):
         raise OgrpoError(f"sweep {data['id']} is not running here; nothing to cancel")
@@ -98,8 +95,6 @@ def cancel(sweep_dir: Path, data: dict, wait_s: float = 60) -> list[int]:
     while ls.record_alive(runner) and time.monotonic() < deadline:
         time.sleep(0.2)
     if ls.record_alive(runner):
-        from ogrpo.launch.procs import describe
-
         raise LaunchError(f"sweep {data['id']}: its runner is still alive after cancel: "
                           f"{describe([int(runner['pid'])])}")
     if (ls.read_state(sweep_dir) or {}).get("state") == "RUNNING":

@@ -11,7 +11,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ogrpo import layout
 from ogrpo.errors import OgrpoError
+from ogrpo.jobspec import build_jobspec
+from ogrpo.load_plan import load_and_plan
+from ogrpo.render import render_job, write_job
 from ogrpo.sweep import manifest
 from ogrpo.sweep.grid import Point
 
@@ -39,8 +43,6 @@ class PointsDoNotFit(OgrpoError):
 
 def plan_points(points: list[Point], config: str, gpus, *, model=None, params=None, profile=None, vllm_gpus=None,
                 extra: dict | None = None, strict: bool = False) -> list[PlannedPoint]:
-    from ogrpo.load_plan import load_and_plan
-
     planned, misfits = [], []
     for pt in points:
         try:
@@ -62,10 +64,6 @@ def plan_points(points: list[Point], config: str, gpus, *, model=None, params=No
 def write_point(sweep_dir: Path, sweep_id: str, pp: PlannedPoint, slurm=None, local: bool = False):
     """Point `pp`'s job directory, as `ogrpo submit` writes a job's (its job.sbatch runs the point alone);
     returns its JobSpec."""
-    from ogrpo import layout
-    from ogrpo.jobspec import build_jobspec
-    from ogrpo.render import render_job, write_job
-
     job_dir = manifest.point_dir(sweep_dir, pp.index)
     spec = build_jobspec(pp.plan, pp.rc, str(job_dir))
     inputs = {"sweep": sweep_id, "sweep_dir": str(sweep_dir), "point": pp.index, "grid_values": pp.point.values,

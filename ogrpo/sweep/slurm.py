@@ -22,8 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-from ogrpo import layout
+from ogrpo import __version__, layout
 from ogrpo.errors import LaunchError, OgrpoError
+from ogrpo.launch import ports, procs, secret, stopping
+from ogrpo.launch.run_state import record_status
+from ogrpo.launch.slurm.cli import run_slurm
+from ogrpo.launch.slurm.parse import parsable_job_id
+from ogrpo.launch.slurm.query import leftover_processes, remember
+from ogrpo.launch.slurm.sbatch import directives, job_python, supervise_command
+from ogrpo.launch.slurm.submitit_adapter import job, render_sbatch
 from ogrpo.sweep import manifest
 
 # What may differ between the points' single-job requests and still be one array request: memory (the largest
@@ -33,8 +40,6 @@ _PER_POINT = ("mem", "chdir", "output", "job-name")
 
 def array_params(specs: list, opts: list) -> dict:
     """The array's sbatch options: the single-job request of every point, which must agree but for memory."""
-    from ogrpo.launch.slurm.sbatch import directives
-
     first = dict(directives(specs[0], opts[0]))
     mem = []
     for i, (spec, o) in enumerate(zip(specs, opts)):
@@ -79,10 +84,6 @@ RENDERED_PYTHON={python}
 
 def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: list, opts: list,
                  max_parallel: int) -> str:
-    from ogrpo import __version__
-    from ogrpo.launch.slurm.sbatch import job_python, supervise_command
-    from ogrpo.launch.slurm.submitit_adapter import render_sbatch
-
     params = array_params(specs, opts)
     params["chdir"] = str(sweep_dir)
     params["output"] = f"{sweep_dir}/{manifest.POINTS}/%a/{layout.LOGS}/slurm-%j.out"  # %j -> %A_%a (array)
@@ -99,9 +100,6 @@ def render_array(sweep_dir: Path, sweep_id: str, entries: list[dict], specs: lis
 
 
 def _sbatch(args: list[str], cwd: Path) -> str:
-    from ogrpo.launch.slurm.cli import run_slurm
-    from ogrpo.launch.slurm.parse import parsable_job_id
-
     # OGRPO_PYTHON: this Python runs the supervisors (sbatch exports it to the tasks), as for `ogrpo submit`
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
     out = run_slurm(["sbatch", "--parsable", *args], timeout=120, cwd=cwd, env=env)
@@ -117,9 +115,6 @@ def _sbatch(args: list[str], cwd: Path) -> str:
 def submit(sweep_dir: Path, opts0) -> dict:
     """sbatch the array (and the summary job after it); records the ids in sweep.json and each point's
     slurm/job_id (`<array>_<i>` until the task starts and writes its own)."""
-    from ogrpo.launch import secret
-    from ogrpo.launch.slurm.query import remember
-
     data = manifest.read(sweep_dir)
     for entry in data["points"]:  # each point's key before the task exists (its supervisor hands it to the steps)
         secret.ensure(manifest.point_dir(sweep_dir, entry["index"]))
@@ -166,8 +161,6 @@ def states(sweep_dir: Path, data: dict) -> dict[int, str]:
     """Each task's Slurm state, from one sacct call for the whole array (submitit's watcher). A task sacct does
     not know (yet: slurmdbd records a new array with a delay) is left out: the summary then takes the run's own
     record, else PENDING."""
-    from ogrpo.launch.slurm.submitit_adapter import job
-
     ids = task_ids(data)
     handles = {i: job(manifest.point_dir(sweep_dir, i), tid) for i, tid in ids.items()}  # all watched at once
     out, fresh = {}, True
@@ -181,8 +174,6 @@ def states(sweep_dir: Path, data: dict) -> dict[int, str]:
 
 def _queued(array: str) -> list[str]:
     """The array's tasks the controller still has (pending, running, or still being killed)."""
-    from ogrpo.launch.slurm.cli import run_slurm
-
     out = run_slurm(["squeue", "-h", "-r", "-j", array, "-o", "%i %T"], timeout=30)
     if out.returncode != 0:
         return []
@@ -194,11 +185,6 @@ def _queued(array: str) -> list[str]:
 def cancel(sweep_dir: Path, data: dict, wait_s: float = 120) -> list[int]:
     """scancel every task of the array (and the summary job); return once Slurm has ended them and no process of
     any point is left on this machine (LaunchError naming survivors). Returns the points that were stopped."""
-    from ogrpo.launch import ports, procs, stopping
-    from ogrpo.launch.run_state import record_status
-    from ogrpo.launch.slurm.query import leftover_processes
-    from ogrpo.launch.slurm.submitit_adapter import job
-
     sl = data.get("slurm") or {}
     array = sl.get("array_job_id")
     if not array:

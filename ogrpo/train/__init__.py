@@ -5,12 +5,12 @@ Heavy imports (torch, transformers, trl, datasets) happen inside functions, neve
 
 from __future__ import annotations
 
+from ogrpo.errors import OgrpoError
+
 
 def parse_overrides(items) -> dict:
     """`KEY=VALUE` strings → dict, values parsed as YAML scalars (`max_steps=5`, `bf16=false`, `ogrpo.x=1`)."""
     import yaml
-
-    from ogrpo.errors import OgrpoError
 
     out: dict = {}
     for item in items or []:

@@ -8,16 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ogrpo.errors import OgrpoError
+from ogrpo.launch.cpu_slots import pin_from_env
+from ogrpo.train import parse_overrides, quiet
+
 
 def main(argv: list[str] | None = None) -> int:
-    from ogrpo.train import quiet
-
     quiet.install()  # first: libraries print from their imports on (ogrpo/train/quiet.py)
-    from ogrpo.launch.cpu_slots import pin_from_env
 
     pin_from_env()  # a CPU plan's trainer keeps off the server's cores, threads started later included
-    from ogrpo.errors import OgrpoError
-    from ogrpo.train import parse_overrides
 
     ap = argparse.ArgumentParser(prog="python -m ogrpo.train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="run config YAML or a built-in recipe name (tiny)")
@@ -29,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a run-config key (repeatable)")
     ns = ap.parse_args(argv)
     try:
+        # inside the try: the import's OgrpoError (a missing stack) is one line too
         from ogrpo.train.run import leave_process_group, train
 
         train(ns.config, output_dir=ns.output_dir, vllm_url=ns.vllm_url, resume=ns.resume,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ogrpo.train import quiet
+from ogrpo.train.rundir import metrics_callback
+
 
 def quiet_progress_callback():
     """TRL's tqdm bar, with the latest reward in the bar instead of a printed dict per log line."""
@@ -11,8 +14,6 @@ def quiet_progress_callback():
 
     class QuietProgress(ProgressCallback):
         def on_train_begin(self, args, state, control, **kwargs):
-            from ogrpo.train import quiet
-
             with quiet.to_console():  # the bar is the one library output the user watches
                 return super().on_train_begin(args, state, control, **kwargs)
 
@@ -27,8 +28,6 @@ def quiet_progress_callback():
 
 def default_callbacks(run_dir: Path) -> list:
     """Callbacks added to every trainer (the profiler attaches its own when it hooks the trainer)."""
-    from ogrpo.train.rundir import metrics_callback
-
     return [metrics_callback(Path(run_dir))]
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ogrpo import tiny
 from ogrpo.errors import OgrpoError
+from ogrpo.tasks import task_dataset
 from ogrpo.train.data_sources import FILE_BUILDERS, SAVED_MARKERS, Source, is_local, sources
 
 
@@ -85,8 +87,6 @@ def _trl_mixture(trl: dict, train_split: str):
 
 def load_dataset_for(trl: dict):
     """The recipe's training split, before the prompt layout."""
-    from ogrpo import tiny
-
     kind, srcs = sources(trl)
     if not srcs:
         raise OgrpoError("no dataset: set dataset_name in the run config (a hub name, a local .jsonl/.parquet/.csv "
@@ -94,8 +94,6 @@ def load_dataset_for(trl: dict):
     if kind == "name" and tiny.is_tiny(srcs[0].name):
         return tiny.toy_dataset()
     if kind == "name" and srcs[0].name.startswith("ogrpo:"):
-        from ogrpo.tasks import task_dataset
-
         return task_dataset(srcs[0].name)
     import datasets
 

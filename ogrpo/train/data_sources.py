@@ -17,7 +17,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ogrpo.errors import ConfigError
+from ogrpo import tiny
+from ogrpo.errors import ConfigError, OgrpoError
+from ogrpo.local_paths import local_path
+from ogrpo.tasks import task_rows
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -81,8 +84,6 @@ def absolute_sources(trl: dict, base_dirs: list[Path]) -> list[tuple[str, str, s
     """Rewrite the recipe's relative local dataset paths (dataset_name, open-r1's mixture ids, TRL's `datasets`
     paths) in `trl` as absolute paths, found as reward files are (the submit directory, then the config's): the
     job reads them from its job directory. Returns (key, old, new) for each; hub ids (found nowhere here) stay."""
-    from ogrpo.local_paths import local_path
-
     slots: list[tuple[str, dict, str]] = []  # (key as listed, the dict holding it, its field)
     mix = trl.get("dataset_mixture")
     if isinstance(mix, dict) and isinstance(mix.get("datasets"), list):
@@ -236,12 +237,8 @@ def columns_of(src: Source) -> list[str]:
 
 def builtin_columns(name: str) -> list[str]:
     """Columns of a built-in dataset (ogrpo:tiny, ogrpo:tiny-math, ...), from its first generated row."""
-    from ogrpo import tiny
-    from ogrpo.errors import OgrpoError
-
     if tiny.is_tiny(name):
         return list(tiny.toy_prompts(1)[0])
-    from ogrpo.tasks import task_rows
 
     try:
         return list(task_rows(name, 1)[0])

@@ -11,7 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ogrpo.errors import ConfigError
+from ogrpo.lengths import min_tokens, prompt_length
+from ogrpo.local_paths import ABSOLUTE_REASON
+from ogrpo.planner.types import Change
 from ogrpo.rewards.registry import check_rewards, required_columns
+from ogrpo.train.data import prompt_settings
+from ogrpo.train.data_sources import absolute_sources, check_data
 
 
 def check_inputs(rc, changes: list | None = None) -> list[str]:
@@ -21,10 +26,6 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     Reward file paths and local dataset paths are made absolute in `rc.trl`, so the job finds them from its own
     directory; each dataset path rewritten is appended to `changes` as a Change.
     """
-    from ogrpo.planner.types import Change
-    from ogrpo.train.data import prompt_settings
-    from ogrpo.train.data_sources import absolute_sources, check_data
-    from ogrpo.local_paths import ABSOLUTE_REASON
 
     problems: list[str] = []
     warnings: list[str] = []
@@ -61,7 +62,6 @@ def _system_prompt_problem(rc, system) -> str | None:
     refused."""
     if not isinstance(system, str) or not system:
         return None
-    from ogrpo.lengths import min_tokens, prompt_length
 
     budget = prompt_length(rc.trl, rc.ogrpo.max_prompt_length)
     n = min_tokens(system, stop=budget)

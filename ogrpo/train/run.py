@@ -12,7 +12,32 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ogrpo import tiny
+from ogrpo.compat import replace_trl_range_warning, trl_imports
+from ogrpo.config import load_run_config
+from ogrpo.device_check import check_devices
+from ogrpo.dtypes import from_trainer_flags
 from ogrpo.errors import NoFitError, OgrpoError
+from ogrpo.kernels.fused_sample import implementation
+from ogrpo.launch import run_state
+from ogrpo.launch.ports import free_ports
+from ogrpo.overlap import zero3_push
+from ogrpo.overlap.pipeline import OFF, ONE_STEP, plan_mode, unsupported
+from ogrpo.patches import transformers_fused_sample
+from ogrpo.patches import trl_colocate_cpu as colocate_cpu
+from ogrpo.plan import Plan, plan_from_config
+from ogrpo.planner.types import OverlapStream
+from ogrpo.profile import timeline
+from ogrpo.profile.profiler import StageProfiler, render_table, summarize
+from ogrpo.rewards.registry import resolve_rewards
+from ogrpo.sandbox import policy as sandbox_policy
+from ogrpo.serve import client
+from ogrpo.train import rundir
+from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
+from ogrpo.train.data import load_prompts
+from ogrpo.train.peft_config import peft_config
+from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
+from ogrpo.trainer.guard import NonFiniteError
 
 
 @dataclass
@@ -32,15 +57,11 @@ class Prepared:
 
 
 def load_config(source, overrides: dict | None = None):
-    from ogrpo.config import load_run_config
-
     return load_run_config(source, overrides)
 
 
 def resolve_model_path(name) -> str:
     """A built-in tiny model (built on demand), a local directory with config.json, or a hub name."""
-    from ogrpo import tiny
-
     if not name:
         raise OgrpoError("no model: set model_name_or_path in the run config (a local directory, a hub name, or "
                          "ogrpo:tiny)")
@@ -61,8 +82,6 @@ def resolve_model_path(name) -> str:
 
 def plan_for(run_config, model_path: str, gpus: str | None = None):
     """The Plan a rendered config carries (its dict form, parsed here once), else a plan for this machine."""
-    from ogrpo.plan import Plan, plan_from_config
-
     carried = getattr(run_config.ogrpo, "plan", None)
     if carried:
         return Plan.from_dict(carried)
@@ -114,6 +133,7 @@ def default_run_dir(run_config) -> Path:
 
 
 def _resume_from(run_dir: Path, resume: str | None) -> str | None:
+    # heavy: torch, transformers
     from ogrpo.train import preemption
 
     if resume in (None, "", "no", "never"):
@@ -133,23 +153,17 @@ def _resume_from(run_dir: Path, resume: str | None) -> str | None:
 def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
             overrides: dict | None = None, gpus: str | None = None) -> Prepared:
     """Validate everything and build the trainer's inputs. Writes nothing except the tiny-model cache."""
-    from ogrpo.compat import replace_trl_range_warning
 
     pair_note = replace_trl_range_warning()
-    from ogrpo.train.data import load_prompts
-    from ogrpo.rewards.registry import resolve_rewards
-    from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
 
     rc = load_config(config, overrides)
     model_path = resolve_model_path(rc.trl.get("model_name_or_path"))
     funcs, weights = resolve_rewards(rc.trl.get("reward_funcs"),
                                      rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None
                                      else rc.trl.get("reward_weights"), params=rc.trl)
-    from ogrpo.sandbox import policy as sandbox_policy  # code rewards fail closed at job start, not at the first reward
 
-    sandbox_policy.configure(rc)
+    sandbox_policy.configure(rc)  # code rewards fail closed at job start, not at the first reward
     plan = plan_for(rc, model_path, gpus)
-    from ogrpo.device_check import check_devices
 
     check_devices(plan, "trainer")  # a GPU plan refuses a process without its GPUs: one line, in seconds
     apply_env(plan)
@@ -175,8 +189,6 @@ def install_vllm_hooks(p: Prepared) -> None:
         return
     import torch
 
-    from ogrpo.serve import client
-
     vargs = p.plan.vllm.args
     expect = None
     if args.vllm_mode == "server":
@@ -191,8 +203,6 @@ def install_vllm_hooks(p: Prepared) -> None:
     if args.vllm_mode == "server":
         client.install_cpu_client(expect, seed=args.seed)  # seeded requests: a rerun samples the same
     elif args.vllm_mode == "colocate":
-        from ogrpo.patches import trl_colocate_cpu as colocate_cpu
-
         dtype = vargs.dtype or _trainer_dtype(p)
         colocate_cpu.install(dtype=dtype, enforce_eager=True if vargs.enforce_eager is None else vargs.enforce_eager,
                              memory_share=float(vargs.gpu_memory_utilization or colocate_cpu.CPU_MEMORY_SHARE),
@@ -207,9 +217,6 @@ def install_kernels(trainer, plan) -> dict:
     if chosen.linear_logprobs:
         out["linear_logprobs"] = trainer.use_linear_logprobs()  # OgrpoError if TRL's method moved
     if chosen.fused_sample and not getattr(trainer.args, "use_vllm", False):
-        from ogrpo.kernels.fused_sample import implementation
-        from ogrpo.patches import transformers_fused_sample
-
         transformers_fused_sample.install(trainer)
         out["fused_sample"] = {"installed": True, "implementation": implementation("cpu" if trainer.args.use_cpu
                                                                                   else "cuda")}
@@ -220,8 +227,6 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
     """The plan's ogrpo.overlap (ogrpo/overlap/pipeline.py) wired into the trainer; None when it is `off`, which
     installs nothing. A mode the run config asked for (`asked`) that cannot apply to this trainer is an error; the
     plan's default falls back to `off` with a note (what only the built trainer shows: tools, a rollout_func)."""
-    from ogrpo.overlap.pipeline import OFF, ONE_STEP, plan_mode, unsupported
-
     mode = plan_mode(plan)
     if mode == OFF:
         return None
@@ -230,20 +235,15 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
         print(f"note: ogrpo.overlap {mode} (the plan's default) does not apply: {'; '.join(problems)}; running off",
               file=sys.stderr, flush=True)
         return {"mode": OFF, "reason": "; ".join(problems)}
-    from ogrpo.planner.types import OverlapStream
 
     installed = trainer.pipeline_generation(mode, stream=plan.overlap_stream is OverlapStream.GROUPS)
     if mode == ONE_STEP:
-        from ogrpo.overlap import zero3_push
-
         if zero3_push.why_not(trainer) is None:  # ZeRO-3: one gather per step, while the server generates
             zero3_push.install(trainer)  # its counts go into the manifest (zero3_push) when training ends
     return installed
 
 
 def _trainer_dtype(p: Prepared) -> str:
-    from ogrpo.dtypes import from_trainer_flags
-
     return from_trainer_flags(p.args) or "float32"
 
 
@@ -259,8 +259,6 @@ def init_cpu_deepspeed(p: Prepared) -> None:
     import torch.distributed
 
     if not torch.distributed.is_initialized() and "RANK" not in os.environ:
-        from ogrpo.launch.ports import free_ports
-
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(free_ports(1, "127.0.0.1")[0])})
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -272,12 +270,9 @@ def build_trainer(p: Prepared, own_process: bool = False):
     """`own_process`: this process exists for this one run (the trainer entry points), so TRL's modules may load
     without vLLM where the run does not generate with it; in a process that may run more (a test, a notebook),
     TRL is imported as it is, since a module imported without vLLM stays so for the process's life."""
-    from ogrpo.compat import trl_imports
-
     with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False)) or not own_process):
+        # heavy: trl, torch
         from ogrpo.trainer.grpo import OgrpoGRPOTrainer
-
-    from ogrpo.train.peft_config import peft_config
 
     return OgrpoGRPOTrainer(model=p.model_path, reward_funcs=p.reward_funcs, args=p.args, train_dataset=p.dataset,
                        processing_class=p.tokenizer, peft_config=peft_config(p.run_config.trl))
@@ -287,12 +282,6 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
           overrides: dict | None = None, gpus: str | None = None, console=None, own_process: bool = False) -> Path:
     """Run one GRPO training; returns the run directory. `own_process`: see `build_trainer`."""
     from rich.console import Console
-
-    from ogrpo.launch import run_state  # the manifest's status, as launch writes it
-    from ogrpo.train import rundir
-    from ogrpo.profile.profiler import StageProfiler, render_table, summarize
-    from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
-    from ogrpo.trainer.guard import NonFiniteError
 
     console = console or Console()  # results on stdout; progress (tqdm) and logs on stderr
     p = prepare(config, output_dir, vllm_url, resume, overrides, gpus)
@@ -353,7 +342,6 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     if trainer.accelerator.is_main_process:
         rows = run_state.read_jsonl(run_dir / rundir.PROFILE)
         plots = rundir.write_plots(run_dir)
-        from ogrpo.profile import timeline
 
         picture = timeline.write(run_dir, rows)  # the split placement's lanes, first steps
         plots += [picture] if picture else []

@@ -16,6 +16,8 @@ from pathlib import Path
 from ogrpo.launch.run_state import read_jsonl
 from ogrpo.layout import MANIFEST, METRICS, PROFILE  # noqa: F401  (the run dir's file names, one home)
 from ogrpo.sandbox import policy as sandbox_policy
+from ogrpo import __version__
+from ogrpo.profile.profiler import STAGES
 
 PLOTS = "plots"
 
@@ -63,8 +65,6 @@ def hardware() -> dict:
 
 
 def versions() -> dict:
-    from ogrpo import __version__
-
     out = {"python": platform.python_version(), "ogrpo": __version__}
     for dist in ("torch", "transformers", "trl", "vllm", "accelerate", "datasets"):
         out[dist] = _version(dist)
@@ -150,8 +150,6 @@ def write_plots(run_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ogrpo.profile.profiler import STAGES
 
     out_dir = run_dir / PLOTS
     out_dir.mkdir(exist_ok=True)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import copy
 
+from ogrpo import compat
 from ogrpo.dtypes import trainer_flags
 from ogrpo.errors import OgrpoError
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.render import deepspeed_config
 
 # ModelConfig keys that TRL's own script turns into `model_init_kwargs`.
 _MODEL_INIT_KEYS = ("attn_implementation", "dtype", "torch_dtype", "trust_remote_code", "model_revision")
@@ -36,7 +39,6 @@ def cpu_deepspeed(plan, config_source=None) -> str | dict | None:
 
     if plan is None or not plan.trainer.strategy.uses_deepspeed:
         return None
-    from ogrpo.planner.device_rules import rules_of
 
     if rules_of(plan).deepspeed_through_accelerate:
         return None  # GPU: accelerate.yaml names deepspeed.json (DEEPSPEED launcher)
@@ -44,7 +46,6 @@ def cpu_deepspeed(plan, config_source=None) -> str | dict | None:
         rendered = Path(str(config_source)).expanduser().with_name("deepspeed.json")
         if Path(str(config_source)).suffix in (".yaml", ".yml") and rendered.is_file():
             return str(rendered.resolve())
-    from ogrpo.render import deepspeed_config
 
     return deepspeed_config(plan)
 
@@ -54,7 +55,6 @@ def grpo_config_kwargs(run_trl: dict, plan, output_dir, vllm_url: str | None = N
     """(GRPOConfig keyword arguments, notes on keys dropped). Pure apart from reading TRL's field list
     (`fields`: GRPOConfig's field names; default: the installed TRL's) and, for a CPU ZeRO plan, looking for
     the job's deepspeed.json next to `config_source`. `plan`: the Plan the trainer runs, or None."""
-    from ogrpo import compat
 
     fields = compat.grpo_config_fields() if fields is None else fields
     notes: list[str] = []

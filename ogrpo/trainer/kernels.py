@@ -8,14 +8,14 @@ the profiler and the inf/NaN guard see the kernel's pass as TRL's.
 
 from __future__ import annotations
 
+from ogrpo.patches import trl_linear_logprobs
+
 
 class KernelScoring:
     logprobs_scorer = None  # ogrpo.patches.trl_linear_logprobs.Scorer
 
     def use_linear_logprobs(self) -> dict:
         """Route this trainer's scoring through linear_logprobs; returns what was done, for the manifest."""
-        from ogrpo.patches import trl_linear_logprobs  # torch and TRL: only a run that chose the kernel pays
-
         installed, self.logprobs_scorer = trl_linear_logprobs.install(self)
         return installed
 

@@ -31,10 +31,12 @@ def fused_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: fl
 
     _validate(logits, temperature, top_k, top_p, repetition_penalty, previous_tokens, impl)
     if impl == "reference":
+        # heavy: torch
         from ogrpo.kernels.fused_sample.reference import fused_sample_reference
 
         return fused_sample_reference(logits, temperature, top_k, top_p, repetition_penalty, previous_tokens,
                                       generator)
+    # heavy: torch
     from ogrpo.kernels.fused_sample import op
 
     device = logits.device.type
@@ -56,6 +58,7 @@ def fused_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: fl
 def fused_sample_reference(logits, temperature, top_k, top_p, repetition_penalty, previous_tokens=None,
                            generator=None):
     """transformers' processor chain + softmax + torch.multinomial (see `reference.py`)."""
+    # heavy: torch
     from ogrpo.kernels.fused_sample.reference import fused_sample_reference as reference
 
     return reference(logits, temperature, top_k, top_p, repetition_penalty, previous_tokens, generator)
@@ -66,6 +69,7 @@ def implementation(device="cpu") -> dict[str, str]:
     torch.device) and why, loading and checking the kernel if nothing ran there yet."""
     import torch
 
+    # heavy: torch
     from ogrpo.kernels.fused_sample import op
 
     kind = torch.device(device).type

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ogrpo.kernels import _build
 from ogrpo.kernels.fused_sample.reference import fused_sample_from_uniforms, processed_scores
 from ogrpo.kernels.guarded import Guarded
 
@@ -43,9 +44,7 @@ fused_sample_op.register_kernel("cuda")(_compiled_or_reference)
 
 
 def _load(device: str):
-    from ogrpo.kernels._build import load_extension
-
-    return load_extension("fused_sample", cuda=device == "cuda")
+    return _build.load_extension("fused_sample", cuda=device == "cuda")
 
 
 # `_load`/`verify` looked up per call: a test replaces `_load` on this module

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ogrpo.errors import OgrpoError
+from ogrpo.kernels import _build
 from ogrpo.kernels.guarded import Guarded
 from ogrpo.kernels.linear_logprobs import reference
 from ogrpo.kernels.linear_logprobs.sizing import MAX_TILE_ROWS
@@ -27,9 +28,7 @@ IMPLS = ("auto", "reference", "compiled")
 
 
 def _load(device_type: str):
-    from ogrpo.kernels._build import load_extension
-
-    return load_extension("linear_logprobs", cuda=device_type == "cuda")
+    return _build.load_extension("linear_logprobs", cuda=device_type == "cuda")
 
 
 def _compiled_forward(ext, hidden, weight, targets, temperature, chunk_size, keep_last=False,

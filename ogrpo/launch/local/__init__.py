@@ -24,11 +24,13 @@ from typing import Callable, TextIO
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step
-from ogrpo.launch.local import state as ls
+from ogrpo.launch import cpu_slots, stopping
 from ogrpo.launch.handle import ENDED, Job
+from ogrpo.launch.local import state as ls
 from ogrpo.launch.local.state import STATE_FILE
-from ogrpo.launch.ports import free_ports, release_ports
-from ogrpo.launch.procs import group_members
+from ogrpo.launch.ports import free_ports, release_ports, release_stale
+from ogrpo.launch.procs import describe, group_members
+from ogrpo.launch.run_state import record_status, run_dir_state
 from ogrpo.launch.supervisor import JobResult, Supervisor, log_tail
 from ogrpo.launch.teardown import exit_on_signals
 
@@ -62,7 +64,6 @@ def local_step_env(step: Step) -> dict[str, str]:
     accident."""
     if step.gpus:
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in step.gpus)}
-    from ogrpo.launch import cpu_slots
 
     return cpu_slots.step_env(step.role, step.env.get(cpu_slots.SLOTS_ENV))  # a CPU plan: its own cores
 
@@ -157,8 +158,6 @@ def run_local(job: JobSpec | str | os.PathLike, *, health_timeout_s: float | Non
 
 def _record_run_end(job_dir: Path, rc: int, message: str) -> None:
     """The run manifest's status when the trainer could not write it itself (killed, or stopped first)."""
-    from ogrpo.launch.run_state import record_status
-
     if rc == 0:
         return
     if rc in ls.CANCEL_CODES:
@@ -224,8 +223,6 @@ class LocalJob(Job):
         return self.record().get("exit_code")
 
     def status(self) -> dict:
-        from ogrpo.launch.run_state import run_dir_state
-
         rec = self.record()
         state = self.state()
         info = {"job_id": self.job_id, "backend": "local", "state": state, "pid": rec.get("pid"),
@@ -315,9 +312,6 @@ class LocalJob(Job):
         """SIGTERM the run (its supervisor stops the steps: the usual teardown), SIGKILL it after `wait_s`, then
         kill any step group still alive; returns when none of the run's processes is left (LaunchError naming
         the survivors otherwise) and records `cancelled` in the run's manifest."""
-        from ogrpo.launch import stopping
-        from ogrpo.launch.run_state import record_status
-
         rec = self.record()
         if not ls.on_this_host(rec):
             raise OgrpoError(f"job {self.job_id} runs on {rec.get('host')}: run `ogrpo cancel` there")
@@ -352,7 +346,6 @@ class LocalJob(Job):
             ls.write_state(self.job_dir, ls.ended_record(rec, 128 + signal.SIGKILL,
                                                          f"killed by ogrpo cancel after {wait_s:.0f} s"))
         self._check_gone(rec)
-        from ogrpo.launch.ports import release_stale
 
         release_stale()  # the claims of a run killed before it could release its ports
         record_status(layout.run_dir(self.job_dir), "cancelled", "cancelled by ogrpo cancel")
@@ -363,8 +356,6 @@ class LocalJob(Job):
         for g in self._leftover_groups(rec):
             alive += group_members(g)
         if alive:
-            from ogrpo.launch.procs import describe
-
             raise LaunchError(f"job {self.job_id}: still alive after cancel: {describe(sorted(set(alive)))}")
 
 

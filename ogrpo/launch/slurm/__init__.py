@@ -45,13 +45,14 @@ from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step, fill
 from ogrpo.launch import procs, stopping
-from ogrpo.launch.containers import Container, wrap
+from ogrpo.launch.containers import Container, make_container, wrap
 from ogrpo.launch.ports import pick_slurm_ports, release_ports
 from ogrpo.launch.slurm.parse import key_values, parsable_job_id
 from ogrpo.launch.slurm.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
     MIN_SIGNAL_DELAY_S, SlurmOptions, job_mem_gib, job_nodes, options_for, parse_passthrough, parse_time,
     request_flags,
 )
+from ogrpo.launch.slurm.cli import run_slurm
 
 # The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
@@ -250,6 +251,7 @@ class SlurmSupervisor:
             raise LaunchError(f"{exc}: this node's ports are taken (ss -ltn)") from exc
 
     def run(self) -> int:
+        # CLI latency: `ogrpo plan`/`render` import this module, not this
         from ogrpo.launch.supervisor import Supervisor
 
         job_id = self._job_id = int(os.environ["SLURM_JOB_ID"])
@@ -319,6 +321,7 @@ class SlurmSupervisor:
 
     def _record(self, status: str, reason: str) -> None:
         """The run manifest's status (ogrpo.launch.run_state), unless the trainer already wrote how it ended."""
+        # CLI latency: `ogrpo plan`/`render` import this module, not this
         from ogrpo.launch.run_state import record_status
 
         record_status(layout.run_dir(self.spec.job_dir), status, reason)
@@ -452,9 +455,7 @@ class SlurmSupervisor:
 
 
 def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    from ogrpo.launch.slurm.cli import run_slurm  # one line and exit 2 in seconds when Slurm cannot answer
-
-    return run_slurm(cmd, timeout)
+    return run_slurm(cmd, timeout)  # one line and exit 2 in seconds when Slurm cannot answer
 
 
 def require_sbatch() -> None:
@@ -537,6 +538,7 @@ def preflight(spec: JobSpec, opts: SlurmOptions) -> SlurmOptions:
         if accounts is not None and opts.account not in accounts:
             raise OgrpoError(f"unknown account {opts.account!r} for this user: use one of "
                              f"{', '.join(accounts) or '(none)'} (sacctmgr show assoc user=$USER)")
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch.slurm.gres import check_gres_type
 
     check_gres_type(opts)  # a typed request (gpu:a40:3) on a partition without that type: name those with it
@@ -578,6 +580,7 @@ def submit(spec: JobSpec, *, script: str | None = None) -> Submitted:
     job_dir = Path(spec.job_dir)
     for sub in layout.JOB_SUBDIRS:
         (job_dir / sub).mkdir(parents=True, exist_ok=True)
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch import secret
 
     secret.ensure(job_dir)  # the job's key, before the job exists (its supervisor hands it to the steps)
@@ -592,7 +595,6 @@ def submit(spec: JobSpec, *, script: str | None = None) -> Submitted:
     # OGRPO_PYTHON: this Python runs the supervisor (the script's default is python3 on PATH, which a user who
     # ran `.venv/bin/ogrpo submit` without activating the venv would not have); sbatch exports it to the job.
     env = {**os.environ, "OGRPO_PYTHON": sys.executable}
-    from ogrpo.launch.slurm.cli import run_slurm
 
     out = run_slurm(["sbatch", "--parsable", str(path)], timeout=120, cwd=job_dir, env=env)
     if out.returncode != 0:
@@ -601,6 +603,7 @@ def submit(spec: JobSpec, *, script: str | None = None) -> Submitted:
     if job_id is None:
         raise LaunchError(f"sbatch printed no job id for {path}: {out.stdout.strip()!r}")
     (job_dir / "slurm" / "job_id").write_text(f"{job_id}\n")
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch.slurm.query import remember
 
     remember(job_id, job_dir)
@@ -626,6 +629,7 @@ def _step_main(argv: list[str]) -> int:
     process the command starts inside the step and returns once none is left."""
     import argparse
 
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch import reaper
 
     if "--" not in argv:
@@ -673,7 +677,7 @@ def _supervise_main(argv: list[str]) -> int:
     [--container-runtime R]]`: job.sbatch's body."""
     import argparse
 
-    from ogrpo.launch.containers import make_container
+    # CLI latency: `ogrpo plan`/`render` import this module, not this
     from ogrpo.launch.local import load_jobspec
 
     ap = argparse.ArgumentParser(prog="python -m ogrpo.launch.slurm supervise")

@@ -27,7 +27,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ogrpo.errors import ConfigError, OgrpoError
+from ogrpo.launch.slurm.cli import conf_problem, configured, run_slurm, unanswered
 from ogrpo.launch.slurm.parse import key_values, seconds
+from ogrpo.planner.device_rules import rules_of
+from ogrpo.planner.types import Change
 
 # Unknown step time: long enough for a GRPO step of a <= 7B model with a server on one GPU node (10-60 s), and
 # for the CPU recipes (0.5-3 s a step on two cores) with room for a loaded machine.
@@ -124,8 +128,6 @@ def query(partition: str | None = None) -> Grace | None:
     _unread = None
     if shutil.which("scontrol") is None:
         return None
-    from ogrpo.errors import OgrpoError
-    from ogrpo.launch.slurm.cli import conf_problem, configured, run_slurm, unanswered
 
     try:
         cfg = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
@@ -192,7 +194,6 @@ def step_estimate(plan, step_time_s: float | None = None, recorded: tuple[float,
         return float(step_time_s), "ogrpo.step_time_s"
     if recorded:
         return recorded
-    from ogrpo.planner.device_rules import rules_of
     kind = rules_of(plan).kind
     return DEFAULT_STEP_S[kind], f"default for {kind.upper()} plans (set ogrpo.step_time_s)"
 
@@ -271,7 +272,6 @@ def policy(plan, trl: dict, *, grace: Grace | None, step: tuple[float, str], sig
     overhead = save_s / step_s if step_s else 0.0
     cost = f" (checkpoints add ~{overhead:.0%} to each step)" if overhead >= 0.2 else ""
     pol.warnings.append(f"{text}; checkpointing every step so that it loses at most that step{cost}")
-    from ogrpo.planner.types import Change
 
     pol.changes.append(Change("save_steps", current, 1, f"{grace.describe()} < one step + checkpoint "
                                                         f"(~{need:.0f} s): lose at most one step on a requeue"))
@@ -304,8 +304,6 @@ def for_plan(run_config, plan, *, job_dir: str | None = None, partition: str | N
     if note:
         pol.warnings.append(note)
     if strict and pol.changes:
-        from ogrpo.errors import ConfigError
-
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in pol.changes], f"{run_config.source} (--strict refuses every change from the recipe)")
     apply(pol, run_config, plan)

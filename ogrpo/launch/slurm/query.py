@@ -18,10 +18,14 @@ from pathlib import Path
 
 from ogrpo import layout
 from ogrpo.errors import LaunchError, OgrpoError
-from ogrpo.launch.slurm import submitit_adapter
+from ogrpo.launch import ports, procs, stopping
 from ogrpo.launch.handle import ENDED, Job
-from ogrpo.launch.run_state import run_dir_state
+from ogrpo.launch.procs import group_members
+from ogrpo.launch.run_state import record_status, run_dir_state
+from ogrpo.launch.slurm import grace as slurm_grace
+from ogrpo.launch.slurm import submitit_adapter
 from ogrpo.launch.slurm.cli import require, run_slurm, unanswered
+from ogrpo.launch.slurm.grace import QUERY_TIMEOUT_S
 from ogrpo.launch.slurm.parse import key_values
 
 __all__ = ["SlurmJob", "JobRef", "resolve", "remember", "cluster_identity", "run_slurm", "status", "stream_logs",
@@ -37,8 +41,6 @@ def cluster_identity() -> dict[str, str]:
     """This machine's Slurm cluster: {cluster: ClusterName, controller: the first SlurmctldHost} from `scontrol
     show config`. A job id names a job only within its cluster (a new or a second cluster counts from 1 again).
     OgrpoError (one line) when Slurm is not installed here or cannot answer."""
-    from ogrpo.launch.slurm.grace import QUERY_TIMEOUT_S
-
     out = run_slurm(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT_S)
     unanswered(out)
     cfg = key_values(out.stdout, lines=True) if out.returncode == 0 else {}
@@ -164,9 +166,6 @@ def leftover_processes(job_id: str, job_dir: Path | None) -> list[int]:
     """Processes of the job still alive on this machine: those with its SLURM_JOB_ID in their environment, and
     the members of the process groups its steps recorded (run/roles/*.step*.json, written by the step wrapper
     with this kernel's boot id when they ran here). Other nodes' processes are Slurm's to see."""
-    from ogrpo.launch import procs
-    from ogrpo.launch.procs import group_members
-
     found = set(procs.of_slurm_job(str(job_id), os.environ.get("SLURM_CONF")))
     here = procs.boot_id()
     records = []
@@ -238,9 +237,6 @@ class SlurmJob(Job):
         """scancel the job; return once Slurm has ended it and no process of it is left on this machine (a
         process that escaped Slurm's tracking would be). LaunchError (exit 1) naming what is still alive after
         `wait_s` (default: the cluster's KillWait + 60 s). Records `cancelled` in the run's manifest."""
-        from ogrpo.launch import ports, procs, stopping
-        from ogrpo.launch.run_state import record_status
-
         require("scancel")
         # scancel answers 0 for an id the controller does not know: ask first, so a typo is not "cancelled".
         state = self.status()["state"]
@@ -251,9 +247,7 @@ class SlurmJob(Job):
             stopping.request_cancel(run, self.job_id)
         self._job.cancel()
         if wait_s is None:
-            from ogrpo.launch.slurm.grace import query
-
-            grace = query()
+            grace = slurm_grace.query()
             wait_s = (grace.kill_wait_s if grace else 30) + 60
         deadline = time.monotonic() + wait_s
         while self.state() not in ENDED:

@@ -18,8 +18,11 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from ogrpo import __version__
 from ogrpo.errors import OgrpoError
 from ogrpo.launch.slurm.parse import seconds
+from ogrpo.launch.slurm.submitit_adapter import render_sbatch
+from ogrpo.planner.device_rules import rules_of
 
 # Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
 # delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
@@ -90,7 +93,6 @@ def options_for(plan, run_config, *, nodes: int | None = None, time_min: int | N
                 container_runtime: str | None = None, job_name: str | None = None) -> SlurmOptions:
     """SlurmOptions for a Plan (or its dict form) and run config (ogrpo.partition/account/qos/time/cpus_per_gpu/
     mem_per_gpu/container), with command-line values already merged into the run config's ogrpo section."""
-    from ogrpo.planner.device_rules import rules_of
     o = run_config.ogrpo
     cl = plan.cluster
     rules = rules_of(cl)
@@ -276,9 +278,6 @@ def supervise_command(job_dir_var: str, opts: SlurmOptions) -> str:
 def render_script(spec, opts: SlurmOptions, *, title: str | None = None, summary: str = "") -> str:
     """job.sbatch for a JobSpec and its SlurmOptions (pure text): the one batch script of the job, whose batch
     step `exec`s the supervisor."""
-    from ogrpo import __version__
-    from ogrpo.launch.slurm.submitit_adapter import render_sbatch
-
     delay = max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))
     command = supervise_command("$JOB_DIR", opts)
     about = _ABOUT.format(title=title or f"O-GRPO job {spec.name}", version=__version__, summary=summary or spec.name,

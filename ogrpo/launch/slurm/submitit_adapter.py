@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 from ogrpo.errors import OgrpoError
+from ogrpo.launch.slurm.cli import run_slurm
+from ogrpo.patches.target import PatchTargetMoved, problems_of, version
 
 NAME = "submitit_adapter"
 LIBRARY = "submitit"
@@ -148,8 +150,6 @@ _SAME_PROBES = [
 
 def check() -> None:
     """Raise OgrpoError naming what moved when the installed submitit no longer has the private shape used here."""
-    from ogrpo.patches.target import PatchTargetMoved, problems_of, version
-
     problems = problems_of({"submitit.slurm.slurm:_make_sbatch_string": _RENDER_ARGS,
                             "submitit.slurm.slurm:SlurmInfoWatcher._make_command": None,
                             "submitit.slurm.slurm:SlurmInfoWatcher.read_info": ("string",),
@@ -202,8 +202,6 @@ def _watcher_cls():
                 cannot answer is one line within seconds (submitit's own call retries for a minute, printing
                 sacct's errors). A sacct that fails (a site without accounting) leaves the info as it was, as
                 submitit does; the controller then answers for the job (ogrpo.launch.slurm.query)."""
-                from ogrpo.launch.slurm.cli import run_slurm
-
                 command = self._make_command()
                 if command is None:
                     return

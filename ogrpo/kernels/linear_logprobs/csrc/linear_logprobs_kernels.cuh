@@ -27,37 +27,35 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+// The two reductions of a row, each with the value that leaves a result unchanged (for the unused lanes).
+struct MaxOp {
+  static __device__ __forceinline__ float identity() { return LL_NEG_INF; }
+  static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
+};
+struct SumOp {
+  static __device__ __forceinline__ float identity() { return 0.0f; }
+  static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+};
+
+template <typename Op> __device__ __forceinline__ float warp_reduce(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-// Block-wide reductions through one float per warp in shared memory; every thread gets the result.
+// Block-wide reduction through one float per warp in shared memory; every thread gets the result.
 // `scratch` holds 32 floats; the leading __syncthreads() makes back-to-back calls safe.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
+template <typename Op> __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
+  v = warp_reduce<Op>(v);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : LL_NEG_INF;
-  return warp_max(v);
+  v = lane < warps ? scratch[lane] : Op::identity();
+  return warp_reduce<Op>(v);
 }
 
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(v);
-}
+__device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<MaxOp>(v, scratch); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<SumOp>(v, scratch); }
 
 }  // namespace ogrpo_ll
 

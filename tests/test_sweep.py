@@ -208,13 +208,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _local_toy_sweep(tmp_path: Path, monkeypatch, steps: int, step_s: float) -> tuple[Path, dict, Path]:
+    """(config, environment, sweep directory) of a local sweep over the toy recipe on the CPU: STEPS steps of
+    STEP_S seconds each (tests/sweep_steps.py); the job and sweep indexes under tmp_path, for this test and the
+    commands it runs."""
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", cache)
+    cfg = tmp_path / "toy.yaml"
+    cfg.write_text(toy_recipe(steps, gpus="cpu", use_vllm=False))
+    env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": str(step_s), "XDG_CACHE_HOME": cache}
+    return cfg, env, tmp_path / "sweep"
+
+
 @pytest.mark.slow
 def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cfg = tmp_path / "toy.yaml"
-    cfg.write_text(toy_recipe(3, gpus="cpu", use_vllm=False))
-    env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": "0.2", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    sweep = tmp_path / "sweep"
+    cfg, env, sweep = _local_toy_sweep(tmp_path, monkeypatch, steps=3, step_s=0.2)
     out = run("sweep", "--backend", "local", "--config", str(cfg), "--grid", "learning_rate=1e-3,2e-3", "-o",
               str(sweep), env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -267,11 +275,7 @@ def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_p
 
 @pytest.mark.slow
 def test_cancel_stops_a_local_sweep_and_leaves_no_process(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cfg = tmp_path / "toy.yaml"
-    cfg.write_text(toy_recipe(600, gpus="cpu", use_vllm=False))
-    env = {**sweep_steps.env(), "SWEEP_TOY_STEP_S": "0.5", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    sweep = tmp_path / "sweep"
+    cfg, env, sweep = _local_toy_sweep(tmp_path, monkeypatch, steps=600, step_s=0.5)
     proc = subprocess.Popen([*OGRPO, "sweep", "--backend", "local", "--config", str(cfg), "--grid",
                              "learning_rate=1e-3,2e-3", "-o", str(sweep)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

@@ -188,23 +188,25 @@ def _run_steps(cb, times, monkeypatch, preemption, start=0):
     return clock
 
 
-def test_sigterm_that_a_step_cannot_outrun_exits_at_once(tmp_path, monkeypatch):
+def _sigterm_1s_into_step_3(tmp_path, monkeypatch, step_s: float):
+    """A 5 s SIGTERM window, two saved steps of STEP_S seconds each, then SIGTERM 1 s into the third step."""
     preemption, cb, exits = _callback(tmp_path, monkeypatch, window=5)
-    clock = _run_steps(cb, [8.0, 8.0], monkeypatch, preemption)
+    clock = _run_steps(cb, [step_s, step_s], monkeypatch, preemption)
     cb.on_step_begin(None, _State(2), None)
     clock[0] += 1.0
     cb._on_signal(signal.SIGTERM, None)
+    return preemption, cb, exits
+
+
+def test_sigterm_that_a_step_cannot_outrun_exits_at_once(tmp_path, monkeypatch):
+    preemption, cb, exits = _sigterm_1s_into_step_3(tmp_path, monkeypatch, step_s=8.0)
     assert exits == [preemption.EXIT_PREEMPTED]
     marker = json.loads((tmp_path / preemption.MARKER).read_text())
     assert marker["signal"] == "SIGTERM" and marker["checkpoint"] == "checkpoint-2" and marker["left_mid_step"]
 
 
 def test_sigterm_waits_for_the_step_end_when_it_can_be_saved(tmp_path, monkeypatch):
-    preemption, cb, exits = _callback(tmp_path, monkeypatch, window=5)
-    clock = _run_steps(cb, [2.0, 2.0], monkeypatch, preemption)
-    cb.on_step_begin(None, _State(2), None)
-    clock[0] += 1.0
-    cb._on_signal(signal.SIGTERM, None)
+    preemption, cb, exits = _sigterm_1s_into_step_3(tmp_path, monkeypatch, step_s=2.0)
     assert not exits and cb.signal_name == "SIGTERM"  # flagged: save at the end of this step, then exit
     assert not (tmp_path / preemption.MARKER).exists()
 

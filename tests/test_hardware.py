@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ogrpo.errors import OgrpoError
+from error_checks import one_line_error
 from ogrpo.hardware import CATALOG, parse_gpus
 
 
@@ -69,12 +69,9 @@ def test_interconnect_suffix():
     ],
 )
 def test_bad_specs_name_the_fix(spec, words):
-    with pytest.raises(OgrpoError) as e:
-        parse_gpus(spec)
-    msg = str(e.value)
-    assert words in msg
-    assert "\n" not in msg
-    assert e.value.exit_code == 2
+    error = one_line_error(parse_gpus, spec)
+    assert words in str(error)
+    assert error.exit_code == 2
 
 
 def test_catalog_facts_follow_compat_md():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from error_checks import one_line_error
 from ogrpo.errors import OgrpoError
 from ogrpo.models import builtin_table, from_config_dict, from_params, parse_params, resolve_model
 
@@ -80,9 +81,7 @@ def test_text_config_nested():
 
 
 def test_unknown_hub_name_names_params_flag():
-    with pytest.raises(OgrpoError) as e:
-        resolve_model("someone/unknown-model-13B")
-    assert "--params" in str(e.value) and "\n" not in str(e.value)
+    assert "--params" in str(one_line_error(resolve_model, "someone/unknown-model-13B"))
 
 
 def test_params_flag():
@@ -374,9 +373,7 @@ def test_shipped_facts_carry_sliding_windows():
 
 @pytest.mark.parametrize("bad", ["0B", "0", 0, -3e9, "1e30", float("nan"), float("inf")])
 def test_parse_params_refuses_zero_negative_and_absurd(bad):
-    with pytest.raises(OgrpoError, match="positive parameter count") as err:
-        parse_params(bad)
-    assert "\n" not in str(err.value)
+    one_line_error(parse_params, bad, match="positive parameter count")
 
 
 def test_params_on_a_known_model_says_which_count_wins():

@@ -12,6 +12,7 @@ process's command line and in no file of the job dir but job.key (0600).
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -146,13 +147,16 @@ def guarded_server(tmp_path):
         proc.wait()
 
 
-def _call(url: str, method: str, path: str, body=None, key: str | None = None) -> tuple[int, bytes]:
+def _call(url: str, method: str, path: str, body=None, key: str | None = None,
+          timeout: float = 30) -> tuple[int, bytes]:
+    """(status, body) of one JSON request, the job KEY as its bearer token when given. PROBE carries this
+    function's source: it runs as a job's trainer, in an interpreter that cannot import this module."""
     req = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     if key is not None:
         req.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -220,17 +224,10 @@ PROBE = textwrap.dedent(r"""
     cls = install_cpu_client()
     client = cls(base_url=url, connection_timeout=600)  # waits for the server like the trainer does
 
-    # (this function's source runs as the trainer of a job: it cannot use the module's _call)
+""") + inspect.getsource(_call) + textwrap.dedent(r"""
+
     def call(method, path, body=None, k=None):
-        req = urllib.request.Request(url + path, method=method, headers={"Content-Type": "application/json"},
-                                     data=None if body is None else json.dumps(body).encode())
-        if k is not None:
-            req.add_header("Authorization", f"Bearer {k}")
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+        return _call(url, method, path, body, k, timeout=120)
 
     GEN = {"model": client.model, "prompt": [[5, 6, 7, 8, 9]], "max_tokens": 8, "temperature": 0, "logprobs": 1}
 

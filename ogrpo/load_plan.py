@@ -1,6 +1,9 @@
 """Run config + command-line options -> (RunConfig, Plan), with the plan-time input checks: the one path that
 `plan`, `render`, `submit`, `sweep` and `selftest` take. Below the commands, so that a check (selftest) plans as
-the CLI does without importing it; imports inside the function, so that `ogrpo --help` stays fast."""
+the CLI does without importing it; imports inside the function, so that `ogrpo --help` stays fast.
+
+The plan is the planner's alone (ogrpo/plan.py): the input checks (which read reward files and datasets) run
+first and hand it what they decided; nothing here adds to the finished plan."""
 
 from __future__ import annotations
 
@@ -44,13 +47,11 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     rc = load_run_config(config, overrides)
     from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
 
-    input_changes: list = []  # local dataset paths made absolute for the job
+    # The checks read files, so they run here, before the planner; what they decide enters it as input (their
+    # warnings through rc, the paths they made absolute as changes the planner lists).
+    input_changes: list = []
     rc.warnings.extend(check_inputs(rc, input_changes))
-    plan = plan_from_config(rc)
-    plan.changes.extend(input_changes)
-    from ogrpo.sandbox.policy import plan_notes  # `ogrpo.sandbox: none` with code rewards: a change
-
-    plan_notes(rc, plan)
+    plan = plan_from_config(rc, input_changes=input_changes)
     if strict and plan.changes:
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")

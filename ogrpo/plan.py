@@ -3,11 +3,14 @@
 `make_plan` runs the steps of ogrpo/planner in order: the recipe's TRL line, precision and attention,
 placement, TRL's batch rules, vLLM's memory fit, the trainer strategy (the cheapest that fits: DDP → ZeRO-2 →
 ZeRO-3 → ZeRO-3 + optimizer offload), the trainer/vLLM/environment settings, the recipe keys the job replaces,
-then (when it does not fit) the fixes that hold. What differs per device kind lives in
-ogrpo/planner/device_rules.py.
+the changes the plan-time input checks made (handed in: the checks read files, the planner does not), the
+recipe's opt-out of the code sandbox, then (when it does not fit) the fixes that hold. What differs per device
+kind lives in ogrpo/planner/device_rules.py. Every change and warning of a plan is listed here, in this order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ogrpo import packages
 from ogrpo.errors import OgrpoError
@@ -16,7 +19,9 @@ from ogrpo.hardware import Cluster, parse_gpus
 from ogrpo.lengths import DEFAULT_PROMPT_LENGTH
 from ogrpo.models import ModelFacts, resolve_model
 from ogrpo.planner import batch as _batch
+from ogrpo.planner import input_changes as _input_changes
 from ogrpo.planner import placement as _placement
+from ogrpo.planner import sandbox_opt_out as _sandbox_opt_out
 from ogrpo.planner import settings as _settings
 from ogrpo.planner import strategy as _strategy
 from ogrpo.planner.batch import batch_rules
@@ -25,16 +30,17 @@ from ogrpo.planner.draft import PROFILES, Draft
 from ogrpo.planner.fixes import Fix, fixes_that_hold
 from ogrpo.planner.kernels import plan_kernels
 from ogrpo.planner.placement import valid_tp_sizes
-from ogrpo.planner.types import BatchPart, Kernels, Plan, TrainerArgs, TrainerPart, VllmArgs, VllmPart
+from ogrpo.planner.types import BatchPart, Change, Kernels, Plan, TrainerArgs, TrainerPart, VllmArgs, VllmPart
 
 __all__ = ["CPU_VLLM_UTIL", "DEFAULT_PROMPT_LENGTH", "PROFILES", "BatchPart", "Fix", "Plan", "TrainerPart",
            "VllmPart", "batch_rules", "make_plan", "plan_from_config", "plan_kernels", "valid_tp_sizes"]
 
 
 def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "balanced",
-              check_fixes: bool = True) -> Plan:
+              check_fixes: bool = True, input_changes: Sequence[Change] = ()) -> Plan:
     """`check_fixes`: re-plan every suggested fix with it applied and keep those that fit (off inside that
-    re-planning)."""
+    re-planning). `input_changes`: what the plan-time input checks changed in the recipe
+    (ogrpo/train/inputs.py), listed after the planner's own changes."""
     profile = profile or run_config.ogrpo.profile or "balanced"
     if profile not in PROFILES:
         raise OgrpoError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
@@ -55,6 +61,12 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     env = _settings.job_env(d)
     _refuse_missing_packages(d, targs, attn, tfit.strategy)
     vargs, server_env = _settings.vllm_args(d, place, vfit, precision)
+    d.warnings += list(model.warnings) + ([] if model.exact_shapes else
+                                          [f"{model.name}: shapes extrapolated from --params; activations are rough"])
+    # Last, after the planner's own changes and the model's warnings: the order in which `plan --json` and the
+    # manifests have always listed them.
+    _input_changes.record_input_changes(d, input_changes)
+    _sandbox_opt_out.note_sandbox_opt_out(d)
 
     n = place.num_processes
     vest = vfit.estimate
@@ -78,10 +90,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     return Plan(cluster=cluster, model=model, profile=profile, fits=fits, reasons=d.reasons,
                 fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=place.mode,
                 vllm=vllm, trainer=trainer, trainer_args=TrainerArgs(targs), env=env, settings=d.settings.items,
-                batch=BatchPart(**batch),
-                warnings=d.warnings + list(model.warnings) + ([] if model.exact_shapes else
-                                       [f"{model.name}: shapes extrapolated from --params; activations are rough"]),
-                changes=d.changes.items, fix_actions=held,
+                batch=BatchPart(**batch), warnings=d.warnings, changes=d.changes.items, fix_actions=held,
                 kernels=Kernels(**{name: on for name, (on, _) in tfit.kernels.items()}))
 
 
@@ -95,11 +104,13 @@ def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) ->
 
 
 def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,
-                     params=None) -> Plan:
-    """Parse gpus (argument, else the config's ogrpo.gpus, else "cpu"), resolve the model, plan."""
+                     params=None, input_changes: Sequence[Change] = ()) -> Plan:
+    """Parse gpus (argument, else the config's ogrpo.gpus, else "cpu"), resolve the model, plan. `input_changes`:
+    see make_plan (ogrpo/load_plan.py passes those of its input checks)."""
 
     spec = gpus or run_config.ogrpo.gpus or "cpu"
     cluster = parse_gpus(spec)
     name = model or run_config.ogrpo.model or run_config.model_name_or_path
     facts = resolve_model(name, params if params is not None else run_config.ogrpo.params)
-    return make_plan(cluster, facts, run_config, profile or run_config.ogrpo.profile or "balanced")
+    return make_plan(cluster, facts, run_config, profile or run_config.ogrpo.profile or "balanced",
+                     input_changes=input_changes)

@@ -72,6 +72,21 @@ def test_local_dataset_paths_become_absolute_changes(tmp_path, monkeypatch):
     assert plan.change("dataset_name") is None
 
 
+def test_the_planner_lists_the_input_checks_changes_after_its_own():
+    """The checks read files before the planner; what they changed enters it as input (a plan is a pure function
+    of its inputs), and it lists those changes after its own, as they always were."""
+    from ogrpo.local_paths import ABSOLUTE_REASON
+    from ogrpo.plan import plan_from_config
+    from ogrpo.planner.types import Change
+
+    rc = load_run_config("tiny")
+    made = Change("dataset_name", "./train.jsonl", "/data/train.jsonl", ABSOLUTE_REASON)
+    own = plan_from_config(rc, gpus="4xV100-32G").changes
+    assert own and all(c.key != "dataset_name" for c in own)
+    assert plan_from_config(rc, gpus="4xV100-32G", input_changes=[made]).changes == [*own, made]
+    assert plan_from_config(rc, gpus="4xV100-32G").changes == own  # handed in per plan, never kept on rc
+
+
 # --- 2. YAML alias bombs and self-containing aliases refused at load time ---------------------------------------
 
 BOMB = TINY + "dataset_name: ogrpo:tiny\ngradient_checkpointing_kwargs:\n  l0: &l0 [" + ", ".join(["lol"] * 9) + "]\n" \

@@ -276,3 +276,153 @@ def test_the_guard_fails_on_the_code_before_the_plan_was_typed_inside():
     for shape in ('vargs.get(\'dtype\')', "plan.kernels.get('linear_logprobs')", "plan.setting('overlap')",
                   "plan.trainer.strategy == 'ddp'", "p.mode == 'server'", "plan.trainer_args.get('tf32')"):
         assert shape in joined, shape
+
+
+# ------------------------------------------------------------------- the planner owns a plan's changes and warnings
+
+# A plan's lists that only the planner adds to (ogrpo/plan.py's make_plan, in its own order): what a check that
+# reads files decides enters the planner as input (plan_from_config's input_changes), never the finished plan.
+OWNED = {"changes", "warnings"}
+MUTATORS = {"append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse"}  # list methods, in place
+# Files outside the planner that still add to a finished plan, each with why. An entry whose file no longer does
+# fails the test: the list only shrinks.
+STILL_OUTSIDE = {
+    "ogrpo/launch/slurm/grace.py": "the preemption policy (save_steps, its warnings) follows from the cluster's "
+                                   "KillWait/GraceTime, which render and submit ask scontrol for after planning",
+}
+# The commit before the planner owned them: load_plan and the sandbox policy added to the finished plan.
+BEFORE_OWNED = "b4c8fdc"
+
+
+def _plan_owner(node: ast.AST, local_dicts: set[str], aliases: frozenset[str]) -> bool:
+    """`plan`, `pp.plan`, `p` (the name a plan most often has here) ..., as for the dict-read guard."""
+    return _is_plan(node, local_dicts, aliases) or (isinstance(node, ast.Name) and node.id == "p"
+                                                    and node.id not in local_dicts)
+
+
+def _owned_list(node: ast.AST, local_dicts: set[str], aliases: frozenset[str], lists: set[str]) -> bool:
+    """`plan.changes`, `p.warnings`, `pp.plan.changes` ..., or a local bound to one (`changes = plan.changes`)."""
+    if isinstance(node, ast.Name):
+        return node.id in lists
+    return isinstance(node, ast.Attribute) and node.attr in OWNED and _plan_owner(node.value, local_dicts, aliases)
+
+
+def plan_additions(source: str, filename: str = "<src>") -> list[str]:
+    """Every statement that changes a plan's `changes` or `warnings`: a list method that changes it in place
+    (`.append(`, `.extend(` ...), `+=`, an assignment to the list, an item of it or the attribute, `del` of an
+    item, `dataclasses.replace(plan, changes=...)`, `setattr(plan, "warnings", ...)`; as `file:line: code`."""
+    tree = ast.parse(source, filename=filename)
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, _SCOPES)]
+    found: dict[tuple[int, int], str] = {}
+    for scope in scopes:
+        local_dicts, _, aliases = _scope_facts(scope)
+        lists: set[str] = set()
+        for node in _walk_scope(scope):
+            if isinstance(node, ast.Assign) and _owned_list(node.value, local_dicts, aliases, set()):
+                lists |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+        def owned(node: ast.AST) -> bool:
+            return _owned_list(node, local_dicts, aliases, lists)
+
+        def written(target: ast.AST) -> bool:  # the list itself (as an attribute of the plan) or an item of it
+            return (isinstance(target, ast.Attribute) and owned(target)) or \
+                (isinstance(target, ast.Subscript) and owned(target.value))
+
+        for node in _walk_scope(scope):
+            hit = False
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                hit = (node.func.attr in MUTATORS and owned(node.func.value)) or (
+                    node.func.attr == "replace" and bool(node.args)
+                    and _plan_owner(node.args[0], local_dicts, aliases)
+                    and any(k.arg in OWNED for k in node.keywords))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("replace", "_replace"):
+                    hit = bool(node.args) and _plan_owner(node.args[0], local_dicts, aliases) and \
+                        any(k.arg in OWNED for k in node.keywords)
+                elif node.func.id == "setattr" and len(node.args) >= 2:
+                    name = node.args[1]
+                    hit = _plan_owner(node.args[0], local_dicts, aliases) and isinstance(name, ast.Constant) and \
+                        name.value in OWNED
+            elif isinstance(node, ast.AugAssign):
+                hit = owned(node.target) or written(node.target)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                hit = any(written(t) for t in targets)
+            elif isinstance(node, ast.Delete):
+                hit = any(written(t) for t in node.targets)
+            if hit:
+                found[(node.lineno, node.col_offset)] = f"{filename}:{node.lineno}: {ast.unparse(node)}"
+    return [found[k] for k in sorted(found)]
+
+
+def test_only_the_planner_adds_to_a_plans_changes_and_warnings():
+    problems, stale = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(ALLOWED):
+            continue
+        found = plan_additions(path.read_text(), rel)
+        if rel in STILL_OUTSIDE:
+            stale += [] if found else [rel]
+        else:
+            problems += found
+    assert problems == [], ("a plan's changes or warnings changed outside the planner (hand the decision to the "
+                            "planner as input: plan_from_config's input_changes, a step in ogrpo/planner/):\n"
+                            + "\n".join(problems))
+    assert stale == [], f"no longer adds to a plan: remove it from STILL_OUTSIDE: {stale}"
+
+
+def test_the_additions_guard_finds_each_way_of_changing_a_plans_lists():
+    source = '''
+def a(plan, p, pp, rc, pol, d, input_changes, c):
+    plan.changes.extend(input_changes)
+    plan.changes.append(Change("ogrpo.sandbox", "auto", "none", "opt-out"))
+    plan.warnings.append("no isolation")
+    p.warnings += ["w"]
+    pp.plan.changes.insert(0, c)
+    changes = plan.changes
+    changes.append(c)
+    plan.warnings = []
+    p.changes[0] = c
+    del plan.changes[0]
+    q = dataclasses.replace(plan, warnings=[])
+    setattr(p, "changes", [])
+
+def fine(plan, rc, pol, d, c, self):
+    rc.warnings.extend(["a config warning"])   # the run config's: the planner reads them as input
+    pol.changes.append(c)                     # a preemption policy's own list
+    d.changes.add("key", 1, 2, "why")         # the planner's draft
+    self.warnings = 0
+    out = plan.changes + [c]                  # a new list
+    vllm = dataclasses.replace(plan, vllm=None)
+
+def fused(processors):
+    plan = {"warnings": []}                   # a local dict that happens to be called plan
+    plan["warnings"].append("x")
+'''
+    lines = [line.split(": ", 1)[1] for line in plan_additions(source)]
+    assert lines == ["plan.changes.extend(input_changes)",
+                     "plan.changes.append(Change('ogrpo.sandbox', 'auto', 'none', 'opt-out'))",
+                     "plan.warnings.append('no isolation')", "p.warnings += ['w']", "pp.plan.changes.insert(0, c)",
+                     "changes.append(c)", "plan.warnings = []", "p.changes[0] = c", "del plan.changes[0]",
+                     "dataclasses.replace(plan, warnings=[])", "setattr(p, 'changes', [])"]
+
+
+def test_the_additions_guard_fails_on_the_code_before_the_planner_owned_them():
+    """The same scan over ogrpo/ as of BEFORE_OWNED finds load_plan's and the sandbox policy's additions."""
+    import subprocess
+
+    listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", BEFORE_OWNED, "ogrpo/"],
+                             capture_output=True, text=True)
+    if listing.returncode:
+        pytest.skip(f"{BEFORE_OWNED} is not in this clone")
+    problems = []
+    for rel in listing.stdout.split():
+        if rel.endswith(".py") and not rel.startswith(ALLOWED) and rel not in STILL_OUTSIDE:
+            text = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE_OWNED}:{rel}"], capture_output=True,
+                                  text=True).stdout
+            problems += plan_additions(text, rel)
+    lines = [line.split(": ", 1)[1] for line in problems]
+    assert {line.split(":", 1)[0] for line in problems} == {"ogrpo/load_plan.py", "ogrpo/sandbox/policy.py"}
+    for shape in ("plan.changes.extend(input_changes)", "plan.warnings.append("):
+        assert any(line.startswith(shape) for line in lines), shape

@@ -111,10 +111,15 @@ def test_plan_lists_the_opt_out_only_with_code_rewards(tmp_path):
     from ogrpo.errors import ConfigError
     from ogrpo.plan import plan_from_config
 
+    # the planner lists it (not a step after it): every path to a plan has it, plan_from_config's included
+    opted = plan_from_config(load_run_config(str(_recipe(tmp_path, "none"))))
+    assert opted.change("ogrpo.sandbox").new == "none" and opted.warnings[-1].startswith("ogrpo.sandbox: none")
+    assert opted.changes[-1].key == "ogrpo.sandbox"  # after the planner's own changes, as plan --json lists it
     rc = load_run_config(str(_recipe(tmp_path, "none")), {"reward_funcs": ["code_format"]})
     plan = plan_from_config(rc)
-    sandbox_policy.plan_notes(rc, plan)
     assert plan.change("ogrpo.sandbox") is None  # no program runs: nothing changes
+    assert not any(w.startswith("ogrpo.sandbox") for w in plan.warnings)
+    assert plan_from_config(load_run_config(str(_recipe(tmp_path, None)))).change("ogrpo.sandbox") is None
     with pytest.raises(ConfigError, match="ogrpo.sandbox: 'maybe' is not one of auto, none"):
         load_run_config(str(_recipe(tmp_path, "maybe")))
 

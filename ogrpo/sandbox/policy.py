@@ -6,8 +6,11 @@ level, unless the recipe opts out in so many words.
   else a one-line error when the job starts on a node without one (a login node cannot tell what the compute
   nodes allow: their kernel, container runtime or seccomp profile may differ).
 - `none`: the "none" level (rlimits, the slot uid when root, the seccomp filter, Landlock where the kernel has
-  it and Python's audit hook; no namespaces): listed in the plan's changes with a warning.
-The level chosen is logged once per run and recorded in the run's manifest (`sandbox`).
+  it and Python's audit hook; no namespaces): the planner lists it in the plan's changes with a warning
+  (ogrpo/planner/sandbox_opt_out.py).
+The level chosen is logged once per run and recorded in the run's manifest (`sandbox`). Which option a run has
+and whether its rewards run programs is one pure rule, ogrpo/sandbox_option.py, that this module and the
+planner share.
 """
 
 from __future__ import annotations
@@ -16,40 +19,13 @@ import os
 import sys
 import threading
 
-from ogrpo.planner.types import Change
-
-OPTIONS = ("auto", "none")
-RUNS_PROGRAMS = ("code", "binary_code")  # code_format only reads the completion
+from ogrpo.sandbox_option import option_of, runs_programs
 
 _option = "auto"
 _summary: dict | None = None
 _lock = threading.Lock()
 _default = None  # the trainer process's Sandbox
 _default_lock = threading.Lock()
-
-
-def runs_programs(trl: dict) -> bool:
-    specs = trl.get("reward_funcs")
-    specs = [specs] if isinstance(specs, str) else (specs or [])
-    return any(str(s).strip() in RUNS_PROGRAMS for s in specs)
-
-
-def option_of(rc) -> str:
-    return getattr(rc.ogrpo, "sandbox", None) or "auto"
-
-
-def plan_notes(rc, plan) -> None:
-    """`ogrpo.sandbox: none` with code rewards: a change from the default and a warning, on the plan."""
-    if option_of(rc) != "none" or not runs_programs(rc.trl):
-        return
-
-    reason = ("the recipe opts out of isolation: model-written programs run without namespaces, as the "
-              "trainer's user (or a slot uid when root), contained only by rlimits, seccomp, Landlock where the "
-              "node's kernel has it and a Python audit hook")
-    if plan.change("ogrpo.sandbox") is None:
-        plan.changes.append(Change("ogrpo.sandbox", "auto", "none", reason))
-    plan.warnings.append("ogrpo.sandbox: none: code rewards run model-written programs without isolation; they "
-                         "can read what the trainer's user can (and write it where the kernel lacks Landlock)")
 
 
 def check_here(rc) -> None:

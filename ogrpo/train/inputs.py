@@ -24,7 +24,8 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     problem.
 
     Reward file paths and local dataset paths are made absolute in `rc.trl`, so the job finds them from its own
-    directory; each dataset path rewritten is appended to `changes` as a Change.
+    directory; each dataset path rewritten is appended to `changes` as a Change, which the caller hands to the
+    planner (plan_from_config's `input_changes`): the plan lists them, this module never touches a plan.
     """
 
     problems: list[str] = []

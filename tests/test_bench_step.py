@@ -68,9 +68,10 @@ def test_both_paths_run_and_report(tmp_path):
     for kind in ("score", "loss"):
         shares = [res["results"][path][f"pad_share_{kind}"] for path in ("trl", "ogrpo")]
         assert all(0 <= v < 1 for v in shares) and "pad loss" in text, shares
-    # beta > 0: both paths score the reference model; O-GRPO's vLLM rollouts score the old policy too
+    # beta > 0: both paths score the reference model; O-GRPO's vLLM rollouts take the old policy's log-probs
+    # (for the importance-sampling correction) from the loss forward, so no pass more than plain TRL's
     assert res["results"]["trl"]["logprob_passes"] >= 1
-    assert res["results"]["ogrpo"]["logprob_passes"] > res["results"]["trl"]["logprob_passes"]
+    assert res["results"]["ogrpo"]["logprob_passes"] == res["results"]["trl"]["logprob_passes"]
     assert (tmp_path / "s.png").stat().st_size > 1000
 
 

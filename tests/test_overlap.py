@@ -433,11 +433,15 @@ def profile_rows(run) -> list[dict]:
     return [json.loads(x) for x in (run / "profile.jsonl").read_text().splitlines()]
 
 
+SEPARATE = {"old_policy_pass": "separate"}
+
+
 @pytest.fixture(scope="module")
 def off_run(tmp_path_factory):
     from overlap_jobs import run_job
 
-    return run_job(tmp_path_factory.mktemp("off"), "off", steps=STEPS)
+    # TRL's own passes, the old policy's among them: lossless (the loss forward's old policy) must train as this
+    return run_job(tmp_path_factory.mktemp("off"), "off", steps=STEPS, ogrpo=SEPARATE)
 
 
 @pytest.mark.integration
@@ -455,25 +459,32 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     for x, y in zip(ours, theirs):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
+        sampling = [k for k in y if k.startswith("sampling/")]
+        assert len(sampling) == 5  # TRL's importance-sampling statistics, from the loss forwards in lossless
+        for key in sampling:
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key, x[key], y[key])
         assert x["overlap/staleness"] == 0.0
         # the groups streamed: work on at least one began while the server still generated another
         assert 1 <= x["overlap/groups_early"] <= groups - 1
-        # TRL took the groups' rewards and both passes (reference: beta > 0; old policy: the vLLM correction)
-        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 2.0
+        # TRL took the groups' rewards and their reference pass (beta > 0); the old policy's came from the loss
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
         assert x["overlap/rewards_ahead"] == 1.0
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per group, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * groups
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless"
-    # the padding counted is that of the forwards that ran: off's two scoring passes over the whole batch, the
-    # streamed groups' own (each padded to its longest, its prompt unpadded) in lossless, never both; the same
-    # real positions either way, and the same loss forwards
+    assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
+    assert json.loads((off_run / "manifest.json").read_text())["old_policy_pass"]["pass"] == "separate"
+    # the padding counted is that of the forwards that ran: off's two scoring passes over the whole batch (old
+    # policy and reference), the streamed groups' reference pass (each group padded to its longest, its prompt
+    # unpadded) in lossless, never both; the same loss forwards
     ours, theirs = profile_rows(run), profile_rows(off_run)
     for x, y in zip(ours, theirs):
         assert y["pass_real_tokens"]["score"] == 2 * y["pass_real_tokens"]["loss"], y
-        assert x["pass_real_tokens"] == y["pass_real_tokens"] and x["pass_tokens"]["loss"] == y["pass_tokens"]["loss"]
-        assert x["pass_tokens"]["score"] <= y["pass_tokens"]["score"], (x["pass_tokens"], y["pass_tokens"])
+        assert x["pass_real_tokens"]["score"] == x["pass_real_tokens"]["loss"] == y["pass_real_tokens"]["loss"], x
+        assert x["pass_tokens"]["loss"] == y["pass_tokens"]["loss"]
+        assert 2 * x["pass_tokens"]["score"] <= y["pass_tokens"]["score"], (x["pass_tokens"], y["pass_tokens"])
     # counted at TRL's call instead, lossless would show off's whole-batch padding exactly
     assert sum(x["pass_tokens"]["score"] for x in ours) < sum(y["pass_tokens"]["score"] for y in theirs)
 
@@ -547,7 +558,9 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     ogrpo = {**{k: v for k, v in keys.pop("ogrpo", {}).items() if k != "use_vllm"}, "strategy": strategy}
     if lora:
         keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
-    runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS, ogrpo=ogrpo, **keys)
+    # off runs TRL's own old-policy pass; lossless takes it from the loss forward, on both ranks
+    runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS,
+                          ogrpo={**ogrpo, **(SEPARATE if mode == "off" else {})}, **keys)
             for mode in ("off", "lossless")}
     groups = 16 // 4  # a rank's groups: per_device_train_batch_size / num_generations (overlap_jobs)
     for step in range(1, STEPS + 1):
@@ -560,13 +573,17 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
         assert x["overlap/staleness"] == 0.0 and x["overlap/rewards_ahead"] == 1.0
         # rank 0's groups streamed: work on one began before its last group arrived; TRL took their rewards and
-        # passes (the old policy's; with LoRA the reference pass is TRL's, adapters disabled, on the same model)
+        # reference pass (with LoRA the reference pass is TRL's, adapters disabled, on the same model; the old
+        # policy's came from the loss forward)
         assert 1 <= x["overlap/groups_early"] <= groups - 1
-        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == (1.0 if lora else 2.0)
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == (0.0 if lora else 1.0)
+        for key in [k for k in y if k.startswith("sampling/")]:
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key, x[key], y[key])
         # each push reached the server whole (merged, or gathered from the partitions) before the next request
         assert x["sampling/sampling_logp_difference/mean"] < 1e-4
     manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
+    assert manifest["old_policy_pass"]["pass"] == "from_loss"
     stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
     assert stream["value"] == "groups" and "2 trainer processes" in stream["reason"]
     # one request per group of both ranks, nothing requested that was not trained on
@@ -588,6 +605,8 @@ def _lora_job(tmp_path, mode):
 
     keys = server_lora_overrides(STEPS)  # one checkpoint, at the end: the trained adapters
     ogrpo = {k: v for k, v in keys.pop("ogrpo").items() if k != "use_vllm"}
+    if mode == "off":
+        ogrpo.update(SEPARATE)  # TRL's own old-policy pass, for lossless's from the loss forward to equal
     return run_job(tmp_path, mode, steps=STEPS, ogrpo=ogrpo, save_strategy="steps", **keys)
 
 
@@ -609,8 +628,8 @@ def test_lossless_with_lora_gives_the_same_losses_as_off(off_lora_run, tmp_path)
     for x, y in zip(ours, theirs):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["overlap/staleness"] == 0.0
-        # the old-policy pass (base + adapters) ran per group; the reference (adapters disabled) was TRL's own
-        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
+        # the old policy (base + adapters) came from the loss forward; the reference (adapters disabled) was TRL's
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 0.0
     # LoRA's server mode (lossless is its default): each push reached the server merged, before its request, and
     # the adapters trained, so the check ran against a model that is not the base
     assert_server_served_merged_weights(run, STEPS)

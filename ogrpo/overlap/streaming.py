@@ -153,6 +153,8 @@ def streamed_rewards(trainer, state, inputs, prompts, completions, completion_id
 
 
 def _wants_old(trainer) -> bool:
+    if getattr(trainer, "old_policy", None) is not None:  # the loss forward gives it (ogrpo.trainer.old_policy)
+        return False
     args = trainer.args
     every = args.steps_per_generation * trainer.num_iterations
     return bool(args.gradient_accumulation_steps % every != 0

@@ -121,10 +121,11 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         targs["vllm_server_timeout"] = s.add(
             "vllm_server_timeout", 900.0, "the trainer waits for the vLLM engine to load the weights and warm up; "
             "large models on shared filesystems take longer than TRL's 240 s")
-    overlap(d, p, targs)
+    mode = overlap(d, p, targs)
     if bf16_server(p):  # a bf16 server samples off the fp32 trainer's log-probs: the correction covers the gap
         targs["vllm_importance_sampling_correction"] = s.add("vllm_importance_sampling_correction", True,
                                                              bf16_server(p))
+    old_policy_pass(d, p, targs, mode)
     return targs
 
 
@@ -178,6 +179,43 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
             ch.add(key, False, True, reason)
         targs[key] = s.add(key, True, reason)
     return mode
+
+
+def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> None:
+    """`old_policy_pass` (ogrpo/trainer/old_policy.py): where TRL runs a separate old-policy log-prob pass only for
+    vLLM's importance-sampling correction, with generation and the optimizer step aligned, the loss forward's own
+    log-probs (detached) are that pass's numbers: one forward instead of two. The trainer still keeps TRL's pass
+    where only it can see why (dropout, vision inputs)."""
+    trl, s = d.trl, d.settings
+    if p.mode not in ("server", "colocate"):
+        return  # no vLLM: TRL runs no old-policy pass when the steps are aligned, and its own when not
+    key = "vllm_importance_sampling_correction"
+    correction = targs.get(key, trl.get(key))
+    if correction is None:  # the target TRL line's default (True in 1.9.2 and 1.16)
+        correction = line_default(d.rules.trl_line, key)
+    iterations = int(trl.get("num_iterations") or 1)
+    accumulation = int(trl.get("gradient_accumulation_steps") or 1)
+    per_generation = int(trl.get("steps_per_generation") or accumulation)
+    wanted = getattr(d.run_config.ogrpo, "old_policy_pass", None) or "auto"
+    if wanted == "separate":
+        value, why = "separate", "set in the run config (ogrpo.old_policy_pass: separate): TRL's own pass"
+    elif not correction and accumulation % (per_generation * iterations) == 0:
+        value, why = "none", ("vLLM's importance-sampling correction is off and the steps are aligned: TRL runs no "
+                              "old-policy pass")
+    elif iterations != 1 or accumulation % per_generation:
+        value, why = "separate", (f"num_iterations={iterations}, steps_per_generation={per_generation}, "
+                                  f"gradient_accumulation_steps={accumulation}: the old policy is an earlier version "
+                                  "of the weights than the loss forward's")
+    elif overlap_mode == "one-step":
+        value, why = "separate", "ogrpo.overlap one-step reads its importance-ratio statistics at scoring time"
+    elif trl.get("use_liger_kernel"):
+        value, why = "separate", "Liger's GRPO loss reads the old log-probs without TRL's per-token forward"
+    else:
+        value, why = "from_loss", ("generation and the optimizer step are aligned: the loss forward's log-probs, "
+                                   "detached, are the old policy's; TRL's separate pass (for vLLM's importance-"
+                                   "sampling correction) is skipped, the ratio and its statistics computed from "
+                                   "them (one forward instead of two)")
+    s.add("old_policy_pass", value, why)
 
 
 def job_env(d: Draft) -> dict[str, str]:

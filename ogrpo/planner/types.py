@@ -33,6 +33,9 @@ Precision = _choices("Precision", "The trainer's precision (fp32 | bf16 | fp16).
 Overlap = _choices("Overlap", "ogrpo.overlap (off | lossless | one-step).", "off lossless one-step")
 # How a lossless run takes a batch from the server (ogrpo/planner/overlap_stream.py).
 OverlapStream = _choices("OverlapStream", "How a lossless run takes a batch (groups | batch).", "groups batch")
+# Where the old policy's log-probs come from (ogrpo/planner/settings.py `old_policy_pass`, ogrpo/trainer/old_policy.py).
+OldPolicyPass = _choices("OldPolicyPass", "The old policy's log-probs (from_loss | separate | none).",
+                         "from_loss separate none")
 
 
 class Strategy(StrEnum):
@@ -336,6 +339,15 @@ class Plan:
     def overlap_stream(self) -> OverlapStream | None:
         """The `overlap.stream` setting of a lossless run, else None."""
         return _enum(OverlapStream, self.setting("overlap.stream"))
+
+    @property
+    def old_policy_pass(self) -> OldPolicyPass | None:
+        """The `old_policy_pass` setting of a vLLM run, else None."""
+        return _enum(OldPolicyPass, self.setting("old_policy_pass"))
+
+    def reason_of(self, name: str) -> str | None:
+        """Why the plan chose what it did for one of its settings, else None."""
+        return next((item.reason for item in self.settings if item.name == name), None)
 
     def setting(self, name: str, default=None):
         """The value the plan chose for one of its settings, else `default` (the planner's and the tables' generic

@@ -26,7 +26,7 @@ from ogrpo.overlap.pipeline import OFF, ONE_STEP, plan_mode, unsupported
 from ogrpo.patches import transformers_fused_sample
 from ogrpo.patches import trl_colocate_cpu as colocate_cpu
 from ogrpo.plan import Plan, plan_from_config
-from ogrpo.planner.types import OverlapStream
+from ogrpo.planner.types import OldPolicyPass, OverlapStream
 from ogrpo.profile import timeline
 from ogrpo.profile.profiler import StageProfiler, render_table, summarize
 from ogrpo.rewards.registry import resolve_rewards
@@ -243,6 +243,21 @@ def install_overlap(trainer, plan, asked: str | None = None) -> dict | None:
     return installed
 
 
+def install_old_policy(trainer, plan) -> dict | None:
+    """The plan's `old_policy_pass`: the old-policy log-probs from the loss forward (ogrpo/trainer/old_policy.py)
+    where the plan says so and the built trainer agrees (it alone sees dropout and vision inputs); what runs and
+    why, for the manifest."""
+    planned = plan.old_policy_pass
+    if planned is not OldPolicyPass.FROM_LOSS:
+        return None if planned is None else {"pass": planned, "reason": plan.reason_of("old_policy_pass")}
+    reason = trainer.old_policy_from_loss()
+    if reason:
+        print(f"note: old_policy_pass from_loss (the plan's) does not apply: {reason}; TRL's own pass runs",
+              file=sys.stderr, flush=True)
+        return {"pass": "separate", "reason": reason}
+    return {"pass": "from_loss", "reason": None}
+
+
 def _trainer_dtype(p: Prepared) -> str:
     return from_trainer_flags(p.args) or "float32"
 
@@ -310,6 +325,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     overlap = install_overlap(trainer, p.plan, getattr(p.run_config.ogrpo, "overlap", None))
     if is_main and overlap:
         run_state.update_manifest(run_dir, overlap=overlap)
+    old_policy = install_old_policy(trainer, p.plan)
+    if is_main and old_policy:
+        run_state.update_manifest(run_dir, old_policy_pass=old_policy)
     profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
     profiler.attach(trainer)  # after the overlap: its timeline and pipeline are the overlap's
     for cb in default_callbacks(run_dir):

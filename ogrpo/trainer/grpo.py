@@ -7,6 +7,7 @@ nothing else:
 | layer | module | overrides |
 |---|---|---|
 | nonfinite | ogrpo.trainer.guard.Guarded | the log-prob passes (notes inf/NaN), training_step (stops on an inf/NaN loss) |
+| old_policy | ogrpo.trainer.old_policy.OldPolicyFromLoss | scoring, the log-prob passes, the loss (the old policy from the loss forward) |
 | profiler | ogrpo.profile.hooks.StageTiming | generation, rewards, scoring, log-prob passes, training_step (times them) |
 | overlap | ogrpo.overlap.steps.Overlapped | batch lookahead, generation, scoring, rewards, log-prob passes (hands TRL what was computed ahead) |
 | passes | ogrpo.profile.hooks.PassCounting | the log-prob passes that run (`pad_share`) |
@@ -29,13 +30,14 @@ from ogrpo.profile.hooks import PassCounting, StageTiming
 from ogrpo.trainer.checkpoints import AtomicCheckpoints
 from ogrpo.trainer.guard import Guarded
 from ogrpo.trainer.kernels import KernelScoring
+from ogrpo.trainer.old_policy import OldPolicyFromLoss
 
 # outermost first: the bases of OgrpoGRPOTrainer and the layer names of ogrpo/trainer/overrides.py
-LAYERS = {"nonfinite": Guarded, "profiler": StageTiming, "overlap": Overlapped, "passes": PassCounting,
+LAYERS = {"nonfinite": Guarded, "old_policy": OldPolicyFromLoss, "profiler": StageTiming, "overlap": Overlapped, "passes": PassCounting,
           "linear_logprobs": KernelScoring, "stream_checkpoints": StreamCheckpoints,
           "atomic_checkpoints": AtomicCheckpoints}
 
 
-class OgrpoGRPOTrainer(Guarded, StageTiming, Overlapped, PassCounting, KernelScoring, StreamCheckpoints,
+class OgrpoGRPOTrainer(Guarded, OldPolicyFromLoss, StageTiming, Overlapped, PassCounting, KernelScoring, StreamCheckpoints,
                        AtomicCheckpoints, GRPOTrainer):
     """TRL's GRPOTrainer, constructed as TRL's; O-GRPO's layers are turned on by the run's assembly."""

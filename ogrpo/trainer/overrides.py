@@ -15,12 +15,14 @@ TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 
 # method -> (the layers that override it, outermost first; the parameters they pass or read by name)
 OVERRIDES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "_get_per_token_logps_and_entropies": (("nonfinite", "profiler", "overlap", "passes", "linear_logprobs"),
+    "_get_per_token_logps_and_entropies": (("nonfinite", "old_policy", "profiler", "overlap", "passes",
+                                            "linear_logprobs"),
                                            ("model", "input_ids", "attention_mask", "logits_to_keep",
                                             "batch_size")),
     "training_step": (("nonfinite", "profiler"), ("model", "inputs", "num_items_in_batch")),
     "_generate": (("profiler", "overlap"), ("prompts",)),
-    "_generate_and_score_completions": (("profiler", "overlap"), ("inputs",)),
+    "_generate_and_score_completions": (("old_policy", "profiler", "overlap"), ("inputs",)),
+    "_compute_loss": (("old_policy",), ("model", "inputs")),
     "_calculate_rewards": (("profiler", "overlap"), ("inputs", "prompts", "completions", "completion_ids_list")),
     "get_batch_samples": (("overlap",), ("epoch_iterator", "num_batches", "device")),
     "_log_completion_extra": (("overlap",), ("column", "values")),
@@ -38,7 +40,7 @@ SOURCES = {
     "_save_checkpoint": "self._get_output_dir(trial=trial)",
 }
 # the layers' state on the trainer: TRL's class must not use these names for its own
-STATE = ("overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
+STATE = ("old_policy", "overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
          "_checkpoint_staging", "_staged_dir")
 
 

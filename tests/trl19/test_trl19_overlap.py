@@ -46,7 +46,8 @@ def assert_trl_vllm_serve_job(run, steps: int) -> None:
 def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path):
     """3xcpu: two DDP trainer processes; the main process hands each finished group to the rank that owns it.
     Both jobs are full server-mode jobs on `trl vllm-serve` (run_job asserts no process outlives them)."""
-    off_run = run_job(tmp_path / "off", "off", gpus="3xcpu", steps=STEPS)
+    # off runs TRL's own old-policy pass; lossless takes it from the loss forward (ogrpo/trainer/old_policy.py)
+    off_run = run_job(tmp_path / "off", "off", gpus="3xcpu", steps=STEPS, ogrpo={"old_policy_pass": "separate"})
     run = run_job(tmp_path / "lossless", "lossless", gpus="3xcpu", steps=STEPS)
     for job in (off_run, run):
         assert_trl_vllm_serve_job(job, STEPS)
@@ -58,10 +59,17 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
         assert x["overlap/staleness"] == 0.0
         # every rank's groups streamed: work on one began while the server still generated another, and TRL took
-        # the groups' rewards and both passes (reference: beta > 0; old policy: the vLLM correction)
+        # the groups' rewards and reference pass (beta > 0); the old policy's came from the loss forward, and
+        # TRL's importance-sampling statistics from it are those of TRL's own pass
         assert 1 <= x["overlap/groups_early"] <= GROUPS - 1
-        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 2.0
+        assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
+        sampling = [k for k in y if k.startswith("sampling/")]
+        assert len(sampling) == 5, y
+        for key in sampling:
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key, x[key], y[key])
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
+    passes = {json.loads((r / "manifest.json").read_text())["old_policy_pass"]["pass"] for r in (off_run, run)}
+    assert passes == {"separate", "from_loss"}
     # one request per group, each answered as it finished, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 2 * GROUPS
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from old_policy_checks import CASES, assert_same_training
+from lossless_checks import CASES, assert_same_training
 
 
 def _old_policy(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
@@ -72,4 +72,4 @@ def test_the_trainer_keeps_trls_pass_where_only_it_sees_why():
 def test_the_loss_forwards_old_policy_trains_exactly_as_trls_separate_pass(tmp_path, case):
     """Per loss type and importance-sampling mode, in one process on TRL 1.16 (tests/old_policy_checks.py; the
     server runs of tests/test_overlap.py hold lossless with it to off with TRL's pass, under DDP, ZeRO-3, LoRA)."""
-    assert_same_training(tmp_path, case)
+    assert_same_training(tmp_path, case, from_loss=True)

@@ -36,6 +36,7 @@ METHOD = "_get_per_token_logps_and_entropies"
 LEADING = ("self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
            "compute_aux_loss")
 FORWARD_KEY = "ogrpo_linear_logprobs"  # the private forward kwarg; absent in every other call
+PATCHED = "_ogrpo_linear_logprobs"  # set on a model whose forward knows FORWARD_KEY
 # Config fields that change the logits after the head: any of them set means the head is not a plain projection.
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                     "logits_scaling")
@@ -94,7 +95,7 @@ def unsupported_reason(model) -> str | None:
 
 def _patch_forward(model) -> bool:
     """Add the private scoring mode to `model.forward` (per instance, on top of any earlier patch)."""
-    if getattr(model, "_ogrpo_linear_logprobs", False):
+    if getattr(model, PATCHED, False):
         return True
     reason = unsupported_reason(model)
     if reason is not None:
@@ -111,7 +112,7 @@ def _patch_forward(model) -> bool:
         return _score(self, spec, **kwargs)
 
     model.forward = types.MethodType(forward, model)
-    model._ogrpo_linear_logprobs = True
+    setattr(model, PATCHED, True)
     return True
 
 
@@ -131,11 +132,14 @@ def _score(model, spec: dict, input_ids=None, attention_mask=None, **kwargs):
         raise OgrpoError("linear_logprobs scoring needs input_ids (prompt-learning adapters that pass "
                          "inputs_embeds are not supported); turn the kernel off in the plan")
     extra = {k: v for k, v in kwargs.items() if v is not None and k not in _IGNORED_KWARGS}
-    keep = spec["logits_to_keep"]
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                               **extra).last_hidden_state
-    hidden = hidden[:, :-1][:, -keep:]  # position i predicts token i + 1; the last position predicts nothing
-    targets = input_ids[:, -keep:]
+    if "index" in spec:  # a packed pass (ogrpo.trainer.packing): the positions that predict the scored tokens
+        hidden, targets = hidden[spec["index"]], spec["targets"]
+    else:
+        keep = spec["logits_to_keep"]
+        hidden = hidden[:, :-1][:, -keep:]  # position i predicts token i + 1; the last position predicts nothing
+        targets = input_ids[:, -keep:]
     weight = model.get_output_embeddings().weight
     # the head's dtype decides (TRL's cast_lm_head_to_fp32 keeps an fp32 head under bf16 autocast)
     hidden = hidden.to(device=weight.device, dtype=weight.dtype)
@@ -143,7 +147,8 @@ def _score(model, spec: dict, input_ids=None, attention_mask=None, **kwargs):
         return linear_logprobs(hidden, weight, targets.to(weight.device), spec["temperature"])
 
 
-def _unwrap(trainer, model):
+def unwrap(trainer, model):
+    """The transformers model inside the trainer's wrappers (accelerate's, PEFT's)."""
     inner = trainer.accelerator.unwrap_model(model)
     if hasattr(inner, "get_base_model"):  # PEFT: the transformers model sits inside
         inner = inner.get_base_model()
@@ -157,16 +162,16 @@ def install(trainer) -> tuple[dict, object]:
     fallback, and why) is decided here, so a build problem shows before the first step. Raises OgrpoError if TRL's
     method moved."""
     line = check()
-    models = {"policy": _patch_forward(_unwrap(trainer, trainer.model))}
+    models = {"policy": _patch_forward(unwrap(trainer, trainer.model))}
     if getattr(trainer, "ref_model", None) is not None:
-        models["reference"] = _patch_forward(_unwrap(trainer, trainer.ref_model))
+        models["reference"] = _patch_forward(unwrap(trainer, trainer.ref_model))
     if not models["policy"]:
         return {"installed": False, "trl_line": line, "models": models,
-                "reason": unsupported_reason(_unwrap(trainer, trainer.model)), "implementation": None}, None
+                "reason": unsupported_reason(unwrap(trainer, trainer.model)), "implementation": None}, None
     # heavy: torch
     from ogrpo.kernels.linear_logprobs.op import implementation
 
-    device = _unwrap(trainer, trainer.model).get_output_embeddings().weight.device
+    device = unwrap(trainer, trainer.model).get_output_embeddings().weight.device
     return ({"installed": True, "trl_line": line, "models": models, "reason": None,
              "implementation": implementation(device)}, Scorer(line))
 
@@ -186,7 +191,7 @@ class Scorer:
             reason = "the MoE load-balancing loss is requested"
         elif any(v is not None for v in extra.values()):
             reason = "multimodal inputs (" + ", ".join(k for k, v in extra.items() if v is not None) + ")"
-        elif not getattr(_unwrap(trainer, model), "_ogrpo_linear_logprobs", False):
+        elif not getattr(unwrap(trainer, model), PATCHED, False):
             reason = "the scoring model was not patched (unsupported head)"
         if reason is not None:
             _log_once(reason)

@@ -126,6 +126,7 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         targs["vllm_importance_sampling_correction"] = s.add("vllm_importance_sampling_correction", True,
                                                              bf16_server(p))
     old_policy_pass(d, p, targs, mode)
+    padding_free(d)
     return targs
 
 
@@ -216,6 +217,19 @@ def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> N
                                    "sampling correction) is skipped, the ratio and its statistics computed from "
                                    "them (one forward instead of two)")
     s.add("old_policy_pass", value, why)
+
+
+def padding_free(d: Draft) -> None:
+    """`padding_free` (ogrpo/trainer/packing.py): every log-prob pass, the loss forward's included, computes its
+    rows' real tokens packed end to end instead of rows padded to the longest. The trainer still keeps TRL's
+    padded pass where only the built model shows why (no rotary positions, vision inputs)."""
+    if (getattr(d.run_config.ogrpo, "padding_free", None) or "auto") == "off":
+        d.settings.add("padding_free", "off", "set in the run config (ogrpo.padding_free: off): TRL's padded passes")
+        return
+    d.settings.add("padding_free", "on", "each log-prob pass packs its rows' real tokens end to end, positions "
+                   "restarting per sequence (block-causal attention: FlashAttention-2's varlen path, else "
+                   "transformers' packed-sequence mask for SDPA and eager), so no padding is computed; the numbers "
+                   "are TRL's padded pass's up to the order of floating-point sums")
 
 
 def job_env(d: Draft) -> dict[str, str]:

@@ -345,6 +345,12 @@ class Plan:
         """The `old_policy_pass` setting of a vLLM run, else None."""
         return _enum(OldPolicyPass, self.setting("old_policy_pass"))
 
+    @property
+    def padding_free(self) -> bool | None:
+        """The `padding_free` setting: the log-prob passes packed (ogrpo/trainer/packing.py); None in older plans."""
+        value = self.setting("padding_free")
+        return None if value is None else value == "on"
+
     def reason_of(self, name: str) -> str | None:
         """Why the plan chose what it did for one of its settings, else None."""
         return next((item.reason for item in self.settings if item.name == name), None)

@@ -44,7 +44,10 @@ class PassCounting:
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         p, inner = self.stage_profiler, super()._get_per_token_logps_and_entropies
-        return inner(*args, **kwargs) if p is None else p.counted_pass(inner, *args, **kwargs)
+        if p is None:
+            return inner(*args, **kwargs)
+        packing = getattr(self, "packing", None)  # ogrpo.trainer.packing: a packed pass computes fewer positions
+        return p.counted_pass(inner, *args, computed=(lambda: packing.positions) if packing else None, **kwargs)
 
 
 def profiled(base: type) -> type:

@@ -258,6 +258,19 @@ def install_old_policy(trainer, plan) -> dict | None:
     return {"pass": "from_loss", "reason": None}
 
 
+def install_packing(trainer, plan) -> dict | None:
+    """The plan's `padding_free`: packed log-prob passes (ogrpo/trainer/packing.py) where the built model allows
+    them exactly; what runs and why, for the manifest."""
+    if not plan.padding_free:
+        return None if plan.padding_free is None else {"on": False, "reason": plan.reason_of("padding_free")}
+    reason = trainer.pack_sequences()
+    if reason:
+        print(f"note: padding_free (the plan's) does not apply: {reason}; TRL's padded passes run", file=sys.stderr,
+              flush=True)
+        return {"on": False, "reason": reason}
+    return {"on": True, "reason": None}
+
+
 def _trainer_dtype(p: Prepared) -> str:
     return from_trainer_flags(p.args) or "float32"
 
@@ -328,6 +341,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     old_policy = install_old_policy(trainer, p.plan)
     if is_main and old_policy:
         run_state.update_manifest(run_dir, old_policy_pass=old_policy)
+    packing = install_packing(trainer, p.plan)
+    if is_main and packing:
+        run_state.update_manifest(run_dir, padding_free=packing)
     profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
     profiler.attach(trainer)  # after the overlap: its timeline and pipeline are the overlap's
     for cb in default_callbacks(run_dir):
@@ -365,9 +381,12 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
         plots += [picture] if picture else []
         if trainer.logprobs_scorer is not None:  # which scoring calls ran the kernel and which fell back to TRL's
             kernels["linear_logprobs"]["calls"] = dict(trainer.logprobs_scorer.calls)
+        if trainer.packing is not None:  # which passes ran packed and which kept TRL's padded rows
+            packing["calls"] = dict(trainer.packing.calls)
         run_state.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
-                               profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
-                               distributed=distributed_summary(trainer), kernels=kernels)
+                                  profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
+                                  distributed=distributed_summary(trainer), kernels=kernels,
+                                  **({"padding_free": packing} if packing else {}))
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
     return run_dir

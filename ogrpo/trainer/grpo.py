@@ -11,6 +11,7 @@ nothing else:
 | profiler | ogrpo.profile.hooks.StageTiming | generation, rewards, scoring, log-prob passes, training_step (times them) |
 | overlap | ogrpo.overlap.steps.Overlapped | batch lookahead, generation, scoring, rewards, log-prob passes (hands TRL what was computed ahead) |
 | passes | ogrpo.profile.hooks.PassCounting | the log-prob passes that run (`pad_share`) |
+| padding_free | ogrpo.trainer.packing.PaddingFree | the log-prob passes (packed rows, no padding computed) |
 | linear_logprobs | ogrpo.trainer.kernels.KernelScoring | the log-prob passes (through the kernel) |
 | stream_checkpoints | ogrpo.overlap.resume.StreamCheckpoints | the checkpoint's RNG save/load (the generation stream's state) |
 | atomic_checkpoints | ogrpo.trainer.checkpoints.AtomicCheckpoints | the checkpoint save (staged, published whole) |
@@ -31,13 +32,14 @@ from ogrpo.trainer.checkpoints import AtomicCheckpoints
 from ogrpo.trainer.guard import Guarded
 from ogrpo.trainer.kernels import KernelScoring
 from ogrpo.trainer.old_policy import OldPolicyFromLoss
+from ogrpo.trainer.packing import PaddingFree
 
 # outermost first: the bases of OgrpoGRPOTrainer and the layer names of ogrpo/trainer/overrides.py
-LAYERS = {"nonfinite": Guarded, "old_policy": OldPolicyFromLoss, "profiler": StageTiming, "overlap": Overlapped, "passes": PassCounting,
-          "linear_logprobs": KernelScoring, "stream_checkpoints": StreamCheckpoints,
-          "atomic_checkpoints": AtomicCheckpoints}
+LAYERS = {"nonfinite": Guarded, "old_policy": OldPolicyFromLoss, "profiler": StageTiming, "overlap": Overlapped,
+          "passes": PassCounting, "padding_free": PaddingFree, "linear_logprobs": KernelScoring,
+          "stream_checkpoints": StreamCheckpoints, "atomic_checkpoints": AtomicCheckpoints}
 
 
-class OgrpoGRPOTrainer(Guarded, OldPolicyFromLoss, StageTiming, Overlapped, PassCounting, KernelScoring, StreamCheckpoints,
-                       AtomicCheckpoints, GRPOTrainer):
+class OgrpoGRPOTrainer(Guarded, OldPolicyFromLoss, StageTiming, Overlapped, PassCounting, PaddingFree, KernelScoring,
+                       StreamCheckpoints, AtomicCheckpoints, GRPOTrainer):
     """TRL's GRPOTrainer, constructed as TRL's; O-GRPO's layers are turned on by the run's assembly."""

@@ -16,9 +16,9 @@ TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 # method -> (the layers that override it, outermost first; the parameters they pass or read by name)
 OVERRIDES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "_get_per_token_logps_and_entropies": (("nonfinite", "old_policy", "profiler", "overlap", "passes",
-                                            "linear_logprobs"),
+                                            "padding_free", "linear_logprobs"),
                                            ("model", "input_ids", "attention_mask", "logits_to_keep",
-                                            "batch_size")),
+                                            "batch_size", "compute_entropy", "compute_aux_loss")),
     "training_step": (("nonfinite", "profiler"), ("model", "inputs", "num_items_in_batch")),
     "_generate": (("profiler", "overlap"), ("prompts",)),
     "_generate_and_score_completions": (("old_policy", "profiler", "overlap"), ("inputs",)),
@@ -40,7 +40,7 @@ SOURCES = {
     "_save_checkpoint": "self._get_output_dir(trial=trial)",
 }
 # the layers' state on the trainer: TRL's class must not use these names for its own
-STATE = ("old_policy", "overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
+STATE = ("old_policy", "packing", "overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
          "_checkpoint_staging", "_staged_dir")
 
 

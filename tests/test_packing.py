@@ -1,0 +1,112 @@
+"""Padding-free log-prob passes (ogrpo/trainer/packing.py): TRL's padded rows packed end to end, each sequence's
+positions from 0, the completion tokens' log-probs put back where TRL's layout has them; the plan turns it on, the
+trainer keeps TRL's padded pass where packing would not be exact; and a packed run trains as TRL's padded one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from lossless_checks import CASES, assert_same_training
+from ogrpo.trainer.packing import balanced_bins, first_fit_decreasing, pack, why_not
+
+
+def test_first_fit_decreasing_fills_bins_up_to_the_capacity_longest_first():
+    assert first_fit_decreasing([3, 7, 2, 5, 1], 8) == [[1, 4], [0, 3], [2]]
+    assert first_fit_decreasing([9, 2], 8) == [[0], [1]]  # a row longer than a bin stands alone
+    lengths = [5, 1, 8, 3, 3, 6, 2, 7]
+    bins = first_fit_decreasing(lengths, 8)
+    assert sorted(r for b in bins for r in b) == list(range(8))
+    assert all(sum(lengths[r] for r in b) <= 8 for b in bins)
+
+
+def test_balanced_bins_need_no_more_bins_and_leave_little_filler():
+    lengths = [300, 280, 250, 100, 90, 60, 40, 30, 20, 10]  # 1,180 tokens; TRL pads 10 rows to 310
+    count = len(first_fit_decreasing(lengths, 310))
+    bins = balanced_bins(lengths, 310)
+    assert len(bins) == count == 4 and sorted(r for b in bins for r in b) == list(range(10))
+    longest = max(sum(lengths[r] for r in b) for b in bins)
+    assert longest <= 310 and 1 - sum(lengths) / (len(bins) * longest) < 0.05  # filler share, not TRL's 62%
+
+
+def test_one_row_packs_every_sequence_into_a_single_row_for_flash_attention():
+    ids = torch.tensor([[0, 7, 8, 9], [5, 6, 1, 0], [4, 3, 2, 1]])
+    p = pack(ids, (ids != 0).long(), logits_to_keep=2, one_row=True)
+    assert p.input_ids.tolist() == [[7, 8, 9, 5, 6, 1, 4, 3, 2, 1]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 0, 1, 2, 3]]
+
+
+def test_pack_keeps_each_rows_real_tokens_in_order_with_positions_from_zero():
+    # three rows of width 6, the last 3 columns the completion; 0 marks padding
+    ids = torch.tensor([[0, 0, 11, 12, 13, 0],
+                        [0, 21, 22, 23, 24, 25],
+                        [31, 32, 33, 34, 0, 0]])
+    mask = (ids != 0).long()
+    p = pack(ids, mask, logits_to_keep=3)
+    assert p.input_ids.shape[1] <= 6  # no bin longer than TRL's padded row
+    rows = {}
+    for b in range(p.input_ids.size(0)):  # split each bin into its sequences by the positions
+        seq = []
+        for token, position in zip(p.input_ids[b].tolist(), p.position_ids[b].tolist()):
+            if position == 0 and seq:
+                rows.setdefault(b, []).append(seq)
+                seq = []
+            seq.append(token)
+        rows.setdefault(b, []).append(seq)
+    sequences = sorted(s for seqs in rows.values() for s in seqs if s[0] != 0)
+    assert sequences == [[11, 12, 13], [21, 22, 23, 24, 25], [31, 32, 33, 34]]
+    assert p.positions == p.input_ids.numel() < ids.numel()
+    # the scored tokens: each row's completion tokens, at their place in TRL's [rows, 3] layout
+    b, c = p.scored
+    got = {(r, t): int(p.input_ids[bb, cc])
+           for bb, cc, r, t in zip(b.tolist(), c.tolist(), p.dest[0].tolist(), p.dest[1].tolist())}
+    assert got == {(0, 0): 12, (0, 1): 13, (1, 0): 23, (1, 1): 24, (1, 2): 25, (2, 0): 34}
+    # a completion token's predictor is the token before it in its own sequence
+    assert all(int(p.position_ids[bb, cc]) >= 1 for bb, cc in zip(b.tolist(), c.tolist()))
+
+
+def test_pack_refuses_a_row_whose_completion_has_no_prompt_token_before_it():
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    assert pack(ids, (ids != 0).long(), logits_to_keep=2) is None
+
+
+def test_packing_is_kept_off_for_models_whose_positions_are_absolute():
+    rotary = SimpleNamespace(config=SimpleNamespace(rope_parameters={"rope_theta": 1e6}))
+    assert why_not(rotary) is None
+    gpt2 = SimpleNamespace(config=SimpleNamespace(n_positions=1024))
+    assert "no rotary position embeddings" in why_not(gpt2)
+
+
+def _plan(tmp_path, ogrpo=None, gpus="cpu"):
+    from ogrpo.config import load_run_config
+    from ogrpo.plan import plan_from_config
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump({"model_name_or_path": "ogrpo:tiny", "dataset_name": "ogrpo:tiny",
+                                   "reward_funcs": ["tiny_letter"], "ogrpo": ogrpo or {}}))
+    return plan_from_config(load_run_config(str(cfg)), gpus=gpus)
+
+
+def test_the_plan_packs_the_passes_unless_the_run_config_says_off(tmp_path):
+    plan = _plan(tmp_path)
+    assert plan.padding_free and "no padding is computed" in plan.reason_of("padding_free")
+    assert _plan(tmp_path, gpus="2xcpu", ogrpo={"use_vllm": True}).padding_free
+    off = _plan(tmp_path, ogrpo={"padding_free": "off"})
+    assert not off.padding_free and "ogrpo.padding_free: off" in off.reason_of("padding_free")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_packed_run_trains_as_trls_padded_passes(tmp_path, case):
+    """Per loss type and importance-sampling mode (tests/lossless_checks.py), on TRL 1.16's fused head."""
+    assert_same_training(tmp_path, case, packed=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["grpo-beta", "grpo-accumulated"])
+def test_packed_through_the_kernel_with_the_old_policy_from_the_loss(tmp_path, case):
+    """Both lossless layers together, the passes scored by linear_logprobs on packed rows."""
+    assert_same_training(tmp_path, case, kernel=True, packed=True, from_loss=True)

@@ -1,0 +1,23 @@
+"""The images' TRL line (1.9.2, its logits path): the old policy from the loss forward and the packed passes each
+train exactly as TRL's own passes, per loss type and importance-sampling mode (tests/lossless_checks.py; the server
+run of test_trl19_overlap.py holds lossless with both to off with TRL's old-policy pass under DDP)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lossless_checks import CASES, assert_same_training
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trl19_the_loss_forwards_old_policy_trains_exactly_as_trls_separate_pass(tmp_path, case):
+    assert_same_training(tmp_path, case, from_loss=True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trl19_a_packed_run_trains_as_trls_padded_passes(tmp_path, case):
+    assert_same_training(tmp_path, case, packed=True)
+
+
+def test_trl19_packed_through_the_kernel_with_the_old_policy_from_the_loss(tmp_path):
+    assert_same_training(tmp_path, "grpo-accumulated", kernel=True, packed=True, from_loss=True)

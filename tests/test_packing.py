@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from lossless_checks import CASES, assert_same_training
-from ogrpo.trainer.packing import balanced_bins, first_fit_decreasing, pack, why_not
+from ogrpo.trainer.packing import balanced_bins, bin_capacity, first_fit_decreasing, pack, why_not
 
 
 def test_first_fit_decreasing_fills_bins_up_to_the_capacity_longest_first():
@@ -32,9 +32,13 @@ def test_balanced_bins_need_no_more_bins_and_leave_little_filler():
     assert longest <= 310 and 1 - sum(lengths) / (len(bins) * longest) < 0.05  # filler share, not TRL's 62%
 
 
-def test_one_row_packs_every_sequence_into_a_single_row_for_flash_attention():
+def test_bins_may_be_longer_than_a_row_while_attention_costs_less_than_the_projections():
+    qwen05 = SimpleNamespace(hidden_size=896, intermediate_size=4864)
+    assert bin_capacity(qwen05, 1024) == 2 * 896 + 3 * 4864 // 2 == 9088
+    assert bin_capacity(qwen05, 16384) == 16384  # never shorter than TRL's padded row
+    assert bin_capacity(SimpleNamespace(), 700) == 700
     ids = torch.tensor([[0, 7, 8, 9], [5, 6, 1, 0], [4, 3, 2, 1]])
-    p = pack(ids, (ids != 0).long(), logits_to_keep=2, one_row=True)
+    p = pack(ids, (ids != 0).long(), logits_to_keep=2, capacity=10)
     assert p.input_ids.tolist() == [[7, 8, 9, 5, 6, 1, 4, 3, 2, 1]]
     assert p.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 0, 1, 2, 3]]
 

@@ -5,7 +5,8 @@ forward computes every padded position. Here each call of TRL's `_get_per_token_
 chunk, so as many forwards as TRL runs: DDP and ZeRO-3 ranks stay in step) is answered from packed rows instead:
 the real tokens of its rows, end to end, each sequence's `position_ids` starting at 0, so transformers builds a
 block-causal mask (SDPA and eager: its packed-sequence mask; FlashAttention-2: varlen). Rows are packed first-fit
-decreasing into bins no longer than the padded row, so no bin's attention costs more than one of TRL's rows. The
+decreasing into balanced bins: one row under FlashAttention-2, else rows no longer than the attention over them
+is worth (`bin_capacity`: SDPA and eager compute the masked scores between sequences too). The
 log-probs (and entropies) of the completion tokens are put back where TRL's padded layout has them; padded
 positions get 0, as TRL 1.16 gives them (TRL 1.9.2 gives numbers that every use masks out).
 
@@ -44,11 +45,21 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def balanced_bins(lengths: list[int], width: int) -> list[list[int]]:
-    """As few bins as first-fit decreasing needs at `width` (TRL's padded row), each as short as that count
-    allows: the bins are padded to the longest, so even bins leave the least filler."""
-    bins = first_fit_decreasing(lengths, width)
-    lo, hi = max(max(lengths), -(-sum(lengths) // len(bins))), width
+def bin_capacity(config, width: int) -> int:
+    """How long a packed row may be: TRL's padded row, or longer while a token's attention over the row (dense
+    under a block-causal mask: SDPA and eager compute the masked scores too) costs less than its projections and
+    MLP, 4*C*h against 2*(4*h*h + 3*h*i) FLOPs per layer: C = 2h + 1.5i (about 9k tokens for a 0.5B Qwen)."""
+    hidden, inner = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
+    if not isinstance(hidden, int) or not isinstance(inner, int):
+        return width
+    return max(width, 2 * hidden + 3 * inner // 2)
+
+
+def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """As few bins as first-fit decreasing needs at `capacity`, each as short as that count allows: the bins are
+    padded to the longest, so even bins leave the least filler."""
+    bins = first_fit_decreasing(lengths, capacity)
+    lo, hi = max(max(lengths), -(-sum(lengths) // len(bins))), capacity
     while lo < hi:  # the shortest capacity that still needs no more bins
         mid = (lo + hi) // 2
         if len(first_fit_decreasing(lengths, mid)) <= len(bins):
@@ -71,10 +82,9 @@ class Packed:
         return self.input_ids.numel()
 
 
-def pack(input_ids, attention_mask, logits_to_keep: int, one_row: bool = False) -> Packed | None:
-    """TRL's padded rows -> packed bins; None where a completion token would have no token before it. `one_row`:
-    every sequence in one row (FlashAttention-2 reads packed sequences only from a batch of one; it needs no
-    mask, so the row's length costs no quadratic memory)."""
+def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = None) -> Packed | None:
+    """TRL's padded rows -> packed bins of at most `capacity` tokens (default: the padded row's width; None of
+    them longer than that is split); None where a completion token would have no token before it."""
     import torch
 
     mask = attention_mask.bool()
@@ -83,7 +93,7 @@ def pack(input_ids, attention_mask, logits_to_keep: int, one_row: bool = False) 
     lengths = mask.sum(1).tolist()
     if any(not mask[r, :start].any() and mask[r, start:].any() for r in range(rows)):
         return None  # no prompt token: the first completion token has no predictor in its own sequence
-    groups = [list(range(rows))] if one_row else balanced_bins(lengths, width)
+    groups = balanced_bins(lengths, capacity or width)
     size = max(sum(lengths[r] for r in g) for g in groups)
     ids = input_ids.new_zeros(len(groups), size)
     pos = torch.zeros(len(groups), size, dtype=torch.long, device=input_ids.device)
@@ -188,8 +198,13 @@ def _bounds(rows: int, batch_size: int | None):
 
 
 def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size):
-    one_row = "flash" in str(getattr(_config(model), "_attn_implementation", ""))
-    chunks = [pack(input_ids[lo:hi], attention_mask[lo:hi], logits_to_keep, one_row)
+    config = _config(model)
+    if "flash" in str(getattr(config, "_attn_implementation", "")):
+        # FlashAttention-2 reads packed sequences only from a batch of one, and needs no mask: one row
+        capacity = int(attention_mask.sum())
+    else:
+        capacity = bin_capacity(config, input_ids.size(1))
+    chunks = [pack(input_ids[lo:hi], attention_mask[lo:hi], logits_to_keep, capacity)
               for lo, hi in _bounds(input_ids.size(0), batch_size)]
     return None if any(c is None for c in chunks) else chunks
 

@@ -72,9 +72,11 @@ def test_pack_keeps_each_rows_real_tokens_in_order_with_positions_from_zero():
     assert all(int(p.position_ids[bb, cc]) >= 1 for bb, cc in zip(b.tolist(), c.tolist()))
 
 
-def test_pack_refuses_a_row_whose_completion_has_no_prompt_token_before_it():
+def test_pack_leaves_to_trl_a_completion_without_a_prompt_token_and_a_pass_with_nothing_to_score():
     ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
     assert pack(ids, (ids != 0).long(), logits_to_keep=2) is None
+    masked = torch.tensor([[1, 2, 0, 0], [3, 4, 0, 0]])  # mask_truncated_completions masked both completions
+    assert pack(masked, (masked != 0).long(), logits_to_keep=2) is None
 
 
 def test_packing_is_kept_off_for_models_whose_positions_are_absolute():

@@ -83,8 +83,8 @@ class Packed:
 
 
 def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = None) -> Packed | None:
-    """TRL's padded rows -> packed bins of at most `capacity` tokens (default: the padded row's width; None of
-    them longer than that is split); None where a completion token would have no token before it."""
+    """TRL's padded rows -> packed bins of at most `capacity` tokens (default: the padded row's width; a row is
+    never split); None where a completion token would have no token before it, or no token is scored."""
     import torch
 
     mask = attention_mask.bool()
@@ -113,6 +113,8 @@ def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = 
             offset += n
         pos[b, offset:] = torch.arange(size - offset, device=pos.device)
     cat = torch.cat
+    if not sum(t.numel() for t in scored_c):
+        return None  # nothing to score (every completion masked): TRL's pass answers with its zeros
     return Packed(ids, pos, (cat(scored_b), cat(scored_c)), (cat(dest_r), cat(dest_c)))
 
 

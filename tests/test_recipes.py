@@ -58,41 +58,29 @@ GA1 = {"gradient_accumulation_steps": 1}
 # - MATH7B: 7 generations again; 7 trainer V100s divide it (16 x 7 x 8 = 896) and hold it with ZeRO-3 + offload
 #   (17.2 of 28.8 GiB).
 # - TRL: 0.5B fits everywhere (4xV100-16G: colocated at 0.3, 9.6 GiB left; ZeRO-2 over 4 needs 5.1).
-VERDICTS = {
-    DEMO: (1, 1, 1, 1, 1, 1, 1),
-    DEMO_V1: (0, 0, 0, 1, 1, 0, 0),
-    CODE: (0, 0, 0, 1, 0, 0, 0),
-    DEEPSEEK: (1, 1, 1, 1, 1, 1, 0),
-    MATH7B: (0, 0, 0, 1, 0, 0, 0),
-    TRL: (1, 1, 1, 1, 1, 1, 1),
-}
-# The same with TRL's full logits (ogrpo.kernels false). Why the 0s that the kernel turns into 1s:
+# With TRL's full logits (ogrpo.kernels false), the second row. Why the 0s that the kernel turns into 1s:
 # - DEMO: 4xV100-16G: B 16 x 1024 completion tokens x 152k vocab = 18.5 GiB of logits alone > 14.4 GiB;
 #   1xH100 colocates vLLM at the recipe's 0.7 share, leaving the trainer 16 GiB; cpu-64G: 59 GiB > 45.
 # - CODE: 37 GiB of logits (2048 completion tokens): not even 8xV100-32G holds them.
 # - DEEPSEEK: the same 37 GiB of logits fit only an A100-80G, under ZeRO-2 (50.8 of 72 GiB; DDP 77.7).
 # - MATH7B: 7 trainer V100s divide the batch, but 35 GiB per GPU > 28.8.
 # - TRL: 4xV100-16G colocated at 0.3: 9.6 GiB left, 12.3 needed.
-VERDICTS_FULL_LOGITS = {
-    DEMO: (1, 1, 0, 1, 1, 0, 0),
-    DEMO_V1: (0, 0, 0, 1, 1, 0, 0),
-    CODE: (0, 0, 0, 0, 0, 0, 0),
-    DEEPSEEK: (0, 0, 0, 0, 1, 0, 0),
-    MATH7B: (0, 0, 0, 0, 0, 0, 0),
-    TRL: (1, 1, 0, 1, 1, 1, 1),
+VERDICTS = {  # recipe: (with the kernel, with TRL's full logits)
+    DEMO: ((1, 1, 1, 1, 1, 1, 1), (1, 1, 0, 1, 1, 0, 0)),
+    DEMO_V1: ((0, 0, 0, 1, 1, 0, 0), (0, 0, 0, 1, 1, 0, 0)),
+    CODE: ((0, 0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 0, 0, 0)),
+    DEEPSEEK: ((1, 1, 1, 1, 1, 1, 0), (0, 0, 0, 0, 1, 0, 0)),
+    MATH7B: ((0, 0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 0, 0, 0)),
+    TRL: ((1, 1, 1, 1, 1, 1, 1), (1, 1, 0, 1, 1, 1, 1)),
 }
 
 
 @pytest.mark.parametrize("recipe", sorted(VERDICTS))
-def test_verdicts(recipe):
-    got = tuple(int(_plan(recipe, gpus).fits) for gpus in CLUSTERS)
-    assert got == VERDICTS[recipe], dict(zip(CLUSTERS, got))
-
-
-@pytest.mark.parametrize("recipe", sorted(VERDICTS_FULL_LOGITS))
-def test_verdicts_with_trl_full_logits(recipe):
-    got = tuple(int(_plan(recipe, gpus, KERNELS_OFF).fits) for gpus in CLUSTERS)
-    assert got == VERDICTS_FULL_LOGITS[recipe], dict(zip(CLUSTERS, got))
+@pytest.mark.parametrize("logits", ["kernel", "trl_full_logits"])
+def test_verdicts(recipe, logits):
+    full = logits == "trl_full_logits"
+    got = tuple(int(_plan(recipe, gpus, KERNELS_OFF if full else None).fits) for gpus in CLUSTERS)
+    assert got == VERDICTS[recipe][full], dict(zip(CLUSTERS, got))
 
 
 # Trainer GiB per GPU by hand. Shapes: Qwen2.5-1.5B P = 1.544e9, H 1536, L 28, I 8960, V 151936;

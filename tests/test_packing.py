@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from lossless_checks import CASES, assert_same_training
-from ogrpo.trainer.packing import balanced_bins, bin_capacity, first_fit_decreasing, pack, why_not
+from ogrpo.trainer.packing import Costs, balanced_bins, choose_capacity, first_fit_decreasing, pack, why_not
 
 
 def test_first_fit_decreasing_fills_bins_up_to_the_capacity_longest_first():
@@ -32,11 +32,21 @@ def test_balanced_bins_need_no_more_bins_and_leave_little_filler():
     assert longest <= 310 and 1 - sum(lengths) / (len(bins) * longest) < 0.05  # filler share, not TRL's 62%
 
 
-def test_bins_may_be_longer_than_a_row_while_attention_costs_less_than_the_projections():
-    qwen05 = SimpleNamespace(hidden_size=896, intermediate_size=4864)
-    assert bin_capacity(qwen05, 1024) == 2 * 896 + 3 * 4864 // 2 == 9088
-    assert bin_capacity(qwen05, 16384) == 16384  # never shorter than TRL's padded row
-    assert bin_capacity(SimpleNamespace(), 700) == 700
+def test_the_bin_length_is_the_cheapest_and_rows_of_one_length_keep_trls_pass():
+    qwen05 = Costs.of(SimpleNamespace(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                      vocab_size=151936, num_attention_heads=14, num_key_value_heads=2))
+    # a reasoning batch: a few completions at the cap, most short -> longer bins than a row, far below the padding
+    lengths = [1100, 1024, 300, 250, 200, 180, 150, 120, 100, 90, 80, 60, 50, 40, 30, 20]
+    capacity = choose_capacity(lengths, 1100, qwen05)
+    assert capacity is not None and capacity >= 1100
+    bins = balanced_bins(lengths, capacity)
+    packed = qwen05.of_rows(len(bins), max(sum(lengths[r] for r in b) for b in bins))
+    assert packed < 0.5 * qwen05.of_rows(len(lengths), 1100)
+    assert choose_capacity([96] * 32, 96, qwen05) is None  # no padding: nothing to gain, TRL's causal pass runs
+    # attention-heavy (a tiny model): bins stay short, even where one row would hold everything
+    tiny = Costs.of(SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=64))
+    assert choose_capacity(lengths, 1100, tiny) < sum(lengths)
+    assert choose_capacity(lengths, 1100, None) == 1100  # no shape known: bins of TRL's row
     ids = torch.tensor([[0, 7, 8, 9], [5, 6, 1, 0], [4, 3, 2, 1]])
     p = pack(ids, (ids != 0).long(), logits_to_keep=2, capacity=10)
     assert p.input_ids.tolist() == [[7, 8, 9, 5, 6, 1, 4, 3, 2, 1]]

@@ -5,8 +5,9 @@ forward computes every padded position. Here each call of TRL's `_get_per_token_
 chunk, so as many forwards as TRL runs: DDP and ZeRO-3 ranks stay in step) is answered from packed rows instead:
 the real tokens of its rows, end to end, each sequence's `position_ids` starting at 0, so transformers builds a
 block-causal mask (SDPA and eager: its packed-sequence mask; FlashAttention-2: varlen). Rows are packed first-fit
-decreasing into balanced bins: one row under FlashAttention-2, else rows no longer than the attention over them
-is worth (`bin_capacity`: SDPA and eager compute the masked scores between sequences too). The
+decreasing into balanced bins: one row under FlashAttention-2, else the bin length whose pass costs least
+(`choose_capacity`: longer bins leave less filler, but SDPA and eager compute the masked scores between their
+sequences too); where no packing costs clearly less than TRL's padded rows (rows of one length), TRL's pass runs. The
 log-probs (and entropies) of the completion tokens are put back where TRL's padded layout has them; padded
 positions get 0, as TRL 1.16 gives them (TRL 1.9.2 gives numbers that every use masks out).
 
@@ -45,14 +46,45 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def bin_capacity(config, width: int) -> int:
-    """How long a packed row may be: TRL's padded row, or longer while a token's attention over the row (dense
-    under a block-causal mask: SDPA and eager compute the masked scores too) costs less than its projections and
-    MLP, 4*C*h against 2*(4*h*h + 3*h*i) FLOPs per layer: C = 2h + 1.5i (about 9k tokens for a 0.5B Qwen)."""
-    hidden, inner = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
-    if not isinstance(hidden, int) or not isinstance(inner, int):
+@dataclass(frozen=True)
+class Costs:
+    """FLOPs of a forward, per position (the projections, the MLP, the output head) and per pair of positions in
+    one row (attention: SDPA and eager compute the scores a block-causal mask drops, too)."""
+
+    per_token: float
+    per_pair: float
+
+    @classmethod
+    def of(cls, config) -> Costs | None:
+        h, i = getattr(config, "hidden_size", None), getattr(config, "intermediate_size", None)
+        layers, vocab = getattr(config, "num_hidden_layers", None), getattr(config, "vocab_size", None)
+        if not all(isinstance(x, int) for x in (h, i, layers, vocab)):
+            return None
+        heads = getattr(config, "num_attention_heads", None) or 1
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        projections = 2 * h * h + 2 * h * (h * kv // heads)  # q, o and the (grouped) k, v
+        return cls(per_token=2.0 * (projections + 3 * h * i) * layers + 2.0 * h * vocab, per_pair=4.0 * h * layers)
+
+    def of_rows(self, rows: int, width: int) -> float:
+        return rows * width * (self.per_token + width * self.per_pair)
+
+
+def choose_capacity(lengths: list[int], width: int, costs: Costs | None) -> int | None:
+    """The bin length whose packed pass costs least, from TRL's padded row upwards (longer bins leave less filler
+    but attend over more); None where no packing costs clearly less than TRL's padded rows (rows of one length
+    gain nothing and lose the plain causal mask)."""
+    if costs is None:
         return width
-    return max(width, 2 * hidden + 3 * inner // 2)
+    total, best, capacity = sum(lengths), None, width
+    while True:
+        bins = balanced_bins(lengths, capacity)
+        cost = costs.of_rows(len(bins), max(sum(lengths[r] for r in b) for b in bins))
+        if best is None or cost < best[0]:
+            best = (cost, capacity)
+        if capacity >= total:
+            break
+        capacity = min(total, capacity * 3 // 2 + 1)
+    return best[1] if best[0] < 0.95 * costs.of_rows(len(lengths), width) else None
 
 
 def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -201,13 +233,16 @@ def _bounds(rows: int, batch_size: int | None):
 
 def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size):
     config = _config(model)
-    if "flash" in str(getattr(config, "_attn_implementation", "")):
-        # FlashAttention-2 reads packed sequences only from a batch of one, and needs no mask: one row
-        capacity = int(attention_mask.sum())
-    else:
-        capacity = bin_capacity(config, input_ids.size(1))
-    chunks = [pack(input_ids[lo:hi], attention_mask[lo:hi], logits_to_keep, capacity)
-              for lo, hi in _bounds(input_ids.size(0), batch_size)]
+    flash = "flash" in str(getattr(config, "_attn_implementation", ""))
+    costs = Costs.of(config)
+    chunks = []
+    for lo, hi in _bounds(input_ids.size(0), batch_size):
+        mask = attention_mask[lo:hi]
+        if flash:  # FlashAttention-2 reads packed sequences only from a batch of one; its varlen path wastes nothing
+            capacity = int(mask.sum())
+        else:
+            capacity = choose_capacity(mask.sum(1).tolist(), mask.size(1), costs)
+        chunks.append(None if capacity is None else pack(input_ids[lo:hi], mask, logits_to_keep, capacity))
     return None if any(c is None for c in chunks) else chunks
 
 

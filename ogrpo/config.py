@@ -531,12 +531,13 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
     if isinstance(rw, list) and not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                         and math.isfinite(x) for x in rw):
         problems.append(f"reward_weights: must be a list of finite numbers (got {rw!r:.60})")
-    for key in ("profile", "strategy", "overlap"):
-        choices = OPTION_CHOICES[key]
+    for key, words in OPTION_CHOICES.items():
+        if key == "sandbox":
+            continue  # its own message below: what `none` means
         value = opts.get(key)
-        if value is not None and value not in choices:
-            close = difflib.get_close_matches(str(value), choices, n=1)
-            problems.append(f"ogrpo.{key}: {value!r} is not one of {', '.join(choices)}"
+        if value is not None and value not in words:
+            close = difflib.get_close_matches(str(value), words, n=1)
+            problems.append(f"ogrpo.{key}: {value!r} is not one of {', '.join(words)}"
                             + (f" (did you mean {close[0]}?)" if close else ""))
     sandbox = opts.get("sandbox")
     if sandbox is not None and sandbox not in SANDBOXES:

@@ -73,3 +73,14 @@ def test_the_loss_forwards_old_policy_trains_exactly_as_trls_separate_pass(tmp_p
     """Per loss type and importance-sampling mode, in one process on TRL 1.16 (tests/old_policy_checks.py; the
     server runs of tests/test_overlap.py hold lossless with it to off with TRL's pass, under DDP, ZeRO-3, LoRA)."""
     assert_same_training(tmp_path, case, from_loss=True)
+
+
+@pytest.mark.parametrize("key, value, hint", [("old_policy_pass", "seperate", "separate"),
+                                              ("padding_free", "of", "off")])
+def test_a_wrong_word_for_a_lossless_switch_is_one_line_exit_2(run_cli, tmp_path, key, value, hint):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                   f"ogrpo:\n  {key}: {value}\n")
+    proc = run_cli("plan", "--config", str(cfg))
+    assert proc.returncode == 2 and f"ogrpo.{key}: {value!r} is not one of" in proc.stderr, proc.stderr
+    assert f"did you mean {hint}" in proc.stderr and "Traceback" not in proc.stderr

@@ -182,6 +182,15 @@ def overlap(d: Draft, p: Placement, targs: dict) -> str:
     return mode
 
 
+def earlier_old_policy(iterations: int, per_generation: int, accumulation: int) -> str | None:
+    """Why TRL's old policy is an earlier version of the weights than the loss forward's (its separate pass is
+    real work then), else None: the one rule the plan and the trainer's layer (ogrpo/trainer/old_policy.py) share."""
+    if iterations != 1 or accumulation % per_generation:
+        return (f"num_iterations={iterations}, steps_per_generation={per_generation}, gradient_accumulation_steps="
+                f"{accumulation}: the old policy is an earlier version of the weights than the loss forward's")
+    return None
+
+
 def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> None:
     """`old_policy_pass` (ogrpo/trainer/old_policy.py): where TRL runs a separate old-policy log-prob pass only for
     vLLM's importance-sampling correction, with generation and the optimizer step aligned, the loss forward's own
@@ -203,10 +212,8 @@ def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> N
     elif not correction and accumulation % (per_generation * iterations) == 0:
         value, why = "none", ("vLLM's importance-sampling correction is off and the steps are aligned: TRL runs no "
                               "old-policy pass")
-    elif iterations != 1 or accumulation % per_generation:
-        value, why = "separate", (f"num_iterations={iterations}, steps_per_generation={per_generation}, "
-                                  f"gradient_accumulation_steps={accumulation}: the old policy is an earlier version "
-                                  "of the weights than the loss forward's")
+    elif earlier_old_policy(iterations, per_generation, accumulation):
+        value, why = "separate", earlier_old_policy(iterations, per_generation, accumulation)
     elif overlap_mode == "one-step":
         value, why = "separate", "ogrpo.overlap one-step reads its importance-ratio statistics at scoring time"
     elif trl.get("use_liger_kernel"):

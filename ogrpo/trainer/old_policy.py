@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from ogrpo.planner.settings import earlier_old_policy
+
 SAMPLING_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
                     "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                     "sampling/importance_sampling_ratio/max")
@@ -32,11 +34,9 @@ def why_not(trainer) -> str | None:
     args = trainer.args
     if not (getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False)):
         return "TRL runs no separate old-policy pass here (no vLLM importance-sampling correction)"
-    every = args.steps_per_generation * trainer.num_iterations
-    if trainer.num_iterations != 1 or args.gradient_accumulation_steps % every:
-        return (f"num_iterations={trainer.num_iterations}, steps_per_generation={args.steps_per_generation}, "
-                f"gradient_accumulation_steps={args.gradient_accumulation_steps}: the old policy is an earlier "
-                "version of the weights than the loss forward's")
+    earlier = earlier_old_policy(trainer.num_iterations, args.steps_per_generation, args.gradient_accumulation_steps)
+    if earlier:
+        return earlier
     if getattr(args, "use_liger_kernel", False) or getattr(trainer, "use_liger_kernel", False):
         return "Liger's GRPO loss reads the old log-probs without TRL's per-token forward"
     if getattr(trainer, "_is_vlm", False):

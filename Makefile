@@ -35,7 +35,7 @@ $(VENV_TRL19)/.installed: requirements/trl19-cpu.lock requirements/install.sh py
 	touch $@
 
 # The installers' output goes to build/setup.log (a line here says so); the run shows O-GRPO's lines, the training
-# bar and the stage table, the libraries' output staying in the run's log (ogrpo/train/quiet.py).
+# bar and the stage table, the libraries' output staying in the run's log (ogrpo/trainer/quiet.py).
 demo:
 	@$(MAKE) -s -q setup 2>/dev/null || { mkdir -p build && \
 	  echo "setting up $(VENV): seconds with uv, minutes with pip (log: build/setup.log)" && \

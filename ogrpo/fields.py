@@ -127,7 +127,7 @@ _MODEL_AND_SCRIPT = {
     "use_bnb_nested_quant": Rule(UNSUPPORTED, reason="only used with load_in_4bit, which O-GRPO does not support",
                                  default=False),
     # GRPOScriptArguments / ScriptArguments
-    "dataset_name": Rule(PASS, "the trainer's dataset (ogrpo/train/data.py)"),
+    "dataset_name": Rule(PASS, "the trainer's dataset (ogrpo/trainer/data.py)"),
     "dataset_config": Rule(PASS, "datasets.load_dataset(name, config)"),
     "dataset_train_split": Rule(PASS, "the training split"),
     "dataset_test_split": Rule(UNSUPPORTED, reason="O-GRPO's trainer loads no eval split", default="test"),
@@ -137,8 +137,8 @@ _MODEL_AND_SCRIPT = {
                                 default=False),
     "reward_funcs": Rule(MAPPED, "O-GRPO's reward registry or package.module:function (ogrpo/rewards/registry.py)"),
     "reward_model_name_or_path": Rule(UNSUPPORTED, reason="reward models are not supported; use reward_funcs"),
-    # DatasetMixtureConfig: loaded by the trainer with TRL's own get_dataset (ogrpo/train/data.py)
-    "datasets": Rule(MAPPED, "the trainer's dataset: TRL's mixture (ogrpo/train/data.py)"),
+    # DatasetMixtureConfig: loaded by the trainer with TRL's own get_dataset (ogrpo/trainer/data.py)
+    "datasets": Rule(MAPPED, "the trainer's dataset: TRL's mixture (ogrpo/trainer/data.py)"),
     "streaming": Rule(UNSUPPORTED, reason="the trainer loads the dataset in memory (no streaming)", default=False),
     "test_split_size": Rule(MAPPED, "TRL's mixture split: the trainer trains on its train part"),
 }
@@ -148,7 +148,7 @@ _OPEN_R1 = {
     "dataset_prompt_column": Rule(MAPPED, "ogrpo.prompt_column", kinds=("str",)),
     "system_prompt": Rule(MAPPED, "ogrpo.system_prompt", kinds=("str", "none")),
     "dataset_configs": Rule(MAPPED, "dataset_config (the first entry)", kinds=("list", "str", "none")),
-    "dataset_mixture": Rule(MAPPED, "the trainer's dataset: open-r1's mixture (ogrpo/train/data.py)",
+    "dataset_mixture": Rule(MAPPED, "the trainer's dataset: open-r1's mixture (ogrpo/trainer/data.py)",
                             kinds=("dict", "none")),
     "chat_template": Rule(MAPPED, "the tokenizer's chat template (set by the trainer, as open-r1 does)",
                           kinds=("str", "none")),

@@ -4,7 +4,7 @@
       job.sbatch, manifest.json (render), jobspec.json (a JobSpec built in code), job.key (mode 0600)
       logs/            slurm-<id>.out (the batch step, #SBATCH --output), supervisor.log (local backend)
       slurm/           the job's attempt-N.json and requeue-N.json (one per start, one per requeue)
-      run/             the run directory (ogrpo.train.rundir): manifest.json, profile.jsonl, metrics.jsonl,
+      run/             the run directory (ogrpo.trainer.rundir): manifest.json, profile.jsonl, metrics.jsonl,
                        checkpoint-N/, ports.json, preempted.json
         logs/<role>.log    each step's output
         logs/<role>.console  what the supervisor echoes of the step it follows (O-GRPO's own lines)
@@ -29,7 +29,7 @@ PROFILE = "profile.jsonl"
 METRICS = "metrics.jsonl"
 PORTS = "ports.json"
 PREEMPTED = "preempted.json"
-# the supervisor and the step it follows (ogrpo.train.quiet): where the step writes its echoed lines, its whole log
+# the supervisor and the step it follows (ogrpo.trainer.quiet): where the step writes its echoed lines, its whole log
 CONSOLE_ENV = "OGRPO_CONSOLE"
 LOG_ENV = "OGRPO_STEP_LOG"
 

@@ -45,7 +45,7 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     overrides = {**(trl or {}), "ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
                            "model": model, **(extra or {})}}
     rc = load_run_config(config, overrides)
-    from ogrpo.train.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
+    from ogrpo.trainer.inputs import check_inputs  # rewards and dataset columns: exit 2 before anything is written
 
     # The checks read files, so they run here, before the planner; what they decide enters it as input (their
     # warnings through rc, the paths they made absolute as changes the planner lists).

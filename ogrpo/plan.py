@@ -40,7 +40,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
               check_fixes: bool = True, input_changes: Sequence[Change] = ()) -> Plan:
     """`check_fixes`: re-plan every suggested fix with it applied and keep those that fit (off inside that
     re-planning). `input_changes`: what the plan-time input checks changed in the recipe
-    (ogrpo/train/inputs.py), listed after the planner's own changes."""
+    (ogrpo/trainer/inputs.py), listed after the planner's own changes."""
     profile = profile or run_config.ogrpo.profile or "balanced"
     if profile not in PROFILES:
         raise OgrpoError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")

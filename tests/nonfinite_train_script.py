@@ -7,7 +7,7 @@ import sys
 import torch
 
 from ogrpo.cli import main
-from ogrpo.train import run
+from ogrpo.trainer import assembly as run
 
 INF_STEP = int(os.environ["OGRPO_TEST_INF_STEP"])
 _build = run.build_trainer

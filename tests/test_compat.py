@@ -87,7 +87,7 @@ def test_vendoring_reads_the_same_fields_as_dataclasses():
 PLANS = [("4xV100-32G", None), ("3xA40", None), ("1xA40", None), ("2x4xV100-16G", "Qwen/Qwen2.5-0.5B-Instruct"),
          ("2x8xA100-80G", "Qwen/Qwen2.5-7B-Instruct")]
 CPU_PLANS = ["cpu", "2xcpu", "3xcpu"]
-# Keys ogrpo/train/settings.py adds on top of the plan's trainer_args.
+# Keys ogrpo/trainer/settings.py adds on top of the plan's trainer_args.
 SETTINGS_KEYS = {"vllm_server_base_url", "use_vllm", "vllm_mode", "output_dir", "report_to", "fp16", "bf16",
                  "use_cpu", "model_init_kwargs"}
 
@@ -113,7 +113,7 @@ def test_every_trainer_arg_is_a_grpo_config_field_on_both_lines(basic_recipe, ti
 
 def test_settings_apply_every_plan_key_under_trl_19(basic_recipe, monkeypatch):
     """settings.py builds the GRPOConfig kwargs against TRL 1.9's field table without dropping a plan key."""
-    from ogrpo.train.settings import grpo_config_kwargs
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
     fields = compat.grpo_config_field_names(compat.IMAGE_TRL_VERSION)
     monkeypatch.setattr(compat, "grpo_config_fields", lambda: fields)

@@ -168,7 +168,7 @@ def test_rendered_values_are_typed_and_trl_builds_them(run_cli, write_recipe, tm
     assert rc.trl["per_device_train_batch_size"] == 8 and rc.trl["learning_rate"] == 1e-6
     assert "per_device_train_batch_size: 8\n" in run_yaml and "learning_rate: 1.0e-06\n" in run_yaml
     from ogrpo.planner.types import Plan
-    from ogrpo.train.settings import build_grpo_config
+    from ogrpo.trainer.settings import build_grpo_config
 
     cfg = build_grpo_config(rc.trl, Plan.from_dict(rc.plan), tmp_path / "run")
     assert cfg.per_device_train_batch_size == 8 and cfg.learning_rate == 1e-6 and cfg.use_vllm is False

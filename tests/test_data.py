@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ogrpo.errors import ConfigError, OgrpoError
-from ogrpo.train.data import load_prompts
-from ogrpo.train.data_sources import check_data, columns_of, file_columns, sources
+from ogrpo.trainer.data import load_prompts
+from ogrpo.trainer.data_sources import check_data, columns_of, file_columns, sources
 
 ROWS = [{"problem": f"{i} + 1 = ?", "solution": str(i + 1), "messages": ["x"]} for i in range(10)]
 
@@ -146,7 +146,7 @@ def test_plan_with_an_unknown_reward_exits_2_naming_it(run_cli, write_recipe):
 
 def test_plan_time_check_imports_neither_datasets_nor_torch(tmp_path):
     data = write_jsonl(tmp_path / "q.jsonl", ROWS)
-    code = ("import sys\nfrom ogrpo.config import load_run_config\nfrom ogrpo.train.inputs import check_inputs\n"
+    code = ("import sys\nfrom ogrpo.config import load_run_config\nfrom ogrpo.trainer.inputs import check_inputs\n"
             f"rc = load_run_config({{'model_name_or_path': 'ogrpo:tiny', 'dataset_name': '{data}', "
             "'dataset_prompt_column': 'problem', 'reward_funcs': ['accuracy', 'cosine', 'code']})\n"
             "print(check_inputs(rc))\n"

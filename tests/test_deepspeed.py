@@ -141,7 +141,7 @@ def test_gpu_deepspeed_config_is_unchanged_by_the_cpu_path(tmp_path):
 
 
 def test_trainer_uses_the_rendered_deepspeed_json(tmp_path):
-    from ogrpo.train.settings import cpu_deepspeed, grpo_config_kwargs
+    from ogrpo.trainer.settings import cpu_deepspeed, grpo_config_kwargs
 
     plan = _plan(tmp_path, strategy="zero3")
     job = tmp_path / "job"

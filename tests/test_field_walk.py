@@ -17,7 +17,7 @@ from ogrpo import fields as rules
 from ogrpo.config import DATA_DIR, load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.plan import plan_from_config
-from ogrpo.train.settings import grpo_config_kwargs
+from ogrpo.trainer.settings import grpo_config_kwargs
 
 # open-r1's own argument classes (huggingface/open-r1 src/open_r1/configs.py: GRPOConfig and GRPOScriptArguments
 # additions over TRL's, read at 8d139cbe and 078c5e17, plus the HEAD keys dataset_mixture and the reward
@@ -182,10 +182,10 @@ def test_model_config_and_script_arguments(tiny_model_dir, tmp_path):
     assert (plan.env["WANDB_PROJECT"], plan.env["WANDB_ENTITY"], plan.env["WANDB_RUN_GROUP"]) == ("p", "e", "g")
     for key in ("load_in_4bit", "dataset_streaming", "reward_model_name_or_path", "callbacks", "vllm_device", "ignore_bias_buffers", "dataset_test_split", "code_provider"):
         assert key in changes and changes[key]["reason"], key
-    # the trainer loads both mixtures (ogrpo/train/data.py) and sets the recipe's chat template on the tokenizer:
+    # the trainer loads both mixtures (ogrpo/trainer/data.py) and sets the recipe's chat template on the tokenizer:
     # used, so not listed as dropped
     assert "datasets" not in changes and "dataset_mixture" not in changes and "chat_template" not in changes
-    from ogrpo.train.run import load_tokenizer
+    from ogrpo.trainer.assembly import load_tokenizer
 
     assert load_tokenizer(str(tiny_model_dir), rc.trl).chat_template == "{{x}}"
     assert not any("dataset_mixture" in w and "not applied" in w for w in rc.warnings)
@@ -211,7 +211,7 @@ LORA_ATTRS = {"lora_r": ("r", 8), "lora_alpha": ("lora_alpha", 7), "lora_dropout
 
 def test_lora_fields_reach_the_peft_config():
     import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
-    from ogrpo.train.peft_config import peft_config
+    from ogrpo.trainer.peft_config import peft_config
 
     lora_rules = {k for k, r in rules.RULES.items() if r.target.startswith("peft LoraConfig")}
     assert lora_rules == set(LORA_ATTRS) | {"use_peft"}

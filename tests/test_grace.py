@@ -1,6 +1,6 @@
 """Preemption timing (ogrpo.launch.slurm.grace): the cluster's SIGTERM → SIGKILL window from real scontrol output, the
 policy it gives (save_steps, signal lead time, warnings), and the trainer's SIGTERM decision
-(ogrpo.train.preemption), without Slurm or a training run."""
+(ogrpo.trainer.preemption), without Slurm or a training run."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ class _State:
 
 def _callback(tmp_path, monkeypatch, window):
     import transformers  # noqa: F401  (the train extra is part of the test environment: missing fails)
-    from ogrpo.train import preemption
+    from ogrpo.trainer import preemption
 
     monkeypatch.setenv(preemption.WINDOW_ENV, str(window))
     exits = []
@@ -239,7 +239,7 @@ def _scontrol_printing_the_test_cluster(tmp_path: Path) -> Path:
 
 
 def test_window_under_slurm_comes_from_scontrol(tmp_path, monkeypatch):
-    from ogrpo.train import preemption
+    from ogrpo.trainer import preemption
 
     bin_dir = _scontrol_printing_the_test_cluster(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")

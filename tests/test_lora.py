@@ -9,7 +9,7 @@ from ogrpo.errors import OgrpoError
 from ogrpo.planner.memory import GiB, lora_params, trainer_estimate
 from ogrpo.models import resolve_model
 from ogrpo.planner.lora import PEFT_DEFAULT_TARGETS, lora_spec
-from ogrpo.train.peft_config import peft_config
+from ogrpo.trainer.peft_config import peft_config
 
 RECIPES = [
     {"use_peft": True},  # TRL's defaults: r 16, alpha 32, dropout 0.05, peft's targets for the model type
@@ -160,7 +160,7 @@ def test_two_grpo_steps_change_only_the_adapters(tmp_path, monkeypatch):
     import peft  # noqa: F401  (the train extra is part of the test environment: missing fails)
     from safetensors.torch import load_file
 
-    from ogrpo.train.run import build_trainer, prepare
+    from ogrpo.trainer.assembly import build_trainer, prepare
 
     monkeypatch.chdir(tmp_path)
     p = prepare("tiny", output_dir=tmp_path / "run",

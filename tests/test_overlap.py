@@ -393,8 +393,8 @@ def test_plan_says_whether_lossless_streams_groups_and_the_trainer_reads_it(tmp_
     assert overlap_stream.decide("1.16.0", 1, server_dp=2)[0] == "groups"  # vLLM's API server batches anyway
     assert "O-GRPO's handler" in overlap_stream.decide("1.9.2", 1)[1]
 
-    # the trainer reads the plan's decision (ogrpo.train.run.install_overlap), it does not decide again
-    from ogrpo.train.run import install_overlap
+    # the trainer reads the plan's decision (ogrpo.trainer.assembly.install_overlap), it does not decide again
+    from ogrpo.trainer.assembly import install_overlap
 
     asked = []
 

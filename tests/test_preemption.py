@@ -1,4 +1,4 @@
-"""ogrpo.train.preemption with a real transformers Trainer (a 5-parameter model, CPU, seconds): a signal
+"""ogrpo.trainer.preemption with a real transformers Trainer (a 5-parameter model, CPU, seconds): a signal
 mid-run saves at the end of the step and stops with EXIT_PREEMPTED; resuming gives the same weights as an
 uninterrupted run; a kill during a save leaves the previous checkpoint as the one to resume from."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from ogrpo.train import preemption  # noqa: E402
+from ogrpo.trainer import preemption  # noqa: E402
 from ogrpo.trainer.checkpoints import AtomicCheckpoints  # noqa: E402
 
 MAX_STEPS = 12
@@ -253,7 +253,7 @@ def test_a_sigterm_after_the_warning_still_decides(tmp_path, monkeypatch, reason
 
 def test_a_resume_from_the_last_checkpoint_trains_nothing(tmp_path):
     """A requeue that lands after the last save: the Trainer would run step MAX_STEPS + 1 and save it (a 30-step
-    run with a checkpoint-31); `finished_step` tells ogrpo.train.run to train nothing."""
+    run with a checkpoint-31); `finished_step` tells ogrpo.trainer.assembly to train nothing."""
     trainer, _ = make_trainer(tmp_path)
     trainer.train()
     last = preemption.resume_checkpoint(tmp_path)

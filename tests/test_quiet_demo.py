@@ -1,6 +1,6 @@
 """A quiet run: `make demo`'s command, on the embedded default, shows O-GRPO's lines, the training bar and the
 stage table, and nothing from a library; what the libraries printed is in the trainer's log, complete.
-A trainer that fails still shows its one-line error and points at the log (ogrpo/train/quiet.py)."""
+A trainer that fails still shows its one-line error and points at the log (ogrpo/trainer/quiet.py)."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_library_output_goes_to_the_log_only(tmp_path):
     code = (
         "__name__ = 'ogrpo.quiet_check'\n"  # this script speaks as an O-GRPO module: who wrote is read by module
         "import logging, sys\n"
-        "from ogrpo.train import quiet\n"
+        "from ogrpo.trainer import quiet\n"
         "assert quiet.install()\n"
         "import noisylib\n"
         "noisylib.talk()\n"
@@ -198,7 +198,7 @@ def test_a_cli_command_keeps_library_output_in_its_log(tmp_path):
     code = (
         "__name__ = 'ogrpo.cli_check'\n"
         "import sys\n"
-        "from ogrpo.train.quiet import libraries_note, libraries_to_log\n"
+        "from ogrpo.trainer.quiet import libraries_note, libraries_to_log\n"
         f"with libraries_to_log({str(log)!r}) as counts:\n"
         "    import chattylib\n"
         "    print('ogrpo inside')\n"
@@ -214,7 +214,7 @@ def test_a_cli_command_keeps_library_output_in_its_log(tmp_path):
 
 
 def test_an_unwritable_cli_log_leaves_the_output_where_it_was(tmp_path, capsys):
-    from ogrpo.train.quiet import libraries_note, libraries_to_log
+    from ogrpo.trainer.quiet import libraries_note, libraries_to_log
 
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -307,7 +307,7 @@ def test_trl_builds_the_grpo_config_the_plan_predicts(recipe, tmp_path):
     """TRL 1.16's own GRPOConfig (one CPU process) accepts the trainer's settings exactly when the plan found
     no batch-rule problem; applying the plan's batch fix makes it accept them."""
     from ogrpo.errors import OgrpoError
-    from ogrpo.train.settings import build_grpo_config
+    from ogrpo.trainer.settings import build_grpo_config
 
     p = _plan(recipe, "cpu-64G")
     rc = load_run_config(RECIPES / recipe)
@@ -406,7 +406,7 @@ def test_every_recipe_key_is_passed_mapped_or_listed(gpus, tmp_path):
     trainer's GRPOConfig keyword arguments as written (or are listed); changed/unsupported values are listed."""
     from ogrpo import fields as rules
     from ogrpo.errors import OgrpoError
-    from ogrpo.train.settings import grpo_config_kwargs
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
     line = rules.CPU_LINE if gpus.startswith("cpu") else rules.IMAGE_LINE
     line_fields = rules.grpo_fields(line)

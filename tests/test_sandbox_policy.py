@@ -127,7 +127,7 @@ def test_plan_lists_the_opt_out_only_with_code_rewards(tmp_path):
 def test_level_is_logged_once_and_recorded_in_the_manifest(tmp_path, monkeypatch, capsys):
     from ogrpo.config import load_run_config
     from ogrpo.rewards import code as code_rewards
-    from ogrpo.train import rundir
+    from ogrpo.trainer import rundir
 
     monkeypatch.setattr(sandbox_policy, "_default", None)
     monkeypatch.setattr(sandbox_policy, "_summary", None)

@@ -177,7 +177,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
 
 def test_prompt_column_option_and_local_csv(tmp_path):
     """A CSV with another column name trains once ogrpo.prompt_column names it (validation path only)."""
-    from ogrpo.train.run import prepare
+    from ogrpo.trainer.assembly import prepare
 
     csv = tmp_path / "p.csv"
     csv.write_text("question,letter\nWrite the letter a:,a\nWrite the letter b:,b\n")
@@ -192,7 +192,7 @@ def test_prompt_column_option_and_local_csv(tmp_path):
 def test_local_prompt_files_load_through_datasets(tmp_path):
     import datasets
 
-    from ogrpo.train.data import load_prompts
+    from ogrpo.trainer.data import load_prompts
 
     rows = [{"prompt": "Write the letter a:", "letter": "a"}, {"prompt": "Write the letter b:", "letter": "b"}]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "p.parquet"))

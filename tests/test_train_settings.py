@@ -40,7 +40,7 @@ def _pretend_gpu(monkeypatch, tf32: bool, bf16: bool, catalog: str, memory_gib: 
     import transformers.training_args as ta
 
     from ogrpo import device_check
-    from ogrpo.train import settings
+    from ogrpo.trainer import settings
 
     monkeypatch.setattr(settings, "cuda_available", lambda: True)
     # the trainer's start-up check sees the planned GPU model (it refuses a GPU plan without one)
@@ -66,7 +66,7 @@ def _rendered_config(tmp_path, gpus: str) -> str:
 
 
 def _train_until_trainer(config: str, out) -> None:
-    from ogrpo.train.run import train
+    from ogrpo.trainer.assembly import train
 
     with pytest.raises(Received):
         train(config, output_dir=out)
@@ -102,7 +102,7 @@ def test_cpu_plan_on_this_machine(tmp_path, captured):
 
 def test_plan_overrides_run_config_and_vllm_url_selects_server_mode(tmp_path):
     """Pure part: plan trainer_args win over the recipe; unknown plan keys are reported, not passed."""
-    from ogrpo.train.settings import grpo_config_kwargs
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
     trl = {"bf16": True, "learning_rate": 1e-5, "dataset_name": "x", "attn_implementation": "eager",
            "dtype": "bfloat16"}

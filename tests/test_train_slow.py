@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.slow
 def test_tiny_reward_curve_rises(tmp_path):
-    from ogrpo.train.run import train
+    from ogrpo.trainer.assembly import train
 
     out = train("tiny", output_dir=tmp_path / "run", overrides={"save_strategy": "no"})
     rewards = [m["reward"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())

@@ -143,7 +143,7 @@ def test_the_overrides_check_names_each_changed_method_in_one_line(monkeypatch):
 
 
 def test_the_assembly_turns_layers_on_through_the_class():
-    """What ogrpo.train.run calls exists on the class (a rename there is a failure here, not at a run's start)."""
+    """What ogrpo.trainer.assembly calls exists on the class (a rename there is a failure here, not at a run's start)."""
     for name in ("use_linear_logprobs", "pipeline_generation", "guard_nonfinite", "stage_checkpoints",
                  "rewards_beneath", "logps_beneath"):
         assert callable(getattr(OgrpoGRPOTrainer, name)), name

@@ -50,7 +50,7 @@ from ogrpo.planner.types import Precision
 from ogrpo.serve import client as weight_client
 from ogrpo.serve.client import expected_from_run_config
 from ogrpo.serve.server import serve as serve_argv
-from ogrpo.train.run import resolve_model_path
+from ogrpo.trainer.assembly import resolve_model_path
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 DEFAULT_DS_OPS = ("cpu_adam", "fused_adam")
@@ -209,7 +209,7 @@ def calibration_texts(run_config, limit: int = 4) -> tuple[list, str]:
     """The run's first prompts (what the model will really see), else fixed texts."""
     try:
         # inside the try: a failing import falls back to the fixed texts
-        from ogrpo.train.data import load_prompts
+        from ogrpo.trainer.data import load_prompts
 
         ds = load_prompts(run_config.trl, run_config.ogrpo.prompt_column, run_config.ogrpo.system_prompt)
         prompts = [ds[i]["prompt"] for i in range(min(limit, len(ds)))]

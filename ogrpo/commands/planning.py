@@ -161,7 +161,7 @@ def doctor(
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.checks.doctor import print_report, run_checks
     from ogrpo.kernels._build import cache_root
-    from ogrpo.train.quiet import libraries_note, libraries_to_log
+    from ogrpo.trainer.quiet import libraries_note, libraries_to_log
 
     # the patch checks import TRL and vLLM, which warn and log at import: kept in a log, named in one line
     with libraries_to_log(cache_root().parent / "logs" / "doctor.log") as counts:

@@ -35,7 +35,7 @@ def reproduce(
     from ogrpo.config import dump_yaml, load_run_config
     from ogrpo.plan import plan_from_config
     from ogrpo.reproduce import drift, load_record, plan_differences
-    from ogrpo.train.rundir import git_sha
+    from ogrpo.trainer.rundir import git_sha
 
     rec = load_record(run)
     problems = drift(rec, git_sha=git_sha())

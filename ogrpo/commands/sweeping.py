@@ -310,7 +310,7 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
     from ogrpo.reproduce import drift, load_record
     from ogrpo.sweep import manifest
     from ogrpo.sweep.grid import format_value
-    from ogrpo.train.rundir import git_sha
+    from ogrpo.trainer.rundir import git_sha
 
     data = manifest.read(sweep_dir)
     problems: list[str] = []

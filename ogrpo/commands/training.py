@@ -19,7 +19,7 @@ def train(
     """Train with TRL's GRPOTrainer using the plan's settings; profile every step; write a run directory."""
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.train import parse_overrides
-    from ogrpo.train.run import leave_process_group, train as run_train
+    from ogrpo.trainer.assembly import leave_process_group, train as run_train
 
     run_train(config, output_dir=output_dir, vllm_url=vllm_url, resume=resume,
               overrides=parse_overrides(overrides), gpus=gpus, own_process=True)

@@ -1,6 +1,6 @@
 """What a run directory says about its job, whatever ran it: attempts, requeues, the devices each role saw,
 checkpoints, the last metrics line; and the manifest's status, which the trainer, the supervisor and `ogrpo
-cancel` all write (the trainer's own run-directory writes are ogrpo.train.rundir)."""
+cancel` all write (the trainer's own run-directory writes are ogrpo.trainer.rundir)."""
 
 from __future__ import annotations
 

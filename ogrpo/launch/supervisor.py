@@ -179,7 +179,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab", buffering=0)
-        if step.role == self.follow:  # echoed: its own lines only (ogrpo/train/quiet.py); the log keeps everything
+        if step.role == self.follow:  # echoed: its own lines only (ogrpo/trainer/quiet.py); the log keeps everything
             layout.console_for(log_path).write_bytes(b"")
             env.update({layout.CONSOLE_ENV: str(layout.console_for(log_path)), layout.LOG_ENV: str(log_path)})
         # A new session per step: the whole tree (vLLM engine core, accelerate's workers) is one process group

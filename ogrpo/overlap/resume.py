@@ -19,7 +19,7 @@ is the counter itself where nothing is in flight (`off`) or what is in flight is
 counter a `lossless` request in flight took its seed at (it is sent again on resume).
 
 The hooks are the Trainer's own per-checkpoint calls, overridden by StreamCheckpoints: `_save_rng_state(output_dir)`
-(every rank, inside the checkpoint being written: within ogrpo.train.preemption's staging directory, so the file
+(every rank, inside the checkpoint being written: within ogrpo.trainer.preemption's staging directory, so the file
 is renamed into place with the rest) and `_load_rng_state(checkpoint)` (every rank, when training resumes).
 JSON, not pickle: a checkpoint directory is data, never code.
 """

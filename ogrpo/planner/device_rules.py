@@ -69,7 +69,7 @@ class DeviceRules:
     # Whether a step refuses to start where the planned devices are not (ogrpo/device_check.py).
     checks_devices: bool
     # Whether a ZeRO plan's trainer gets DeepSpeed through accelerate's DEEPSPEED launcher (accelerate.yaml names
-    # deepspeed.json); otherwise through GRPOConfig's `deepspeed` inside each gloo process (ogrpo/train/settings.py).
+    # deepspeed.json); otherwise through GRPOConfig's `deepspeed` inside each gloo process (ogrpo/trainer/settings.py).
     deepspeed_through_accelerate: bool
     cpus_per_device: int  # Slurm CPUs per device (trainer process or GPU) when ogrpo.cpus_per_gpu is unset
     server_health_timeout_s: int  # how long the supervisor waits for the server's health check

@@ -1,4 +1,4 @@
-"""What the plan-time input checks changed in the recipe (ogrpo/train/inputs.py: local dataset paths made
+"""What the plan-time input checks changed in the recipe (ogrpo/trainer/inputs.py: local dataset paths made
 absolute, since the job runs in its job directory), recorded in the plan as changes. The checks read files, so
 they run before the planner (a plan is a pure function of its inputs) and hand it their decisions as one of them."""
 

@@ -1,7 +1,7 @@
 """The LoRA a run asks for, as the planner sizes it: `use_peft` and `lora_*` (TRL's ModelConfig fields) ->
 `LoraSpec` (rank, targets, and the dtype the trainer loads the frozen base in, which is what the memory plan
 counts). Pure: no peft, no torch. The trainer's peft `LoraConfig` is built from the same fields in
-ogrpo/train/peft_config.py.
+ogrpo/trainer/peft_config.py.
 """
 
 from __future__ import annotations

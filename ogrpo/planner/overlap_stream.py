@@ -8,7 +8,7 @@ on it; where the log-prob passes are collectives (ZeRO-3) the ranks run their k-
 server that batches concurrent requests (vLLM's API server; `trl vllm-serve` for TRL 1.9's client with one engine,
 through ogrpo.serve.trl_stream) and groups that each sit whole on one rank. Elsewhere the batch comes
 back whole and only the rewards run beside its log-prob passes; the samples, losses and updates are the same
-either way, only the waiting differs. The trainer reads this decision from the plan (ogrpo.train.run.install_overlap)
+either way, only the waiting differs. The trainer reads this decision from the plan (ogrpo.trainer.assembly.install_overlap)
 and still takes a batch whole where per-group passes would not give TRL's numbers (dropout, images, a reward
 model): what only the built trainer shows.
 """

@@ -70,7 +70,7 @@ class TrainerFit:
     strategy: str
     gradient_checkpointing: bool
     estimate: Estimate
-    lora: object  # ogrpo.train.peft_config's LoRA spec, or None
+    lora: object  # ogrpo.trainer.peft_config's LoRA spec, or None
     kernels: dict[str, tuple[bool, str]]
 
 

@@ -6,7 +6,7 @@ or the allocation's end is all that ends it. Here (through the job-key session e
 ogrpo.serve.auth):
 - every request gets a connect timeout and a read timeout (`OGRPO_REQUEST_TIMEOUT_S`, long enough for the
   largest generation a plan makes; a request that set its own keeps it);
-- once this process is stopping (`stopping`, set by the trainer's SIGTERM handler, ogrpo.train.preemption), a
+- once this process is stopping (`stopping`, set by the trainer's SIGTERM handler, ogrpo.trainer.preemption), a
   request in flight fails within seconds when the server no longer answers `/health`, and with it the step:
   the trainer then leaves for requeue with its last complete checkpoint instead of waiting for a server that
   got the same SIGTERM. While the server still answers, the request is waited for as usual.

@@ -10,11 +10,12 @@ import sys
 
 from ogrpo.errors import OgrpoError
 from ogrpo.launch.cpu_slots import pin_from_env
-from ogrpo.train import parse_overrides, quiet
+from ogrpo.train import parse_overrides
+from ogrpo.trainer import quiet
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet.install()  # first: libraries print from their imports on (ogrpo/train/quiet.py)
+    quiet.install()  # first: libraries print from their imports on (ogrpo/trainer/quiet.py)
 
     pin_from_env()  # a CPU plan's trainer keeps off the server's cores, threads started later included
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     try:
         # inside the try: the import's OgrpoError (a missing stack) is one line too
-        from ogrpo.train.run import leave_process_group, train
+        from ogrpo.trainer.assembly import leave_process_group, train
 
         train(ns.config, output_dir=ns.output_dir, vllm_url=ns.vllm_url, resume=ns.resume,
               overrides=parse_overrides(ns.overrides), gpus=ns.gpus, own_process=True)

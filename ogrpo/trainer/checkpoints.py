@@ -1,4 +1,4 @@
-"""Atomic checkpoints: written aside and published whole (ogrpo.train.preemption: a kill during a save must never
+"""Atomic checkpoints: written aside and published whole (ogrpo.trainer.preemption: a kill during a save must never
 leave a half-written `checkpoint-N` for `--resume auto` to pick). A layer of OgrpoGRPOTrainer.
 
 The Trainer's `_save_checkpoint(model, trial)` builds every path it writes (model, optimizer, scheduler, RNG
@@ -16,7 +16,7 @@ from typing import Callable
 
 
 class AtomicCheckpoints:
-    """The trainer's checkpoint saves, staged (on once `stage_checkpoints` is called; ogrpo.train.preemption)."""
+    """The trainer's checkpoint saves, staged (on once `stage_checkpoints` is called; ogrpo.trainer.preemption)."""
 
     _checkpoint_staging: tuple[str, Callable[[Path, Path], None]] | None = None
     _staged_dir: str | None = None  # while the Trainer's own save runs: where it writes

@@ -16,7 +16,7 @@ nothing else:
 | stream_checkpoints | ogrpo.overlap.resume.StreamCheckpoints | the checkpoint's RNG save/load (the generation stream's state) |
 | atomic_checkpoints | ogrpo.trainer.checkpoints.AtomicCheckpoints | the checkpoint save (staged, published whole) |
 
-Every layer is off until the run's assembly (ogrpo.train.run) turns it on, and off it is TRL's method. The methods
+Every layer is off until the run's assembly (ogrpo.trainer.assembly) turns it on, and off it is TRL's method. The methods
 overridden and the state names are listed in ogrpo/trainer/overrides.py, whose `check()` holds each TRL line to
 them. Importing this module imports TRL.
 """

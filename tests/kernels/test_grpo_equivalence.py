@@ -27,7 +27,7 @@ OVERRIDES = {"max_steps": 3, "save_strategy": "no", "temperature": 0.8, "per_dev
 
 
 def _trainer(tmp_path, name, **overrides):
-    from ogrpo.train.run import build_trainer, prepare
+    from ogrpo.trainer.assembly import build_trainer, prepare
 
     p = prepare("tiny", output_dir=tmp_path / name, overrides={**OVERRIDES, **overrides})
     return build_trainer(p)

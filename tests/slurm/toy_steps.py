@@ -2,7 +2,7 @@
 
 server PORT:            answers GET /health with 200 until killed.
 trainer JOB_DIR TOTAL:  counts TOTAL one-second "steps"; keeps its progress in JOB_DIR/toy_ckpt.json
-                        (write-then-rename, like ogrpo.train.preemption); on USR2/SIGTERM saves and exits with
+                        (write-then-rename, like ogrpo.trainer.preemption); on USR2/SIGTERM saves and exits with
                         75 (EXIT_PREEMPTED); a requeued run resumes from the saved count.
 """
 

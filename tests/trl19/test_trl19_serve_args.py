@@ -68,7 +68,7 @@ def test_gpu_plan_trainer_kwargs_build_trl_19s_grpo_config(basic_recipe, gpus, m
     with use_cpu (there is no GPU here); precision flags are checked as values, not by TrainingArguments."""
     from trl import GRPOConfig
 
-    from ogrpo.train.settings import grpo_config_kwargs
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
     rc = load_run_config(basic_recipe)
     p = plan_from_config(rc, gpus=gpus, model=model)

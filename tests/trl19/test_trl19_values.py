@@ -41,7 +41,7 @@ def test_trl19_enum_choices_are_vendored():
 
 def test_a_gpu_plans_typed_values_construct_trl19s_grpo_config(tmp_path):
     from ogrpo.plan import plan_from_config
-    from ogrpo.train.settings import grpo_config_kwargs
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
     rc = load_run_config({**MODEL, "per_device_train_batch_size": "8", "num_generations": "8",
                           "learning_rate": "1e-6", "top_k": None, "use_liger_loss": "false"})

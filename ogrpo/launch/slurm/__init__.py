@@ -56,12 +56,12 @@ from ogrpo.launch.slurm.cli import run_slurm
 
 # The step whose end ends the job, and the one that checkpoints on the preemption signal.
 MAIN_ROLE = "trainer"
-# The trainer's exit code after a checkpoint for requeue (ogrpo.train.preemption.EXIT_PREEMPTED, not imported:
+# The trainer's exit code after a checkpoint for requeue (ogrpo.trainer.preemption.EXIT_PREEMPTED, not imported:
 # that module needs transformers)
 EXIT_PREEMPTED = 75
 # A step's processes all receive the USR2 that srun forwards. vLLM and the accelerate/torchrun launcher would
 # die of it, so every step starts with USR2 ignored; only the trainer workers install a handler
-# (ogrpo.train.preemption), which replaces the inherited SIG_IGN.
+# (ogrpo.trainer.preemption), which replaces the inherited SIG_IGN.
 IGNORE_USR2_ROLES = ("server", "trainer")
 
 
@@ -424,7 +424,7 @@ class SlurmSupervisor:
         return trainer_rc
 
     def _preempted_marker(self) -> dict | None:
-        """The trainer's preempted.json (ogrpo.train.preemption) when written during this attempt. The exit
+        """The trainer's preempted.json (ogrpo.trainer.preemption) when written during this attempt. The exit
         code alone does not tell: `accelerate launch` turns the worker's EXIT_PREEMPTED into 1."""
         path = layout.preempted_file(self.spec.job_dir)
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ogrpo.train import quiet
-from ogrpo.train.rundir import metrics_callback
+from ogrpo.trainer import quiet
+from ogrpo.trainer.rundir import metrics_callback
 
 
 def quiet_progress_callback():

@@ -15,8 +15,8 @@ from ogrpo.lengths import min_tokens, prompt_length
 from ogrpo.local_paths import ABSOLUTE_REASON
 from ogrpo.planner.types import Change
 from ogrpo.rewards.registry import check_rewards, required_columns
-from ogrpo.train.data import prompt_settings
-from ogrpo.train.data_sources import absolute_sources, check_data
+from ogrpo.trainer.data import prompt_settings
+from ogrpo.trainer.data_sources import absolute_sources, check_data
 
 
 def check_inputs(rc, changes: list | None = None) -> list[str]:

@@ -15,7 +15,7 @@ with no such frame (an uncaught traceback, printed after the last frame is gone)
 supervisor prints the log's tail and path when a step fails.
 
 The training bar is drawn by transformers' ProgressCallback, so no frame of ours is near its writes; the
-callback builds it inside `to_console()` (ogrpo/train/callbacks.py), which hands tqdm the console directly.
+callback builds it inside `to_console()` (ogrpo/trainer/callbacks.py), which hands tqdm the console directly.
 At exit, when libraries warned (Python warnings, logging records at WARNING or above), one line on the console
 says how many and names the log that holds them.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from ogrpo import tiny
 from ogrpo.errors import OgrpoError
 from ogrpo.tasks import task_dataset
-from ogrpo.train.data_sources import FILE_BUILDERS, SAVED_MARKERS, Source, is_local, sources
+from ogrpo.trainer.data_sources import FILE_BUILDERS, SAVED_MARKERS, Source, is_local, sources
 
 
 def _load(src: Source):

@@ -32,11 +32,11 @@ from ogrpo.profile.profiler import StageProfiler, render_table, summarize
 from ogrpo.rewards.registry import resolve_rewards
 from ogrpo.sandbox import policy as sandbox_policy
 from ogrpo.serve import client
-from ogrpo.train import rundir
-from ogrpo.train.callbacks import default_callbacks, use_quiet_progress
-from ogrpo.train.data import load_prompts
-from ogrpo.train.peft_config import peft_config
-from ogrpo.train.settings import build_grpo_config, grpo_config_kwargs
+from ogrpo.trainer import rundir
+from ogrpo.trainer.callbacks import default_callbacks, use_quiet_progress
+from ogrpo.trainer.data import load_prompts
+from ogrpo.trainer.peft_config import peft_config
+from ogrpo.trainer.settings import build_grpo_config, grpo_config_kwargs
 from ogrpo.trainer.guard import NonFiniteError
 
 
@@ -134,7 +134,7 @@ def default_run_dir(run_config) -> Path:
 
 def _resume_from(run_dir: Path, resume: str | None) -> str | None:
     # heavy: torch, transformers
-    from ogrpo.train import preemption
+    from ogrpo.trainer import preemption
 
     if resume in (None, "", "no", "never"):
         if preemption.complete_checkpoints(run_dir):
@@ -276,7 +276,7 @@ def _trainer_dtype(p: Prepared) -> str:
 
 
 def init_cpu_deepspeed(p: Prepared) -> None:
-    """A CPU ZeRO run (GRPOConfig.deepspeed, ogrpo/train/settings.py) starts torch.distributed through
+    """A CPU ZeRO run (GRPOConfig.deepspeed, ogrpo/trainer/settings.py) starts torch.distributed through
     accelerate's CPU state, which never initializes deepspeed.comm; ZeRO-3's zero.Init at model load then reads
     a world size of 1 and refuses the batch sizes ("16 != 8 * 1 * 1"). Wrapping the existing gloo group first
     gives it the real one. A single process started without a launcher (`ogrpo train` on a `cpu` plan) has no
@@ -349,7 +349,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     for cb in default_callbacks(run_dir):
         trainer.add_callback(cb)
     use_quiet_progress(trainer)
-    from ogrpo.train import preemption  # USR2/TERM → checkpoint at the end of the step, exit for requeue
+    from ogrpo.trainer import preemption  # USR2/TERM → checkpoint at the end of the step, exit for requeue
 
     preempt_cb = preemption.install(trainer, run_dir)
     trainer.guard_nonfinite()  # inf/NaN loss: stop naming the step (exit 1), not train on NaN weights

@@ -434,6 +434,18 @@ def profile_rows(run) -> list[dict]:
 
 
 SEPARATE = {"old_policy_pass": "separate"}
+# TRL's own passes throughout: its separate old-policy pass and its padded rows. Lossless runs with the plan's
+# defaults (the old policy from the loss forward, packed passes), so one pair of jobs shows both exact.
+TRL_PASSES = {**SEPARATE, "padding_free": "off"}
+
+
+def assert_trl_passes_against_ours(off_run, run):
+    """off ran TRL's padded passes and its separate old-policy pass; lossless packed them and took the old policy
+    from the loss forward."""
+    ours, theirs = (json.loads((r / "manifest.json").read_text()) for r in (run, off_run))
+    assert theirs["old_policy_pass"]["pass"] == "separate" and ours["old_policy_pass"]["pass"] == "from_loss"
+    assert theirs["padding_free"]["on"] is False and "padding_free: off" in theirs["padding_free"]["reason"]
+    assert ours["padding_free"]["on"] is True, ours["padding_free"]
 
 
 @pytest.fixture(scope="module")
@@ -458,6 +470,7 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     assert len(ours) == len(theirs) == STEPS
     for x, y in zip(ours, theirs):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5), (x["step"], x["grad_norm"], y["grad_norm"])
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
         sampling = [k for k in y if k.startswith("sampling/")]
         assert len(sampling) == 5  # TRL's importance-sampling statistics, from the loss forwards in lossless
@@ -558,9 +571,10 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     ogrpo = {**{k: v for k, v in keys.pop("ogrpo", {}).items() if k != "use_vllm"}, "strategy": strategy}
     if lora:
         keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
-    # off runs TRL's own old-policy pass; lossless takes it from the loss forward, on both ranks
+    # off runs TRL's own passes (padded, and the old policy's separate); lossless packs them and takes the old
+    # policy from the loss forward, on both ranks
     runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS,
-                          ogrpo={**ogrpo, **(SEPARATE if mode == "off" else {})}, **keys)
+                          ogrpo={**ogrpo, **(TRL_PASSES if mode == "off" else {})}, **keys)
             for mode in ("off", "lossless")}
     groups = 16 // 4  # a rank's groups: per_device_train_batch_size / num_generations (overlap_jobs)
     for step in range(1, STEPS + 1):
@@ -570,6 +584,7 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     assert len(ours) == len(theirs) == STEPS
     for x, y in zip(ours, theirs):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5), (x["step"], x["grad_norm"], y["grad_norm"])
         assert x["reward"] == pytest.approx(y["reward"], abs=1e-6)
         assert x["overlap/staleness"] == 0.0 and x["overlap/rewards_ahead"] == 1.0
         # rank 0's groups streamed: work on one began before its last group arrived; TRL took their rewards and
@@ -583,7 +598,7 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         assert x["sampling/sampling_logp_difference/mean"] < 1e-4
     manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
-    assert manifest["old_policy_pass"]["pass"] == "from_loss"
+    assert_trl_passes_against_ours(runs["off"], runs["lossless"])
     stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
     assert stream["value"] == "groups" and "2 trainer processes" in stream["reason"]
     # one request per group of both ranks, nothing requested that was not trained on
@@ -606,7 +621,7 @@ def _lora_job(tmp_path, mode):
     keys = server_lora_overrides(STEPS)  # one checkpoint, at the end: the trained adapters
     ogrpo = {k: v for k, v in keys.pop("ogrpo").items() if k != "use_vllm"}
     if mode == "off":
-        ogrpo.update(SEPARATE)  # TRL's own old-policy pass, for lossless's from the loss forward to equal
+        ogrpo.update(TRL_PASSES)  # TRL's own passes, for lossless's packed ones and old policy to equal
     return run_job(tmp_path, mode, steps=STEPS, ogrpo=ogrpo, save_strategy="steps", **keys)
 
 
@@ -627,9 +642,11 @@ def test_lossless_with_lora_gives_the_same_losses_as_off(off_lora_run, tmp_path)
     assert len(ours) == len(theirs) == STEPS
     for x, y in zip(ours, theirs):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5), (x["step"], x["grad_norm"], y["grad_norm"])
         assert x["overlap/staleness"] == 0.0
         # the old policy (base + adapters) came from the loss forward; the reference (adapters disabled) was TRL's
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 0.0
+    assert_trl_passes_against_ours(off_lora_run, run)
     # LoRA's server mode (lossless is its default): each push reached the server merged, before its request, and
     # the adapters trained, so the check ran against a model that is not the base
     assert_server_served_merged_weights(run, STEPS)

@@ -46,8 +46,10 @@ def assert_trl_vllm_serve_job(run, steps: int) -> None:
 def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path):
     """3xcpu: two DDP trainer processes; the main process hands each finished group to the rank that owns it.
     Both jobs are full server-mode jobs on `trl vllm-serve` (run_job asserts no process outlives them)."""
-    # off runs TRL's own old-policy pass; lossless takes it from the loss forward (ogrpo/trainer/old_policy.py)
-    off_run = run_job(tmp_path / "off", "off", gpus="3xcpu", steps=STEPS, ogrpo={"old_policy_pass": "separate"})
+    # off runs TRL's own passes (padded, the old policy's separate); lossless packs them (ogrpo/trainer/packing.py)
+    # and takes the old policy from the loss forward (ogrpo/trainer/old_policy.py)
+    off_run = run_job(tmp_path / "off", "off", gpus="3xcpu", steps=STEPS,
+                      ogrpo={"old_policy_pass": "separate", "padding_free": "off"})
     run = run_job(tmp_path / "lossless", "lossless", gpus="3xcpu", steps=STEPS)
     for job in (off_run, run):
         assert_trl_vllm_serve_job(job, STEPS)
@@ -57,6 +59,7 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         for key in SAME:
             assert x[key] == pytest.approx(y[key], abs=1e-6), (x["step"], key, x[key], y[key])
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5), (x["step"], x["loss"], y["loss"])
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5), (x["step"], x["grad_norm"], y["grad_norm"])
         assert x["overlap/staleness"] == 0.0
         # every rank's groups streamed: work on one began while the server still generated another, and TRL took
         # the groups' rewards and reference pass (beta > 0); the old policy's came from the loss forward, and
@@ -68,8 +71,9 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         for key in sampling:
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key, x[key], y[key])
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
-    passes = {json.loads((r / "manifest.json").read_text())["old_policy_pass"]["pass"] for r in (off_run, run)}
-    assert passes == {"separate", "from_loss"}
+    ours, theirs = (json.loads((r / "manifest.json").read_text()) for r in (run, off_run))
+    assert (theirs["old_policy_pass"]["pass"], ours["old_policy_pass"]["pass"]) == ("separate", "from_loss")
+    assert theirs["padding_free"]["on"] is False and ours["padding_free"]["on"] is True, ours["padding_free"]
     # one request per group, each answered as it finished, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 2 * GROUPS
 

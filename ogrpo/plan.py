@@ -5,8 +5,8 @@ placement, TRL's batch rules, vLLM's memory fit, the trainer strategy (the cheap
 ZeRO-3 → ZeRO-3 + optimizer offload), the trainer/vLLM/environment settings, the recipe keys the job replaces,
 the changes the plan-time input checks made (handed in: the checks read files, the planner does not), the
 recipe's opt-out of the code sandbox, the preemption policy (from the cluster's facts, handed in: the command asks
-scontrol), then (when it does not fit) the fixes that hold. What differs per device
-kind lives in ogrpo/planner/device_rules.py. Every change and warning of a plan is listed here, in this order.
+scontrol), then (when it does not fit) the fixes that hold. What differs per device kind lives in
+ogrpo/planner/device_rules.py. Every change and warning of a plan is listed here, in this order.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ STEP_MARGIN = 1.25
 CHECKPOINT_BYTES_PER_PARAM = 16
 # Shared-filesystem write rate one node gets, GB/s: on the low side of what Lustre/GPFS/NFS give a job.
 WRITE_GBPS = 1.0
-# fsync, renames, RNG/scheduler/trainer state, the ranks' barriers (ogrpo.train.preemption.make_checkpoints_atomic)
+# fsync, renames, RNG/scheduler/trainer state, the ranks' barriers (make_checkpoints_atomic, the trainer's preemption)
 SAVE_FIXED_S = 2.0
 # After the trainer's exit on the time-limit warning: stopping the server (the supervisor's 10 s grace before
 # SIGKILL) and `scontrol requeue`.

@@ -60,7 +60,7 @@ class OgrpoOptions:
     use_vllm: bool | None = None  # False: generate with HF inside the trainer (no server)
     strategy: str | None = None  # ddp | zero2 | zero3 | zero3_offload (None: the cheapest that fits)
     kernels: bool | None = None  # O-GRPO's own kernels (ogrpo/kernels); None: the plan decides per profile
-    step_time_s: float | None = None  # seconds per optimizer step, for the preemption policy (ogrpo.launch.slurm.grace)
+    step_time_s: float | None = None  # seconds per optimizer step, for the preemption policy (ogrpo.planner.preemption)
     sandbox: str | None = None  # code rewards: auto (an isolating level or refuse) | none (explicit opt-out)
     overlap: str | None = None  # off | lossless | one-step: server and trainer at work together (None: the plan)
     old_policy_pass: str | None = None  # auto (from the loss forward where exact) | separate (TRL's own pass)

@@ -2,19 +2,24 @@
 `plan`, `render`, `submit`, `sweep` and `selftest` take. Below the commands, so that a check (selftest) plans as
 the CLI does without importing it; imports inside the function, so that `ogrpo --help` stays fast.
 
-The plan is the planner's alone (ogrpo/plan.py): the input checks (which read reward files and datasets) run
-first and hand it what they decided; nothing here adds to the finished plan."""
+The plan is the planner's alone (ogrpo/plan.py): the input checks (which read reward files and datasets) and
+the command's cluster facts (scontrol, for the preemption policy) come first and are handed to it; nothing here
+adds to the finished plan."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ogrpo.errors import ConfigError, OgrpoError
 
 
 def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: dict | None = None,
-                  strict: bool = False, trl: dict | None = None):
+                  strict: bool = False, trl: dict | None = None, preemption: Callable | None = None):
     """Run config + command-line options → (RunConfig, Plan); shared by plan, render, submit and sweep. `strict`:
     every change from the recipe (plan.changes) is an error, all of them reported together. `trl`: keys set over
-    the recipe's (flat TRL keys or `ogrpo.KEY`: one point of a sweep)."""
+    the recipe's (flat TRL keys or `ogrpo.KEY`: one point of a sweep). `preemption`: the command's edge, run
+    config → PreemptionFacts or None (ogrpo/launch/slurm/grace.py `gather`): it asks the cluster once the run
+    config names the partition, and what it found enters the planner."""
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import OVERLAPS, STRATEGIES, load_run_config
     from ogrpo.hardware import parse_gpus
@@ -51,7 +56,7 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     # warnings through rc, the paths they made absolute as changes the planner lists).
     input_changes: list = []
     rc.warnings.extend(check_inputs(rc, input_changes))
-    plan = plan_from_config(rc, input_changes=input_changes)
+    plan = plan_from_config(rc, input_changes=input_changes, preemption=preemption(rc) if preemption else None)
     if strict and plan.changes:
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")

@@ -4,8 +4,9 @@
 placement, TRL's batch rules, vLLM's memory fit, the trainer strategy (the cheapest that fits: DDP → ZeRO-2 →
 ZeRO-3 → ZeRO-3 + optimizer offload), the trainer/vLLM/environment settings, the recipe keys the job replaces,
 the changes the plan-time input checks made (handed in: the checks read files, the planner does not), the
-recipe's opt-out of the code sandbox, then (when it does not fit) the fixes that hold. What differs per device
-kind lives in ogrpo/planner/device_rules.py. Every change and warning of a plan is listed here, in this order.
+recipe's opt-out of the code sandbox, the preemption policy (from the cluster's facts, handed in: the command asks
+scontrol), then (when it does not fit) the fixes that hold. What differs per device kind lives in
+ogrpo/planner/device_rules.py. Every change and warning of a plan is listed here, in this order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ogrpo.models import ModelFacts, resolve_model
 from ogrpo.planner import batch as _batch
 from ogrpo.planner import input_changes as _input_changes
 from ogrpo.planner import placement as _placement
+from ogrpo.planner import preemption as _preemption
 from ogrpo.planner import sandbox_opt_out as _sandbox_opt_out
 from ogrpo.planner import settings as _settings
 from ogrpo.planner import strategy as _strategy
@@ -30,17 +32,21 @@ from ogrpo.planner.draft import PROFILES, Draft
 from ogrpo.planner.fixes import Fix, fixes_that_hold
 from ogrpo.planner.kernels import plan_kernels
 from ogrpo.planner.placement import valid_tp_sizes
+from ogrpo.planner.preemption import PreemptionFacts
 from ogrpo.planner.types import BatchPart, Change, Kernels, Plan, TrainerArgs, TrainerPart, VllmArgs, VllmPart
 
-__all__ = ["CPU_VLLM_UTIL", "DEFAULT_PROMPT_LENGTH", "PROFILES", "BatchPart", "Fix", "Plan", "TrainerPart",
-           "VllmPart", "batch_rules", "make_plan", "plan_from_config", "plan_kernels", "valid_tp_sizes"]
+__all__ = ["CPU_VLLM_UTIL", "DEFAULT_PROMPT_LENGTH", "PROFILES", "BatchPart", "Fix", "Plan", "PreemptionFacts",
+           "TrainerPart", "VllmPart", "batch_rules", "cluster_of", "make_plan", "plan_from_config", "plan_kernels",
+           "valid_tp_sizes"]
 
 
 def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "balanced",
-              check_fixes: bool = True, input_changes: Sequence[Change] = ()) -> Plan:
+              check_fixes: bool = True, input_changes: Sequence[Change] = (),
+              preemption: PreemptionFacts | None = None) -> Plan:
     """`check_fixes`: re-plan every suggested fix with it applied and keep those that fit (off inside that
     re-planning). `input_changes`: what the plan-time input checks changed in the recipe
-    (ogrpo/trainer/inputs.py), listed after the planner's own changes."""
+    (ogrpo/trainer/inputs.py), listed after the planner's own changes. `preemption`: the cluster's facts the
+    command gathered (ogrpo/launch/slurm/grace.py `gather`); None: the plan has no preemption policy."""
     profile = profile or run_config.ogrpo.profile or "balanced"
     if profile not in PROFILES:
         raise OgrpoError(f"--profile {profile!r}: choose one of {', '.join(PROFILES)}")
@@ -67,6 +73,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     # manifests have always listed them.
     _input_changes.record_input_changes(d, input_changes)
     _sandbox_opt_out.note_sandbox_opt_out(d)
+    preempt = _preemption.plan_preemption(d, preemption)
 
     n = place.num_processes
     vest = vfit.estimate
@@ -91,7 +98,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
                 fixes=[f.text for f in held], precision=precision, attn_implementation=attn, mode=place.mode,
                 vllm=vllm, trainer=trainer, trainer_args=TrainerArgs(targs), env=env, settings=d.settings.items,
                 batch=BatchPart(**batch), warnings=d.warnings, changes=d.changes.items, fix_actions=held,
-                kernels=Kernels(**{name: on for name, (on, _) in tfit.kernels.items()}))
+                kernels=Kernels(**{name: on for name, (on, _) in tfit.kernels.items()}), preemption=preempt)
 
 
 def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) -> None:
@@ -103,14 +110,19 @@ def _refuse_missing_packages(d: Draft, targs: dict, attn: str, strategy: str) ->
         raise OgrpoError("; ".join(lines))
 
 
-def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,
-                     params=None, input_changes: Sequence[Change] = ()) -> Plan:
-    """Parse gpus (argument, else the config's ogrpo.gpus, else "cpu"), resolve the model, plan. `input_changes`:
-    see make_plan (ogrpo/load_plan.py passes those of its input checks)."""
+def cluster_of(run_config, gpus: str | None = None) -> Cluster:
+    """The cluster a plan is made for: `gpus`, else the config's ogrpo.gpus, else this machine's CPU."""
+    return parse_gpus(gpus or run_config.ogrpo.gpus or "cpu")
 
-    spec = gpus or run_config.ogrpo.gpus or "cpu"
-    cluster = parse_gpus(spec)
+
+def plan_from_config(run_config, gpus: str | None = None, profile: str | None = None, model: str | None = None,
+                     params=None, input_changes: Sequence[Change] = (),
+                     preemption: PreemptionFacts | None = None) -> Plan:
+    """Parse gpus (`cluster_of`), resolve the model, plan. `input_changes`, `preemption`: see make_plan
+    (ogrpo/load_plan.py passes those of its input checks and the command's cluster facts)."""
+
+    cluster = cluster_of(run_config, gpus)
     name = model or run_config.ogrpo.model or run_config.model_name_or_path
     facts = resolve_model(name, params if params is not None else run_config.ogrpo.params)
     return make_plan(cluster, facts, run_config, profile or run_config.ogrpo.profile or "balanced",
-                     input_changes=input_changes)
+                     input_changes=input_changes, preemption=preemption)

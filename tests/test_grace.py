@@ -1,10 +1,9 @@
-"""Preemption timing (ogrpo.launch.slurm.grace): the cluster's SIGTERM → SIGKILL window from real scontrol output, the
-policy it gives (save_steps, signal lead time, warnings), and the trainer's SIGTERM decision
-(ogrpo.trainer.preemption), without Slurm or a training run."""
+"""Preemption timing: the cluster's SIGTERM → SIGKILL window from real scontrol output (ogrpo.launch.slurm.grace), the
+policy the planner makes of it (ogrpo.planner.preemption: save_steps, signal lead time, warnings), and the trainer's
+SIGTERM decision (ogrpo.trainer.preemption), without Slurm or a training run."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from ogrpo.launch.slurm import grace
+from ogrpo.planner import preemption as policy_of
+from ogrpo.planner.preemption import PreemptionFacts
 from ogrpo.planner.types import Change
 
 DATA = Path(__file__).parent / "data"
@@ -34,12 +35,18 @@ SCAVENGER = PARTITION.replace("PartitionName=debug", "PartitionName=scavenger").
     "Default=YES", "Default=NO").replace("GraceTime=0", "GraceTime=120").replace("PreemptMode=OFF", "PreemptMode=REQUEUE")
 
 
-def _plan(gpus="cpu", recipe="tiny", **ogrpo):
+def _plan(gpus="cpu", recipe="tiny", facts=None, **ogrpo):
     from ogrpo.config import load_run_config
     from ogrpo.plan import plan_from_config
 
     rc = load_run_config(recipe, {"ogrpo": {"gpus": gpus, **ogrpo}})
-    return rc, plan_from_config(rc)
+    return rc, plan_from_config(rc, preemption=facts)
+
+
+def _policy(plan, trl, *, grace, step, signal_delay_s=None):
+    """The pure policy for a plan's model: (Preemption, warnings, changes)."""
+    return policy_of.policy(trl, grace=grace, step=step, save_s=policy_of.save_estimate_s(plan.model.params),
+                            signal_delay_s=signal_delay_s)
 
 
 def test_parses_the_test_clusters_scontrol_output():
@@ -69,62 +76,99 @@ def test_seconds(text, secs):
 
 def test_short_kill_wait_checkpoints_every_step_and_warns():
     rc, plan = _plan()
-    p = plan
     g = grace.grace_from(CONFIG, PARTITION)
-    pol = grace.policy(p, rc.trl, grace=g, step=(3.0, "measured"), signal_delay_s=None)
+    pol, warnings, changes = _policy(plan, rc.trl, grace=g, step=(3.0, "measured"))
     # one step (with margin) + the tiny model's save do not fit in 5 s
-    assert pol.need_s == pytest.approx(3.0 * grace.STEP_MARGIN + pol.save_s) and pol.need_s > 5
-    assert pol.save_steps == 1 and pol.changes == [Change("save_steps", 10, 1, pol.changes[0].reason)]
-    assert "KillWait 5 s" in pol.warnings[0] and "at most that step" in pol.warnings[0]
+    assert pol.need_s == pytest.approx(3.0 * policy_of.STEP_MARGIN + pol.save_s) and pol.need_s > 5
+    assert pol.save_steps == 1 and changes == [Change("save_steps", 10, 1, changes[0].reason)]
+    assert "KillWait 5 s" in warnings[0] and "at most that step" in warnings[0]
     assert pol.signal_delay_s == 90  # the lead the step needs (26 s) is under the default
-    grace.apply(pol, rc, plan)
-    grace.apply(pol, rc, plan)  # idempotent (submit applies it again to the plan that runs)
-    assert rc.trl["save_steps"] == 1 and plan.changes.count(pol.changes[0]) == 1
-    assert plan.warnings.count(pol.warnings[0]) == 1
+
+
+def test_the_planner_step_puts_the_policy_on_the_plan():
+    """Facts in, the plan out: its change (once, after the planner's own), its warning, its policy; the recipe's
+    run config untouched (run.yaml carries the plan's save_steps: tests/test_render.py)."""
+    facts = PreemptionFacts(grace=grace.grace_from(CONFIG, PARTITION), recorded_step=(3.0, "measured"))
+    rc, plan = _plan(facts=facts)
+    _, bare = _plan()
+    assert plan.changes == bare.changes + [Change("save_steps", 10, 1, plan.changes[-1].reason)]
+    assert plan.warnings[:len(bare.warnings)] == bare.warnings and len(plan.warnings) == len(bare.warnings) + 1
+    assert "KillWait 5 s" in plan.warnings[-1] and "at most that step" in plan.warnings[-1]
+    pol = plan.preemption
+    assert pol.save_steps == 1 and pol.step_s == 3.0 and pol.step_source == "measured" and pol.grace.window_s == 5
+    assert pol.signal_delay_s == 90 and rc.trl["save_steps"] == 10
+    assert plan.to_dict() == {**bare.to_dict(), "changes": [c.to_dict() for c in plan.changes],
+                              "warnings": plan.warnings}  # the JSON form has no new key
+    # no facts (a plan that runs here, a fix being re-planned): no policy, nothing added
+    assert bare.preemption is None and not any(c.key == "save_steps" for c in bare.changes)
+    # an installed Slurm that did not answer: the plan says what it assumed, and changes nothing
+    _, unread = _plan(facts=PreemptionFacts(unread="controller down"))
+    assert unread.changes == bare.changes and unread.preemption.save_steps is None
+    assert unread.warnings[-1].startswith("KillWait could not be read (controller down)")
+    # --signal-delay comes in with the facts
+    _, delayed = _plan(facts=PreemptionFacts(signal_delay_s=120))
+    assert delayed.preemption.signal_delay_s == 120 and delayed.warnings == bare.warnings
+
+
+def test_strict_refuses_the_planned_save_steps_change(monkeypatch):
+    """--strict refuses the preemption policy's change as every other (one message, the changes listed)."""
+    from ogrpo.errors import ConfigError
+    from ogrpo.load_plan import load_and_plan
+
+    asked = []
+
+    def facts(rc):
+        asked.append(rc.source)
+        return PreemptionFacts(grace=grace.grace_from(CONFIG, PARTITION))
+
+    with pytest.raises(ConfigError, match=r"--strict refuses .*save_steps would change from 10 to 1") as err:
+        load_and_plan("tiny", "cpu", None, None, None, None, strict=True, preemption=facts)
+    with pytest.raises(ConfigError) as without:  # a CPU plan changes other keys too: all are listed, this last
+        load_and_plan("tiny", "cpu", None, None, None, None, strict=True)
+    assert len(asked) == 1 and err.value.problems == without.value.problems + [
+        "save_steps would change from 10 to 1 (KillWait 5 s < one step + checkpoint (~14 s): lose at most one step "
+        "on a requeue)"]
+    rc, plan = load_and_plan("tiny", "cpu", None, None, None, None, preemption=facts)
+    assert plan.preemption.save_steps == 1 and plan.preemption.step_source.startswith("default for CPU")
 
 
 def test_a_long_enough_window_changes_nothing():
     rc, plan = _plan()
     g = grace.grace_from(PREEMPTING_CONFIG, PARTITION + SCAVENGER, "scavenger")
-    pol = grace.policy(plan, rc.trl, grace=g, step=(2.0, "measured"), signal_delay_s=None)
-    assert pol.save_steps is None and not pol.warnings and not pol.changes
+    pol, warnings, changes = _policy(plan, rc.trl, grace=g, step=(2.0, "measured"))
+    assert pol.save_steps is None and not warnings and not changes
     # without a cluster, nothing is known about SIGTERM: no change either
-    assert grace.policy(plan, rc.trl, grace=None, step=(2.0, "m"), signal_delay_s=None).save_steps is None
+    assert _policy(plan, rc.trl, grace=None, step=(2.0, "m"))[0].save_steps is None
 
 
 def test_already_every_step_or_no_step_checkpoints_only_warn():
     rc, plan = _plan()
     g = grace.grace_from(CONFIG, PARTITION)
-    every = grace.policy(plan, {**rc.trl, "save_steps": 1}, grace=g, step=(3.0, "m"), signal_delay_s=None)
-    assert every.save_steps is None and not every.changes and "save_steps is 1" in every.warnings[0]
-    epoch = grace.policy(plan, {**rc.trl, "save_strategy": "epoch"}, grace=g, step=(3.0, "m"),
-                         signal_delay_s=None)
-    assert epoch.save_steps is None and "save_strategy 'epoch'" in epoch.warnings[0]
+    every, warnings, changes = _policy(plan, {**rc.trl, "save_steps": 1}, grace=g, step=(3.0, "m"))
+    assert every.save_steps is None and not changes and "save_steps is 1" in warnings[0]
+    epoch, warnings, _ = _policy(plan, {**rc.trl, "save_strategy": "epoch"}, grace=g, step=(3.0, "m"))
+    assert epoch.save_steps is None and "save_strategy 'epoch'" in warnings[0]
 
 
 def test_signal_lead_time_follows_step_and_save_time():
     rc, plan = _plan("8xA100-80G")
-    p = plan
-    slow = grace.policy(p, rc.trl, grace=None, step=(120.0, "m"), signal_delay_s=None)
+    slow, _, _ = _policy(plan, rc.trl, grace=None, step=(120.0, "m"))
     # 120 s x 1.25 + a 2 s save + 20 s for the supervisor's stop
-    assert slow.signal_delay_s == grace.lead_time_s(120.0, slow.save_s) == 172
+    assert slow.signal_delay_s == policy_of.lead_time_s(120.0, slow.save_s) == 172
     # an explicit --signal-delay is kept, with a warning when it is too short
-    short = grace.policy(p, rc.trl, grace=None, step=(120.0, "m"), signal_delay_s=60)
-    assert short.signal_delay_s == 60 and "--signal-delay 60 s is shorter" in short.warnings[0]
-    assert not grace.policy(p, rc.trl, grace=None, step=(10.0, "m"), signal_delay_s=60).warnings
+    short, warnings, _ = _policy(plan, rc.trl, grace=None, step=(120.0, "m"), signal_delay_s=60)
+    assert short.signal_delay_s == 60 and "--signal-delay 60 s is shorter" in warnings[0]
+    assert not _policy(plan, rc.trl, grace=None, step=(10.0, "m"), signal_delay_s=60)[1]
 
 
 def test_save_estimate_grows_with_the_model():
     _, tiny = _plan()
-    assert grace.save_estimate_s(tiny) == pytest.approx(grace.SAVE_FIXED_S, abs=0.1)
-    big = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, params=7e9))
-    assert grace.save_estimate_s(big) == pytest.approx(2 + 7e9 * 16 / 1e9)  # 114 s at 1 GB/s
+    assert policy_of.save_estimate_s(tiny.model.params) == pytest.approx(grace.SAVE_FIXED_S, abs=0.1)
+    assert policy_of.save_estimate_s(7e9) == pytest.approx(2 + 7e9 * 16 / 1e9)  # 114 s at 1 GB/s
 
 
 def test_step_time_sources(tmp_path):
-    _, plan = _plan()
-    p = plan
-    assert grace.step_estimate(p) == (10.0, "default for CPU plans (set ogrpo.step_time_s)")
+    assert policy_of.step_estimate("cpu") == (10.0, "default for CPU plans (set ogrpo.step_time_s)")
     run = tmp_path / "run"
     run.mkdir()
     # the first step (warm-up) is left out; the median of the rest
@@ -132,8 +176,13 @@ def test_step_time_sources(tmp_path):
                                                for i, s in enumerate([30.0, 1.0, 3.0, 2.0], 1)))
     rec = grace.recorded_step_s(tmp_path)
     assert rec[0] == 2.0 and "median of 3 recorded steps" in rec[1]
-    assert grace.step_estimate(p, None, rec) == rec
-    assert grace.step_estimate(p, 7, rec) == (7.0, "ogrpo.step_time_s")
+    assert policy_of.step_estimate("cpu", None, rec) == rec
+    assert policy_of.step_estimate("cpu", 7, rec) == (7.0, "ogrpo.step_time_s")
+    # gathered for the planner with the cluster's answer (none here: SLURM_CONF names no file)
+    from ogrpo.config import load_run_config
+
+    facts = grace.gather(load_run_config("tiny"), job_dir=tmp_path, signal_delay_s=60)
+    assert facts == PreemptionFacts(grace=None, unread=None, recorded_step=rec, signal_delay_s=60)
     assert grace.recorded_step_s(tmp_path / "nothing") is None
 
 
@@ -227,11 +276,13 @@ def test_sigterm_during_a_save_or_on_usr2_never_leaves(tmp_path, monkeypatch):
 
 
 def _scontrol_printing_the_test_cluster(tmp_path: Path) -> Path:
-    """A folder with an `scontrol` that prints the test cluster's `show config` / `show partition` output."""
+    """A folder with an `scontrol` that prints the test cluster's `show config` / `show partition` output (each
+    call's arguments logged in bin/calls)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(
         f"#!{sys.executable}\nimport sys\n"
+        f"open({str(bin_dir / 'calls')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
         f"print(open({str(DATA / 'scontrol_show_config.txt')!r}).read() if sys.argv[2] == 'config' else "
         f"{PARTITION!r})\n")
     (bin_dir / "scontrol").chmod(0o755)
@@ -267,22 +318,16 @@ def test_render_and_plan_show_the_policy_of_the_cluster(tmp_path):
     manifest = json.loads((tmp_path / "job" / "manifest.json").read_text())
     assert any(c["key"] == "save_steps" and c["to"] == 1 for c in manifest["changes"])
     assert "#SBATCH --signal=B:USR2@90" in (tmp_path / "job" / "job.sbatch").read_text()
+    assert (bin_dir / "calls").read_text().splitlines() == ["show config", "show partition -o"]
+    (bin_dir / "calls").unlink()
+    # a plan that runs on this machine asks no cluster: its preemption is the render's or the submit's
+    plan = subprocess.run([*ogrpo, "plan", "--gpus", "2xcpu", "--config", "tiny", "--json"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    d = json.loads(plan.stdout)
+    assert d["preemption"] is None and not (bin_dir / "calls").exists()
+    assert not any(c["key"] == "save_steps" for c in d["changes"])
     plan = subprocess.run([*ogrpo, "plan", "--gpus", "3xA40", "--config", "tiny", "--json"], capture_output=True,
                           text=True, env=env, timeout=120)
     d = json.loads(plan.stdout)
     assert d["preemption"]["grace"]["window_s"] == 5 and d["preemption"]["save_steps"] == 1
-    assert any("KillWait 5 s" in w for w in d["warnings"])
-
-
-def test_strict_refuses_the_save_steps_change(tmp_path, monkeypatch):
-    from ogrpo.errors import ConfigError
-
-    rc, plan = _plan()
-    before = list(plan.changes)  # the plan's own changes (settings for keys the recipe left unset)
-    monkeypatch.setattr(grace, "query", lambda partition=None: grace.grace_from(CONFIG, PARTITION))
-    with pytest.raises(ConfigError, match=r"--strict refuses .*save_steps would change from 10 to 1"):
-        grace.for_plan(rc, plan, strict=True)
-    assert rc.trl["save_steps"] == 10 and plan.changes == before  # nothing applied
-    assert not any(c.key == "save_steps" for c in before)
-    pol = grace.for_plan(rc, plan, job_dir=str(tmp_path))
-    assert pol.save_steps == 1 and rc.trl["save_steps"] == 1 and pol.step_source.startswith("default for CPU")
+    assert any("KillWait 5 s" in w for w in d["warnings"]) and (bin_dir / "calls").exists()

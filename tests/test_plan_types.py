@@ -281,17 +281,14 @@ def test_the_guard_fails_on_the_code_before_the_plan_was_typed_inside():
 # ------------------------------------------------------------------- the planner owns a plan's changes and warnings
 
 # A plan's lists that only the planner adds to (ogrpo/plan.py's make_plan, in its own order): what a check that
-# reads files decides enters the planner as input (plan_from_config's input_changes), never the finished plan.
+# reads files or asks the cluster decides enters the planner as input (plan_from_config's input_changes and
+# preemption), never the finished plan. No file outside the planner is excepted.
 OWNED = {"changes", "warnings"}
 MUTATORS = {"append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse"}  # list methods, in place
-# Files outside the planner that still add to a finished plan, each with why. An entry whose file no longer does
-# fails the test: the list only shrinks.
-STILL_OUTSIDE = {
-    "ogrpo/launch/slurm/grace.py": "the preemption policy (save_steps, its warnings) follows from the cluster's "
-                                   "KillWait/GraceTime, which render and submit ask scontrol for after planning",
-}
-# The commit before the planner owned them: load_plan and the sandbox policy added to the finished plan.
+# The commit before the planner owned them: load_plan and the sandbox policy added to the finished plan, and so
+# did the preemption policy until the commit after BEFORE_PREEMPTION.
 BEFORE_OWNED = "b4c8fdc"
+BEFORE_PREEMPTION = "40e1406"
 
 
 def _plan_owner(node: ast.AST, local_dicts: set[str], aliases: frozenset[str]) -> bool:
@@ -355,21 +352,29 @@ def plan_additions(source: str, filename: str = "<src>") -> list[str]:
     return [found[k] for k in sorted(found)]
 
 
+def _additions_outside_the_planner(rels_and_texts) -> list[str]:
+    return [line for rel, text in rels_and_texts if rel.endswith(".py") and not rel.startswith(ALLOWED)
+            for line in plan_additions(text, rel)]
+
+
+def _files_at(commit: str) -> list[tuple[str, str]]:
+    """(path, text) of every file under ogrpo/ as of `commit` (skips the test where the clone lacks it)."""
+    import subprocess
+
+    listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", commit, "ogrpo/"],
+                             capture_output=True, text=True)
+    if listing.returncode:
+        pytest.skip(f"{commit} is not in this clone")
+    return [(rel, subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{rel}"], capture_output=True,
+                                 text=True).stdout) for rel in listing.stdout.split() if rel.endswith(".py")]
+
+
 def test_only_the_planner_adds_to_a_plans_changes_and_warnings():
-    problems, stale = [], []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
-        if rel.startswith(ALLOWED):
-            continue
-        found = plan_additions(path.read_text(), rel)
-        if rel in STILL_OUTSIDE:
-            stale += [] if found else [rel]
-        else:
-            problems += found
+    problems = _additions_outside_the_planner(
+        (path.relative_to(REPO).as_posix(), path.read_text()) for path in sorted(PACKAGE.rglob("*.py")))
     assert problems == [], ("a plan's changes or warnings changed outside the planner (hand the decision to the "
-                            "planner as input: plan_from_config's input_changes, a step in ogrpo/planner/):\n"
-                            + "\n".join(problems))
-    assert stale == [], f"no longer adds to a plan: remove it from STILL_OUTSIDE: {stale}"
+                            "planner as input: plan_from_config's input_changes or preemption, a step in "
+                            "ogrpo/planner/):\n" + "\n".join(problems))
 
 
 def test_the_additions_guard_finds_each_way_of_changing_a_plans_lists():
@@ -409,20 +414,14 @@ def fused(processors):
 
 
 def test_the_additions_guard_fails_on_the_code_before_the_planner_owned_them():
-    """The same scan over ogrpo/ as of BEFORE_OWNED finds load_plan's and the sandbox policy's additions."""
-    import subprocess
-
-    listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", BEFORE_OWNED, "ogrpo/"],
-                             capture_output=True, text=True)
-    if listing.returncode:
-        pytest.skip(f"{BEFORE_OWNED} is not in this clone")
-    problems = []
-    for rel in listing.stdout.split():
-        if rel.endswith(".py") and not rel.startswith(ALLOWED) and rel not in STILL_OUTSIDE:
-            text = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE_OWNED}:{rel}"], capture_output=True,
-                                  text=True).stdout
-            problems += plan_additions(text, rel)
+    """The same scan over ogrpo/ as of BEFORE_OWNED finds load_plan's, the sandbox policy's and the preemption
+    policy's additions; as of BEFORE_PREEMPTION, the preemption policy's alone (grace.py's `apply`)."""
+    problems = _additions_outside_the_planner(_files_at(BEFORE_OWNED))
     lines = [line.split(": ", 1)[1] for line in problems]
-    assert {line.split(":", 1)[0] for line in problems} == {"ogrpo/load_plan.py", "ogrpo/sandbox/policy.py"}
+    assert {line.split(":", 1)[0] for line in problems} == {"ogrpo/load_plan.py", "ogrpo/sandbox/policy.py",
+                                                            "ogrpo/launch/slurm/grace.py"}
     for shape in ("plan.changes.extend(input_changes)", "plan.warnings.append("):
         assert any(line.startswith(shape) for line in lines), shape
+    problems = _additions_outside_the_planner(_files_at(BEFORE_PREEMPTION))
+    assert [line.split(": ", 1)[1] for line in problems if line.startswith("ogrpo/launch/slurm/grace.py:")] == \
+        ["plan.warnings.append(w)", "plan.changes.append(c)"] and len(problems) == 2

@@ -115,7 +115,20 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
     sl.parse_passthrough(slurm_items)  # bad --slurm or --time input is the one line before any planning
     if extra.get("time"):
         sl.parse_time(extra["time"])
-    rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict)
+
+    def cluster_facts(run_config):
+        """KillWait/GraceTime, the step time an earlier attempt in -o DIR recorded (a default run directory is
+        new: its name has the time) and --signal-delay: the plan's signal lead time and save_steps follow."""
+        if backend != "slurm":
+            return None
+        # CLI latency: `ogrpo --help` imports this module
+        from ogrpo.launch.slurm import grace
+
+        return grace.gather(run_config, job_dir=os.path.abspath(output) if output else None,
+                            partition=extra.get("partition"), signal_delay_s=signal_delay)
+
+    rc, plan = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict,
+                             preemption=cluster_facts)
     if backend == "local":
         # CLI latency: `ogrpo --help` imports this module
         from ogrpo.commands.backend import check_local
@@ -123,12 +136,7 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
         check_local([(rc, plan)], dry_run, "ogrpo submit", "submit it to Slurm")
     job_dir = os.path.abspath(output) if output else _default_job_dir(rc.ogrpo.job_name or "ogrpo")
     if backend == "slurm":
-        # CLI latency: `ogrpo --help` imports this module
-        from ogrpo.launch.slurm import grace
-
-        # KillWait/GraceTime and the step time → signal lead time and save_steps (warnings and changes shown)
-        signal_delay = grace.for_plan(rc, plan, job_dir=job_dir, partition=extra.get("partition"),
-                                      signal_delay_s=signal_delay, strict=strict).signal_delay_s
+        signal_delay = plan.preemption.signal_delay_s
     warn(rc, plan)
     require_fit(plan, force, "submit anyway")
     return rc, plan, job_dir, signal_delay

@@ -58,21 +58,13 @@ def plan(
 ) -> None:
     """Plan placement and memory fit. Exit 0 when it fits, 3 when it does not, 2 on bad input."""
     rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
-                          extra={"strategy": strategy, "overlap": overlap}, strict=strict)
-    preempt = None
-    # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.planner.device_rules import rules_of
-
-    if not rules_of(p).runs_locally:  # a CPU plan runs here, unless submitted (submit and render ask the cluster)
-        # CLI latency: `ogrpo --help` imports this module
-        from ogrpo.launch.slurm import grace
-
-        preempt = grace.for_plan(rc, p, strict=strict)
+                          extra={"strategy": strategy, "overlap": overlap}, strict=strict,
+                          preemption=_cluster_facts_unless_local)
     if as_json:
         import json
 
         d = p.to_dict()
-        d["preemption"] = preempt.to_dict() if preempt else None
+        d["preemption"] = p.preemption.to_dict() if p.preemption else None
         d["warnings"] = list(dict.fromkeys(list(rc.warnings) + d["warnings"]))
         echo(json.dumps(d, indent=2))
     else:
@@ -82,6 +74,21 @@ def plan(
 
         print_plan(p)
     raise SystemExit(0 if p.fits else 3)
+
+
+def _cluster_facts_unless_local(rc):
+    """`plan`'s cluster facts: none for a plan that runs on this machine (a CPU plan runs here unless submitted,
+    and render and submit ask the cluster), so that planning it runs no scontrol."""
+    # CLI latency: `ogrpo --help` imports this module
+    from ogrpo.plan import cluster_of
+    from ogrpo.planner.device_rules import rules_of
+
+    if rules_of(cluster_of(rc)).runs_locally:
+        return None
+    # CLI latency: `ogrpo --help` imports this module
+    from ogrpo.launch.slurm import grace
+
+    return grace.gather(rc)
 
 
 def render(
@@ -113,22 +120,22 @@ def render(
 
     if not output and not dry_run:
         raise OgrpoError("render needs -o/--output DIR (or --dry-run to print the files)")
-    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
-                          extra={"strategy": strategy, "overlap": overlap, "gres_type": gres_type}, strict=strict)
-    job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
-    if not os.path.isabs(job_dir):
-        raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.slurm import grace
     from ogrpo.launch.slurm.sbatch import options_for
 
-    # the same preemption policy `submit` applies (KillWait/GraceTime when this machine reaches a cluster)
-    preempt = grace.for_plan(rc, p, job_dir=job_dir, strict=strict)
+    job_dir = job_dir_opt or (os.path.abspath(output) if output else "/path/to/job")
+    # the same preemption policy `submit` plans (KillWait/GraceTime when this machine reaches a cluster)
+    rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus,
+                          extra={"strategy": strategy, "overlap": overlap, "gres_type": gres_type}, strict=strict,
+                          preemption=lambda run_config: grace.gather(run_config, job_dir=job_dir))
+    if not os.path.isabs(job_dir):
+        raise OgrpoError(f"--job-dir {job_dir}: must be an absolute path (steps run from other directories)")
     warn(rc, p)
     require_fit(p, force, "render anyway")
     spec = build_jobspec(p, rc, job_dir)
     files = render_job(p, rc, spec, slurm=options_for(p, rc, job_name=spec.name,
-                                                      signal_delay_s=preempt.signal_delay_s))
+                                                      signal_delay_s=p.preemption.signal_delay_s))
     if as_json:
         import json
 

@@ -68,7 +68,7 @@ def sweep(
         raise OgrpoError("nothing to sweep: give --grid KEY=V1,V2 (repeatable) and/or --seeds N")
     backend = _backend(backend, max_parallel, dry_run, gpus, config)
     # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.launch.slurm import sbatch as sb
+    from ogrpo.launch.slurm import grace, sbatch as sb
 
     extra_sbatch = sb.parse_passthrough(slurm)
     minutes = sb.parse_time(time_limit) if time_limit else None
@@ -76,9 +76,12 @@ def sweep(
     points = g.expand(swept, n_seeds, int(recipe.get("seed", 42)))
     extra = {"partition": partition, "account": account, "qos": qos, "time": time_limit, "strategy": strategy,
              "overlap": overlap, "gres_type": gres_type}
+    # each point's KillWait/GraceTime (its run config may name the partition) for its preemption policy; no step
+    # time was recorded (a sweep writes a fresh directory)
+    facts = (lambda rc: grace.gather(rc, partition=partition)) if backend == "slurm" else None
     try:
         planned = plan_points(points, config, gpus, model=model, params=params, profile=profile,
-                              vllm_gpus=vllm_gpus, extra=extra, strict=strict)
+                              vllm_gpus=vllm_gpus, extra=extra, strict=strict, preemption=facts)
     except PointsDoNotFit as exc:
         for line in exc.lines:
             typer.echo(f"error: {line}", err=True)
@@ -97,8 +100,8 @@ def sweep(
 
     opts = [None] * len(planned)
     if backend == "slurm":
-        opts = _slurm_options(planned, sweep_dir, partition=partition, strict=strict, time_min=minutes,
-                              extra=extra_sbatch, max_requeues=max_requeues, job_name=name)
+        opts = _slurm_options(planned, sweep_dir, time_min=minutes, extra=extra_sbatch, max_requeues=max_requeues,
+                              job_name=name)
     for line in notes(planned):
         typer.echo(line, err=True)
 
@@ -174,19 +177,18 @@ def _check_local(planned: list, dry_run: bool) -> None:
     check_local([(pp.rc, pp.plan) for pp in planned], dry_run, "ogrpo sweep", "sweep on Slurm")
 
 
-def _slurm_options(planned: list, sweep_dir, *, partition, strict, time_min, extra, max_requeues, job_name) -> list:
+def _slurm_options(planned: list, sweep_dir, *, time_min, extra, max_requeues, job_name) -> list:
     """Each point's SlurmOptions, as `ogrpo submit` makes a job's, with one signal lead time (the longest any point
-    needs) and the CPUs the cluster's preflight settles for the first (one request for every task of the array,
-    checked once, before anything is written)."""
+    needs: each plan's preemption policy) and the CPUs the cluster's preflight settles for the first (one request
+    for every task of the array, checked once, before anything is written)."""
     import shutil
 
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.jobspec import build_jobspec
-    from ogrpo.launch.slurm import grace, sbatch as sb
+    from ogrpo.launch.slurm import sbatch as sb
     from ogrpo.sweep import manifest
 
-    delays = [grace.for_plan(pp.rc, pp.plan, job_dir=str(manifest.point_dir(sweep_dir, pp.index)),
-                             partition=partition, strict=strict).signal_delay_s for pp in planned]
+    delays = [pp.plan.preemption.signal_delay_s for pp in planned]
     opts = [sb.options_for(pp.plan, pp.rc, time_min=time_min, extra=extra, signal_delay_s=max(delays),
                            max_requeues=max_requeues, job_name=job_name) for pp in planned]
     if shutil.which("sbatch"):

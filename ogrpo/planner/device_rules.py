@@ -56,7 +56,7 @@ class DeviceRules:
     strategies: tuple[str, ...]  # trainer strategies tried, cheapest first, when the run config names none
     suggests_lora: bool  # whether "LoRA" is offered as a fix for a trainer that does not fit
     counts_gpus: bool  # whether steps ask the scheduler for GPUs (--gres, the steps' devices)
-    kind: str  # "cpu" | "gpu": the kind's name in messages and in tables kept per kind (grace's step time)
+    kind: str  # "cpu" | "gpu": the kind's name in messages and in tables kept per kind (the preemption step's default)
     stack: str  # the stack a plan runs on (ogrpo/packages.py): "cpu", or the GPU family's image
     memory_terms: memory.DeviceTerms  # the memory model's per-kind terms (runtime, KV blocks, CUDA graphs ...)
     # Whether a role's device estimate is itself host RAM (processes sharing the host), so the step's --mem is

@@ -9,7 +9,7 @@ records compare old plans with new ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from dataclasses import replace as _replace
 from enum import StrEnum
 
@@ -293,6 +293,56 @@ class BatchPart(_Section):
     max_model_len: int = 0
 
 
+@dataclass(frozen=True)
+class Grace:
+    """What the cluster gives a job between SIGTERM and SIGKILL (read from scontrol: ogrpo/launch/slurm/grace.py)."""
+
+    kill_wait_s: int
+    grace_time_s: int = 0  # the partition's preemption grace (GraceTime)
+    preempt_type: str = "preempt/none"
+    preempt_mode: str = "OFF"  # the partition's, else the cluster's
+    partition: str | None = None
+
+    @property
+    def preempts(self) -> bool:
+        return self.preempt_type != "preempt/none" and self.preempt_mode.upper().split(",")[0] not in ("OFF", "")
+
+    @property
+    def window_s(self) -> int:
+        """SIGTERM → SIGKILL on the path that requeues this job: a preemption (GraceTime, then the usual
+        SIGTERM-KillWait-SIGKILL) where the partition preempts, else `scontrol requeue`/a drain (KillWait)."""
+        return self.kill_wait_s + (self.grace_time_s if self.preempts else 0)
+
+    def describe(self) -> str:
+        where = f"partition {self.partition}" if self.partition else "this cluster"
+        text = f"KillWait {self.kill_wait_s} s"
+        if self.preempts:
+            text += f" + GraceTime {self.grace_time_s} s of {where} (PreemptMode {self.preempt_mode})"
+        return text
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "window_s": self.window_s, "preempts": self.preempts}
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """What the job does about preemption (ogrpo/planner/preemption.py): the time-limit warning's lead time and
+    the checkpoint frequency, from the cluster's SIGTERM window and the step and save estimates."""
+
+    step_s: float
+    step_source: str
+    save_s: float
+    need_s: float  # one step (with margin) and its checkpoint: what a signal must leave the trainer to lose nothing
+    signal_delay_s: int
+    grace: Grace | None = None
+    save_steps: int | None = None  # the plan's value when it changes the recipe's, else None
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step_s, "step_source": self.step_source, "save_s": self.save_s,
+                "need_s": round(self.need_s, 1), "signal_delay_s": self.signal_delay_s,
+                "grace": self.grace.to_dict() if self.grace else None, "save_steps": self.save_steps}
+
+
 @dataclass
 class Plan:
     cluster: Cluster
@@ -317,6 +367,10 @@ class Plan:
     fix_actions: list[Fix] = field(default_factory=list)
     # O-GRPO's own kernels the trainer installs.
     kernels: Kernels = field(default_factory=Kernels)
+    # The preemption policy, when the plan was made with the cluster's facts (render, submit; `plan` for a plan
+    # that does not run here). Not in the JSON form, which stays as it was: its effects are (save_steps among
+    # `changes`, its `warnings`; run.yaml's save_steps), and `plan --json` prints it beside the plan.
+    preemption: Preemption | None = None
 
     def __post_init__(self):
         self.precision = Precision(self.precision)

@@ -84,6 +84,10 @@ def run_yaml(plan, run_config) -> str:
     p = plan
     d = run_config.to_dict()
     opts = dict(d.pop("ogrpo", {}) or {})
+    if p.preemption and p.preemption.save_steps is not None:
+        # the checkpoint frequency the cluster's SIGTERM window needs (a listed change): the trainer reads it here,
+        # where the recipe's was (its place kept, else after the recipe's keys)
+        d["save_steps"] = p.preemption.save_steps
     opts["gpus"] = p.cluster.spec
     opts["profile"] = p.profile
     opts["plan"] = p.to_dict()

@@ -42,12 +42,13 @@ class PointsDoNotFit(OgrpoError):
 
 
 def plan_points(points: list[Point], config: str, gpus, *, model=None, params=None, profile=None, vllm_gpus=None,
-                extra: dict | None = None, strict: bool = False) -> list[PlannedPoint]:
+                extra: dict | None = None, strict: bool = False, preemption=None) -> list[PlannedPoint]:
+    """`preemption`: each point's cluster facts from its run config (load_and_plan's)."""
     planned, misfits = [], []
     for pt in points:
         try:
             rc, p = load_and_plan(config, gpus, model, params, profile, vllm_gpus, extra=extra, strict=strict,
-                                  trl=pt.overrides())
+                                  trl=pt.overrides(), preemption=preemption)
         except OgrpoError as exc:
             err = OgrpoError(f"point {pt.index} ({pt.label()}): {exc}")
             err.exit_code = exc.exit_code

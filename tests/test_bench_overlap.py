@@ -107,8 +107,17 @@ def test_lossless_is_judged_by_identity_with_off_step_by_step():
 
     reward = judge({"off": off, "lossless": changed(7, d_reward=1 / 32)}, STEPS)
     bad = [r for r in reward["modes"]["lossless"]["identity"] if not r["equal"]]
-    assert [r["step"] for r in bad] == [7] and bad[0]["reward_diff"] == pytest.approx(1 / 32)
+    assert [(r["step"], r["seeds"]) for r in bad] == [(7, [1])] and bad[0]["reward_diff"] == pytest.approx(1 / 32)
+    assert reward["modes"]["lossless"]["parted"] == 7
     assert reward["modes"]["lossless"]["verdict"] == "fail" and reward["verdict"] == "fail"
+    # parted after IDENTICAL_STEPS (rounding grown into a flipped sample): judged as the other modes
+    late = judge({"off": off, "lossless": changed(bench.IDENTICAL_STEPS + 1, d_reward=1 / 32)}, STEPS)
+    assert late["modes"]["lossless"]["parted"] == bench.IDENTICAL_STEPS + 1
+    assert late["modes"]["lossless"]["verdict"] == "pass"
+    diverged = [list(c) for c in off]
+    diverged[2] = diverged[2][:bench.IDENTICAL_STEPS + 1] + [(s, t, 0.0, loss) for s, t, _, loss in
+                                                            diverged[2][bench.IDENTICAL_STEPS + 1:]]
+    assert judge({"off": off, "lossless": diverged}, STEPS)["modes"]["lossless"]["verdict"] == "fail"
     assert judge({"off": off, "lossless": changed(3, d_loss=2e-5)}, STEPS)["modes"]["lossless"]["verdict"] == "fail"
     assert judge({"off": off, "lossless": changed(3, d_loss=5e-6)}, STEPS)["modes"]["lossless"]["verdict"] == "pass"
     # a step one run never logged differs
@@ -126,8 +135,9 @@ def test_the_printed_check_names_verdicts_and_lossless_differences():
     out = io.StringIO()
     bench.write_check(check, STEPS, out)
     text = out.getvalue()
-    assert "last 10 of 30 steps" in text and "equal at 29 of 30 steps" in text and "max |reward diff| 0.25" in text
-    assert any(line.split() == ["5", "0.25", "0"] for line in text.splitlines())  # the differing step's row
+    assert "last 10 of 30 steps" in text and "equal at 29 of 30 steps" in text
+    assert "max |reward diff| 0, max |loss diff| 0 before step 5, where the runs parted" in text
+    assert any(line.split() == ["5", "0", "0.25", "0"] for line in text.splitlines())  # step, seed, diffs
     assert "lossless" in text and "FAIL" in text and "PASS" in text and text.rstrip().endswith("(exit 1)")
 
 

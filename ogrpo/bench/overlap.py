@@ -8,7 +8,11 @@ profiler's step times: server start-up is not in them). Writes the curves as CSV
 step) and a reward-vs-time plot. The check (`judge`):
 
 - `lossless` equals `off` step by step: the same seeds give the same samples by design, so every (seed, step)'s
-  reward must match to REWARD_TOL and its logged loss to LOSS_TOL;
+  reward must match to REWARD_TOL and its logged loss to LOSS_TOL through step IDENTICAL_STEPS. Its per-group
+  log-prob passes round differently from the batch's (the loss differs by about 1e-7); over many updates that
+  rounding can grow until a sampled token flips and the runs part (measured: one seed of three at step 24, the
+  others never in 30 steps). A bug (other seeds, weights, prompts or groups) shows at step 1 or 2. Runs that part
+  later are judged as the other modes are;
 - `off` must learn, or nothing can be judged: its final reward (the mean over the last third of the steps) must
   rise over step 1's (the untrained policy's, the same in every mode) by MIN_RISE and by Z standard errors, else
   the verdict is "inconclusive";
@@ -49,7 +53,8 @@ Z = 2.0  # standard errors: about a 95% one-sided bound; a t quantile at 2 degre
 # for seeds a 2-core machine cannot afford
 MIN_RISE = 0.1  # off's final reward over its first step's, below which off has not learned enough to judge by
 MARGIN = 0.2  # the share of off's rise a mode may lose and still pass
-REWARD_TOL, LOSS_TOL = 1e-6, 1e-5  # lossless vs off per step (the loss: the per-group passes sum in other order)
+REWARD_TOL, LOSS_TOL = 1e-6, 1e-5  # lossless vs off per step (the loss: the per-group passes round differently)
+IDENTICAL_STEPS = 10  # lossless must equal off through this step (its runs parted at step 24 at the earliest)
 EXIT = {"pass": 0, "fail": 1, "inconclusive": 4}
 
 # --broken: a deliberately broken one-step, only ever made here (ogrpo/planner/settings.py turns the correction on
@@ -137,24 +142,29 @@ def final_reward(points: list[tuple], k: int) -> float:
 
 def identity(off: list[list[tuple]], other: list[list[tuple]]) -> list[dict]:
     """Per step, over the seeds (seed i of one mode against seed i of the other): the largest |reward difference|
-    and |loss difference|, and whether both are within REWARD_TOL / LOSS_TOL. A step one run lacks differs."""
+    and |loss difference|, the seeds that differ beyond REWARD_TOL / LOSS_TOL, and whether none does. A step one
+    run lacks differs."""
     out = []
     for step in sorted({p[0] for runs in (off, other) for c in runs for p in c}):
-        reward, loss, equal = 0.0, 0.0, len(off) == len(other)
-        for a, b in zip(off, other):
+        reward, loss, differ = 0.0, 0.0, list(range(min(len(off), len(other)), max(len(off), len(other))))
+        for seed, (a, b) in enumerate(zip(off, other)):
             pa, pb = (next((p for p in c if p[0] == step), None) for c in (a, b))
-            if pa is None or pb is None:
-                equal = False
+            la, lb = (p[3] if p is not None and len(p) > 3 else None for p in (pa, pb))
+            if pa is None or pb is None or (la is None) != (lb is None):
+                differ.append(seed)
                 continue
-            reward = max(reward, abs(pa[2] - pb[2]))
-            la, lb = (p[3] if len(p) > 3 else None for p in (pa, pb))
-            if la is not None and lb is not None:
-                loss = max(loss, abs(la - lb))
-            elif (la is None) != (lb is None):
-                equal = False
-        out.append({"step": step, "reward_diff": reward, "loss_diff": loss,
-                    "equal": equal and reward <= REWARD_TOL and loss <= LOSS_TOL})
+            d_reward, d_loss = abs(pa[2] - pb[2]), abs(la - lb) if la is not None else 0.0
+            reward, loss = max(reward, d_reward), max(loss, d_loss)
+            if d_reward > REWARD_TOL or d_loss > LOSS_TOL:
+                differ.append(seed)
+        out.append({"step": step, "reward_diff": reward, "loss_diff": loss, "seeds": sorted(differ),
+                    "equal": not differ})
     return out
+
+
+def parted(rows: list[dict]) -> int | None:
+    """The first step of `identity`'s rows that differs, else None."""
+    return next((r["step"] for r in rows if not r["equal"]), None)
 
 
 def judge(curves: dict[str, list[list[tuple]]], steps: int) -> dict:
@@ -182,13 +192,14 @@ def judge(curves: dict[str, list[list[tuple]]], steps: int) -> dict:
         diff = fin[0] - off_final[0]
         lower = diff - Z * math.hypot(off_final[1], fin[1]) if len(runs) > 1 and len(off) > 1 else float("nan")
         row = {"final": fin, "diff": diff, "lower": lower, "margin": margin}
-        if mode == "lossless":  # its claim is identity; a run identical to off passes whatever off learned
+        quality = "inconclusive" if unjudged else "pass" if lower >= -margin else "fail"
+        if mode == "lossless":  # a run identical to off passes whatever off learned
             row["identity"] = identity(off, runs)
-            row["verdict"] = "pass" if all(r["equal"] for r in row["identity"]) else "fail"
-        elif unjudged:
-            row["verdict"] = "inconclusive"
+            row["parted"] = parted(row["identity"])
+            row["verdict"] = ("pass" if row["parted"] is None else "fail" if row["parted"] <= IDENTICAL_STEPS
+                              else quality)
         else:
-            row["verdict"] = "pass" if lower >= -margin else "fail"
+            row["verdict"] = quality
         modes[mode] = row
     verdicts = {row["verdict"] for row in modes.values()}
     verdict = "fail" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "pass"
@@ -292,14 +303,17 @@ def write_check(check: dict, steps: int, out) -> None:
     if lossless:
         steps_ = lossless["identity"]
         differ = [r for r in steps_ if not r["equal"]]
-        out.write(f"lossless vs off, step by step (seed by seed): equal at {len(steps_) - len(differ)} of "
-                  f"{len(steps_)} steps; max |reward diff| {max(r['reward_diff'] for r in steps_):.3g}, "
-                  f"max |loss diff| {max(r['loss_diff'] for r in steps_):.3g} (tolerances {REWARD_TOL:g}, "
-                  f"{LOSS_TOL:g})\n")
+        first = lossless["parted"]
+        before = [r for r in steps_ if first is None or r["step"] < first]
+        where = "over every step" if first is None else f"before step {first}, where the runs parted"
+        out.write(f"lossless vs off, step by step (seed by seed; reward to {REWARD_TOL:g}, loss to {LOSS_TOL:g}; "
+                  f"equal through step {IDENTICAL_STEPS} required): equal at {len(steps_) - len(differ)} of "
+                  f"{len(steps_)} steps; max |reward diff| {max((r['reward_diff'] for r in before), default=0):.3g}"
+                  f", max |loss diff| {max((r['loss_diff'] for r in before), default=0):.3g} {where}\n")
         if differ:
-            out.write(format_table(["step", "max |reward diff|", "max |loss diff|"],
-                                   [[str(r["step"]), f"{r['reward_diff']:.3g}", f"{r['loss_diff']:.3g}"]
-                                    for r in differ[:10]]) + "\n")
+            out.write(format_table(["step", "seeds", "max |reward diff|", "max |loss diff|"],
+                                   [[str(r["step"]), ",".join(map(str, r["seeds"])), f"{r['reward_diff']:.3g}",
+                                     f"{r['loss_diff']:.3g}"] for r in differ[:10]]) + "\n")
     out.write(f"verdict: {check['verdict'].upper()} (exit {EXIT[check['verdict']]})\n")
 
 

@@ -324,7 +324,9 @@ def _plot(curves: dict, summary: dict, at_times: list[float], path: Path) -> Pat
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for color, mode in zip(("tab:blue", "tab:green", "tab:orange", "tab:red"), curves):
+    colors = {"off": "tab:blue", "lossless": "tab:green", "one-step": "tab:orange"}
+    for mode in curves:
+        color = colors.get(mode, "tab:red")  # red: a broken one-step
         for i, c in enumerate(curves[mode]):
             ax.plot([p[1] for p in c], [p[2] for p in c], color=color, alpha=0.35, lw=1,
                     label=f"{mode} (each seed)" if i == 0 else None)

@@ -42,6 +42,7 @@ from ogrpo.bench.harness import environment_tags, save_figure
 from ogrpo.bench.jobs import run_split_job
 from ogrpo.errors import OgrpoError
 from ogrpo.launch.run_state import read_jsonl
+from ogrpo.planner.types import Change, Setting, TrainerArgs
 from ogrpo.tables import format_table
 
 MODES = ("off", "lossless", "one-step")
@@ -73,8 +74,6 @@ def recipe(steps: int, seed: int) -> dict:
 def broken_plan(plan, broken: str):
     """`plan` (a one-step plan) with `broken` applied, named in its settings and changes so the run's manifest
     says what was broken and by whom."""
-    from ogrpo.planner.types import Change, Setting, TrainerArgs
-
     if broken not in BROKEN:
         raise OgrpoError(f"--broken {broken!r}: one of {', '.join(BROKEN)}")
     why = f"ogrpo bench overlap --broken {broken}: {BROKEN[broken]} (a deliberately broken run)"

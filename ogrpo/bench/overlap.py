@@ -21,7 +21,7 @@ step) and a reward-vs-time plot. The check (`judge`):
   cannot show that, and fails: with 3 seeds, one diverged seed widens the standard error enough to hide itself
   from a test that fails only a mode shown to be worse.
 
-`--broken no-correction` runs `one-step` with TRL's importance-sampling correction off (`broken_plan`): the one
+`--broken no-correction` runs `one-step` with TRL's importance-sampling correction off (`broken_plan`): an
 off-policy bug the check must catch.
 """
 

@@ -27,9 +27,13 @@ def split_plan(workdir: Path, name: str, recipe: dict, mode: str):
     return rc, plan_from_config(rc, gpus=SPLIT)
 
 
-def run_split_job(workdir: Path, name: str, recipe: dict, mode: str) -> Path:
-    """Runs the job in workdir/<name>-job; returns its run directory (RuntimeError naming the logs if it fails)."""
+def run_split_job(workdir: Path, name: str, recipe: dict, mode: str, adjust=None) -> Path:
+    """Runs the job in workdir/<name>-job; returns its run directory (RuntimeError naming the logs if it fails).
+    `adjust(plan) -> plan`: a bench's own change to the plan it runs (`ogrpo bench overlap --broken`), made after
+    planning, where no recipe can reach it."""
     rc, plan = split_plan(workdir, name, recipe, mode)
+    if adjust is not None:
+        plan = adjust(plan)
     job = workdir / f"{name}-job"
     spec = build_jobspec(plan, rc, str(job))
     write_job(render_job(plan, rc, spec), str(job))

@@ -156,20 +156,31 @@ def bench_step(
 
 @bench_app.command("overlap")
 def bench_overlap(
-    seeds: int = typer.Option(3, help="Seeds per mode."),
+    seeds: int = typer.Option(3, help="Seeds per mode (the check needs 2 or more: it judges by their spread)."),
     steps: int = typer.Option(30, help="GRPO steps per run."),
+    modes: str = typer.Option("off,lossless,one-step", help="Comma list of ogrpo.overlap modes to run; off is "
+                                                            "the reference and must be among them."),
+    broken: Optional[str] = typer.Option(None, help="Run one-step deliberately broken, to see the check fail: "
+                                                   "no-correction (TRL's importance-sampling correction off). "
+                                                   "Only the bench's own plan changes."),
     csv: str = typer.Option("bench/results/overlap.csv", help="CSV file of the reward curves (replaced)."),
     png: str = typer.Option("bench/results/overlap.png", help="Reward-vs-time plot."),
     workdir: Optional[str] = typer.Option(None, help="Where the jobs run (default: temp)."),
 ) -> None:
-    """tiny-math with ogrpo.overlap off and one-step on the split placement: reward (mean ± std over seeds) at
-    fixed steps and wall-clock times, and whether one-step is within 2 std of off."""
+    """A quality check of ogrpo.overlap: the tiny recipe on the split placement with each mode, N seeds each;
+    reward (mean ± std over seeds) at fixed steps and wall-clock times, then the verdict. lossless must equal off
+    step by step (reward and logged loss, seed by seed); every other mode must show a final reward (mean over
+    the last third of the steps) no lower than off's by more than a fifth of off's rise, at 2 standard errors.
+    Exit 0: every mode passes; 1: a mode fails; 4: inconclusive (off did not learn clearly, or one seed); 2: bad
+    options."""
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.bench.overlap import run_overlap_bench
     from ogrpo.launch.teardown import exit_on_signals
 
     with exit_on_signals():
-        run_overlap_bench(seeds=seeds, steps=steps, workdir=workdir, csv_path=csv, png_path=png)
+        result = run_overlap_bench(seeds=seeds, steps=steps, modes=modes, broken=broken, workdir=workdir,
+                                   csv_path=csv, png_path=png)
+    raise typer.Exit(result["exit_code"])
 
 
 @bench_app.command("rewards")

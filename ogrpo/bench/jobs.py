@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from ogrpo.config import load_run_config
+from ogrpo.errors import LaunchError
 from ogrpo.jobspec import build_jobspec
 from ogrpo.launch.local import run_local
 from ogrpo.plan import plan_from_config
@@ -28,7 +29,8 @@ def split_plan(workdir: Path, name: str, recipe: dict, mode: str):
 
 
 def run_split_job(workdir: Path, name: str, recipe: dict, mode: str, adjust=None) -> Path:
-    """Runs the job in workdir/<name>-job; returns its run directory (RuntimeError naming the logs if it fails).
+    """Runs the job in workdir/<name>-job; returns its run directory (LaunchError naming the logs if it fails: the
+    bench commands end on it in one line, exit 1).
     `adjust(plan) -> plan`: a bench's own change to the plan it runs (`ogrpo bench overlap --broken`), made after
     planning, where no recipe can reach it."""
     rc, plan = split_plan(workdir, name, recipe, mode)
@@ -40,6 +42,6 @@ def run_split_job(workdir: Path, name: str, recipe: dict, mode: str, adjust=None
     (job / "jobspec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
     code = run_local(str(job))
     if code != 0:
-        raise RuntimeError(f"{name} (split placement, overlap {mode}): the job failed (exit {code}); see "
+        raise LaunchError(f"{name} (split placement, overlap {mode}): the job failed (exit {code}); see "
                            f"{job / 'run' / 'logs'}")
     return job / "run"

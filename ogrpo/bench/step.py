@@ -37,7 +37,7 @@ from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_fi
 from ogrpo.bench.jobs import run_split_job, split_plan
 from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
 from ogrpo.bench.task import token_reward
-from ogrpo.errors import OgrpoError
+from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch.cpu_slots import SLOTS_ENV
 from ogrpo.profile.hooks import profiled
 from ogrpo.profile.profiler import StageProfiler, pad_shares
@@ -137,7 +137,7 @@ def _run_ogrpo(workdir: Path, rec: dict) -> None:
     with open(workdir / "ogrpo-train.log", "wb") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if rc != 0:
-        raise RuntimeError(f"ogrpo train failed (exit {rc}); see {workdir / 'ogrpo-train.log'}")
+        raise LaunchError(f"ogrpo train failed (exit {rc}); see {workdir / 'ogrpo-train.log'}")
     os.replace(out / "profile.jsonl", workdir / "ogrpo-profile.jsonl")
 
 

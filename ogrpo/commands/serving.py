@@ -169,7 +169,8 @@ def bench_overlap(
 ) -> None:
     """A quality check of ogrpo.overlap: the tiny recipe on the split placement with each mode, N seeds each;
     reward (mean ± std over seeds) at fixed steps and wall-clock times, then the verdict. lossless must equal off
-    step by step (reward and logged loss, seed by seed); every other mode must show a final reward (mean over
+    step by step, seed by seed (reward and logged loss) through step 10 (later its per-group passes' rounding
+    may part a seed's samples; from there it is judged as the others); every other mode must show a final reward (mean over
     the last third of the steps) no lower than off's by more than a fifth of off's rise, at 2 standard errors.
     Exit 0: every mode passes; 1: a mode fails; 4: inconclusive (off did not learn clearly, or one seed); 2: bad
     options."""

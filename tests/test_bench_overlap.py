@@ -214,11 +214,12 @@ def test_runs_every_mode_and_the_broken_one_and_writes_table_csv_png(tmp_path):
 
 def test_a_failed_job_ends_the_bench_in_one_line(tmp_path, monkeypatch):
     """A job that fails inside a bench is the launcher's one-line error (exit 1) naming its logs, not a traceback."""
+    from error_checks import one_line_error
     from ogrpo.bench import jobs
     from ogrpo.bench.overlap import recipe
     from ogrpo.errors import LaunchError
 
     monkeypatch.setattr(jobs, "run_local", lambda job_dir: 3)
-    with pytest.raises(LaunchError, match=r"the job failed \(exit 3\); see .*run/logs"):
-        jobs.run_split_job(tmp_path, "off-seed0", recipe(2, 0), "off")
-    assert LaunchError.exit_code == 1
+    err = one_line_error(jobs.run_split_job, tmp_path, "off-seed0", recipe(2, 0), "off", error=LaunchError,
+                         match=r"the job failed \(exit 3\); see .*run/logs")
+    assert err.exit_code == 1

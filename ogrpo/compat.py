@@ -137,16 +137,17 @@ def model_dtype_key() -> str:
 
 
 @contextlib.contextmanager
-def trl_imports(use_vllm: bool):
-    """Import TRL's trainer modules inside this. Where the run does not generate with vLLM, vLLM is hidden while
-    they load: TRL imports vLLM's engine, client and weight-transfer modules at module level whenever vLLM is
-    installed (about 6 s of CPU per trainer process on a 2-core CPU, a third of its imports) and uses none of them
-    unless `use_vllm` is on. `sys.modules[name] = None` is Python's own way to make an import fail (find_spec
-    answers None), so TRL's `is_vllm_available()` says no while they load. The entry is removed afterwards:
-    TRL's vLLM paths stay unused, and a reward function may still import vLLM."""
+def trl_imports(needs_vllm: bool):
+    """Import TRL's trainer modules inside this. Where this process needs none of vLLM's modules, vLLM is hidden
+    while they load: TRL imports vLLM's engine, client and weight-transfer modules at module level whenever vLLM is
+    installed (about 4.5 s of CPU per trainer process on a 2-core CPU, 40% of its imports) and uses them only to
+    generate in process (colocate) or to sync weights over vLLM's NCCL engine (server mode on a GPU); the caller
+    says which (`needs_vllm`). `sys.modules[name] = None` is Python's own way to make an import fail (find_spec
+    answers None), so TRL's `is_vllm_available()` says no while they load. The entry is removed afterwards: TRL's
+    check at trainer init finds vLLM installed, and a reward function may still import it."""
     import sys
 
-    if use_vllm or "vllm" in sys.modules:
+    if needs_vllm or "vllm" in sys.modules:
         yield
         return
     sys.modules["vllm"] = None

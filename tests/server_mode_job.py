@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import yaml
 
 STEPS = 3
 RUNS = ("run-a", "run-b")
+VLLM_REPORT = "run-b-vllm.json"  # whether run-b's trainer process had vLLM loaded at its end
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,10 @@ def run_server_mode_job(job_dir: Path) -> ServerModeJob:
     run = rc.to_dict()
     run["ogrpo"]["plan"] = plan
     (job_dir / "run.yaml").write_text(yaml.safe_dump(run))
-    train = ("ogrpo train --config {job_dir}/run.yaml --vllm-url http://{server_host}:{server_port} "
-             "--output-dir {job_dir}/")
+    args = "--config {job_dir}/run.yaml --vllm-url http://{server_host}:{server_port} --output-dir {job_dir}/"
+    # run-b through python -m ogrpo.train, reporting whether its process loaded vLLM (VLLM_REPORT)
+    report = f"{sys.executable} {Path(__file__).with_name('train_report_vllm.py')} - {{job_dir}}/{VLLM_REPORT} "
+    train = {"run-a": "ogrpo train " + args, "run-b": report + args}
     job = JobSpec(name="server-mode", job_dir=str(job_dir), health_timeout_s=300, steps=[
         # Importing TRL (earlier tests in this process did) sets VLLM_LOGGING_LEVEL=ERROR in os.environ, which
         # the server would inherit; INFO shows how vLLM sized its KV cache.
@@ -71,7 +75,7 @@ def run_server_mode_job(job_dir: Path) -> ServerModeJob:
              argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
                    "--port", "{server_port}"]),
         Step(role="trainer", nodes=[0], gpus=[], ntasks=1, env={"OMP_NUM_THREADS": "1"},
-             argv=["bash", "-c", " && ".join(train + name for name in RUNS)]),
+             argv=["bash", "-c", " && ".join(train[name] + name for name in RUNS)]),
     ])
     out = io.StringIO()
     res = run_local_result(job, out=out)

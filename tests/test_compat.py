@@ -267,15 +267,15 @@ def test_trl_imports_hide_vllm_only_where_the_run_does_not_use_it(monkeypatch):
     from trl.import_utils import is_vllm_available
 
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
-    with compat.trl_imports(use_vllm=False):
+    with compat.trl_imports(needs_vllm=False):
         assert importlib.util.find_spec("vllm") is None and not is_vllm_available()
         with pytest.raises(ImportError):
             import vllm  # noqa: F401
     assert "vllm" not in sys.modules and importlib.util.find_spec("vllm") is not None  # a reward may import it
-    with compat.trl_imports(use_vllm=True):
+    with compat.trl_imports(needs_vllm=True):
         assert "vllm" not in sys.modules and is_vllm_available()
     sentinel = object()
     monkeypatch.setitem(sys.modules, "vllm", sentinel)  # already loaded: nothing to hide, nothing removed
-    with compat.trl_imports(use_vllm=False):
+    with compat.trl_imports(needs_vllm=False):
         assert sys.modules["vllm"] is sentinel
     assert sys.modules["vllm"] is sentinel

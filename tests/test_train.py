@@ -71,19 +71,7 @@ def test_tiny_end_to_end_writes_a_complete_run_directory(tmp_path):
     assert manifest["grpo_config"]["use_cpu"] is True and manifest["grpo_config"]["bf16"] is False
 
 
-# `python -m ogrpo.train ARGS`, after importing vLLM first when argv[1] is "vllm"; writes whether the process
-# had vLLM loaded at its end to argv[2]
-_TRAIN_AND_REPORT_VLLM = """
-import json, runpy, sys
-first, report = sys.argv.pop(1), sys.argv.pop(1)
-if first == "vllm":
-    import vllm
-sys.argv[0] = "ogrpo.train"
-try:
-    runpy.run_module("ogrpo.train", run_name="__main__", alter_sys=True)
-finally:
-    open(report, "w").write(json.dumps("vllm" in sys.modules))
-"""
+TRAIN_REPORT_VLLM = Path(__file__).with_name("train_report_vllm.py")
 
 
 @pytest.mark.slow
@@ -93,7 +81,7 @@ def test_two_seeded_runs_give_identical_metrics(tmp_path):
     runs, loaded = [], []
     for name, first in (("a", "-"), ("b", "vllm")):
         out, report = tmp_path / name, tmp_path / f"{name}-vllm.json"
-        proc = _run([sys.executable, "-c", _TRAIN_AND_REPORT_VLLM, first, str(report), "--config", "tiny",
+        proc = _run([sys.executable, str(TRAIN_REPORT_VLLM), first, str(report), "--config", "tiny",
                      "--output-dir", str(out), "--set", "max_steps=3", "--set", "save_strategy=no"], tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(_learning_metrics(out))

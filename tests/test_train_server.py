@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from server_mode_job import STEPS
+from server_mode_job import STEPS, VLLM_REPORT
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +31,14 @@ def test_train_entry_in_server_mode_keeps_logprob_gap_small(server_mode_job):
     profile = [json.loads(x) for x in (run / "profile.jsonl").read_text().splitlines()]
     assert len(profile) == STEPS and all(p["generation_s"] > 0 and p["train_s"] > 0 for p in profile)
     assert job.survivors == ()  # server and trainers stopped with the job
+
+
+def test_a_cpu_server_mode_trainer_never_imports_vllm(server_mode_job):
+    """Its weight push and generation go through the cpu_shm client, which uses none of vLLM's modules: TRL loads
+    without them (about 4.5 CPU-s of imports per trainer). run-b's trainer reports at its end; run-b generating
+    what run-a did (tests/test_serve_seed.py) shows the client works without them."""
+    job = server_mode_job
+    assert job.rc == 0, job.console[-3000:]
+    assert json.loads((job.job_dir / VLLM_REPORT).read_text()) is False
+    manifest = json.loads((job.run("run-b") / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["grpo_config"]["vllm_mode"] == "server"

@@ -381,6 +381,16 @@ def _cpu_client_cls():
     return CPUVLLMClient
 
 
+def cpu_client_needs_vllm() -> bool:
+    """Whether the trainer-side CPU client `install_cpu_client` installs for the installed TRL uses vLLM's modules.
+    TRL 1.9's (trl_serve_cpu) joins vLLM's process group; ours for the vLLM-API line overrides every method of
+    TRL's client that touches vLLM (`init_communicator`, `update_named_params`, `close_communicator`), so its
+    trainer can load TRL without vLLM (compat.trl_imports). Package metadata only: called before TRL is imported."""
+    from importlib import metadata
+
+    return compat.server_flavor(metadata.version("trl")) == compat.TRL_VLLM_SERVE
+
+
 def install_cpu_client(expect: dict | None = None, seed: int | None = None):
     """Make TRL's server-mode generation use the CPU weight-sync client. Returns the class installed.
 

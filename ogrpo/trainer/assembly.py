@@ -294,11 +294,28 @@ def init_cpu_deepspeed(p: Prepared) -> None:
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
 
 
+def _trl_needs_vllm(args) -> bool:
+    """Whether this trainer uses vLLM's modules through TRL: to generate in process (colocate), or to push weights
+    over vLLM's NCCL engine (server mode on a GPU). On CPU, server mode pushes through the cpu_shm client
+    (`install_vllm_hooks`), which on TRL's vLLM-API line uses none of them."""
+    if not getattr(args, "use_vllm", False):
+        return False
+    if args.vllm_mode != "server":
+        return True
+    import torch
+
+    return torch.cuda.is_available() or client.cpu_client_needs_vllm()
+
+
+def _loading_trl(p: Prepared, own_process: bool):
+    return trl_imports(needs_vllm=_trl_needs_vllm(p.args) or not own_process)
+
+
 def build_trainer(p: Prepared, own_process: bool = False):
     """`own_process`: this process exists for this one run (the trainer entry points), so TRL's modules may load
-    without vLLM where the run does not generate with it; in a process that may run more (a test, a notebook),
-    TRL is imported as it is, since a module imported without vLLM stays so for the process's life."""
-    with trl_imports(use_vllm=bool(getattr(p.args, "use_vllm", False)) or not own_process):
+    without vLLM where the run does not use it (`_trl_needs_vllm`); in a process that may run more (a test, a
+    notebook), TRL is imported as it is, since a module imported without vLLM stays so for the process's life."""
+    with _loading_trl(p, own_process):
         # heavy: trl, torch
         from ogrpo.trainer.grpo import OgrpoGRPOTrainer
 
@@ -326,7 +343,8 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
                               model_path=p.model_path,
                               extra={"grpo_config": _config_summary(p.args), "notes": p.notes,
                                      "resumed_from": p.resume_from, "status": "running"})
-    install_vllm_hooks(p)
+    with _loading_trl(p, own_process):  # the hooks import TRL's client module
+        install_vllm_hooks(p)
     init_cpu_deepspeed(p)
     trainer = build_trainer(p, own_process)
     # the layers of OgrpoGRPOTrainer (ogrpo/trainer/grpo.py) turned on; their order is the class's, not this one.

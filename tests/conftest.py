@@ -190,8 +190,21 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the collected tests in an order shuffled with SEED: shows that no test's pass depends "
+                          "on what ran before it (module fixtures are then built again where their tests part)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests are skipped (and reported as skipped) where no CUDA GPU is present."""
+    """`gpu`-marked tests are skipped (and reported as skipped) where no CUDA GPU is present. `--shuffle SEED`
+    reorders the tests (printed, so a failing order can be run again)."""
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        import random
+
+        random.Random(seed).shuffle(items)
+        print(f"tests shuffled with seed {seed}")
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")

@@ -50,9 +50,11 @@ test:
 	  echo "make test: $$((SECONDS / 60)) min $$((SECONDS % 60)) s, set-up included (budget: 45 min on 2 cores)"; \
 	  exit $$rc
 
-# Both cores, a file per worker at a time (--dist loadfile: a module's fixtures are built once, in one worker).
+# Both cores, a module per worker at a time, longest first (a module's fixtures are built once, in one worker;
+# tests/conftest.py), as `make test` runs the main suite.
 test-fast: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 --ignore=tests/trl19 -m "not slow and not integration and not slurm"
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=10 --ignore=tests/trl19 \
+	  -m "not slow and not integration and not slurm"
 
 # On a GPU machine: every `gpu`-marked test, `ogrpo selftest --gpu` and `ogrpo bench kernels|step|rollout`, one
 # report (gpu-report/gpu-report.json + .txt). Without CUDA it says "no GPU" and runs nothing.

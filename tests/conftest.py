@@ -196,15 +196,34 @@ def pytest_addoption(parser):
                           "on what ran before it (module fixtures are then built again where their tests part)")
 
 
+# `make test` runs the main suite on both cores (pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`). A
+# module's tests go to one worker, so that its module-scoped fixtures (a job many tests read) are built once;
+# modules sharing a session fixture name one group (`pytest.mark.xdist_group`). The modules are handed out
+# longest first, by their seconds in tests/module_seconds.json (measured; README: "Development"), so that the
+# suite does not end on one long module while the other core idles.
+MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests are skipped (and reported as skipped) where no CUDA GPU is present. `--shuffle SEED`
-    reorders the tests (printed, so a failing order can be run again)."""
+    reorders the tests (printed, so a failing order can be run again); otherwise modules run longest first. Every
+    test gets its module's xdist group unless it names one."""
     seed = config.getoption("--shuffle")
     if seed is not None:
         import random
 
         random.Random(seed).shuffle(items)
         print(f"tests shuffled with seed {seed}")
+    else:
+        rank = {}
+        for item in items:
+            rank.setdefault(item.nodeid.split("::", 1)[0], len(rank))
+        items.sort(key=lambda item: (-MODULE_SECONDS.get(item.nodeid.split("::", 1)[0], 0.0),
+                                     rank[item.nodeid.split("::", 1)[0]]))
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
@@ -219,9 +238,10 @@ def _lock_module(items):
 
 def pytest_collection_finish(session):
     """tests/test_locks.py's resolutions against the index wait on the network for about a minute: started here,
-    they run beside the tests collected before them."""
+    they run beside the tests collected before them. Under pytest-xdist every worker collects every test, and
+    which one runs test_locks is decided later: there its module fixture starts them."""
     module = _lock_module(session.items)
-    if module is not None:
+    if module is not None and "PYTEST_XDIST_WORKER" not in os.environ:
         import tempfile
 
         session.config._ogrpo_locks_tmp = tempfile.mkdtemp(prefix="ogrpo-locks-")

@@ -17,6 +17,7 @@ import math
 import torch
 
 from ogrpo import tiny
+from overlap_jobs import PACKED
 
 STEPS = 2
 # every TRL loss type, each under another importance-sampling mode and a few of the options that change its masks
@@ -128,7 +129,7 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
                                             run(tmp_path / "layers", case, kernel=kernel, **layers))
     # the old policy from the loss forward is the same tensor; a packed forward sums in another order (fp32 noise,
     # which the optimizer step carries into step 2): the bar, 1e-5
-    rel, abs_ = (1e-4, 1e-5) if layers.get("packed") else (1e-5, 1e-6)
+    rel, abs_ = (PACKED["rel"], PACKED["abs"]) if layers.get("packed") else (1e-5, 1e-6)
     assert len(a) == len(b) == STEPS
     assert all(x["reward_std"] > 0 for x in a), a  # advantages to train on in every step
     sampling = sorted(k for k in a[0] if k.startswith("sampling/"))

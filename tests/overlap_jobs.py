@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 # near-uniform distributions flip tokens on that noise). A per-request seed (vLLM gives the n completions of a
 # prompt seed + i), one sequence at a time and no prefix cache make each completion a function of the prompt and
 # the weights only, so a difference between modes can only come from the trainer side.
+# The bar between a packed pass and TRL's padded one (lossless's defaults against `off` with TRL's own passes): a
+# packed forward sums in another order, fp32 noise of up to ~1e-5 in a log-prob, which TRL's sampling/* statistics
+# (differences and ratios of the trainer's and the server's log-probs) show as is. Losses stay within 1e-5 and the
+# grad norm within 1e-5 of each other.
+PACKED = {"rel": 1e-4, "abs": 1e-5}
 SEEDED = {"seed": 1234}
 DETERMINISTIC_SERVER = {"max_num_seqs": 1, "enable_prefix_caching": False}
 

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -302,16 +303,28 @@ print(json.dumps(out))
 """
 
 
-def _processes_of(uids: set[int]) -> list[int]:
-    found = []
+def _processes_of(uids: set[int]) -> dict[int, str]:
+    """pid -> "name state ppid" of the live processes of these uids (a zombie runs nothing: not counted)."""
+    found = {}
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                    if line.startswith("Uid:") and int(line.split()[1]) in uids:
-                        found.append(int(p))
+                status = dict(line.split(":", 1) for line in Path(f"/proc/{p}/status").read_text().splitlines()
+                              if ":" in line)
             except OSError:
-                pass
+                continue
+            state = status["State"].strip()
+            if int(status["Uid"].split()[1]) in uids and not state.startswith("Z"):
+                found[int(p)] = f"{status['Name'].strip()} {state} ppid {status['PPid'].strip()}"
+    return found
+
+
+def _survivors(uids: set[int], settle_s: float = 10.0) -> dict[int, str]:
+    """The processes of these uids left once the exiting ones are gone (`settle_s` at most): a process the sandbox
+    killed is gone once the kernel has torn it down, which lags on a loaded machine."""
+    deadline = time.monotonic() + settle_s
+    while (found := _processes_of(uids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return found
 
 
@@ -388,7 +401,7 @@ def _drive(level: str, user, package: Path, target: Path, files: int = 5000) -> 
             except socket.timeout:
                 out[name] = False
         uids = set(out["uids"]) | ({user.pw_uid} if user else set())
-        out["survivors"] = _processes_of(uids)
+        out["survivors"] = [f"{pid} {what}" for pid, what in _survivors(uids).items()]
         out["root_left"] = sorted(os.listdir(root))
         return out
     finally:
@@ -800,7 +813,7 @@ def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, re
             assert leak not in reaper_cmdline, reaper_cmdline
         assert out["drained"] and out["left"] == []
         uids = set(out["uids"]) | ({user.pw_uid} if user else set())
-        assert _processes_of(uids) == []
+        assert _survivors(uids) == {}
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
 
@@ -866,7 +879,7 @@ def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileg
         want = [("ok", "30\n"), ("ok", "5\n")][:len(out["runs"])]  # the C program where gcc exists
         assert [(r["status"], r["stdout"]) for r in out["runs"]] == want, out
         assert out["drained"] and out["left"] == []
-        assert _processes_of(set(out["uids"]) | ({user.pw_uid} if user else set())) == []
+        assert _survivors(set(out["uids"]) | ({user.pw_uid} if user else set())) == {}
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
 
@@ -914,7 +927,7 @@ def test_two_trainers_on_one_node_share_no_slot_uid(level, package):
             assert out["out"] == [[["ok", f"{(100 * i + k) ** 2}\n"] for k in range(16)] for i in range(2)], out
             assert out["drained"]
         assert list(root.iterdir()) == []  # once both are done (they share tmp_root)
-        assert _processes_of(set().union(*map(set, pools))) == []
+        assert _survivors(set().union(*map(set, pools))) == {}
     finally:
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
 
@@ -958,7 +971,7 @@ def test_a_slot_uid_stays_taken_while_a_killed_trainers_program_lives(package):
             deadline = time.monotonic() + 30
             while _processes_of({uid}) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert _processes_of({uid}) == []
+            assert _processes_of({uid}) == {}
             for _ in range(100):  # the launcher's exit releases the lock
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

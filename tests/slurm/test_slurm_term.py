@@ -58,18 +58,30 @@ def _trainer_step(job: str, run: Path, attempt: int) -> str:
     return f"{job}.{wait_for(record, 600, f'the trainer step of attempt {attempt}')['slurm_step_id']}"
 
 
-def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: list[str]) -> int:
+def checkpoint_step(checkpoint: str | Path) -> int:
+    from ogrpo.trainer.rundir import checkpoint_step  # transformers: not at collection
+
+    return checkpoint_step(checkpoint)
+
+
+def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: list[str]) -> tuple[int, int]:
     """Once step `after` is logged in attempt `attempt`: hold the trainer, send `scancel` args, let it go on.
-    Returns the last step logged when the signal was sent."""
+    Returns (the last step logged, the last step checkpointed) when the signal was sent. With a checkpoint every
+    step, the step the trainer is in is the one after its last checkpoint: it may have logged that step already
+    (the Trainer logs a step, then saves it), so the logged step alone does not say which."""
     step = _trainer_step(job, run, attempt)
     wait_for(lambda: max(_steps(run), default=0) >= after, 900, f"step {after} (attempt {attempt})")
     subprocess.run(["scancel", "--signal=STOP", step], check=True)
     logged = max(_steps(run))
     assert logged < STEPS, "the job ran to its end before the signal: nothing was tested"
+    from ogrpo.trainer.preemption import complete_checkpoints  # transformers: not at collection
+
+    ckpts = complete_checkpoints(run)  # renamed into place whole: a held trainer leaves none half-listed
+    checkpointed = checkpoint_step(ckpts[-1]) if ckpts else 0
     subprocess.run(["scancel", *scancel, job], check=True)
     time.sleep(1)  # the signal is delivered before the trainer runs on
     subprocess.run(["scancel", "--signal=CONT", step], check=False)
-    return logged
+    return logged, checkpointed
 
 
 def _sbatch(job_dir: Path) -> str:
@@ -84,8 +96,8 @@ def _sbatch(job_dir: Path) -> str:
 # again at the seed they took).
 @pytest.fixture(scope="module", params=["off", "lossless", "one-step", "no-server"])
 def termed_job(request, slurm_cluster, tmp_path_factory):
-    """(mode, job id, job dir, {attempt: last step logged when signalled}, twin's job dir) of a finished,
-    twice-signalled job and its finished uninterrupted twin."""
+    """(mode, job id, job dir, {attempt: (last step logged, last step checkpointed) when signalled}, twin's job dir)
+    of a finished, twice-signalled job and its finished uninterrupted twin."""
     mode = request.param
     tmp = tmp_path_factory.mktemp(f"term-{mode}")
     recipe = yaml.safe_load((REPO / "ogrpo" / "recipes" / "tiny.yaml").read_text())
@@ -105,7 +117,7 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
     try:
         signalled = {0: _hold_and_signal(job, run, 0, 2, ["--signal=TERM"])}
         wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 300, "the requeue after the TERM")
-        resumed = int(read_json(job_dir / "slurm" / "requeue-0.json")["checkpoint"].rsplit("-", 1)[1])
+        resumed = checkpoint_step(read_json(job_dir / "slurm" / "requeue-0.json")["checkpoint"])
         signalled[1] = _hold_and_signal(job, run, 1, resumed + 1, ["-b", "--signal=TERM"])
         wait_for(lambda: (job_dir / "slurm" / "requeue-1.json").exists(), 300, "the requeue after the batch TERM")
         wait_gone(job, 1200)
@@ -126,17 +138,19 @@ def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
     wait_for(lambda: not processes_of_job(job), 30, f"processes of job {job} to disappear")
     first, second = (read_json(job_dir / "slurm" / f"requeue-{i}.json") for i in (0, 1))
     assert first["requeued"] and second["requeued"] and first["signal"] == "SIGTERM"
-    saved = [int(r["checkpoint"].rsplit("-", 1)[1]) for r in (first, second)]
-    # the batch step's TERM: the trainer saved the step it was in (held mid-step when the signal came), the server
-    # answering meanwhile
-    assert saved[1] > signalled[1] and second["signal"] == "SIGUSR2", (saved, signalled)
+    saved = [checkpoint_step(r["checkpoint"]) for r in (first, second)]
+    (logged0, checkpointed0), (logged1, checkpointed1) = signalled[0], signalled[1]
+    # the batch step's TERM: the trainer saved the step it was in (the one after its last checkpoint), the server
+    # answering meanwhile, and lost no step it had logged
+    assert saved[1] == checkpointed1 + 1 and saved[1] >= logged1, (saved, signalled)
+    assert second["signal"] == "SIGUSR2", second
     if mode == "no-server":  # the steps' TERM: the same
-        assert saved[0] > signalled[0], (saved, signalled)
+        assert saved[0] == checkpointed0 + 1 and saved[0] >= logged0, (saved, signalled)
     else:
         # the steps' TERM took the server too: a step that still needed it is not saved; every step logged before
         # the signal is kept (one-step: its save waits for the batch in flight, which the server took with it,
         # so the one before)
-        assert saved[0] >= signalled[0] - (mode == "one-step"), (saved, signalled)
+        assert saved[0] >= logged0 - (mode == "one-step"), (saved, signalled)
     assert read_json(job_dir / "slurm" / "attempt-2.json")["restart_count"] == 2
     manifest = read_json(run / "manifest.json")
     assert manifest["status"] == "finished" and manifest["global_step"] == STEPS

@@ -202,6 +202,17 @@ def pytest_addoption(parser):
 # longest first, by their seconds in tests/module_seconds.json (measured; README: "Development"), so that the
 # suite does not end on one long module while the other core idles.
 MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text())
+# Modules that start code sandboxes run in one worker: tests/test_sandbox.py counts the pid namespaces that appear
+# during a test, and its neighbours' sandboxes would be among them.
+SHARED_GROUPS = dict.fromkeys(
+    [f"tests/{m}.py" for m in ("test_sandbox", "test_sandbox_attacks", "test_sandbox_launcher", "test_code_rewards",
+                               "test_tiny_tasks", "test_rewards", "test_reward_paths", "test_bench_rewards")],
+    "sandboxes")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): run in the pytest-xdist worker of that group "
+                                       "(make test: --dist loadgroup)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
@@ -221,9 +232,11 @@ def pytest_collection_modifyitems(config, items):
             rank.setdefault(item.nodeid.split("::", 1)[0], len(rank))
         items.sort(key=lambda item: (-MODULE_SECONDS.get(item.nodeid.split("::", 1)[0], 0.0),
                                      rank[item.nodeid.split("::", 1)[0]]))
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    if getattr(config.option, "dist", "no") == "loadgroup":  # pytest-xdist is there, and asked to group
+        for item in items:
+            if not item.get_closest_marker("xdist_group"):
+                group = SHARED_GROUPS.get(item.nodeid.split("::", 1)[0], item.nodeid.split("::", 1)[0])
+                item.add_marker(pytest.mark.xdist_group(group))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")

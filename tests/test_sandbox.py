@@ -58,21 +58,18 @@ def _ppid(pid: int) -> int | None:
 
 def _ours_or_orphaned(pid: int, in_new_namespaces: set[int]) -> bool:
     """Whether a process in a pid namespace that appeared during the test is this test's to judge: it descends from
-    this process, or its sandbox's launcher is gone (an orphan, reparented to a subreaper or init). A sandbox whose
-    launcher lives under another process (the other pytest-xdist worker's, the Slurm suite's beside this one) is
-    not."""
-    chain = []
+    this process, or it was orphaned (its first ancestor outside those namespaces is init). A sandbox that another
+    process runs meanwhile (the other pytest-xdist worker's, the Slurm suite's beside this one) descends from that
+    process. A leaked program also keeps its slot uid, which the check below finds wherever it was reparented."""
+    first_outside = None
     while pid not in (None, 0, 1):
-        chain.append(pid)
-        pid = _ppid(pid)
-    if os.getpid() in chain:
-        return True
-    outside = next((p for p in chain if p not in in_new_namespaces), None)
-    try:
-        cmdline = Path(f"/proc/{outside}/cmdline").read_bytes() if outside else b""
-    except OSError:
-        cmdline = b""
-    return b"ogrpo.sandbox.launcher" not in cmdline
+        if pid == os.getpid():
+            return True
+        parent = _ppid(pid)
+        if first_outside is None and parent not in in_new_namespaces:
+            first_outside = parent
+        pid = parent
+    return first_outside in (None, 0, 1)
 
 
 def _uid_of(pid: int) -> int | None:

@@ -141,8 +141,10 @@ def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
     saved = [checkpoint_step(r["checkpoint"]) for r in (first, second)]
     (logged0, checkpointed0), (logged1, checkpointed1) = signalled[0], signalled[1]
     # the batch step's TERM: the trainer saved the step it was in (the one after its last checkpoint), the server
-    # answering meanwhile, and lost no step it had logged
-    assert saved[1] == checkpointed1 + 1 and saved[1] >= logged1, (saved, signalled)
+    # answering meanwhile, and lost no step it had logged. one-step: a step's save waits for the batch in flight;
+    # held between logging a step and saving it, the trainer may train that next batch and save its step
+    assert checkpointed1 + 1 <= saved[1] <= checkpointed1 + 1 + (mode == "one-step"), (saved, signalled)
+    assert saved[1] >= logged1, (saved, signalled)
     assert second["signal"] == "SIGUSR2", second
     if mode == "no-server":  # the steps' TERM: the same
         assert saved[0] == checkpointed0 + 1 and saved[0] >= logged0, (saved, signalled)

@@ -53,7 +53,7 @@ test:
 # Both cores, a module per worker at a time, longest first (a module's fixtures are built once, in one worker;
 # tests/conftest.py), as `make test` runs the main suite.
 test-fast: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=10 --ignore=tests/trl19 \
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 --ignore=tests/trl19 \
 	  -m "not slow and not integration and not slurm"
 
 # On a GPU machine: every `gpu`-marked test, `ogrpo selftest --gpu` and `ogrpo bench kernels|step|rollout`, one

@@ -196,30 +196,17 @@ def pytest_addoption(parser):
                           "on what ran before it (module fixtures are then built again where their tests part)")
 
 
-# `make test` runs the main suite on both cores (pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`). A
-# module's tests go to one worker, so that its module-scoped fixtures (a job many tests read) are built once;
-# modules sharing a session fixture name one group (`pytest.mark.xdist_group`). The modules are handed out
-# longest first, by their seconds in tests/module_seconds.json (measured; README: "Development"), so that the
-# suite does not end on one long module while the other core idles.
+# `make test` runs the main suite on both cores (pytest-xdist, `-n 2 --dist loadfile --no-loadscope-reorder`): a
+# module's tests go to one worker, so that its module-scoped fixtures (a job many tests read) are built once. The
+# modules are handed out longest first, by their seconds in tests/module_seconds.json (measured; README:
+# "Development"), so that the suite does not end on one long module while the other core idles (xdist's own order,
+# most tests first, put the long bench modules last).
 MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text())
-# Modules that start code sandboxes run in one worker: tests/test_sandbox.py counts the pid namespaces that appear
-# during a test, and its neighbours' sandboxes would be among them.
-SHARED_GROUPS = dict.fromkeys(
-    [f"tests/{m}.py" for m in ("test_sandbox", "test_sandbox_attacks", "test_sandbox_launcher", "test_code_rewards",
-                               "test_tiny_tasks", "test_rewards", "test_reward_paths", "test_bench_rewards")],
-    "sandboxes")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): run in the pytest-xdist worker of that group "
-                                       "(make test: --dist loadgroup)")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests are skipped (and reported as skipped) where no CUDA GPU is present. `--shuffle SEED`
-    reorders the tests (printed, so a failing order can be run again); otherwise modules run longest first. Every
-    test gets its module's xdist group unless it names one."""
+    reorders the tests (printed, so a failing order can be run again); otherwise modules run longest first."""
     seed = config.getoption("--shuffle")
     if seed is not None:
         import random
@@ -232,11 +219,6 @@ def pytest_collection_modifyitems(config, items):
             rank.setdefault(item.nodeid.split("::", 1)[0], len(rank))
         items.sort(key=lambda item: (-MODULE_SECONDS.get(item.nodeid.split("::", 1)[0], 0.0),
                                      rank[item.nodeid.split("::", 1)[0]]))
-    if getattr(config.option, "dist", "no") == "loadgroup":  # pytest-xdist is there, and asked to group
-        for item in items:
-            if not item.get_closest_marker("xdist_group"):
-                group = SHARED_GROUPS.get(item.nodeid.split("::", 1)[0], item.nodeid.split("::", 1)[0])
-                item.add_marker(pytest.mark.xdist_group(group))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")

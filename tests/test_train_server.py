@@ -10,7 +10,7 @@ import pytest
 
 from server_mode_job import STEPS, VLLM_REPORT
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("server_mode_job")]  # one session job, one worker
+pytestmark = pytest.mark.integration
 
 
 def test_train_entry_in_server_mode_keeps_logprob_gap_small(server_mode_job):

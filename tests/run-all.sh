@@ -49,10 +49,9 @@ mkdir -p build
 t_main=$SECONDS
 "$PY" -m pytest -v --durations=15 -p no:cacheprovider tests/slurm "$@" >build/slurm-suite.log 2>&1 &
 slurm_suite=$!
-# The main suite on both cores: one module (or a group of modules sharing a session fixture) per worker at a time,
-# longest first (tests/conftest.py, tests/module_seconds.json); a file at a time left one core idle much of the
-# time once the Slurm tests were done. build/junit-main.xml refreshes the modules' seconds
-# (tests/module_seconds.py).
+# The main suite on both cores: one module per worker at a time (its module fixtures built once), longest first
+# (tests/conftest.py, tests/module_seconds.json); one test at a time left a core idle much of the time once the
+# Slurm tests were done. build/junit-main.xml refreshes the modules' seconds (tests/module_seconds.py).
 "$PY" -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=25 --junitxml=build/junit-main.xml \
   --ignore=tests/trl19 --ignore=tests/slurm "$@"
 rc=$?

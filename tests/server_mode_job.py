@@ -1,5 +1,5 @@
 """One real server-mode CPU job that several tests read, started once per session (issue 35: start once, assert
-many): a real `ogrpo serve` (vLLM-CPU, cpu_shm weight sync) and two `ogrpo train --vllm-url` runs of the same
+many): a real `ogrpo serve` (vLLM-CPU, cpu_shm weight sync) and two trainer runs (`--vllm-url`) of the same
 config one after the other against it (run-a on the fresh server, run-b on a server whose engine-wide generator
 run-a advanced), launched and torn down by the local launcher from one JobSpec.
 

@@ -38,10 +38,11 @@ STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategie
 OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/overlap/pipeline.py)
 OLD_POLICY_PASSES = ("auto", "separate")  # ogrpo.old_policy_pass (ogrpo/trainer/old_policy.py)
 PADDING_FREE = ("auto", "off")  # ogrpo.padding_free (ogrpo/trainer/packing.py)
+TRAIN_AHEAD = ("auto", "off")  # ogrpo.train_ahead (ogrpo/overlap/train_ahead.py)
 SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/sandbox/policy.py)
 # O-GRPO options that take one of a few words (checked in _check_values).
 OPTION_CHOICES = {"profile": PROFILES, "strategy": STRATEGIES, "overlap": OVERLAPS, "sandbox": SANDBOXES,
-                  "old_policy_pass": OLD_POLICY_PASSES, "padding_free": PADDING_FREE}
+                  "old_policy_pass": OLD_POLICY_PASSES, "padding_free": PADDING_FREE, "train_ahead": TRAIN_AHEAD}
 
 
 @dataclass
@@ -65,6 +66,7 @@ class OgrpoOptions:
     overlap: str | None = None  # off | lossless | one-step: server and trainer at work together (None: the plan)
     old_policy_pass: str | None = None  # auto (from the loss forward where exact) | separate (TRL's own pass)
     padding_free: str | None = None  # auto (packed log-prob passes where exact) | off (TRL's padded passes)
+    train_ahead: str | None = None  # auto (lossless: each group's loss while the rest generate) | off
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None
     gres_type: str | None = None  # the site's GRES type name for the plan's GPU (default: the catalog's; any: untyped)
@@ -87,7 +89,7 @@ _OGRPO_KINDS = {
     "gpus": ("str",), "profile": ("str",), "vllm_gpus": ("int",), "params": ("str", "int", "float"),
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
     "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "overlap": ("str",), "old_policy_pass": ("str",),
-    "padding_free": ("str",),
+    "padding_free": ("str",), "train_ahead": ("str",),
     "step_time_s": ("int", "float"), "sandbox": ("str",), "partition": ("str",), "gres_type": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),

@@ -35,12 +35,20 @@ CASES = {
     # two micro-batches per generation (TRL shuffles the batch before splitting it), entropy-masked tokens
     "grpo-accumulated": dict(loss_type="grpo", gradient_accumulation_steps=2, steps_per_generation=2,
                              top_entropy_quantile=0.5),
+    # four micro-batches of 2 rows per generation: a group of 4 is trained ahead in chunks of 2 rows, and TRL's
+    # shuffled micro-batches mix rows of both groups
+    "dapo-chunked": dict(loss_type="dapo", per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                         steps_per_generation=4, beta=0.04),
+    "grpo-chunked": dict(loss_type="grpo", per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                         steps_per_generation=4, scale_rewards="none"),
 }
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 
 
 class ScriptedServer:
-    """TRL's VLLMGeneration as the trainer sees it: `sync_weights` and `generate`."""
+    """TRL's VLLMGeneration as the trainer sees it: `sync_weights` and `generate`. Where the trainer streams
+    (`pipeline.on_group` set, as the overlap's Pipeline sets it), each prompt group's answer is handed over
+    before `generate` returns, in a scrambled order, as a streamed request's groups finish."""
 
     def __init__(self, trainer, max_len: int, seed: int = 0):
         self.trainer, self.max_len, self.seed, self.calls = trainer, max_len, seed, 0
@@ -50,6 +58,7 @@ class ScriptedServer:
         self.tokens = torch.tensor([i for i in range(len(tok)) if i not in special])
         self.tok = tok
         self.scoring = False  # the server's own forward, not counted as one of the trainer's passes
+        self.pipeline = None  # StreamingPipeline, where the trainer streams
 
     def sync_weights(self):
         pass
@@ -71,6 +80,12 @@ class ScriptedServer:
             noise = 0.4 * torch.randn(n, generator=g, dtype=torch.float64)
             completions.append(ids)
             logprobs.append([[float(x)] for x in (own + noise)])
+        on_group = getattr(self.pipeline, "on_group", None)
+        if on_group is not None:
+            n = self.trainer.num_generations
+            for i in torch.randperm(len(prompts) // n, generator=g).tolist():
+                on_group(i, {"completion_ids": completions[i * n:(i + 1) * n],
+                             "logprobs": logprobs[i * n:(i + 1) * n]})
         return prompts, completions, logprobs, None
 
     def _policy_logps(self, prompt, ids):
@@ -85,16 +100,46 @@ class ScriptedServer:
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
 
 
-def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False):
+class StreamingPipeline:
+    """What the overlap layer reads of its Pipeline where no server runs: the policy version the batch was sampled
+    with (the trainer's own: lossless) and the slot for the per-group hand-over."""
+
+    def __init__(self, trainer):
+        self.trainer, self.active, self.on_group = trainer, False, None
+
+    @property
+    def consumed_version(self):
+        return self.trainer.state.global_step
+
+
+def stream_groups(trainer, server) -> None:
+    """The overlap layer in `lossless`, its batches streamed group by group, each group trained as it arrives."""
+    from ogrpo.overlap.pipeline import LOSSLESS, Lookahead
+    from ogrpo.overlap.steps import OverlapState
+    from ogrpo.patches import trl_overlap
+
+    trl_overlap.check()
+    trl_overlap.defer_reward_gather()
+    server.pipeline = StreamingPipeline(trainer)
+    state = OverlapState(LOSSLESS, Lookahead(), server.pipeline, None)
+    state.streams = True
+    trainer.overlap = state
+    reason = trainer.train_groups_ahead()
+    assert reason is None, reason
+
+
+def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False,
+        ahead: bool = False):
     """Trains STEPS steps of the tiny task with the layers asked for (none: TRL's own passes); returns (log rows,
-    final parameters, no-grad policy forwards, the trainer)."""
+    final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
+    group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py)."""
     from trl import GRPOConfig
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
 
-    keys = dict(CASES[case])
+    keys = {"per_device_train_batch_size": 8, **CASES[case]}
     max_len = 10
-    args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=8, num_generations=4,
+    args = GRPOConfig(output_dir=str(out_dir), num_generations=4,
                       max_completion_length=max_len, max_steps=STEPS, learning_rate=5e-3, logging_steps=1,
                       report_to="none", save_strategy="no", seed=7, use_cpu=True, bf16=False, use_vllm=False,
                       vllm_importance_sampling_correction=True, dataloader_num_workers=0, **keys)
@@ -111,6 +156,8 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
         assert trainer.old_policy_from_loss() is None
     if packed:
         assert trainer.pack_sequences() is None
+    if ahead:
+        stream_groups(trainer, server)
     forwards = []
     trainer.model.register_forward_pre_hook(
         lambda *_: forwards.append(1) if not torch.is_grad_enabled() and not server.scoring else None)
@@ -129,11 +176,15 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
                                             run(tmp_path / "layers", case, kernel=kernel, **layers))
     # the old policy from the loss forward is the same tensor; a packed forward sums in another order (fp32 noise,
     # which the optimizer step carries into step 2): the issue's bar, 1e-5
-    rel, abs_ = (PACKED["rel"], PACKED["abs"]) if layers.get("packed") else (1e-5, 1e-6)
+    # trained ahead, a group's gradients are summed in another order than its micro-batch's: the same bar
+    loose = layers.get("packed") or layers.get("ahead")
+    rel, abs_ = (PACKED["rel"], PACKED["abs"]) if loose else (1e-5, 1e-6)
     assert len(a) == len(b) == STEPS
     assert all(x["reward_std"] > 0 for x in a), a  # advantages to train on in every step
     sampling = sorted(k for k in a[0] if k.startswith("sampling/"))
     assert len(sampling) == 5, a[0]
+    # the overlap's own counters (overlap/*) are only logged where it runs
+    b = [{k: v for k, v in y.items() if not k.startswith("overlap/")} for y in b]
     for x, y in zip(a, b):
         assert x.keys() == y.keys(), (x.keys() ^ y.keys())
         for key in x.keys() - TIMES:
@@ -148,7 +199,7 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
     # gradients' running RMS, so fp32 noise in a gradient near zero moves a weight by a visible share of lr)
     apart = sum(float((pb[k][0] - a_after).pow(2).sum()) for k, (a_after, _) in pa.items()) ** 0.5
     moved = sum(float((a_after - a_start).pow(2).sum()) for a_after, a_start in pa.values()) ** 0.5
-    assert moved > 0 and apart / moved <= (1e-3 if layers.get("packed") else 1e-5), (case, apart, moved)
+    assert moved > 0 and apart / moved <= (1e-3 if loose else 1e-5), (case, apart, moved)
     # the ratios spread (so a ratio taken from anything but the old policy's log-probs would show)
     assert any(x["sampling/importance_sampling_ratio/min"] < x["sampling/importance_sampling_ratio/max"] for x in a)
     if layers.get("from_loss"):
@@ -156,7 +207,13 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         assert fa >= STEPS and fb == 0, (case, fa, fb)
     if layers.get("packed"):
         calls = trainer.packing.calls
-        assert calls["packed"] >= STEPS and calls["padded"] == 0, calls
+        # a chunk trained ahead may be rows of one length, where packing saves nothing and TRL's pass runs
+        assert calls["packed"] >= STEPS and (calls["padded"] == 0 or layers.get("ahead")), calls
     if kernel:
         assert trainer.logprobs_scorer.calls["kernel"] >= STEPS and trainer.logprobs_scorer.calls["trl"] == 0
+    if layers.get("ahead"):  # every group of every batch was trained ahead and its gradients kept
+        groups = trainer.args.generation_batch_size // trainer.num_generations
+        logged = [r for r in trainer.state.log_history if "loss" in r]
+        assert [r["overlap/trained_ahead"] for r in logged] == [float(groups)] * STEPS, logged
+        assert trainer.overlap.train_ahead_fallbacks == []
     return {"trl": a, "layers": b}

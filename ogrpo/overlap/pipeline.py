@@ -197,6 +197,8 @@ class GroupWork:
         self.events: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         self._last: Future | None = None
+        self.then: Callable[[int, dict], Any] | None = None  # after a group's passes (its loss: train_ahead)
+        self.ahead = None  # ogrpo.overlap.train_ahead.TrainAhead, where the groups are trained as they come
 
     def event(self, what: str, group: int) -> None:
         with self._lock:
@@ -206,6 +208,8 @@ class GroupWork:
         self.event("arrived", index)
         self.reward(index, answer)
         self.score(index, answer)
+        if self.then is not None:
+            self.then(index, answer)
 
     def reward(self, index: int, answer: dict) -> None:
         """Queue the group's rewards on the reward thread (after the groups queued before it)."""

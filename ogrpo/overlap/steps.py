@@ -33,7 +33,7 @@ import copy
 import time
 
 from ogrpo.errors import OgrpoError
-from ogrpo.overlap import streaming
+from ogrpo.overlap import streaming, train_ahead
 from ogrpo.overlap import pipeline as overlap
 from ogrpo.overlap.pipeline import _spawn
 from ogrpo.patches import trl_overlap as trl_collectives
@@ -50,6 +50,10 @@ class OverlapState:
         self.work = None  # the streamed batch's GroupWork (ogrpo.overlap.pipeline), while it is scored
         self.streams = False  # lossless batches come back group by group (the plan's overlap.stream)
         self.lockstep = False  # several ranks whose forward passes are collectives (ZeRO-3)
+        self.train_ahead = False  # the groups' loss forward/backward while the rest generate (train_ahead)
+        self.train_ahead_fallbacks: list[str] = []  # why a batch's groups' gradients were dropped
+        self.capture = None  # the forwards of a group trained ahead: [(log-probs, entropies)]
+        self.replay = None  # ogrpo.overlap.train_ahead.Replay: TRL's micro-batches answered from the groups
 
 
 class Overlapped:
@@ -67,6 +71,15 @@ class Overlapped:
         where the mode cannot apply. Returns what was set up, for the manifest. `stream`: lossless batches come
         back group by group (the plan's `overlap.stream`, ogrpo/planner/overlap_stream.py)."""
         return install(self, mode, stream)
+
+    def train_groups_ahead(self) -> str | None:
+        """Train each streamed group as it arrives (ogrpo.overlap.train_ahead); returns why not, else None."""
+        state = self.overlap
+        if state is None or not state.streams:
+            return "the batch does not come back group by group (overlap.stream)"
+        reason = train_ahead.why_not(self)
+        state.train_ahead = reason is None
+        return reason
 
     # what runs beneath this layer: the reward thread and the per-group passes call it, as TRL's batch would
     def rewards_beneath(self, *args, **kwargs):
@@ -102,11 +115,32 @@ class Overlapped:
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args,
                                            **kwargs):
         inner = super()._get_per_token_logps_and_entropies
-        if self.overlap is not None:
-            out = streaming.streamed_logps(self, self.overlap, model, input_ids, attention_mask, logits_to_keep, args, kwargs)
+        state = self.overlap
+        if state is not None:
+            if state.replay is not None and state.replay.current is not None:  # a micro-batch trained ahead
+                logps, entropies = state.replay.answer(input_ids, logits_to_keep)
+                return logps, (entropies if kwargs.get("compute_entropy") else None), None
+            out = streaming.streamed_logps(self, state, model, input_ids, attention_mask, logits_to_keep, args, kwargs)
             if out is not None:
                 return out
-        return inner(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        out = inner(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        if state is not None and state.capture is not None:  # a group's loss forward, trained ahead
+            state.capture.append((out[0].detach(), out[1].detach() if out[1] is not None else None))
+        return out
+
+    def _compute_loss(self, model, inputs, *args, **kwargs):
+        state = self.overlap
+        replay = state.replay if state is not None else None
+        if replay is None or train_ahead.ROW_KEY not in inputs or not self.model.training:
+            return super()._compute_loss(model, inputs, *args, **kwargs)
+        replay.current = inputs  # TRL's loss and metrics, on the groups' log-probs: no forward, no weight's grad
+        try:
+            return super()._compute_loss(model, inputs, *args, **kwargs)
+        finally:
+            replay.current = None
+            replay.left -= 1
+            if replay.left <= 0:
+                state.replay = None
 
     # reward functions' logging, collected per group on the reward thread and replayed in batch order
     def _log_completion_extra(self, *args):
@@ -183,6 +217,8 @@ def generate(trainer, state, original, prompts):
         streaming.rank_groups(trainer, state, work, prompts)
     try:
         out = original(prompts)
+        if work is not None and work.ahead is not None:
+            work.ahead.finish()  # every group is in: the ones whose rewards came last
     finally:
         trl_collectives.handoff.groups = None
         if state.pipeline is not None:
@@ -252,6 +288,8 @@ def score(trainer, state, original, inputs):
         out = original(inputs)
         if trainer.model.training:
             _log_streamed(trainer, state)
+            if state.work is not None and state.work.ahead is not None:
+                state.replay = state.work.ahead.adopt(out)
     finally:
         state.inputs = None
         work, state.work = state.work, None

@@ -10,11 +10,12 @@ wrong only costs the overlap: TRL's own tensors and completions are compared bef
 
 from __future__ import annotations
 
-import copy
 import time
 
 from ogrpo import compat
 from ogrpo.overlap.pipeline import GroupWork, RankGroups
+from ogrpo.overlap.rows import group_rows, prompt_layout
+from ogrpo.overlap.train_ahead import TrainAhead
 from ogrpo.patches import trl_overlap as trl_collectives
 from ogrpo.serve.client import group_calls
 
@@ -69,6 +70,9 @@ def group_work(trainer, state, prompts):
     work = GroupWork(reward, score)
     work.batch = (inputs, prompts)  # what the groups' rewards were computed for
     work.used_rewards = False
+    if state.train_ahead and reward is not None:  # the groups' loss forward/backward too (ogrpo.overlap.train_ahead)
+        work.ahead = TrainAhead(trainer, work, *prompt_layout(trainer, prompts))
+        work.then = work.ahead.arrived
     return work
 
 
@@ -186,33 +190,13 @@ def _group_score(trainer, state, prompts):
     import torch
 
     grpo = importlib.import_module(trl_collectives.GRPO_MODULE)
-    prompt_ids = trainer._tokenize_prompts(copy.deepcopy(prompts))[0]
-    width = max(len(p) for p in prompt_ids)
-    multiple = getattr(trainer, "pad_to_multiple_of", None)
-    if multiple:
-        width = -(-width // multiple) * multiple
-    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
-    pad_id = tokenizer.pad_token_id
-    eos = set(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id]) | {pad_id}
+    prompt_ids, width = prompt_layout(trainer, prompts)
     want_old, want_ref = _wants_old(trainer), _wants_ref(trainer)
     device = trainer.accelerator.device
 
     def score(index, answer):
-        prompt, completions = prompt_ids[index * trainer.num_generations], answer["completion_ids"]
-        # at least one column, so a group of empty completions still runs its pass (lockstep: every rank runs as
-        # many as the others); the extra column is masked, as TRL's right padding would be
-        length = max(1, max(len(c) for c in completions))
-        n = len(completions)
-        ids = torch.full((n, width + length), pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width + length), dtype=torch.long)
-        ids[:, width - len(prompt):width] = torch.tensor(prompt)
-        mask[:, width - len(prompt):width] = 1
-        for row, c in enumerate(completions):
-            if not c:
-                continue
-            ids[row, width:width + len(c)] = torch.tensor(c)
-            truncated = trainer.mask_truncated_completions and c[-1] not in eos
-            mask[row, width:width + len(c)] = 0 if truncated else 1
+        prompt = prompt_ids[index * trainer.num_generations]
+        ids, mask, length = group_rows(trainer, prompt, answer["completion_ids"], width)
         ids, mask = ids.to(device), mask.to(device)
         out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
         batch = trainer.args.per_device_train_batch_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ogrpo.errors import ConfigError
 from ogrpo.fields import line_default, rule
 from ogrpo.planner import overlap_stream
+from ogrpo.planner import train_ahead as train_ahead_rule
 from ogrpo.planner.batch import eval_dropped
 from ogrpo.planner.draft import Draft
 from ogrpo.planner.lora import BASE_DTYPE_REASON as LORA_BASE_REASON
@@ -126,6 +127,7 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         targs["vllm_importance_sampling_correction"] = s.add("vllm_importance_sampling_correction", True,
                                                              bf16_server(p))
     old_policy_pass(d, p, targs, mode)
+    train_ahead(d, p, targs, t)
     padding_free(d)
     return targs
 
@@ -224,6 +226,23 @@ def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> N
                                    "sampling correction) is skipped, the ratio and its statistics computed from "
                                    "them (one forward instead of two)")
     s.add("old_policy_pass", value, why)
+
+
+def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
+    """`overlap.train_ahead` (ogrpo/planner/train_ahead.py): a lossless run whose batches stream group by group
+    trains each finished group while the server generates the rest, where that gives `off`'s updates."""
+    s = d.settings
+    if next((i.value for i in s.items if i.name == "overlap.stream"), None) != "groups":
+        return
+
+    def trl_get(key):
+        value = targs.get(key, d.trl.get(key))
+        return line_default(d.rules.trl_line, key) if value is None else value
+
+    old_policy = next((i.value for i in s.items if i.name == "old_policy_pass"), None)
+    s.add("overlap.train_ahead", *train_ahead_rule.decide(
+        getattr(d.run_config.ogrpo, "train_ahead", None), trl_get, p.num_processes,
+        t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction"))))
 
 
 def padding_free(d: Draft) -> None:

@@ -395,6 +395,12 @@ class Plan:
         return _enum(OverlapStream, self.setting("overlap.stream"))
 
     @property
+    def train_ahead(self) -> bool | None:
+        """The `overlap.train_ahead` setting of a streamed lossless run (ogrpo/overlap/train_ahead.py), else None."""
+        value = self.setting("overlap.train_ahead")
+        return None if value is None else value == "on"
+
+    @property
     def old_policy_pass(self) -> OldPolicyPass | None:
         """The `old_policy_pass` setting of a vLLM run, else None."""
         return _enum(OldPolicyPass, self.setting("old_policy_pass"))

@@ -241,6 +241,16 @@ class StageProfiler:
         self.logprob_passes += 1
         return self.timed("logprobs", fn, *args, **kwargs)
 
+    def ahead_begin(self) -> int:
+        """A group's loss forward/backward, trained ahead inside the wait for generation
+        (ogrpo.overlap.train_ahead): its forward is the loss's (not a scoring pass), its time the train stage's."""
+        depth, self._scoring_depth = self._scoring_depth, 0
+        return depth
+
+    def ahead_end(self, depth: int, t0_ns: int) -> None:
+        self._scoring_depth = depth
+        self.acc["train"] += (time.time_ns() - t0_ns) / 1e9
+
     def scoring(self, fn, *args, **kwargs):
         self._scoring_depth += 1
         t0 = time.perf_counter()
@@ -402,7 +412,8 @@ class Timeline:
 
 LANES = ("server", "trainer")
 IDLE_STAGES = {"trainer": ("wait",)}  # a lane's stages that are idle time (the server has none: busy or not)
-BUSY_IN_WAIT = ("score", "reward")  # trainer work that can run while its main thread waits on the server
+# trainer work that can run while its main thread waits on the server (a group's passes, rewards, loss backward)
+BUSY_IN_WAIT = ("score", "reward", "train_ahead")
 
 
 def lane_busy_share(lane: str, spans: list, span_s: float) -> float:

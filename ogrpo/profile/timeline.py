@@ -14,9 +14,9 @@ from pathlib import Path
 FILE = "timeline.png"
 # drawing order within a lane: a later stage is drawn over an earlier one (the trainer's training_step holds its
 # scoring, rewards and waits)
-ORDER = {"train": 0, "score": 1, "reward": 2, "push": 3, "wait": 4, "generate": 0, "weights": 1}
+ORDER = {"train": 0, "score": 1, "train_ahead": 1, "reward": 2, "push": 3, "wait": 4, "generate": 0, "weights": 1}
 COLORS = {"generate": "tab:blue", "weights": "tab:purple", "train": "tab:orange", "score": "tab:green",
-          "reward": "tab:olive", "push": "tab:red", "wait": "#dddddd"}
+          "train_ahead": "tab:brown", "reward": "tab:olive", "push": "tab:red", "wait": "#dddddd"}
 
 
 def lanes(rows: list[dict]) -> dict:

@@ -258,6 +258,20 @@ def install_old_policy(trainer, plan) -> dict | None:
     return {"pass": "from_loss", "reason": None}
 
 
+def install_train_ahead(trainer, plan) -> dict | None:
+    """The plan's `overlap.train_ahead`: each streamed group's loss forward/backward while the server generates
+    the rest (ogrpo/overlap/train_ahead.py), where the built trainer agrees; what runs and why, for the manifest.
+    After the old-policy layer: whether TRL's separate pass still runs is part of the trainer's answer."""
+    if not plan.train_ahead:
+        return None if plan.train_ahead is None else {"on": False, "reason": plan.reason_of("overlap.train_ahead")}
+    reason = trainer.train_groups_ahead()
+    if reason:
+        print(f"note: overlap.train_ahead (the plan's) does not apply: {reason}; the loss runs after the batch",
+              file=sys.stderr, flush=True)
+        return {"on": False, "reason": reason}
+    return {"on": True, "reason": None}
+
+
 def install_packing(trainer, plan) -> dict | None:
     """The plan's `padding_free`: packed log-prob passes (ogrpo/trainer/packing.py) where the built model allows
     them exactly; what runs and why, for the manifest."""
@@ -359,6 +373,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     old_policy = install_old_policy(trainer, p.plan)
     if is_main and old_policy:
         run_state.update_manifest(run_dir, old_policy_pass=old_policy)
+    ahead = install_train_ahead(trainer, p.plan)
+    if is_main and ahead:
+        run_state.update_manifest(run_dir, train_ahead=ahead)
     packing = install_packing(trainer, p.plan)
     if is_main and packing:
         run_state.update_manifest(run_dir, padding_free=packing)
@@ -401,10 +418,13 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             kernels["linear_logprobs"]["calls"] = dict(trainer.logprobs_scorer.calls)
         if trainer.packing is not None:  # which passes ran packed and which kept TRL's padded rows
             packing["calls"] = dict(trainer.packing.calls)
+        if ahead and ahead["on"]:  # the batches whose groups' gradients were dropped, and why
+            ahead["fallbacks"] = list(trainer.overlap.train_ahead_fallbacks)
         run_state.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
                                   profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
                                   distributed=distributed_summary(trainer), kernels=kernels,
-                                  **({"padding_free": packing} if packing else {}))
+                                  **({"padding_free": packing} if packing else {}),
+                                  **({"train_ahead": ahead} if ahead else {}))
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
     return run_dir

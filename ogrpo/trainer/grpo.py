@@ -9,7 +9,7 @@ nothing else:
 | nonfinite | ogrpo.trainer.guard.Guarded | the log-prob passes (notes inf/NaN), training_step (stops on an inf/NaN loss) |
 | old_policy | ogrpo.trainer.old_policy.OldPolicyFromLoss | scoring, the log-prob passes, the loss (the old policy from the loss forward) |
 | profiler | ogrpo.profile.hooks.StageTiming | generation, rewards, scoring, log-prob passes, training_step (times them) |
-| overlap | ogrpo.overlap.steps.Overlapped | batch lookahead, generation, scoring, rewards, log-prob passes (hands TRL what was computed ahead) |
+| overlap | ogrpo.overlap.steps.Overlapped | batch lookahead, generation, scoring, rewards, log-prob passes, the loss (hands TRL what was computed ahead, the groups' losses included) |
 | passes | ogrpo.profile.hooks.PassCounting | the log-prob passes that run (`pad_share`) |
 | padding_free | ogrpo.trainer.packing.PaddingFree | the log-prob passes (packed rows, no padding computed) |
 | linear_logprobs | ogrpo.trainer.kernels.KernelScoring | the log-prob passes (through the kernel) |

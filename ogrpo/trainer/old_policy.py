@@ -174,8 +174,9 @@ class OldPolicyFromLoss:
             ratio = is_ratio(self, old, sampling, mask)
             inputs["old_per_token_logps"] = old
             inputs["importance_sampling_ratio"] = ratio
-            state.stats.add(old, sampling, ratio, mask, self.vllm_importance_sampling_mode in
-                            ("sequence_mask", "sequence_truncate"))
+            if state.stats is not None:  # None for a group trained ahead (ogrpo.overlap.train_ahead)
+                state.stats.add(old, sampling, ratio, mask, self.vllm_importance_sampling_mode in
+                                ("sequence_mask", "sequence_truncate"))
         return out
 
     def _compute_loss(self, model, inputs, *args, **kwargs):

@@ -22,7 +22,7 @@ OVERRIDES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "training_step": (("nonfinite", "profiler"), ("model", "inputs", "num_items_in_batch")),
     "_generate": (("profiler", "overlap"), ("prompts",)),
     "_generate_and_score_completions": (("old_policy", "profiler", "overlap"), ("inputs",)),
-    "_compute_loss": (("old_policy",), ("model", "inputs")),
+    "_compute_loss": (("old_policy", "overlap"), ("model", "inputs")),
     "_calculate_rewards": (("profiler", "overlap"), ("inputs", "prompts", "completions", "completion_ids_list")),
     "get_batch_samples": (("overlap",), ("epoch_iterator", "num_batches", "device")),
     "_log_completion_extra": (("overlap",), ("column", "values")),

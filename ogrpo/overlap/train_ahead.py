@@ -1,0 +1,324 @@
+"""Lossless streaming, the gradient's side (issue 36): each finished prompt group's loss forward and backward run
+while the server still generates the rest, so only the last group's, the optimizer step and the push stay on the
+critical path.
+
+Why it is exact: the weights do not change until the optimizer step, and gradient accumulation is a sum. For the
+loss types this runs under, a completion's share of the gradient does not depend on which micro-batch TRL puts it
+in (TRL shuffles the generation batch before splitting it):
+- grpo, sapo, luspo, dr_grpo: a micro-batch's loss is a mean over its rows (dr_grpo: over rows x
+  max_completion_length), so each row weighs 1 / per_device_train_batch_size: a group's chunk of k rows, run
+  through TRL's own `_compute_loss`, is scaled by k / per_device_train_batch_size;
+- dapo, cispo, vespo: a sum over tokens divided by the batch's token count (`num_items_in_batch`), known only when
+  the last group is in: the chunks run with a provisional count of 1, and the accumulated gradients are scaled
+  once by 1 / the real count (a scale of a sum: exact up to rounding).
+The chunks hold at most per_device_train_batch_size rows (the memory the plan sized). The loss, its metrics and
+the old policy's numbers come from TRL's code: `_compute_loss` itself runs on each chunk (its metrics dropped),
+and again on TRL's own micro-batches, under no gradient to the weights, with the chunks' log-probs and entropies
+in place of a forward (`replay`): TRL logs exactly what it logs under `off`, and the Trainer's backward of that
+loss reaches no weight. Before TRL's micro-batches run, every group's inputs (ids, masks, advantages, sampling
+and reference log-probs) are compared with TRL's own batch; on any difference the gradients are dropped (they
+were zero when the step began) and TRL's micro-batches run as under `off`.
+
+Off where a row's share is not fixed, or the chunks would not see TRL's numbers (the plan and the trainer say
+which): bnpo (a micro-batch's token count), `top_entropy_quantile < 1` and the entropy bonus (per micro-batch),
+the MoE aux loss, `scale_rewards: batch` and `normalize_then_sum` (advantages need the whole batch), several
+trainer processes or DeepSpeed (the backward would have to be kept from reducing until the last group), PEFT's
+reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision inputs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ogrpo.overlap.pipeline import OverlapError
+from ogrpo.overlap.rows import group_rows
+from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
+from ogrpo.planner.train_ahead import why_not as config_why_not
+
+ROW_KEY = "ogrpo_row"  # the row's index in the generation batch, carried through TRL's shuffle and split
+
+
+def why_not(trainer) -> str | None:
+    """Why this built trainer cannot train groups ahead, else None (what only the trainer sees added)."""
+    import torch
+
+    args = trainer.args
+    reason = config_why_not(trainer.loss_type, trainer.scale_rewards,
+                            getattr(trainer, "multi_objective_aggregation", None), trainer.top_entropy_quantile,
+                            bool(getattr(trainer, "_entropy_bonus_enabled", False)),
+                            trainer.accelerator.num_processes,
+                            bool(getattr(trainer, "is_deepspeed_enabled", False)
+                                 or getattr(trainer, "is_fsdp_enabled", False)))
+    if reason:
+        return reason
+    if getattr(trainer, "aux_loss_enabled", False):
+        return "the router's aux loss is a mean over each micro-batch"
+    if getattr(args, "use_liger_kernel", False) or getattr(trainer, "use_liger_kernel", False):
+        return "Liger's GRPO loss"
+    if getattr(trainer, "_is_vlm", False):
+        return "vision inputs"
+    if str(getattr(args, "optim", "")).lower() in ("lomo", "adalomo"):
+        return "LOMO optimizers step inside the backward"
+    if getattr(args, "n_gpu", 1) > 1:
+        return "torch.nn.DataParallel"
+    if any(isinstance(f, torch.nn.Module) for f in trainer.reward_funcs):
+        return "a reward model runs on the trainer's device, on the main thread"
+    if trainer.beta != 0.0 and getattr(trainer, "ref_model", None) is None:
+        return "the reference log-probs come from TRL's pass over the whole batch (PEFT: adapters disabled)"
+    if getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False) \
+            and getattr(trainer, "old_policy", None) is None:
+        return "the old policy's log-probs come from TRL's separate pass over the whole batch"
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in trainer.model.modules()):
+        return "the model has dropout: a group's forward would draw other masks than TRL's micro-batches"
+    return None
+
+
+def loss_scale(trainer) -> float:
+    """What transformers' Trainer.training_step multiplies `compute_loss`'s loss by before the backward (both
+    lines: TRL 1.16 says its loss is scaled for accumulation, TRL 1.9.2's transformers divides by the steps)."""
+    scaled = getattr(trainer, "loss_is_scaled_for_ga", None)
+    if scaled is None:  # GRPO's batches carry no labels: the Trainer's num_items_in_batch is None
+        scaled = getattr(trainer, "compute_loss_func", None) is not None
+    return 1.0 if scaled else 1.0 / trainer.current_gradient_accumulation_steps
+
+
+def advantages(trainer, rewards_per_func, n: int):
+    """TRL's advantages for one group's rows (sum_then_normalize; scale_rewards group or none)."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    mean = torch.nanmean(rewards.view(-1, n), dim=1).repeat_interleave(n, dim=0)
+    std = nanstd(rewards.view(-1, n), dim=1).repeat_interleave(n, dim=0) if n > 1 else torch.zeros_like(rewards)
+    out = rewards - mean
+    if trainer.scale_rewards not in ("none", False):
+        out = out / (std + 1e-4)
+    return torch.nan_to_num(out, nan=0.0)
+
+
+def sampling_logps(answer: dict, length: int, device):
+    """The server's log-probs of the sampled tokens, one row per completion, right-padded with 0 (TRL's layout);
+    None where the answer has none."""
+    import torch
+
+    rows = answer.get("logprobs")
+    if rows is None:
+        return None
+    out = torch.zeros(len(rows), length)
+    for r, row in enumerate(rows):
+        values = [(lp[0] if isinstance(lp, (list, tuple)) else lp) for lp in row]
+        if values:
+            out[r, :len(values)] = torch.tensor([float("nan") if v is None else v for v in values])
+    return out.to(device)
+
+
+class Trained:
+    """One group as it was trained: the inputs TRL's batch must match, and each row's log-probs and entropies for
+    the replay."""
+
+    def __init__(self, inputs: dict, width: int, logps, entropies):
+        self.inputs, self.width, self.logps, self.entropies = inputs, width, logps, entropies
+
+
+class Replay:
+    """TRL's micro-batches of one generation batch, answered from the groups' forwards."""
+
+    def __init__(self, groups: dict[int, Trained], n: int, micro_batches: int):
+        self.groups, self.n, self.left = groups, n, micro_batches
+        self.current = None  # the micro-batch whose loss is being computed
+
+    def answer(self, input_ids, logits_to_keep: int):
+        """(log-probs, entropies) of the current micro-batch's rows, padded to `logits_to_keep`; the log-probs a
+        leaf that wants a gradient, so the Trainer's backward runs (and reaches no weight)."""
+        import torch
+
+        rows = self.current[ROW_KEY].tolist()
+        first = next(iter(self.groups.values())).logps
+        logps = first.new_zeros((len(rows), logits_to_keep))
+        entropies = torch.zeros_like(logps)
+        for i, row in enumerate(rows):
+            group = self.groups[row // self.n]
+            j = row % self.n
+            length = group.logps.size(1)
+            ids = group.inputs["completion_ids"][j]
+            if length > logits_to_keep or not torch.equal(input_ids[i, -logits_to_keep:][:length].cpu(),
+                                                          ids.cpu()):
+                raise OverlapError(f"overlap: micro-batch row {i} (batch row {row}) is not the completion its group "
+                                   "trained on")
+            logps[i, :length] = group.logps[j]
+            if group.entropies is not None:
+                entropies[i, :length] = group.entropies[j]
+        return logps.requires_grad_(), entropies
+
+
+class TrainAhead:
+    """One generation batch's groups trained as they come in (main thread: after a group's log-prob passes, each
+    group whose rewards are done; the rest once the last group is in)."""
+
+    def __init__(self, trainer, work, prompt_ids: list, width: int):
+        self.trainer, self.work, self.prompt_ids, self.width = trainer, work, prompt_ids, width
+        self.pending: list[tuple[int, dict]] = []
+        self.groups: dict[int, Trained] = {}
+        self.early = 0  # groups trained before the last one arrived
+        self.failed: BaseException | None = None
+
+    def arrived(self, index: int, answer: dict) -> None:
+        self.pending.append((index, answer))
+        self.run(block=False)
+
+    def finish(self) -> None:
+        """Every group in: train what is left (waiting for its rewards)."""
+        self.run(block=True, last=True)
+
+    def run(self, block: bool, last: bool = False) -> None:
+        while self.pending and self.failed is None:
+            index, answer = self.pending[0]
+            reward = self.work.rewards.get(index)
+            if reward is None or (not block and not reward.done()):
+                return
+            self.pending.pop(0)
+            try:
+                self._train(index, answer, reward.result()[2])
+            except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
+                self.failed = exc
+                return
+            if not last:
+                self.early += 1
+
+    def _train(self, index: int, answer: dict, rewards_per_func) -> None:
+        import torch
+
+        trainer = self.trainer
+        n = trainer.num_generations
+        device = trainer.accelerator.device
+        ids, mask, length = group_rows(trainer, self.prompt_ids[index * n], answer["completion_ids"], self.width)
+        ids, mask = ids.to(device), mask.to(device)
+        w = self.width
+        inputs = {"prompt_ids": ids[:, :w], "prompt_mask": mask[:, :w], "completion_ids": ids[:, w:],
+                  "completion_mask": mask[:, w:], "advantages": advantages(trainer, rewards_per_func.to(device), n)}
+        sampled = sampling_logps(answer, length, device)
+        if sampled is not None:
+            inputs["sampling_per_token_logps"] = sampled
+        if trainer.beta != 0.0:
+            scored = self.work.scores.get(index)
+            if scored is None or scored.get("ref") is None:
+                raise RuntimeError(f"group {index} has no streamed reference log-probs")
+            inputs["ref_per_token_logps"] = scored["ref"]
+        logps, entropies = [], []
+        per_micro = trainer.args.per_device_train_batch_size
+        for lo in range(0, n, per_micro):
+            chunk = {k: v[lo:lo + per_micro] for k, v in inputs.items()}
+            lp, ent = self._backward(chunk)
+            logps.append(lp)
+            entropies.append(ent)
+        self.groups[index] = Trained(inputs, w, torch.cat(logps),
+                                     None if any(e is None for e in entropies) else torch.cat(entropies))
+
+    def _backward(self, chunk: dict):
+        import torch
+
+        trainer = self.trainer
+        rows = chunk["prompt_ids"].size(0)
+        chunk = dict(chunk)
+        if trainer.loss_type in SUM_LOSSES:  # provisional: the real count scales the gradients at the end
+            chunk["num_items_in_batch"] = torch.tensor(float(trainer.accelerator.num_processes
+                                                             * trainer.args.steps_per_generation
+                                                             / trainer.current_gradient_accumulation_steps),
+                                                       device=chunk["prompt_ids"].device)
+        scale = loss_scale(trainer)
+        if trainer.loss_type in MEAN_LOSSES:
+            scale *= rows / trainer.args.per_device_train_batch_size
+        state = trainer.overlap
+        metrics = trainer._metrics["train"]
+        before = {k: len(v) for k, v in metrics.items()}
+        state.capture = []
+        old_policy = getattr(trainer, "old_policy", None)
+        profiler = getattr(trainer, "stage_profiler", None)
+        depth = profiler.ahead_begin() if profiler is not None else None
+        t0 = time.time_ns()
+        try:
+            if old_policy is not None:
+                old_policy.loss_inputs = chunk  # the old policy and IS ratio from this forward, as in the loss
+            with trainer.compute_loss_context_manager():
+                loss = trainer._compute_loss(trainer.model_wrapped, chunk)
+            trainer.accelerator.backward(loss * scale)
+            (lp, ent), = state.capture
+        finally:
+            state.capture = None
+            if old_policy is not None:
+                old_policy.loss_inputs = None
+            for key in list(metrics):  # TRL logs its loss metrics when its own micro-batches run (the replay)
+                if key not in before:
+                    del metrics[key]
+                else:
+                    del metrics[key][before[key]:]
+            if profiler is not None:
+                profiler.ahead_end(depth, t0)
+            if state.timeline is not None:
+                state.timeline.record("trainer", "train_ahead", t0, time.time_ns())
+        return lp, ent
+
+    def check(self, out: dict) -> str | None:
+        """Why TRL's batch `out` is not exactly what the groups trained on, else None."""
+        if self.failed is not None:
+            return f"a group's training failed: {type(self.failed).__name__}: {self.failed}"
+        n = self.trainer.num_generations
+        rows = out["prompt_ids"].size(0)
+        if rows % n or sorted(self.groups) != list(range(rows // n)):
+            return "not every group was trained"
+        if "tool_mask" in out:
+            return "TRL's batch has a tool mask"
+        if "old_per_token_logps" in out and getattr(self.trainer, "old_policy", None) is None:
+            return "TRL's batch has its own old-policy log-probs"
+        width_out, keep = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+        for g, group in self.groups.items():
+            rows_g = slice(g * n, (g + 1) * n)
+            got = group.inputs
+            w, length = got["prompt_ids"].size(1), got["completion_ids"].size(1)
+            if w > width_out or length > keep:
+                return f"group {g} is wider than TRL's batch"
+            pairs = [(out["prompt_ids"][rows_g, width_out - w:], got["prompt_ids"]),
+                     (out["prompt_mask"][rows_g, width_out - w:], got["prompt_mask"]),
+                     (out["completion_ids"][rows_g, :length], got["completion_ids"]),
+                     (out["completion_mask"][rows_g, :length], got["completion_mask"]),
+                     (out["advantages"][rows_g], got["advantages"])]
+            if ("sampling_per_token_logps" in out) != ("sampling_per_token_logps" in got):
+                return f"group {g}: sampling log-probs on one side only"
+            if "sampling_per_token_logps" in got:
+                pairs.append((out["sampling_per_token_logps"][rows_g, :length], got["sampling_per_token_logps"]))
+            if "ref_per_token_logps" in got:
+                pairs.append((out["ref_per_token_logps"][rows_g, :length], got["ref_per_token_logps"]))
+            for a, b in pairs:
+                b = b.to(a.device)
+                if a.shape != b.shape or not bool(((a == b) | (a.isnan() & b.isnan())).all()):
+                    return f"group {g}: TRL's batch differs from what the group trained on"
+            if int(out["prompt_mask"][rows_g, :width_out - w].sum()) or \
+                    int(out["completion_mask"][rows_g, length:].sum()):
+                return f"group {g}: TRL's batch has tokens the group did not"
+        return None
+
+    def adopt(self, out: dict) -> Replay | None:
+        """After TRL's batch is complete: keep the gradients and answer TRL's micro-batches from the groups (the
+        batch gets its rows' indices), or drop them (TRL's micro-batches run); logs `overlap/trained_ahead`."""
+        import torch
+
+        trainer = self.trainer
+        reason = self.check(out)
+        metrics = trainer._metrics["train"]
+        if reason is not None:
+            trainer.model.zero_grad(set_to_none=True)  # zero when the step began: TRL's micro-batches start afresh
+            metrics["overlap/trained_ahead"].append(0.0)
+            trainer.overlap.train_ahead_fallbacks.append(reason)
+            return None
+        if trainer.loss_type in SUM_LOSSES:  # TRL's normalizer, with the real count (the chunks' was 1)
+            normalizer = (float(out["num_items_in_batch"].clamp(min=1.0)) / trainer.accelerator.num_processes
+                          * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation)
+            for p in trainer.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / normalizer)
+        metrics["overlap/trained_ahead"].append(float(len(self.groups)))
+        metrics["overlap/trained_early"].append(float(self.early))
+        out[ROW_KEY] = torch.arange(out["prompt_ids"].size(0))
+        return Replay(self.groups, trainer.num_generations, trainer.args.steps_per_generation)

@@ -1,0 +1,48 @@
+"""`overlap.train_ahead` (ogrpo/overlap/train_ahead.py): under `lossless` with the batch streamed group by group,
+each finished group's loss forward and backward run while the server generates the rest. The rule here is what
+the recipe shows; the trainer adds what only the built trainer shows (dropout, a reward model, PEFT's reference)."""
+
+from __future__ import annotations
+
+MEAN_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # a row weighs 1 / per_device_train_batch_size
+SUM_LOSSES = ("dapo", "cispo", "vespo")  # normalized by the batch's token count, known at its end
+
+
+def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
+            entropy_bonus: bool, processes: int, deepspeed: bool) -> str | None:
+    """Why a run with these settings cannot train groups ahead, else None."""
+    if loss_type == "bnpo":
+        return ("loss_type bnpo: its loss is normalized by each micro-batch's token count, which TRL draws after "
+                "shuffling the batch")
+    if loss_type not in MEAN_LOSSES + SUM_LOSSES:
+        return f"loss_type {loss_type}: its normalization is not known here"
+    if scale_rewards == "batch" or multi_objective_aggregation == "normalize_then_sum":
+        return "advantages are normalized over the whole batch (scale_rewards: batch, or normalize_then_sum)"
+    if top_entropy_quantile < 1.0:
+        return "top_entropy_quantile < 1: the entropy mask is a quantile over each micro-batch"
+    if entropy_bonus:
+        return "the entropy bonus is a mean over each micro-batch"
+    if processes > 1:
+        return (f"{processes} trainer processes: each rank's backward would have to hold the gradient reduction "
+                "until its last group (not built yet); the groups' rewards and log-prob passes still stream")
+    if deepspeed:
+        return "DeepSpeed's backward steps its engine at accumulation boundaries"
+    return None
+
+
+def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_policy_pass: str | None,
+           correction: bool) -> tuple[str, str]:
+    """("on" | "off", why) for a lossless run whose batches stream group by group. `trl_get(key)`: the run's
+    GRPOConfig value, the TRL line's default where the recipe has none."""
+    if wanted == "off":
+        return "off", "set in the run config (ogrpo.train_ahead: off): the loss runs after the whole batch is in"
+    reason = why_not(str(trl_get("loss_type")), trl_get("scale_rewards"), trl_get("multi_objective_aggregation"),
+                     float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
+                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), processes, deepspeed)
+    if reason is None and correction and old_policy_pass != "from_loss":
+        reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
+    if reason is not None:
+        return "off", reason
+    return "on", ("each finished group's loss forward and backward run while the server generates the rest "
+                  "(gradient accumulation is a sum; the weights do not change until the optimizer step): only the "
+                  "last group's, the optimizer step and the push wait for generation")

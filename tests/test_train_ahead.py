@@ -1,0 +1,107 @@
+"""Training while the server generates (ogrpo/overlap/train_ahead.py): under `lossless`, with the batch streamed
+group by group, each finished group's loss forward and backward run as it arrives; TRL's micro-batches then log
+their losses from the groups' forwards without one of their own. The plan says where this applies and why not
+elsewhere; where it applies the trainer trains exactly as TRL's own passes, per loss type (in one process, the
+groups handed over in a scrambled order; tests/test_overlap.py holds a real server job to `off`)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from lossless_checks import CASES, assert_same_training
+
+AHEAD = [c for c in CASES if c not in ("bnpo", "grpo-accumulated")]
+
+
+def _plan(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
+    from ogrpo.config import load_run_config
+    from ogrpo.plan import plan_from_config
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump({"model_name_or_path": "ogrpo:tiny", "dataset_name": "ogrpo:tiny",
+                                   "reward_funcs": ["tiny_letter"], "num_generations": 4,
+                                   "per_device_train_batch_size": 16, **trl,
+                                   "ogrpo": {"use_vllm": True, **(ogrpo or {})}}))
+    plan = plan_from_config(load_run_config(str(cfg)), gpus=gpus)
+    return plan.train_ahead, plan.reason_of("overlap.train_ahead")
+
+
+def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fixed(tmp_path):
+    on, why = _plan(tmp_path)  # the default: dapo, lossless, streamed, the old policy from the loss forward
+    assert on is True and "while the server generates" in why
+    for loss in ("grpo", "dr_grpo", "sapo", "cispo", "vespo"):
+        assert _plan(tmp_path, loss_type=loss)[0] is True, loss
+    assert _plan(tmp_path, loss_type="luspo", importance_sampling_level="sequence")[0] is True
+    for keys, words in ((dict(loss_type="bnpo"), "bnpo"), (dict(scale_rewards="batch"), "whole batch"),
+                        (dict(multi_objective_aggregation="normalize_then_sum"), "whole batch"),
+                        (dict(top_entropy_quantile=0.5), "top_entropy_quantile"),
+                        (dict(entropy_coef=0.01), "entropy bonus"),
+                        (dict(ogrpo={"old_policy_pass": "separate"}), "separate pass"),
+                        (dict(ogrpo={"train_ahead": "off"}), "run config"),
+                        (dict(ogrpo={"strategy": "zero2"}), "DeepSpeed")):
+        on, why = _plan(tmp_path, **keys)
+        assert on is False and words in why, (keys, why)
+    on, why = _plan(tmp_path, gpus="3xcpu")  # two trainer processes
+    assert on is False and "2 trainer processes" in why
+    # nothing to train ahead where nothing streams: one-step, off, no server
+    assert _plan(tmp_path, ogrpo={"overlap": "one-step"}) == (None, None)
+    assert _plan(tmp_path, gpus="cpu") == (None, None)
+    # without the importance-sampling correction TRL runs no old-policy pass: nothing stands in the way
+    assert _plan(tmp_path, vllm_importance_sampling_correction=False)[0] is True
+
+
+def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
+    from types import SimpleNamespace
+
+    import torch
+
+    from ogrpo.overlap.train_ahead import why_not
+
+    def trainer(**kw):
+        base = dict(loss_type="dapo", scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
+                    top_entropy_quantile=1.0, accelerator=SimpleNamespace(num_processes=1), reward_funcs=[len],
+                    beta=0.0, ref_model=None, use_vllm=True, vllm_importance_sampling_correction=True,
+                    old_policy=object(), model=torch.nn.Linear(2, 2), args=SimpleNamespace(optim="adamw_torch"))
+        base.update(kw)
+        return SimpleNamespace(**base)
+
+    assert why_not(trainer()) is None
+    assert "dropout" in why_not(trainer(model=torch.nn.Sequential(torch.nn.Dropout(0.1))))
+    assert "reward model" in why_not(trainer(reward_funcs=[torch.nn.Linear(1, 1)]))
+    assert "PEFT" in why_not(trainer(beta=0.04))  # no reference model of its own: adapters disabled
+    assert why_not(trainer(beta=0.04, ref_model=torch.nn.Linear(2, 2))) is None
+    assert "separate pass" in why_not(trainer(old_policy=None))
+    assert why_not(trainer(old_policy=None, vllm_importance_sampling_correction=False)) is None
+    assert "LOMO" in why_not(trainer(args=SimpleNamespace(optim="lomo")))
+    assert "aux loss" in why_not(trainer(aux_loss_enabled=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", AHEAD)
+def test_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case):
+    """Per loss type and importance-sampling mode, chunked groups and shuffled micro-batches: every logged value and
+    the final weights as TRL's own passes, with every group of every batch trained ahead (the plan's defaults:
+    the old policy from the loss forward, packed passes)."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True)
+
+
+@pytest.mark.slow
+def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(tmp_path, monkeypatch):
+    """Fails closed: where TRL's batch differs from what the groups trained on (here: every group's advantages
+    are off by 1), the groups' gradients are dropped and TRL's own micro-batches train, as under `off`."""
+    import math
+
+    from lossless_checks import run
+    from ogrpo.overlap import train_ahead
+
+    real = train_ahead.advantages
+    monkeypatch.setattr(train_ahead, "advantages", lambda *a: real(*a) + 1.0)
+    theirs, _, _, _ = run(tmp_path / "trl", "grpo-beta")
+    ours, _, _, trainer = run(tmp_path / "ahead", "grpo-beta", from_loss=True, ahead=True)
+    assert [r["overlap/trained_ahead"] for r in ours] == [0.0, 0.0]
+    assert len(trainer.overlap.train_ahead_fallbacks) == 2
+    assert all("differs" in why for why in trainer.overlap.train_ahead_fallbacks)
+    for x, y in zip(theirs, ours):
+        for key in ("loss", "grad_norm", "reward", "entropy"):
+            assert math.isclose(y[key], x[key], rel_tol=1e-5, abs_tol=1e-6), (key, x[key], y[key])

@@ -35,8 +35,10 @@ CASES = {
     # two micro-batches per generation (TRL shuffles the batch before splitting it), entropy-masked tokens
     "grpo-accumulated": dict(loss_type="grpo", gradient_accumulation_steps=2, steps_per_generation=2,
                              top_entropy_quantile=0.5),
-    # four micro-batches of 2 rows per generation: a group of 4 is trained ahead in chunks of 2 rows, and TRL's
-    # shuffled micro-batches mix rows of both groups
+}
+# four micro-batches of 2 rows per generation: a group of 4 trained ahead (ogrpo/overlap/train_ahead.py) in chunks
+# of 2 rows, and TRL's shuffled micro-batches mixing rows of both groups
+CHUNKED = {
     "dapo-chunked": dict(loss_type="dapo", per_device_train_batch_size=2, gradient_accumulation_steps=4,
                          steps_per_generation=4, beta=0.04),
     "grpo-chunked": dict(loss_type="grpo", per_device_train_batch_size=2, gradient_accumulation_steps=4,
@@ -137,7 +139,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
 
-    keys = {"per_device_train_batch_size": 8, **CASES[case]}
+    keys = {"per_device_train_batch_size": 8, **{**CASES, **CHUNKED}[case]}
     max_len = 10
     args = GRPOConfig(output_dir=str(out_dir), num_generations=4,
                       max_completion_length=max_len, max_steps=STEPS, learning_rate=5e-3, logging_steps=1,

@@ -1,5 +1,6 @@
 """The images' TRL line (1.9.2, its logits path): the old policy from the loss forward and the packed passes each
-train exactly as TRL's own passes, per loss type and importance-sampling mode (tests/lossless_checks.py; the server
+train exactly as TRL's own passes, per loss type and importance-sampling mode, and so do groups trained ahead
+(tests/lossless_checks.py; the server
 run of test_trl19_overlap.py holds lossless with both to off with TRL's old-policy pass under DDP)."""
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ def test_trl19_the_loss_forwards_old_policy_trains_exactly_as_trls_separate_pass
 @pytest.mark.parametrize("case", list(CASES))
 def test_trl19_a_packed_run_trains_as_trls_padded_passes(tmp_path, case):
     assert_same_training(tmp_path, case, packed=True)
+
+
+@pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "vespo", "dapo-chunked"])
+def test_trl19_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case):
+    """Each streamed group's loss forward/backward as it arrives (ogrpo/overlap/train_ahead.py), on TRL 1.9.2's
+    loss and its transformers' accumulation scaling: a mean loss, a fixed denominator, a sum over the batch's
+    tokens in chunks (tests/test_train_ahead.py runs every case on TRL 1.16)."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True)
 
 
 def test_trl19_packed_through_the_kernel_with_the_old_policy_from_the_loss(tmp_path):

@@ -482,12 +482,17 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         # TRL took the groups' rewards and their reference pass (beta > 0); the old policy's came from the loss
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
         assert x["overlap/rewards_ahead"] == 1.0
+        # every group's loss forward and backward ran as it arrived, at least one before the last group was in,
+        # and TRL's batch was what they trained on (else their gradients were dropped: trained_ahead 0)
+        assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per group, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * groups
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless"
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
+    assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
+    assert "train_ahead" not in json.loads((off_run / "manifest.json").read_text())  # nothing streams in off
     assert json.loads((off_run / "manifest.json").read_text())["old_policy_pass"]["pass"] == "separate"
     # the positions counted are those of the forwards that ran: off's two scoring passes over the whole batch (old
     # policy and reference), the streamed groups' reference pass in lossless, never both; the same loss forwards
@@ -571,6 +576,9 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     ogrpo = {**{k: v for k, v in keys.pop("ogrpo", {}).items() if k != "use_vllm"}, "strategy": strategy}
     if lora:
         keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
+        # no KL term: LoRA's reference is TRL's pass over the whole batch (adapters disabled), which a group's
+        # loss trained ahead cannot wait for; without it each rank trains its groups as they arrive (train_ahead)
+        keys["beta"] = 0.0
     # off runs TRL's own passes (padded, and the old policy's separate); lossless packs them and takes the old
     # policy from the loss forward, on both ranks
     runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS,
@@ -592,12 +600,20 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         # policy's came from the loss forward)
         assert 1 <= x["overlap/groups_early"] <= groups - 1
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == (0.0 if lora else 1.0)
+        # DDP: each rank trained its groups as they arrived, the gradients averaged once (ZeRO-3: TRL's order)
+        if strategy == "ddp":
+            assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
+        else:
+            assert "overlap/trained_ahead" not in x
         for key in [k for k in y if k.startswith("sampling/")]:
             assert x[key] == pytest.approx(y[key], **PACKED), (x["step"], key, x[key], y[key])
         # each push reached the server whole (merged, or gathered from the partitions) before the next request
         assert x["sampling/sampling_logp_difference/mean"] < 1e-4
     manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
+    ahead = manifest["train_ahead"]
+    assert ahead == {"on": True, "reason": None, "fallbacks": []} if strategy == "ddp" else \
+        (ahead["on"] is False and "DeepSpeed" in ahead["reason"]), ahead
     assert_trl_passes_against_ours(runs["off"], runs["lossless"])
     stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
     assert stream["value"] == "groups" and "2 trainer processes" in stream["reason"]

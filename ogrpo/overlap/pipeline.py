@@ -274,6 +274,7 @@ class RankGroups:
         self.counts = [0] * ranks
         self.mine: list[tuple[int, dict]] = []
         self.scored = 0
+        self.trained = 0
 
     def arrived(self, index: int, answer: dict) -> None:
         owner, local = divmod(index, self.per_rank)
@@ -292,6 +293,14 @@ class RankGroups:
             self.scored += 1
             if self.work is not None:
                 self.work.score(local, answer)
+        ahead = self.work.ahead if self.work is not None else None
+        if ahead is not None:  # the groups' losses: their metrics are collectives, so always in step
+            everyone = min(self.counts)
+            whole = sum(self.counts) == len(self.counts) * self.per_rank
+            while self.trained < everyone:
+                local, answer = self.mine[self.trained]
+                self.trained += 1
+                ahead.train_now(local, answer, early=not whole)
 
 
 class Ticket:

@@ -42,12 +42,19 @@ def rank_groups(trainer, state, work, prompts):
         everyone = gather_object([work is not None and work.score_fn is not None])
         if work is not None and not all(everyone):
             work.score_fn = None
+    if state.train_ahead:  # the ranks train their groups in step: all of them, or none
+        everyone = gather_object([work is not None and work.ahead is not None])
+        if work is not None and not all(everyone):
+            work.ahead = work.then = None
+    ahead = work is not None and work.ahead is not None
     groups = RankGroups(work, acc.process_index, acc.num_processes, len(prompts) // trainer.num_generations,
                         state.lockstep)
     trl_collectives.handoff.groups = groups
     if state.pipeline is not None:
         def hand_over(index, answer):
-            broadcast_object_list([(index, {"completion_ids": answer["completion_ids"]})], from_process=0)
+            # a group trained ahead needs the server's sampling log-probs on the rank that owns it
+            keys = ("completion_ids", "logprobs") if ahead else ("completion_ids",)
+            broadcast_object_list([(index, {k: answer.get(k) for k in keys})], from_process=0)
             groups.arrived(index, answer)
 
         state.pipeline.on_group = hand_over

@@ -46,11 +46,11 @@ def why_not(trainer) -> str | None:
     reason = config_why_not(trainer.loss_type, trainer.scale_rewards,
                             getattr(trainer, "multi_objective_aggregation", None), trainer.top_entropy_quantile,
                             bool(getattr(trainer, "_entropy_bonus_enabled", False)),
-                            trainer.accelerator.num_processes,
-                            bool(getattr(trainer, "is_deepspeed_enabled", False)
-                                 or getattr(trainer, "is_fsdp_enabled", False)))
+                            bool(getattr(trainer, "is_deepspeed_enabled", False)))
     if reason:
         return reason
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP reduces and reshards inside each backward"
     if getattr(trainer, "aux_loss_enabled", False):
         return "the router's aux loss is a mean over each micro-batch"
     if getattr(args, "use_liger_kernel", False) or getattr(trainer, "use_liger_kernel", False):
@@ -154,8 +154,10 @@ class Replay:
 
 
 class TrainAhead:
-    """One generation batch's groups trained as they come in (main thread: after a group's log-prob passes, each
-    group whose rewards are done; the rest once the last group is in)."""
+    """One generation batch's groups trained as they come in. One process: after a group's log-prob passes, each
+    group whose rewards are done, the rest once the last group is in (`arrived`, `finish`). Several: RankGroups
+    calls `train_now` for a rank's k-th group once every rank has k groups (TRL's loss metrics are collectives),
+    each backward without DDP's reduction, which `adopt` does once for the batch."""
 
     def __init__(self, trainer, work, prompt_ids: list, width: int):
         self.trainer, self.work, self.prompt_ids, self.width = trainer, work, prompt_ids, width
@@ -167,6 +169,14 @@ class TrainAhead:
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
         self.run(block=False)
+
+    def train_now(self, index: int, answer: dict, early: bool) -> None:
+        """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
+        reward = self.work.rewards.get(index)
+        if reward is None:
+            raise OverlapError(f"overlap: group {index} has no rewards to train on")
+        self._train(index, answer, reward.result()[2])
+        self.early += int(early)
 
     def finish(self) -> None:
         """Every group in: train what is left (waiting for its rewards)."""
@@ -241,9 +251,10 @@ class TrainAhead:
         try:
             if old_policy is not None:
                 old_policy.loss_inputs = chunk  # the old policy and IS ratio from this forward, as in the loss
-            with trainer.compute_loss_context_manager():
+            # DDP reduces nothing here: `adopt` averages the batch's gradients once
+            with trainer.accelerator.no_sync(trainer.model_wrapped), trainer.compute_loss_context_manager():
                 loss = trainer._compute_loss(trainer.model_wrapped, chunk)
-            trainer.accelerator.backward(loss * scale)
+                trainer.accelerator.backward(loss * scale)
             (lp, ent), = state.capture
         finally:
             state.capture = None
@@ -306,12 +317,19 @@ class TrainAhead:
 
         trainer = self.trainer
         reason = self.check(out)
+        ranks = trainer.accelerator.num_processes
+        if ranks > 1:  # every rank keeps its gradients, or none does
+            from accelerate.utils import gather_object
+
+            reason = next((r for r in gather_object([reason]) if r is not None), None)
         metrics = trainer._metrics["train"]
         if reason is not None:
             trainer.model.zero_grad(set_to_none=True)  # zero when the step began: TRL's micro-batches start afresh
             metrics["overlap/trained_ahead"].append(0.0)
             trainer.overlap.train_ahead_fallbacks.append(reason)
             return None
+        if ranks > 1:
+            average_gradients(trainer.model, ranks)
         if trainer.loss_type in SUM_LOSSES:  # TRL's normalizer, with the real count (the chunks' was 1)
             normalizer = (float(out["num_items_in_batch"].clamp(min=1.0)) / trainer.accelerator.num_processes
                           * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation)
@@ -322,3 +340,35 @@ class TrainAhead:
         metrics["overlap/trained_early"].append(float(self.early))
         out[ROW_KEY] = torch.arange(out["prompt_ids"].size(0))
         return Replay(self.groups, trainer.num_generations, trainer.args.steps_per_generation)
+
+
+def average_gradients(model, ranks: int, bucket_bytes: int = 64 << 20) -> None:
+    """What DDP's reduction does at the last micro-batch, once for the batch: every trainable parameter's gradient
+    averaged over the ranks (all-reduced in flat buckets of one dtype)."""
+    import torch
+    import torch.distributed as dist
+
+    grads = []
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:  # untouched on this rank: its share is zero, and every rank must send the same
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    by_dtype: dict = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        bucket, size = [], 0
+        for g in same + [None]:
+            if g is not None and (not bucket or size + g.numel() * g.element_size() <= bucket_bytes):
+                bucket.append(g)
+                size += g.numel() * g.element_size()
+                continue
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat)
+            flat.div_(ranks)
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()
+            bucket, size = ([g], g.numel() * g.element_size()) if g is not None else ([], 0)

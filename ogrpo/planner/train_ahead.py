@@ -9,7 +9,7 @@ SUM_LOSSES = ("dapo", "cispo", "vespo")  # normalized by the batch's token count
 
 
 def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
-            entropy_bonus: bool, processes: int, deepspeed: bool) -> str | None:
+            entropy_bonus: bool, deepspeed: bool) -> str | None:
     """Why a run with these settings cannot train groups ahead, else None."""
     if loss_type == "bnpo":
         return ("loss_type bnpo: its loss is normalized by each micro-batch's token count, which TRL draws after "
@@ -22,9 +22,6 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
         return "top_entropy_quantile < 1: the entropy mask is a quantile over each micro-batch"
     if entropy_bonus:
         return "the entropy bonus is a mean over each micro-batch"
-    if processes > 1:
-        return (f"{processes} trainer processes: each rank's backward would have to hold the gradient reduction "
-                "until its last group (not built yet); the groups' rewards and log-prob passes still stream")
     if deepspeed:
         return "DeepSpeed's backward steps its engine at accumulation boundaries"
     return None
@@ -38,11 +35,15 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
         return "off", "set in the run config (ogrpo.train_ahead: off): the loss runs after the whole batch is in"
     reason = why_not(str(trl_get("loss_type")), trl_get("scale_rewards"), trl_get("multi_objective_aggregation"),
                      float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
-                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), processes, deepspeed)
+                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed)
     if reason is None and correction and old_policy_pass != "from_loss":
         reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
     if reason is not None:
         return "off", reason
-    return "on", ("each finished group's loss forward and backward run while the server generates the rest "
-                  "(gradient accumulation is a sum; the weights do not change until the optimizer step): only the "
-                  "last group's, the optimizer step and the push wait for generation")
+    why = ("each finished group's loss forward and backward run while the server generates the rest (gradient "
+           "accumulation is a sum; the weights do not change until the optimizer step): only the last group's, the "
+           "optimizer step and the push wait for generation")
+    if processes > 1:
+        why += (f"; each of the {processes} trainer processes trains its own groups, the ranks' k-th together (its "
+                "loss metrics are collectives), and the gradients are averaged once, after the last group")
+    return "on", why

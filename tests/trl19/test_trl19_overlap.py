@@ -66,6 +66,8 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         # TRL's importance-sampling statistics from it are those of TRL's own pass
         assert 1 <= x["overlap/groups_early"] <= GROUPS - 1
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == 1.0
+        # each rank trained its groups' loss as they arrived (ogrpo/overlap/train_ahead.py), on TRL 1.9.2's loss
+        assert x["overlap/trained_ahead"] == GROUPS and x["overlap/trained_early"] >= 1, x
         sampling = [k for k in y if k.startswith("sampling/")]
         assert len(sampling) == 5, y
         for key in sampling:
@@ -74,6 +76,7 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     ours, theirs = (json.loads((r / "manifest.json").read_text()) for r in (run, off_run))
     assert (theirs["old_policy_pass"]["pass"], ours["old_policy_pass"]["pass"]) == ("separate", "from_loss")
     assert theirs["padding_free"]["on"] is False and ours["padding_free"]["on"] is True, ours["padding_free"]
+    assert ours["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
     # one request per group, each answered as it finished, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 2 * GROUPS
 

@@ -78,6 +78,16 @@ def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
     assert "aux loss" in why_not(trainer(aux_loss_enabled=True))
 
 
+def test_a_group_trains_in_chunks_of_a_micro_batchs_positions_never_fewer_rows():
+    from ogrpo.overlap.train_ahead import chunk_rows
+
+    # TRL's micro-batch: 2 rows, planned at a 5-token prompt and 10-token completions: 30 positions
+    assert chunk_rows(2, 5, 10, 10) == 2  # the group's longest is the cap: TRL's rows
+    assert chunk_rows(2, 5, 2, 10) == 4  # short completions: 4 rows of 7 positions fit in 30
+    assert chunk_rows(8, 100, 300, 256) == 8  # longer than planned (a prompt over its budget): still TRL's rows
+    assert chunk_rows(4, 0, 0, 0) == 4
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", AHEAD)
 def test_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case):

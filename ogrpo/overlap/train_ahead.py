@@ -11,7 +11,8 @@ in (TRL shuffles the generation batch before splitting it):
 - dapo, cispo, vespo: a sum over tokens divided by the batch's token count (`num_items_in_batch`), known only when
   the last group is in: the chunks run with a provisional count of 1, and the accumulated gradients are scaled
   once by 1 / the real count (a scale of a sum: exact up to rounding).
-The chunks hold at most per_device_train_batch_size rows (the memory the plan sized). The loss, its metrics and
+A chunk holds as many rows as fit the positions of a TRL micro-batch at the longest completion (the memory the
+plan sized): per_device_train_batch_size rows or more, never fewer. The loss, its metrics and
 the old policy's numbers come from TRL's code: `_compute_loss` itself runs on each chunk (its metrics dropped),
 and again on TRL's own micro-batches, under no gradient to the weights, with the chunks' log-probs and entropies
 in place of a forward (`replay`): TRL logs exactly what it logs under `off`, and the Trainer's backward of that
@@ -112,6 +113,13 @@ def sampling_logps(answer: dict, length: int, device):
         if values:
             out[r, :len(values)] = torch.tensor([float("nan") if v is None else v for v in values])
     return out.to(device)
+
+
+def chunk_rows(per_device: int, width: int, length: int, max_completion: int) -> int:
+    """Rows per forward/backward of a group: a token budget, the positions of a TRL micro-batch of
+    `per_device` rows at the longest completion the plan sized its memory for, filled with this group's rows
+    (its prompt width plus its longest completion each); never fewer rows than TRL's micro-batch."""
+    return max(per_device, per_device * (width + max_completion) // max(1, width + length))
 
 
 class Trained:
@@ -217,9 +225,9 @@ class TrainAhead:
                 raise RuntimeError(f"group {index} has no streamed reference log-probs")
             inputs["ref_per_token_logps"] = scored["ref"]
         logps, entropies = [], []
-        per_micro = trainer.args.per_device_train_batch_size
-        for lo in range(0, n, per_micro):
-            chunk = {k: v[lo:lo + per_micro] for k, v in inputs.items()}
+        rows = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length)
+        for lo in range(0, n, rows):
+            chunk = {k: v[lo:lo + rows] for k, v in inputs.items()}
             lp, ent = self._backward(chunk)
             logps.append(lp)
             entropies.append(ent)

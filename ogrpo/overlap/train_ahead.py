@@ -126,8 +126,8 @@ class Trained:
     """One group as it was trained: the inputs TRL's batch must match, and each row's log-probs and entropies for
     the replay."""
 
-    def __init__(self, inputs: dict, width: int, logps, entropies):
-        self.inputs, self.width, self.logps, self.entropies = inputs, width, logps, entropies
+    def __init__(self, inputs: dict, logps, entropies):
+        self.inputs, self.logps, self.entropies = inputs, logps, entropies
 
 
 class Replay:
@@ -172,11 +172,13 @@ class TrainAhead:
         self.pending: list[tuple[int, dict]] = []
         self.groups: dict[int, Trained] = {}
         self.early = 0  # groups trained before the last one arrived
+        self.arrivals, self.total = 0, len(prompt_ids) // trainer.num_generations
         self.failed: BaseException | None = None
 
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
-        self.run(block=False)
+        self.arrivals += 1
+        self.run(block=False, last=self.arrivals >= self.total)
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
@@ -231,7 +233,7 @@ class TrainAhead:
             lp, ent = self._backward(chunk)
             logps.append(lp)
             entropies.append(ent)
-        self.groups[index] = Trained(inputs, w, torch.cat(logps),
+        self.groups[index] = Trained(inputs, torch.cat(logps),
                                      None if any(e is None for e in entropies) else torch.cat(entropies))
 
     def _backward(self, chunk: dict):

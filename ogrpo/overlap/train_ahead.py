@@ -178,7 +178,9 @@ class TrainAhead:
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
         self.arrivals += 1
-        self.run(block=False, last=self.arrivals >= self.total)
+        # the groups that came before this one have had a whole arrival's time for their rewards: wait for them
+        # (the server generates meanwhile); this one only if its rewards are already done
+        self.run(wait=len(self.pending) - 1, last=self.arrivals >= self.total)
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
@@ -190,14 +192,17 @@ class TrainAhead:
 
     def finish(self) -> None:
         """Every group in: train what is left (waiting for its rewards)."""
-        self.run(block=True, last=True)
+        self.run(wait=len(self.pending), last=True)
 
-    def run(self, block: bool, last: bool = False) -> None:
+    def run(self, wait: int, last: bool) -> None:
+        """Train the pending groups in arrival order: the first `wait` whatever it takes for their rewards, the
+        rest while their rewards are done."""
         while self.pending and self.failed is None:
             index, answer = self.pending[0]
             reward = self.work.rewards.get(index)
-            if reward is None or (not block and not reward.done()):
+            if reward is None or (wait <= 0 and not reward.done()):
                 return
+            wait -= 1
             self.pending.pop(0)
             try:
                 self._train(index, answer, reward.result()[2])

@@ -76,7 +76,7 @@ def test_the_loss_forwards_old_policy_trains_exactly_as_trls_separate_pass(tmp_p
 
 
 @pytest.mark.parametrize("key, value, hint", [("old_policy_pass", "seperate", "separate"),
-                                              ("padding_free", "of", "off")])
+                                              ("padding_free", "of", "off"), ("train_ahead", "of", "off")])
 def test_a_wrong_word_for_a_lossless_switch_is_one_line_exit_2(run_cli, tmp_path, key, value, hint):
     cfg = tmp_path / "r.yaml"
     cfg.write_text("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"

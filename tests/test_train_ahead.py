@@ -69,6 +69,11 @@ def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
 
     assert why_not(trainer()) is None
     assert "dropout" in why_not(trainer(model=torch.nn.Sequential(torch.nn.Dropout(0.1))))
+
+    class AttentionDropout(torch.nn.Linear):  # applied functionally: no module, only the config says so
+        config = SimpleNamespace(to_dict=lambda: {"attention_dropout": 0.1, "use_cache": True})
+
+    assert "dropout" in why_not(trainer(model=AttentionDropout(2, 2)))
     assert "reward model" in why_not(trainer(reward_funcs=[torch.nn.Linear(1, 1)]))
     assert "PEFT" in why_not(trainer(beta=0.04))  # no reference model of its own: adapters disabled
     assert why_not(trainer(beta=0.04, ref_model=torch.nn.Linear(2, 2))) is None

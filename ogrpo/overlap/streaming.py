@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from ogrpo import compat
+from ogrpo.dropout import draws_dropout
 from ogrpo.overlap.pipeline import GroupWork, RankGroups
 from ogrpo.overlap.rows import group_rows, prompt_layout
 from ogrpo.overlap.train_ahead import TrainAhead
@@ -179,16 +180,9 @@ def _wants_ref(trainer) -> bool:
 def _can_score_groups(trainer) -> bool:
     """Per-group passes give TRL's numbers only where a pass draws no random numbers (dropout, in train mode) and
     reads only token ids (no vision inputs)."""
-    import torch
-
     if getattr(trainer, "_is_vlm", False) or not (_wants_old(trainer) or _wants_ref(trainer)):
         return False
-    model = trainer.model
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
-        return False
-    config = getattr(model, "config", None)
-    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
-    return not any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in items)
+    return not draws_dropout(trainer.model)
 
 
 def _group_score(trainer, state, prompts):

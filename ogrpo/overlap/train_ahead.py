@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 
+from ogrpo.dropout import draws_dropout
 from ogrpo.overlap.pipeline import OverlapError
 from ogrpo.overlap.rows import group_rows
 from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
@@ -69,7 +70,7 @@ def why_not(trainer) -> str | None:
     if getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False) \
             and getattr(trainer, "old_policy", None) is None:
         return "the old policy's log-probs come from TRL's separate pass over the whole batch"
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in trainer.model.modules()):
+    if draws_dropout(trainer.model):
         return "the model has dropout: a group's forward would draw other masks than TRL's micro-batches"
     return None
 

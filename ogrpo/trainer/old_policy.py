@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from ogrpo.dropout import draws_dropout
 from ogrpo.planner.settings import earlier_old_policy
 
 SAMPLING_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
@@ -41,9 +42,7 @@ def why_not(trainer) -> str | None:
         return "Liger's GRPO loss reads the old log-probs without TRL's per-token forward"
     if getattr(trainer, "_is_vlm", False):
         return "vision inputs"
-    import torch
-
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in trainer.model.modules()):
+    if draws_dropout(trainer.model):
         return "the model has dropout: the separate pass draws other masks than the loss forward"
     return None
 

@@ -377,3 +377,47 @@ def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_s
         deadline.stopping.clear()
         release.set()
         server.shutdown()
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_a_generation_the_server_did_not_finish_fails_instead_of_giving_truncated_completions(reason):
+    """vLLM answers a request it aborts (its SIGTERM with the request in flight) with HTTP 200 and the partial,
+    even empty, sequences; TRL's client would train on them, and one-step would checkpoint them as its batch in
+    flight (a resumed run then failed on an empty completion). The job-key session fails such a request."""
+    import http.server
+    import json
+    import threading
+
+    import requests
+
+    from ogrpo.serve import auth
+
+    answers = {"/v1/completions": [{"token_ids": [5, 6], "finish_reason": "stop"},
+                                   {"token_ids": [], "finish_reason": reason}],
+               "/ok": [{"token_ids": [5, 6], "finish_reason": "stop"}, {"token_ids": [7], "finish_reason": "length"}],
+               "/text": None}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            choices = answers[self.path]
+            body = json.dumps({"choices": choices}).encode() if choices else f'"{reason}"'.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    session = auth._keyed_session_cls(requests)()
+    try:
+        with pytest.raises(auth.GenerationAborted, match=f"finish_reason {reason}"):
+            session.post(f"{base}/v1/completions", json={})
+        assert len(session.post(f"{base}/ok", json={}).json()["choices"]) == 2  # finished sequences pass
+        assert session.post(f"{base}/text", json={}).json() == reason  # the word alone, not a generation: passes
+    finally:
+        server.shutdown()

@@ -64,6 +64,17 @@ class SignalAt(transformers.TrainerCallback):
             os.kill(os.getpid(), self.sig)
 
 
+class SignalWhileLogging(transformers.TrainerCallback):
+    """Deliver a real signal after step `step` ended, while it is logged: before its periodic save, if any."""
+
+    def __init__(self, step, sig):
+        self.step, self.sig = step, sig
+
+    def on_log(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
 def weights(trainer):
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
@@ -97,6 +108,23 @@ def test_signal_saves_stops_and_resume_matches(tmp_path, reference, sig):
     for k, v in weights(resumed).items():
         torch.testing.assert_close(v, ref_weights[k], rtol=0, atol=1e-6)
     assert resumed.state.log_history[-2]["loss"] == pytest.approx(ref_loss, abs=1e-6)
+
+
+@pytest.mark.parametrize(("step", "saved"), [(4, 4), (5, 6)])
+def test_a_signal_after_the_step_end_stops_after_the_save_that_holds_every_step(tmp_path, reference, step, saved):
+    """The step had ended when the signal came. At a periodic save (step 4 of save_steps 4) that save holds every
+    finished step: stop after it rather than train and save one more step. Otherwise (step 5) the next step's end
+    saves, as for a signal mid-step."""
+    trainer, cb = make_trainer(tmp_path, [SignalWhileLogging(step, signal.SIGUSR2)])
+    trainer.train()
+    assert cb.preempted and trainer.state.global_step == saved and cb.saved_step == saved
+    assert [p.name for p in preemption.complete_checkpoints(tmp_path)][-1] == f"checkpoint-{saved}"
+    assert json.loads((tmp_path / preemption.MARKER).read_text())["checkpoint"] == f"checkpoint-{saved}"
+    resumed, cb2 = make_trainer(tmp_path)
+    resumed.train(resume_from_checkpoint=preemption.resume_checkpoint(tmp_path))
+    assert resumed.state.global_step == MAX_STEPS and not cb2.preempted
+    for k, v in weights(resumed).items():
+        torch.testing.assert_close(v, reference[0][k], rtol=0, atol=1e-6)
 
 
 def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -120,6 +120,35 @@ def _refuse_on_auth(response, *args, **kwargs):
     return response
 
 
+# vLLM's finish reasons for a sequence it did not finish: it was aborted (the server shutting down on SIGTERM
+# answers every request in flight with what it had generated) or failed
+UNFINISHED = ("abort", "error")
+
+
+class GenerationAborted(ConnectionError):
+    """The server answered a generation with sequences it did not finish: a truncated completion must never be
+    trained on or checkpointed as the batch in flight."""
+
+
+def _refuse_unfinished(response, *args, **kwargs):
+    """vLLM's OpenAI routes answer an aborted request with HTTP 200 and its partial (possibly empty) sequences,
+    which TRL's client would take as completions. Fail the request instead: the step fails with it, and a job
+    that is stopping leaves with its last complete checkpoint (ogrpo.trainer.preemption)."""
+    if response.status_code != 200 or not any(f'"{r}"'.encode() in response.content for r in UNFINISHED):
+        return response  # the common case, decided without parsing
+    try:
+        body = response.json()
+    except ValueError:
+        return response
+    choices = body.get("choices") or [] if isinstance(body, dict) else []
+    reasons = sorted({c.get("finish_reason") for c in choices if isinstance(c, dict)} & set(UNFINISHED))
+    if reasons:
+        raise GenerationAborted(
+            f"vLLM server answered {response.request.method} {response.url} with unfinished sequences "
+            f"(finish_reason {', '.join(reasons)}: it aborted them, e.g. on its way down); none of them is used")
+    return response
+
+
 def _keyed_session_cls(requests_mod):
     class JobKeySession(requests_mod.Session):
         """requests.Session that carries the job key on every request and keeps TRL 1.9's weight-sync group
@@ -131,7 +160,7 @@ def _keyed_session_cls(requests_mod):
             key = from_env()
             if key:
                 self.headers["Authorization"] = f"{SCHEME} {key}"
-            self.hooks["response"].append(_refuse_on_auth)
+            self.hooks["response"].extend([_refuse_on_auth, _refuse_unfinished])
 
         def request(self, method, url, *args, **kwargs):
             from urllib.parse import urlsplit

@@ -169,7 +169,8 @@ def _trainer_callback_base():
 
 
 class PreemptionCallback(_trainer_callback_base()):
-    """Flag on SIGUSR2/SIGTERM; at the end of the step: save a checkpoint and stop training."""
+    """Flag on SIGUSR2/SIGTERM; at the end of the step: save a checkpoint and stop training. A signal that lands
+    after a step ended and before its save finished stops after that save."""
 
     SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -326,8 +327,12 @@ class PreemptionCallback(_trainer_callback_base()):
         self.last_saved = self.step = state.global_step
         if self._step_ended is not None:
             self._save_s = time.monotonic() - self._step_ended  # the save and the step-end logging before it
-        if self.preempted:
+        # A signal that landed after this step's end (while it was logged or saved) finds every finished step in
+        # this checkpoint: stop here instead of training one more step to save it again. Agreed across ranks,
+        # as at the step end: every rank saves this step, so every rank reaches this all-reduce.
+        if self._any_rank_preempted():
             self.saved_step = state.global_step
+            control.should_training_stop = True
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -84,8 +84,10 @@ def test_disjoint_devices_status_and_logs(slurm_cluster, tmp_path):
 def test_cancel_leaves_no_process(slurm_cluster, tmp_path):
     job_dir = tmp_path / "run"
     job = submit_toy(job_dir, total=600)
-    wait_for(lambda: (job_dir / "run" / "roles" / "trainer.step.json").exists(), 90, "the trainer step to start")
-    pids = [read_json(job_dir / "run" / "roles" / f"{r}.step.json")["pid"] for r in ("server", "trainer")]
+    steps = [job_dir / "run" / "roles" / f"{r}.step.json" for r in ("server", "trainer")]
+    # each step writes its record once it runs, in either order
+    wait_for(lambda: all(p.exists() for p in steps), 90, "the server and trainer steps to start")
+    pids = [read_json(p)["pid"] for p in steps]
     assert processes_of_job(job), "the running job should own processes"
     out = ogrpo("cancel", job, check=True)
     assert f"cancelled job {job}" in out.stdout

@@ -24,8 +24,8 @@ the seed and the weights only, across server restarts.
 
 from __future__ import annotations
 
+import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -64,8 +64,10 @@ def checkpoint_step(checkpoint: str | Path) -> int:
     return checkpoint_step(checkpoint)
 
 
-def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: list[str]) -> tuple[int, int]:
-    """Once step `after` is logged in attempt `attempt`: hold the trainer, send `scancel` args, let it go on.
+def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: list[str],
+                     trainer_signal: signal.Signals) -> tuple[int, int]:
+    """Once step `after` is logged in attempt `attempt`: hold the trainer, send `scancel` args, let it go on
+    once `trainer_signal` (what they send the trainer) is pending in it.
     Returns (the last step logged, the last step checkpointed) when the signal was sent. With a checkpoint every
     step, the step the trainer is in is the one after its last checkpoint: it may have logged that step already
     (the Trainer logs a step, then saves it), so the logged step alone does not say which."""
@@ -78,10 +80,29 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
 
     ckpts = complete_checkpoints(run)  # renamed into place whole: a held trainer leaves none half-listed
     checkpointed = checkpoint_step(ckpts[-1]) if ckpts else 0
-    subprocess.run(["scancel", *scancel, job], check=True)
-    time.sleep(1)  # the signal is delivered before the trainer runs on
-    subprocess.run(["scancel", "--signal=CONT", step], check=False)
+    try:
+        subprocess.run(["scancel", *scancel, job], check=True)
+        # the trainer runs on only once the signal waits for it: on a loaded machine the supervisor's USR2 can
+        # take seconds to reach it, by which time a running trainer could be a step further
+        wait_for(lambda: _pending_in_held_trainer(job, trainer_signal), 120,
+                 f"{trainer_signal.name} to reach the trainer")
+    finally:
+        subprocess.run(["scancel", "--signal=CONT", step], check=False)
     return logged, checkpointed
+
+
+def _pending_in_held_trainer(job: str, sig: signal.Signals) -> bool:
+    """Every stopped process of the job that handles `sig` (the trainer's workers) has it pending."""
+    bit = 1 << (sig - 1)
+    held = []
+    for pid in processes_of_job(job):
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if fields["State"].strip().startswith("T") and int(fields["SigCgt"], 16) & bit:
+            held.append((int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) & bit)
+    return bool(held) and all(held)
 
 
 def _sbatch(job_dir: Path) -> str:
@@ -115,10 +136,11 @@ def termed_job(request, slurm_cluster, tmp_path_factory):
     job = _sbatch(job_dir)
     run = job_dir / "run"
     try:
-        signalled = {0: _hold_and_signal(job, run, 0, 2, ["--signal=TERM"])}
+        signalled = {0: _hold_and_signal(job, run, 0, 2, ["--signal=TERM"], signal.SIGTERM)}
         wait_for(lambda: (job_dir / "slurm" / "requeue-0.json").exists(), 300, "the requeue after the TERM")
         resumed = checkpoint_step(read_json(job_dir / "slurm" / "requeue-0.json")["checkpoint"])
-        signalled[1] = _hold_and_signal(job, run, 1, resumed + 1, ["-b", "--signal=TERM"])
+        signalled[1] = _hold_and_signal(job, run, 1, resumed + 1, ["-b", "--signal=TERM"],
+                                         signal.SIGUSR2)
         wait_for(lambda: (job_dir / "slurm" / "requeue-1.json").exists(), 300, "the requeue after the batch TERM")
         wait_gone(job, 1200)
         wait_gone(twin, 1200)

@@ -131,10 +131,11 @@ def stream_groups(trainer, server) -> None:
 
 
 def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False,
-        ahead: bool = False):
+        ahead: bool = False, shared: bool = False):
     """Trains STEPS steps of the tiny task with the layers asked for (none: TRL's own passes); returns (log rows,
     final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
-    group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py)."""
+    group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py). `shared` (with packed):
+    every packed chunk computes each prompt once for its generations, whatever the cost model would pick."""
     from trl import GRPOConfig
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
@@ -158,6 +159,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
         assert trainer.old_policy_from_loss() is None
     if packed:
         assert trainer.pack_sequences() is None
+        trainer.packing.layout = "shared" if shared else None
     if ahead:
         stream_groups(trainer, server)
     forwards = []
@@ -211,6 +213,9 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         calls = trainer.packing.calls
         # a chunk trained ahead may be rows of one length, where packing saves nothing and TRL's pass runs
         assert calls["packed"] >= STEPS and (calls["padded"] == 0 or layers.get("ahead")), calls
+        if layers.get("shared"):  # a pass computed its rows' prompts once where a chunk held rows of one prompt
+            shuffled = trainer.args.steps_per_generation > 1  # TRL shuffles a generation's rows into micro-batches
+            assert calls["shared"] > 0 and (shuffled or calls["shared"] == calls["packed"]), calls
     if kernel:
         assert trainer.logprobs_scorer.calls["kernel"] >= STEPS and trainer.logprobs_scorer.calls["trl"] == 0
     if layers.get("ahead"):  # every group of every batch was trained ahead and its gradients kept

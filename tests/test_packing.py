@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from lossless_checks import CASES, assert_same_training
-from ogrpo.trainer.packing import Costs, balanced_bins, choose_capacity, first_fit_decreasing, pack, why_not
+from ogrpo.trainer.packing import (Costs, balanced_bins, choose_capacity, first_fit_decreasing, pack, prompt_families,
+                                   why_not, why_not_share)
 
 
 def test_first_fit_decreasing_fills_bins_up_to_the_capacity_longest_first():
@@ -87,6 +88,108 @@ def test_pack_leaves_to_trl_a_completion_without_a_prompt_token_and_a_pass_with_
     assert pack(ids, (ids != 0).long(), logits_to_keep=2) is None
     masked = torch.tensor([[1, 2, 0, 0], [3, 4, 0, 0]])  # mask_truncated_completions masked both completions
     assert pack(masked, (masked != 0).long(), logits_to_keep=2) is None
+
+
+def _qwen2_config(attention="sdpa", **extra):
+    import transformers
+
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=50,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      **extra)
+    config._attn_implementation = attention
+    return config
+
+
+def _qwen2():
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(_qwen2_config())
+
+
+# six rows of width 10, the last 5 columns the completion, 0 padding: rows 0-2 share the prompt [3, 4, 5] (row 2's
+# completion at the cap), rows 3-4 share [7, 8], row 5 shares with nobody, row 6 has a 1-token prompt
+SHARED_IDS = torch.tensor([[0, 0, 3, 4, 5, 11, 12, 13, 0, 0],
+                           [0, 0, 3, 4, 5, 14, 15, 0, 0, 0],
+                           [0, 0, 3, 4, 5, 16, 17, 18, 19, 20],
+                           [0, 0, 0, 7, 8, 21, 22, 0, 0, 0],
+                           [0, 0, 0, 7, 8, 23, 0, 0, 0, 0],
+                           [0, 9, 9, 9, 9, 24, 25, 26, 0, 0],
+                           [0, 0, 0, 0, 6, 27, 28, 0, 0, 0],
+                           [0, 0, 0, 0, 6, 29, 0, 0, 0, 0]])
+
+
+def _padded_logps(model, ids, mask, keep):
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -keep - 1:-1]
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None])[..., 0] * mask[:, -keep:]
+
+
+def _packed_logps(model, packed, rows, keep):
+    from ogrpo.trainer.packing import _inputs
+
+    b, c = packed.scored
+    logits = model(**_inputs(packed)).logits[b, c - 1]
+    logps = torch.log_softmax(logits, -1).gather(-1, packed.input_ids[b, c][:, None])[:, 0]
+    return logps.new_zeros(rows, keep).index_put(packed.dest, logps)
+
+
+def test_rows_that_share_a_prompt_compute_it_once_with_the_same_log_probs_and_gradients():
+    ids, keep = SHARED_IDS, 5
+    mask = (ids != 0).long()
+    families = prompt_families(ids, mask, keep)
+    assert families == [[0, 1, 2], [3, 4]]  # a 1-token prompt has nothing to share: rows 6, 7 stay whole
+    model = _qwen2()
+    weights = torch.randn(ids.size(0), keep)  # a loss that weighs every scored token differently
+    reference = _padded_logps(model, ids, mask, keep)
+    grads = torch.autograd.grad((reference * weights).sum(), list(model.parameters()))
+    for capacity in (10, 16, 64):  # one row per bin .. everything in one bin; a family split to fit a bin
+        packed = pack(ids, mask, keep, capacity, families)
+        assert packed.attention_mask is not None and packed.attention_mask.shape[-1] == packed.input_ids.size(1)
+        # [3, 4] and [7] once per family (or per part of it), each row's last prompt token with its completion
+        assert packed.real < int(mask.sum()) and packed.real <= packed.positions
+        logps = _packed_logps(model, packed, ids.size(0), keep)
+        torch.testing.assert_close(logps, reference, rtol=0, atol=1e-5)
+        got = torch.autograd.grad((logps * weights).sum(), list(model.parameters()))
+        for g, want in zip(got, grads):
+            torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
+    whole = pack(ids, mask, keep, 64, families)
+    assert whole.input_ids.size(0) == 1 and whole.real == int(mask.sum()) - 2 * 2 - 1 * 1 + 0
+    # no family: positions alone say where each sequence starts, as before
+    assert pack(ids, mask, keep, 64).attention_mask is None
+
+
+def test_a_shared_prompt_needs_sdpa_without_a_sliding_window():
+    assert why_not_share(_qwen2().config) is None
+    assert "custom mask" in why_not_share(_qwen2_config("eager"))
+    assert "custom mask" in why_not_share(_qwen2_config("flash_attention_2"))
+    sliding = _qwen2_config(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    assert "sliding" in why_not_share(sliding)
+
+
+def test_the_cost_model_shares_a_prompt_where_it_saves_compute():
+    from ogrpo.trainer.packing import _shared_cost
+
+    def cost(hidden, prompt, completion, n=8):
+        costs = Costs.of(SimpleNamespace(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=8,
+                                         vocab_size=4096, num_attention_heads=8, num_key_value_heads=2))
+        ids = torch.randint(1, 100, (n, prompt + completion))
+        ids[:, :prompt] = ids[0, :prompt]
+        mask = torch.ones_like(ids)
+        shared, _ = _shared_cost(mask, completion, prompt_families(ids, mask, completion), costs)
+        return shared / costs.of_rows(n, prompt + completion)
+
+    assert cost(512, 32, 64) < 0.85  # the bench's default shape: a third of every row is its group's prompt
+    assert cost(512, 256, 64) < 0.5  # a long prompt, short answers
+    assert cost(64, 4, 256) > 0.95  # attention-heavy and almost no prompt: the rows stay apart
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "kernel"), [("grpo-beta", False), ("dapo-masked", False), ("bnpo", False),
+                                             ("grpo-accumulated", False), ("grpo-beta", True)])
+def test_a_run_that_computes_each_prompt_once_trains_as_trls_padded_passes(tmp_path, case, kernel):
+    """Every pass computes each prompt once for its generations (TRL 1.16's fused head, or linear_logprobs with
+    the old policy from the loss)."""
+    assert_same_training(tmp_path, case, kernel=kernel, packed=True, shared=True, from_loss=kernel)
 
 
 def test_packing_is_kept_off_for_models_whose_positions_are_absolute():

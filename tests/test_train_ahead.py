@@ -103,6 +103,13 @@ def test_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked"])
+def test_groups_trained_ahead_computing_their_prompt_once_train_as_trls_micro_batches(tmp_path, case):
+    """A group trained ahead is one prompt's generations: its passes compute that prompt once."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, shared=True)
+
+
+@pytest.mark.slow
 def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(tmp_path, monkeypatch):
     """Fails closed: where TRL's batch differs from what the groups trained on (here: every group's advantages
     are off by 1), the groups' gradients are dropped and TRL's own micro-batches train, as under `off`."""

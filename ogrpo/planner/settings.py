@@ -254,8 +254,9 @@ def padding_free(d: Draft) -> None:
         return
     d.settings.add("padding_free", "on", "each log-prob pass packs its rows' real tokens end to end, positions "
                    "restarting per sequence (block-causal attention: FlashAttention-2's varlen path, else "
-                   "transformers' packed-sequence mask for SDPA and eager), so no padding is computed; the numbers "
-                   "are TRL's padded pass's up to the order of floating-point sums")
+                   "transformers' packed-sequence mask for SDPA and eager), so no padding is computed; under SDPA "
+                   "the generations of one prompt share it (computed once, a custom mask) where that costs less; "
+                   "the numbers are TRL's padded pass's up to the order of floating-point sums")
 
 
 def job_env(d: Draft) -> dict[str, str]:

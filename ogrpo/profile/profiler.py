@@ -224,15 +224,20 @@ class StageProfiler:
 
     def counted_pass(self, fn, *args, computed=None, **kwargs):
         """The `passes` layer: the positions one forward that runs computes and those its mask keeps. `computed`:
-        after the pass, the positions it computed when not its padded rows' (a packed pass), else None."""
+        after the pass, (positions computed, positions not filler) when not its padded rows' (a packed pass, which
+        may compute a shared prompt once), else None."""
         # (model, input_ids, attention_mask, ...) in both TRL lines' _get_per_token_logps_and_entropies
         mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
         out = fn(*args, **kwargs)
         if mask is not None and hasattr(mask, "numel"):
             counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
             positions = computed() if computed is not None else None
-            counts[0] += int(mask.numel()) if positions is None else positions
-            counts[1] = counts[1] + mask.sum()  # a tensor until the step closes: no device sync per pass
+            if positions is None:
+                counts[0] += int(mask.numel())
+                counts[1] = counts[1] + mask.sum()  # a tensor until the step closes: no device sync per pass
+            else:  # (computed, not filler): a shared prompt is computed once, and counts once
+                counts[0] += positions[0]
+                counts[1] = counts[1] + positions[1]
         return out
 
     def logprob_pass(self, fn, *args, **kwargs):

@@ -75,16 +75,27 @@ def choose_capacity(lengths: list[int], width: int, costs: Costs | None) -> int 
     gain nothing and lose the plain causal mask)."""
     if costs is None:
         return width
-    total, best, capacity = sum(lengths), None, width
+    cost, capacity = cheapest_capacity(lambda _capacity: lengths, width, costs)
+    return capacity if cost < CLEARLY_CHEAPER * costs.of_rows(len(lengths), width) else None
+
+
+CLEARLY_CHEAPER = 0.95  # a packed layout replaces TRL's padded rows only below this share of their cost
+
+
+def cheapest_capacity(lengths_at, width: int, costs: Costs) -> tuple[float, int]:
+    """(cost, bin length) of the cheapest packed pass, bin lengths from TRL's padded row upwards. `lengths_at`:
+    a bin length -> the lengths of the units to pack (a family of rows sharing a prompt splits to fit a bin)."""
+    best, capacity = None, width
     while True:
+        lengths = lengths_at(capacity)
         bins = balanced_bins(lengths, capacity)
         cost = costs.of_rows(len(bins), max(sum(lengths[r] for r in b) for b in bins))
         if best is None or cost < best[0]:
             best = (cost, capacity)
+        total = sum(lengths)
         if capacity >= total:
-            break
+            return best
         capacity = min(total, capacity * 3 // 2 + 1)
-    return best[1] if best[0] < 0.95 * costs.of_rows(len(lengths), width) else None
 
 
 def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -106,17 +117,56 @@ def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
 class Packed:
     input_ids: object  # [bins, width]: the rows' real tokens end to end, the rest one filler sequence
     position_ids: object  # [bins, width]: 0.. per sequence (the filler too: a sequence of its own)
-    scored: tuple  # (bin, column) of every completion token that TRL scores
+    scored: tuple  # (bin, column) of every completion token that TRL scores; its predictor is at column - 1
     dest: tuple  # (row, column) of the same tokens in TRL's [rows, logits_to_keep] layout
+    real: int = 0  # positions that are not filler
+    attention_mask: object = None  # [bins, 1, width, width] bool where a prompt is shared, else None (positions)
 
     @property
     def positions(self) -> int:
         return self.input_ids.numel()
 
 
-def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = None) -> Packed | None:
+def prompt_families(input_ids, attention_mask, logits_to_keep: int) -> list[list[int]]:
+    """Rows (2 or more) whose real prompt tokens are the same and at least 2 long, each with a completion token:
+    the generations of one prompt. Their prompt is computed once (`pack(families=...)`)."""
+    mask = attention_mask.bool()
+    start = mask.size(1) - logits_to_keep
+    by_prompt: dict[tuple, list[int]] = {}
+    for r in range(mask.size(0)):
+        prompt = input_ids[r, :start][mask[r, :start]]
+        if prompt.numel() >= 2 and mask[r, start:].any():
+            by_prompt.setdefault(tuple(prompt.tolist()), []).append(r)
+    return [rows for rows in by_prompt.values() if len(rows) >= 2]
+
+
+def _family_units(families: list[list[int]], prompt_len: dict, completion_len: dict, capacity: int):
+    """Each family as one or more units of at most `capacity` positions (a unit holds one row at least): the
+    prompt but its last token once, then per row its last prompt token and its completion."""
+    units = []
+    for rows in families:
+        prefix = prompt_len[rows[0]] - 1
+        unit, length = [], prefix
+        for r in rows:
+            segment = 1 + completion_len[r]
+            if unit and length + segment > capacity:
+                units.append((unit, length))
+                unit, length = [], prefix
+            unit.append(r)
+            length += segment
+        units.append((unit, length))
+    return units
+
+
+def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = None,
+         families: list[list[int]] | None = None) -> Packed | None:
     """TRL's padded rows -> packed bins of at most `capacity` tokens (default: the padded row's width; a row is
-    never split); None where a completion token would have no token before it, or no token is scored."""
+    never split); None where a completion token would have no token before it, or no token is scored.
+
+    `families` (rows sharing their prompt, `prompt_families`): each family's prompt but its last token is placed
+    once, and each row follows as its own sequence (its last prompt token, then its completion) that attends to
+    that prefix and to itself (`attention_mask`). Positions continue the prefix's, so each token sees the same
+    tokens at the same relative positions as in its own row: the same log-probs, computed from fewer positions."""
     import torch
 
     mask = attention_mask.bool()
@@ -125,29 +175,60 @@ def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = 
     lengths = mask.sum(1).tolist()
     if any(not mask[r, :start].any() and mask[r, start:].any() for r in range(rows)):
         return None  # no prompt token: the first completion token has no predictor in its own sequence
-    groups = balanced_bins(lengths, capacity or width)
-    size = max(sum(lengths[r] for r in g) for g in groups)
+    capacity = capacity or width
+    real = [mask[r].nonzero()[:, 0] for r in range(rows)]
+    shared = {r for rows_ in families or () for r in rows_}
+    prompt_len = {r: int((real[r] < start).sum()) for r in shared}
+    units = [([r], lengths[r], False) for r in range(rows) if r not in shared]
+    units += [(u, n, True) for u, n in _family_units(families or [], prompt_len,
+                                                      {r: lengths[r] - prompt_len[r] for r in shared}, capacity)]
+    groups = balanced_bins([n for _, n, _ in units], capacity)
+    size = max(sum(units[u][1] for u in g) for g in groups)
     ids = input_ids.new_zeros(len(groups), size)
     pos = torch.zeros(len(groups), size, dtype=torch.long, device=input_ids.device)
+    seq = torch.zeros(len(groups), size, dtype=torch.long, device=input_ids.device)  # a sequence's id
+    parent = torch.full_like(seq, -1)  # the id of the shared prompt a sequence also sees
     scored_b, scored_c, dest_r, dest_c = [], [], [], []
+    ids_made = 0
+
+    def place(b, offset, r, tokens, first_position, parent_id):
+        nonlocal ids_made
+        n = tokens.numel()
+        ids_made += 1
+        ids[b, offset:offset + n] = input_ids[r, tokens]
+        pos[b, offset:offset + n] = torch.arange(first_position, first_position + n, device=pos.device)
+        seq[b, offset:offset + n] = ids_made
+        parent[b, offset:offset + n] = parent_id
+        return ids_made
+
     for b, group in enumerate(groups):
         offset = 0
-        for r in group:
-            real = mask[r].nonzero()[:, 0]
-            n = real.numel()
-            ids[b, offset:offset + n] = input_ids[r, real]
-            pos[b, offset:offset + n] = torch.arange(n, device=pos.device)
-            tail = (real >= start).nonzero()[:, 0]
-            scored_b.append(torch.full_like(tail, b))
-            scored_c.append(tail + offset)
-            dest_r.append(torch.full_like(tail, r))
-            dest_c.append(real[tail] - start)
-            offset += n
+        for u in group:
+            members, _, family = units[u]
+            if family:
+                head = real[members[0]][:prompt_len[members[0]] - 1]
+                prefix_id = place(b, offset, members[0], head, 0, -1)
+                offset += head.numel()
+            for r in members:
+                tokens = real[r][prompt_len[r] - 1:] if family else real[r]
+                place(b, offset, r, tokens, head.numel() if family else 0, prefix_id if family else -1)
+                tail = (tokens >= start).nonzero()[:, 0]
+                scored_b.append(torch.full_like(tail, b))
+                scored_c.append(tail + offset)
+                dest_r.append(torch.full_like(tail, r))
+                dest_c.append(tokens[tail] - start)
+                offset += tokens.numel()
         pos[b, offset:] = torch.arange(size - offset, device=pos.device)
+        seq[b, offset:] = -2 - b  # the filler: a sequence of its own
     cat = torch.cat
     if not sum(t.numel() for t in scored_c):
         return None  # nothing to score (every completion masked): TRL's pass answers with its zeros
-    return Packed(ids, pos, (cat(scored_b), cat(scored_c)), (cat(dest_r), cat(dest_c)))
+    attention = None
+    if any(family for _, _, family in units):
+        sees = (seq[:, None, :] == seq[:, :, None]) | (seq[:, None, :] == parent[:, :, None])  # [bin, query, key]
+        attention = (sees & torch.ones(size, size, dtype=torch.bool, device=seq.device).tril())[:, None]
+    return Packed(ids, pos, (cat(scored_b), cat(scored_c)), (cat(dest_r), cat(dest_c)),
+                  real=int((seq > 0).sum()), attention_mask=attention)
 
 
 def _config(model):
@@ -171,8 +252,12 @@ def why_not(model) -> str | None:
 class PackingState:
     def __init__(self, line: str):
         self.line = line  # TRL's scoring flavour: "fused" (1.16's fused head) or "logits" (1.9.2)
-        self.positions: int | None = None  # what the last pass computed, for the pass counting (pad_share)
-        self.calls = {"packed": 0, "padded": 0}
+        # (positions computed, positions not filler) of the last pass, for the pass counting (pad_share)
+        self.positions: tuple[int, int] | None = None
+        # passes: packed, TRL's padded rows, and packed passes that computed a prompt once for its rows
+        self.calls = {"packed": 0, "padded": 0, "shared": 0}
+        # None: the cost model picks per chunk; "shared" or "rows" holds one layout (benchmarks and tests)
+        self.layout: str | None = None
 
 
 class PaddingFree:
@@ -190,7 +275,7 @@ class PaddingFree:
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         state = self.packing
-        chunks = None if state is None else _packable(*args, **kwargs)
+        chunks = None if state is None else _packable(*args, layout=state.layout, **kwargs)
         if chunks is None:
             if state is not None:
                 state.calls["padded"] += 1
@@ -201,7 +286,8 @@ class PaddingFree:
         model, input_ids, logits_to_keep, batch_size, compute_entropy = _args(*args, **kwargs)
 
         state.calls["packed"] += 1
-        state.positions = sum(p.positions for p in chunks)
+        state.calls["shared"] += any(p.attention_mask is not None for p in chunks)
+        state.positions = sum(p.positions for p in chunks), sum(p.real for p in chunks)
         logps, entropies = [], []
         for (lo, hi), packed in zip(_bounds(input_ids.size(0), batch_size), chunks):
             lp, ent = _score(self, model, packed, compute_entropy)
@@ -217,13 +303,13 @@ def _args(model, input_ids, attention_mask, logits_to_keep, batch_size=None, com
 
 
 def _packable(model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-              compute_aux_loss=False, **extra):
+              compute_aux_loss=False, layout=None, **extra):
     """The packed chunks of one of TRL's passes, or None where it keeps TRL's padded rows: the MoE load-balancing
     loss (TRL's averages over its rows' attention mask, a packed pass would count its filler), multimodal inputs,
     a row with no prompt token."""
     if compute_aux_loss or any(v is not None for v in extra.values()):
         return None
-    return _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size)
+    return _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size, layout)
 
 
 def _bounds(rows: int, batch_size: int | None):
@@ -231,19 +317,57 @@ def _bounds(rows: int, batch_size: int | None):
     return [(lo, min(lo + size, rows)) for lo in range(0, rows, size)]
 
 
-def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size):
+def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size, layout=None):
     config = _config(model)
     flash = "flash" in str(getattr(config, "_attn_implementation", ""))
     costs = Costs.of(config)
+    share = why_not_share(config) is None and layout != "rows"
     chunks = []
     for lo, hi in _bounds(input_ids.size(0), batch_size):
-        mask = attention_mask[lo:hi]
+        ids, mask = input_ids[lo:hi], attention_mask[lo:hi]
         if flash:  # FlashAttention-2 reads packed sequences only from a batch of one; its varlen path wastes nothing
-            capacity = int(mask.sum())
-        else:
-            capacity = choose_capacity(mask.sum(1).tolist(), mask.size(1), costs)
-        chunks.append(None if capacity is None else pack(input_ids[lo:hi], mask, logits_to_keep, capacity))
+            chunks.append(pack(ids, mask, logits_to_keep, int(mask.sum())))
+            continue
+        lengths = mask.sum(1).tolist()
+        capacity, families = choose_capacity(lengths, mask.size(1), costs), None
+        candidates = prompt_families(ids, mask, logits_to_keep) if share and costs is not None else []
+        if candidates:  # each prompt once, where that is clearly cheaper than the best of the other two
+            shared_cost, shared_capacity = _shared_cost(mask, logits_to_keep, candidates, costs)
+            other = costs.of_rows(len(lengths), mask.size(1)) if capacity is None else \
+                cheapest_capacity(lambda _c: lengths, mask.size(1), costs)[0]
+            if layout == "shared" or shared_cost < CLEARLY_CHEAPER * other:
+                capacity, families = shared_capacity, candidates
+        chunks.append(None if capacity is None else pack(ids, mask, logits_to_keep, capacity, families))
     return None if any(c is None for c in chunks) else chunks
+
+
+def _shared_cost(mask, logits_to_keep: int, families: list[list[int]], costs: Costs) -> tuple[float, int]:
+    """(cost, bin length) of the cheapest pass that computes each family's prompt once."""
+    lengths = mask.sum(1).tolist()
+    start = mask.size(1) - logits_to_keep
+    shared = {r for rows in families for r in rows}
+    prompt_len = {r: int(mask[r, :start].sum()) for r in shared}
+    completion_len = {r: lengths[r] - prompt_len[r] for r in shared}
+    alone = [n for r, n in enumerate(lengths) if r not in shared]
+
+    def lengths_at(capacity):
+        return alone + [n for _, n in _family_units(families, prompt_len, completion_len, capacity)]
+
+    return cheapest_capacity(lengths_at, mask.size(1), costs)
+
+
+def why_not_share(config) -> str | None:
+    """Why rows that share a prompt cannot compute it once in this model's passes, else None. The shared prefix
+    needs a custom mask: SDPA takes one as it is (FlashAttention-2 takes none, eager would hold every bin's scores);
+    a sliding window would be dropped by it."""
+    implementation = str(getattr(config, "_attn_implementation", ""))
+    if implementation != "sdpa":
+        return f"attention {implementation or 'unknown'}: a shared prompt needs SDPA's custom mask"
+    windows = getattr(config, "layer_types", None)
+    if (any("sliding" in str(t) for t in windows) if windows else
+            getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+        return "sliding-window attention: a custom mask would drop the window"
+    return None
 
 
 def _score(trainer, model, packed: Packed, compute_entropy: bool):
@@ -258,7 +382,7 @@ def _score(trainer, model, packed: Packed, compute_entropy: bool):
     if scorer is not None and getattr(kernel_patch.unwrap(trainer, model), kernel_patch.PATCHED, False):
         scorer.calls["kernel"] += 1
         spec = {"temperature": trainer.temperature, "index": (b, c - 1), "targets": targets}
-        kwargs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids, kernel_patch.FORWARD_KEY: spec}
+        kwargs = {**_inputs(packed), kernel_patch.FORWARD_KEY: spec}
         if trainer.packing.line == "fused":
             with trainer.accelerator.autocast():
                 logps, entropies = model(**kwargs)
@@ -271,13 +395,12 @@ def _score(trainer, model, packed: Packed, compute_entropy: bool):
         labels = torch.full_like(packed.input_ids, -100)
         labels[b, c] = targets
         with trainer.accelerator.autocast():
-            out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, labels=labels,
-                        fused_lm_head=True)
+            out = model(**_inputs(packed), labels=labels, fused_lm_head=True)
         return out.log_probs[b, c - 1], (out.entropy[b, c - 1] if compute_entropy else None)
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
     with _head_only_at(kernel_patch.unwrap(trainer, model), (b, c - 1)):
-        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits[0]
+        logits = model(**_inputs(packed), use_cache=False).logits[0]
     logits = logits / trainer.temperature
     logps = selective_log_softmax(logits, targets)
     entropies = None
@@ -285,6 +408,13 @@ def _score(trainer, model, packed: Packed, compute_entropy: bool):
         with torch.set_grad_enabled(torch.is_grad_enabled() and getattr(trainer, "_entropy_bonus_enabled", False)):
             entropies = entropy_from_logits(logits)
     return logps, entropies
+
+
+def _inputs(packed: Packed) -> dict:
+    """The model inputs of a packed pass: the positions say where each sequence starts, unless a shared prompt
+    needs the mask spelled out."""
+    extra = {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
+    return {"input_ids": packed.input_ids, "position_ids": packed.position_ids, **extra}
 
 
 class _head_only_at:

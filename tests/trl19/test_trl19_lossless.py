@@ -28,5 +28,11 @@ def test_trl19_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True)
 
 
+@pytest.mark.parametrize(("case", "kernel"), [("grpo-beta", False), ("dapo-masked", False), ("grpo-beta", True)])
+def test_trl19_a_run_that_computes_each_prompt_once_trains_as_trls_padded_passes(tmp_path, case, kernel):
+    """TRL 1.9.2's logits path (and linear_logprobs) with every prompt computed once for its generations."""
+    assert_same_training(tmp_path, case, kernel=kernel, packed=True, shared=True, from_loss=kernel)
+
+
 def test_trl19_packed_through_the_kernel_with_the_old_policy_from_the_loss(tmp_path):
     assert_same_training(tmp_path, "grpo-accumulated", kernel=True, packed=True, from_loss=True)

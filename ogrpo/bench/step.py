@@ -264,8 +264,11 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     stops = stop_tokens(shape.vocab, stop_every or new_tokens // 2) if placement == "split" and not ends else None
     rec = recipe(str(model_dir), str(data), steps=steps, prompts=prompts, generations=generations,
                  new_tokens=new_tokens, dtype=_DTYPES[dtype], seed=seed, stops=stops)
-    if placement == "single" and (gpus != "cpu" or kernels is not None):
-        rec["ogrpo"] = {"gpus": gpus, **({"kernels": kernels} if kernels is not None else {})}
+    if placement == "single":
+        # the prompts' length, as a user's recipe states its prompt budget: without it the plan assumes 512 tokens
+        # (TRL 1.16 truncates none) and sizes memory, gradient checkpointing included, for prompts 16x as long
+        rec["ogrpo"] = {"gpus": gpus, "max_prompt_length": prompt_tokens,
+                        **({"kernels": kernels} if kernels is not None else {})}
     (work / "recipe.json").write_text(json.dumps(rec))
     results = {}
     for path in paths:

@@ -24,6 +24,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -323,6 +324,25 @@ def test_real_server_answers_only_its_own_job(tmp_path):
     assert leaks == []
 
 
+@contextmanager
+def _keyed_session_against(handler):
+    """(job-key session, base URL) of a local HTTP server answering with `handler`, shut down after."""
+    import http.server
+    import threading
+
+    import requests
+
+    from ogrpo.serve import auth
+
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield auth._keyed_session_cls(requests)(), f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.slow
 def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_stops():
     """TRL's client posts without a timeout: a server in "Waiting for connections to close" (its engine gone
@@ -332,9 +352,7 @@ def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_s
     import http.server
     import threading
 
-    import requests
-
-    from ogrpo.serve import auth, deadline
+    from ogrpo.serve import deadline
 
     healthy, release = threading.Event(), threading.Event()
     healthy.set()
@@ -355,28 +373,21 @@ def test_client_requests_are_bounded_and_give_up_on_a_gone_server_once_the_job_s
             self.end_headers()
             self.wfile.write(b'{"ok": true}')
 
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    session = auth._keyed_session_cls(requests)()
-    try:
-        assert deadline.bounded({})["timeout"] == (deadline.CONNECT_TIMEOUT_S, deadline.DEFAULT_TIMEOUT_S)
-        assert deadline.bounded({"timeout": 5})["timeout"] == 5
-        assert session.post(f"{base}/slow", json={}).json() == {"ok": True}
-        deadline.stopping.set()
-        assert session.post(f"{base}/slow", json={}).json() == {"ok": True}  # stopping, but the server answers
-        t0 = time.monotonic()
-        threading.Timer(1.0, healthy.clear).start()  # the server goes away with the request in flight
-        with pytest.raises(deadline.ServerGone, match="the job is stopping"):
-            session.post(f"{base}/hang", json={})
-        assert time.monotonic() - t0 < 30
-    finally:
-        deadline.stopping.clear()
-        release.set()
-        server.shutdown()
+    with _keyed_session_against(H) as (session, base):
+        try:
+            assert deadline.bounded({})["timeout"] == (deadline.CONNECT_TIMEOUT_S, deadline.DEFAULT_TIMEOUT_S)
+            assert deadline.bounded({"timeout": 5})["timeout"] == 5
+            assert session.post(f"{base}/slow", json={}).json() == {"ok": True}
+            deadline.stopping.set()
+            assert session.post(f"{base}/slow", json={}).json() == {"ok": True}  # stopping, but the server answers
+            t0 = time.monotonic()
+            threading.Timer(1.0, healthy.clear).start()  # the server goes away with the request in flight
+            with pytest.raises(deadline.ServerGone, match="the job is stopping"):
+                session.post(f"{base}/hang", json={})
+            assert time.monotonic() - t0 < 30
+        finally:
+            deadline.stopping.clear()
+            release.set()
 
 
 @pytest.mark.parametrize("reason", ["abort", "error"])
@@ -385,10 +396,6 @@ def test_a_generation_the_server_did_not_finish_fails_instead_of_giving_truncate
     even empty, sequences; TRL's client would train on them, and one-step would checkpoint them as its batch in
     flight (a resumed run then failed on an empty completion). The job-key session fails such a request."""
     import http.server
-    import json
-    import threading
-
-    import requests
 
     from ogrpo.serve import auth
 
@@ -407,17 +414,8 @@ def test_a_generation_the_server_did_not_finish_fails_instead_of_giving_truncate
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    session = auth._keyed_session_cls(requests)()
-    try:
+    with _keyed_session_against(H) as (session, base):
         with pytest.raises(auth.GenerationAborted, match=f"finish_reason {reason}"):
             session.post(f"{base}/v1/completions", json={})
         assert len(session.post(f"{base}/ok", json={}).json()["choices"]) == 2  # finished sequences pass
         assert session.post(f"{base}/text", json={}).json() == reason  # the word alone, not a generation: passes
-    finally:
-        server.shutdown()

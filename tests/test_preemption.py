@@ -54,25 +54,21 @@ def make_trainer(out_dir, callbacks=()):
 
 
 class SignalAt(transformers.TrainerCallback):
-    """Deliver a real signal to this process in the middle of step `step` (as Slurm would)."""
+    """Deliver a real signal to this process in the middle of step `step` (as Slurm would); `while_logging`:
+    after that step ended, while it is logged, before its periodic save if it has one."""
 
-    def __init__(self, step, sig):
-        self.step, self.sig = step, sig
+    def __init__(self, step, sig, while_logging=False):
+        self.step, self.sig, self.while_logging = step, sig, while_logging
+
+    def _deliver(self, state, logging):
+        if state.global_step == self.step and logging == self.while_logging:
+            os.kill(os.getpid(), self.sig)
 
     def on_step_begin(self, args, state, control, **kw):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), self.sig)
-
-
-class SignalWhileLogging(transformers.TrainerCallback):
-    """Deliver a real signal after step `step` ended, while it is logged: before its periodic save, if any."""
-
-    def __init__(self, step, sig):
-        self.step, self.sig = step, sig
+        self._deliver(state, False)
 
     def on_log(self, args, state, control, **kw):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), self.sig)
+        self._deliver(state, True)
 
 
 def weights(trainer):
@@ -115,7 +111,7 @@ def test_a_signal_after_the_step_end_stops_after_the_save_that_holds_every_step(
     """The step had ended when the signal came. At a periodic save (step 4 of save_steps 4) that save holds every
     finished step: stop after it rather than train and save one more step. Otherwise (step 5) the next step's end
     saves, as for a signal mid-step."""
-    trainer, cb = make_trainer(tmp_path, [SignalWhileLogging(step, signal.SIGUSR2)])
+    trainer, cb = make_trainer(tmp_path, [SignalAt(step, signal.SIGUSR2, while_logging=True)])
     trainer.train()
     assert cb.preempted and trainer.state.global_step == saved and cb.saved_step == saved
     assert [p.name for p in preemption.complete_checkpoints(tmp_path)][-1] == f"checkpoint-{saved}"

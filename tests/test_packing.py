@@ -142,20 +142,53 @@ def test_rows_that_share_a_prompt_compute_it_once_with_the_same_log_probs_and_gr
     weights = torch.randn(ids.size(0), keep)  # a loss that weighs every scored token differently
     reference = _padded_logps(model, ids, mask, keep)
     grads = torch.autograd.grad((reference * weights).sum(), list(model.parameters()))
-    for capacity in (10, 16, 64):  # one row per bin .. everything in one bin; a family split to fit a bin
+    for capacity in (8, 10, 16, 64):  # families split to fill bins (8, 10) .. everything in one bin (64)
         packed = pack(ids, mask, keep, capacity, families)
         assert packed.attention_mask is not None and packed.attention_mask.shape[-1] == packed.input_ids.size(1)
         # [3, 4] and [7] once per family (or per part of it), each row's last prompt token with its completion
-        assert packed.real < int(mask.sum()) and packed.real <= packed.positions
+        # never more than the rows' real tokens (split to one row per part at 8), fewer once a part holds two
+        assert packed.real <= int(mask.sum()) and packed.real <= packed.positions
+        assert capacity < 16 or packed.real < int(mask.sum())
         logps = _packed_logps(model, packed, ids.size(0), keep)
         torch.testing.assert_close(logps, reference, rtol=0, atol=1e-5)
         got = torch.autograd.grad((logps * weights).sum(), list(model.parameters()))
         for g, want in zip(got, grads):
             torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
+    split = pack(ids, mask, keep, 8, families)
+    assert split.input_ids.size(1) <= 8 and split.real > pack(ids, mask, keep, 16, families).real  # prefix twice
     whole = pack(ids, mask, keep, 64, families)
     assert whole.input_ids.size(0) == 1 and whole.real == int(mask.sum()) - 2 * 2 - 1 * 1 + 0
     # no family: positions alone say where each sequence starts, as before
     assert pack(ids, mask, keep, 64).attention_mask is None
+
+
+def test_families_split_to_fill_the_bins_so_little_filler_is_computed():
+    """A reasoning-like batch (4 prompts x 8, completions long-tailed up to 256): whole families would leave bins
+    part empty; split (each part repeating its prompt) they fill them."""
+    from ogrpo.trainer.packing import Family, _shared_cost, bin_lengths, fill_bins
+
+    gen = torch.Generator().manual_seed(3)
+    prompt, cap = 32, 256
+    lengths = (torch.empty(32).exponential_(1 / 73, generator=gen).long().clamp(1, cap)).tolist()
+    width = prompt + max(lengths)
+    ids = torch.randint(5, 900, (32, width), generator=gen)
+    mask = torch.zeros_like(ids)
+    for r in range(32):
+        ids[r, :prompt] = ids[r // 8 * 8, :prompt]
+        mask[r, :prompt + lengths[r]] = 1
+    keep = width - prompt
+    costs = Costs.of(SimpleNamespace(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, vocab_size=1024,
+                                     num_attention_heads=4, num_key_value_heads=2))
+    families = prompt_families(ids, mask, keep)
+    _, capacity = _shared_cost(mask, keep, families, costs)
+    packed = pack(ids, mask, keep, capacity, families)
+    assert packed.positions < 0.9 * int(mask.sum())  # fewer positions than the rows' real tokens
+    assert 1 - packed.real / packed.positions < 0.05  # and almost no filler
+    # every row once, no bin over the capacity; a family too long for one bin's room is split
+    fams = [Family(3, {1: 4, 2: 4, 3: 4})]
+    bins = fill_bins({0: 5}, fams, 11)
+    assert sorted(r for b in bins for _, rows in b for r in rows) == [0, 1, 2, 3]
+    assert max(bin_lengths(bins, {0: 5}, fams)) <= 11 and sum(len(b) for b in bins) > 2
 
 
 def test_a_shared_prompt_needs_sdpa_without_a_sliding_window():

@@ -31,19 +31,93 @@ ROTARY_CONFIG_KEYS = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_d
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """Row indices per bin, longest rows first, each bin's total at most `capacity` (a longer row alone)."""
-    order = sorted(range(len(lengths)), key=lambda r: (-lengths[r], r))
-    bins: list[list[int]] = []
+    return [_rows(b) for b in fill_bins(dict(enumerate(lengths)), [], capacity)]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Rows sharing their prompt: the prompt but its last token (`prefix` positions) computed once per bin that
+    holds any of them, then per row (`segments`: row -> positions) its last prompt token and its completion."""
+
+    prefix: int
+    segments: dict
+
+    def length(self, rows) -> int:
+        return self.prefix + sum(self.segments[r] for r in rows)
+
+
+def fill_bins(alone: dict, families: list[Family], capacity: int) -> list[list[tuple]]:
+    """Bins of at most `capacity` positions (a row longer than that alone in one), each a list of (family index
+    or None, rows). Longest first: a row alone goes to the first bin with room; a family goes whole where a bin
+    has room, else it splits: the bin with the most room that takes the prefix and a row gets as many of the
+    family's rows as fit, longest first, each part repeating the prefix. Splitting fills the bins that whole
+    families would leave part empty (the filler every bin is padded with)."""
+    items = sorted([(n, -1, r) for r, n in alone.items()] +
+                   [(f.length(f.segments), i, -1) for i, f in enumerate(families)], key=lambda x: (-x[0], x[1], x[2]))
+    bins: list[list[tuple]] = []
     room: list[int] = []
-    for r in order:
-        for b, left in enumerate(room):
-            if lengths[r] <= left:
-                bins[b].append(r)
-                room[b] -= lengths[r]
+
+    def place(b, family, rows, n):
+        if b is None:
+            bins.append([])
+            room.append(capacity)
+            b = len(bins) - 1
+        bins[b].append((family, rows))
+        room[b] -= n
+
+    for n, i, r in items:
+        if i < 0:
+            place(next((b for b, left in enumerate(room) if n <= left), None), None, [r], n)
+            continue
+        f = families[i]
+        left = sorted(f.segments, key=lambda x: (-f.segments[x], x))
+        while left:
+            whole = next((b for b, space in enumerate(room) if f.length(left) <= space), None)
+            if whole is not None:
+                place(whole, i, sorted(left), f.length(left))
                 break
+            smallest = f.prefix + min(f.segments[x] for x in left)
+            fits = [b for b, space in enumerate(room) if smallest <= space]
+            b = max(fits, key=lambda b: (room[b], -b)) if fits else None  # None: a new bin
+            space, take = (capacity if b is None else room[b]) - f.prefix, []
+            for x in left:
+                if f.segments[x] <= space:
+                    take.append(x)
+                    space -= f.segments[x]
+            take = take or left[:1]  # (a new bin) a row longer than a bin: alone in it
+            place(b, i, sorted(take), f.length(take))
+            left = [x for x in left if x not in take]
+    return [sorted(b, key=lambda entry: entry[1][0]) for b in bins]  # in row order within a bin
+
+
+def _rows(bin_: list[tuple]) -> list[int]:
+    return sorted(r for _, rows in bin_ for r in rows)
+
+
+def bin_lengths(bins: list[list[tuple]], alone: dict, families: list[Family]) -> list[int]:
+    return [sum(alone[rows[0]] if i is None else families[i].length(rows) for i, rows in b) for b in bins]
+
+
+def balanced_fill(alone: dict, families: list[Family], capacity: int) -> list[list[tuple]]:
+    """As few bins as `fill_bins` needs at `capacity`, each as short as that count allows: the bins are padded to
+    the longest, so even bins leave the least filler."""
+    bins = fill_bins(alone, families, capacity)
+    atoms = [*alone.values(), *(f.prefix + max(f.segments.values()) for f in families)]
+    total = sum(alone.values()) + sum(f.length(f.segments) for f in families)
+    lo, hi = max(max(atoms), -(-total // len(bins))), capacity
+    while lo < hi:  # the shortest capacity that still needs no more bins
+        mid = (lo + hi) // 2
+        if len(fill_bins(alone, families, mid)) <= len(bins):
+            hi = mid
         else:
-            bins.append([r])
-            room.append(capacity - lengths[r])
-    return [sorted(b) for b in bins]
+            lo = mid + 1
+    tighter = fill_bins(alone, families, lo) if lo < capacity else bins
+    return tighter if len(tighter) <= len(bins) else bins
+
+
+def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """`balanced_fill` of rows alone: row indices per bin."""
+    return [_rows(b) for b in balanced_fill(dict(enumerate(lengths)), [], capacity)]
 
 
 @dataclass(frozen=True)
@@ -75,42 +149,26 @@ def choose_capacity(lengths: list[int], width: int, costs: Costs | None) -> int 
     gain nothing and lose the plain causal mask)."""
     if costs is None:
         return width
-    cost, capacity = cheapest_capacity(lambda _capacity: lengths, width, costs)
+    cost, capacity = cheapest_capacity(dict(enumerate(lengths)), [], width, costs)
     return capacity if cost < CLEARLY_CHEAPER * costs.of_rows(len(lengths), width) else None
 
 
 CLEARLY_CHEAPER = 0.95  # a packed layout replaces TRL's padded rows only below this share of their cost
 
 
-def cheapest_capacity(lengths_at, width: int, costs: Costs) -> tuple[float, int]:
-    """(cost, bin length) of the cheapest packed pass, bin lengths from TRL's padded row upwards. `lengths_at`:
-    a bin length -> the lengths of the units to pack (a family of rows sharing a prompt splits to fit a bin)."""
+def cheapest_capacity(alone: dict, families: list[Family], width: int, costs: Costs) -> tuple[float, int]:
+    """(cost, bin length) of the cheapest packed pass of `alone` (row -> length) and `families`, bin lengths from
+    TRL's padded row upwards."""
     best, capacity = None, width
     while True:
-        lengths = lengths_at(capacity)
-        bins = balanced_bins(lengths, capacity)
-        cost = costs.of_rows(len(bins), max(sum(lengths[r] for r in b) for b in bins))
+        lengths = bin_lengths(balanced_fill(alone, families, capacity), alone, families)
+        cost = costs.of_rows(len(lengths), max(lengths))
         if best is None or cost < best[0]:
             best = (cost, capacity)
         total = sum(lengths)
         if capacity >= total:
             return best
         capacity = min(total, capacity * 3 // 2 + 1)
-
-
-def balanced_bins(lengths: list[int], capacity: int) -> list[list[int]]:
-    """As few bins as first-fit decreasing needs at `capacity`, each as short as that count allows: the bins are
-    padded to the longest, so even bins leave the least filler."""
-    bins = first_fit_decreasing(lengths, capacity)
-    lo, hi = max(max(lengths), -(-sum(lengths) // len(bins))), capacity
-    while lo < hi:  # the shortest capacity that still needs no more bins
-        mid = (lo + hi) // 2
-        if len(first_fit_decreasing(lengths, mid)) <= len(bins):
-            hi = mid
-        else:
-            lo = mid + 1
-    tighter = first_fit_decreasing(lengths, lo)
-    return tighter if len(tighter) <= len(bins) else bins
 
 
 @dataclass
@@ -140,22 +198,16 @@ def prompt_families(input_ids, attention_mask, logits_to_keep: int) -> list[list
     return [rows for rows in by_prompt.values() if len(rows) >= 2]
 
 
-def _family_units(families: list[list[int]], prompt_len: dict, completion_len: dict, capacity: int):
-    """Each family as one or more units of at most `capacity` positions (a unit holds one row at least): the
-    prompt but its last token once, then per row its last prompt token and its completion."""
-    units = []
+def _units(mask, logits_to_keep: int, families: list[list[int]]) -> tuple[dict, list[Family]]:
+    """(row -> length of the rows packed alone, the families as `Family`) of one chunk's padded rows."""
+    lengths = mask.sum(1).tolist()
+    start = mask.size(1) - logits_to_keep
+    shared = {r for rows in families for r in rows}
+    out = []
     for rows in families:
-        prefix = prompt_len[rows[0]] - 1
-        unit, length = [], prefix
-        for r in rows:
-            segment = 1 + completion_len[r]
-            if unit and length + segment > capacity:
-                units.append((unit, length))
-                unit, length = [], prefix
-            unit.append(r)
-            length += segment
-        units.append((unit, length))
-    return units
+        prompt = int(mask[rows[0], :start].sum())
+        out.append(Family(prompt - 1, {r: lengths[r] - prompt + 1 for r in rows}))
+    return {r: n for r, n in enumerate(lengths) if r not in shared}, out
 
 
 def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = None,
@@ -164,67 +216,61 @@ def pack(input_ids, attention_mask, logits_to_keep: int, capacity: int | None = 
     never split); None where a completion token would have no token before it, or no token is scored.
 
     `families` (rows sharing their prompt, `prompt_families`): each family's prompt but its last token is placed
-    once, and each row follows as its own sequence (its last prompt token, then its completion) that attends to
-    that prefix and to itself (`attention_mask`). Positions continue the prefix's, so each token sees the same
-    tokens at the same relative positions as in its own row: the same log-probs, computed from fewer positions."""
+    once per bin that holds its rows, and each row follows as its own sequence (its last prompt token, then its
+    completion) that attends to that prefix and to itself (`attention_mask`). Positions continue the prefix's, so
+    each token sees the same tokens at the same relative positions as in its own row: the same log-probs,
+    computed from fewer positions."""
     import torch
 
     mask = attention_mask.bool()
     rows, width = mask.shape
     start = width - logits_to_keep  # TRL's completion columns: the last logits_to_keep
-    lengths = mask.sum(1).tolist()
     if any(not mask[r, :start].any() and mask[r, start:].any() for r in range(rows)):
         return None  # no prompt token: the first completion token has no predictor in its own sequence
-    capacity = capacity or width
     real = [mask[r].nonzero()[:, 0] for r in range(rows)]
-    shared = {r for rows_ in families or () for r in rows_}
-    prompt_len = {r: int((real[r] < start).sum()) for r in shared}
-    units = [([r], lengths[r], False) for r in range(rows) if r not in shared]
-    units += [(u, n, True) for u, n in _family_units(families or [], prompt_len,
-                                                      {r: lengths[r] - prompt_len[r] for r in shared}, capacity)]
-    groups = balanced_bins([n for _, n, _ in units], capacity)
-    size = max(sum(units[u][1] for u in g) for g in groups)
-    ids = input_ids.new_zeros(len(groups), size)
-    pos = torch.zeros(len(groups), size, dtype=torch.long, device=input_ids.device)
-    seq = torch.zeros(len(groups), size, dtype=torch.long, device=input_ids.device)  # a sequence's id
+    alone, fams = _units(mask, logits_to_keep, families or [])
+    bins = balanced_fill(alone, fams, capacity or width)
+    size = max(bin_lengths(bins, alone, fams))
+    ids = input_ids.new_zeros(len(bins), size)
+    pos = torch.zeros(len(bins), size, dtype=torch.long, device=input_ids.device)
+    seq = torch.zeros(len(bins), size, dtype=torch.long, device=input_ids.device)  # a sequence's id, from 1
     parent = torch.full_like(seq, -1)  # the id of the shared prompt a sequence also sees
     scored_b, scored_c, dest_r, dest_c = [], [], [], []
-    ids_made = 0
+    made = 0
 
     def place(b, offset, r, tokens, first_position, parent_id):
-        nonlocal ids_made
+        nonlocal made
         n = tokens.numel()
-        ids_made += 1
+        made += 1
         ids[b, offset:offset + n] = input_ids[r, tokens]
         pos[b, offset:offset + n] = torch.arange(first_position, first_position + n, device=pos.device)
-        seq[b, offset:offset + n] = ids_made
+        seq[b, offset:offset + n] = made
         parent[b, offset:offset + n] = parent_id
-        return ids_made
+        return offset + n
 
-    for b, group in enumerate(groups):
+    for b, bin_ in enumerate(bins):
         offset = 0
-        for u in group:
-            members, _, family = units[u]
-            if family:
-                head = real[members[0]][:prompt_len[members[0]] - 1]
-                prefix_id = place(b, offset, members[0], head, 0, -1)
-                offset += head.numel()
+        for family, members in bin_:
+            skip, prefix_id = 0, -1
+            if family is not None:  # the prompt but its last token, once; each row from its last prompt token
+                skip = fams[family].prefix
+                offset = place(b, offset, members[0], real[members[0]][:skip], 0, -1)
+                prefix_id = made
             for r in members:
-                tokens = real[r][prompt_len[r] - 1:] if family else real[r]
-                place(b, offset, r, tokens, head.numel() if family else 0, prefix_id if family else -1)
+                tokens = real[r][skip:]
                 tail = (tokens >= start).nonzero()[:, 0]
                 scored_b.append(torch.full_like(tail, b))
                 scored_c.append(tail + offset)
                 dest_r.append(torch.full_like(tail, r))
                 dest_c.append(tokens[tail] - start)
-                offset += tokens.numel()
+                offset = place(b, offset, r, tokens, skip, prefix_id)
         pos[b, offset:] = torch.arange(size - offset, device=pos.device)
         seq[b, offset:] = -2 - b  # the filler: a sequence of its own
     cat = torch.cat
     if not sum(t.numel() for t in scored_c):
         return None  # nothing to score (every completion masked): TRL's pass answers with its zeros
     attention = None
-    if any(family for _, _, family in units):
+    if fams:
         sees = (seq[:, None, :] == seq[:, :, None]) | (seq[:, None, :] == parent[:, :, None])  # [bin, query, key]
         attention = (sees & torch.ones(size, size, dtype=torch.bool, device=seq.device).tril())[:, None]
     return Packed(ids, pos, (cat(scored_b), cat(scored_c)), (cat(dest_r), cat(dest_c)),
@@ -334,7 +380,7 @@ def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size, layout
         if candidates:  # each prompt once, where that is clearly cheaper than the best of the other two
             shared_cost, shared_capacity = _shared_cost(mask, logits_to_keep, candidates, costs)
             other = costs.of_rows(len(lengths), mask.size(1)) if capacity is None else \
-                cheapest_capacity(lambda _c: lengths, mask.size(1), costs)[0]
+                cheapest_capacity(dict(enumerate(lengths)), [], mask.size(1), costs)[0]
             if layout == "shared" or shared_cost < CLEARLY_CHEAPER * other:
                 capacity, families = shared_capacity, candidates
         chunks.append(None if capacity is None else pack(ids, mask, logits_to_keep, capacity, families))
@@ -342,18 +388,9 @@ def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size, layout
 
 
 def _shared_cost(mask, logits_to_keep: int, families: list[list[int]], costs: Costs) -> tuple[float, int]:
-    """(cost, bin length) of the cheapest pass that computes each family's prompt once."""
-    lengths = mask.sum(1).tolist()
-    start = mask.size(1) - logits_to_keep
-    shared = {r for rows in families for r in rows}
-    prompt_len = {r: int(mask[r, :start].sum()) for r in shared}
-    completion_len = {r: lengths[r] - prompt_len[r] for r in shared}
-    alone = [n for r, n in enumerate(lengths) if r not in shared]
-
-    def lengths_at(capacity):
-        return alone + [n for _, n in _family_units(families, prompt_len, completion_len, capacity)]
-
-    return cheapest_capacity(lengths_at, mask.size(1), costs)
+    """(cost, bin length) of the cheapest pass that computes each family's prompt once per bin."""
+    alone, fams = _units(mask, logits_to_keep, families)
+    return cheapest_capacity(alone, fams, mask.size(1), costs)
 
 
 def why_not_share(config) -> str | None:

@@ -14,7 +14,8 @@ The trainer's class calls the profiler: ogrpo.profile.hooks' layers of OgrpoGRPO
 Waste per pass: every log-prob forward runs over the whole padded batch it is given (prompts left-padded,
 completions padded to the longest). `pass_tokens` counts the positions each kind of pass computed ("score": the
 reference and old-policy passes; "loss": the policy forward inside the loss), `pass_real_tokens` those its
-attention mask keeps, and `pad_share` = 1 - real / computed: the share of that pass's compute spent on padding.
+attention mask keeps (a packed pass: those that are not filler, a prompt computed once for its rows counting
+once), and `pad_share` = 1 - real / computed: the share of that pass's compute spent on padding.
 The count sits beneath the overlap (ogrpo.profile.hooks.PassCounting): where `lossless` scores the groups as
 they arrive, their own passes (each group padded to its own longest) are what is counted, not TRL's call of the
 whole batch that the overlap then answers without a forward.

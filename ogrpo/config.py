@@ -37,7 +37,7 @@ PROFILES = ("conservative", "balanced", "aggressive")
 STRATEGIES = ("ddp", "zero2", "zero3", "zero3_offload")  # the trainer strategies ogrpo/plan.py knows
 OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/overlap/pipeline.py)
 OLD_POLICY_PASSES = ("auto", "separate")  # ogrpo.old_policy_pass (ogrpo/trainer/old_policy.py)
-PADDING_FREE = ("auto", "off")  # ogrpo.padding_free (ogrpo/trainer/packing.py)
+PADDING_FREE = ("auto", "rows", "off")  # ogrpo.padding_free (ogrpo/trainer/packing.py)
 TRAIN_AHEAD = ("auto", "off")  # ogrpo.train_ahead (ogrpo/overlap/train_ahead.py)
 SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/sandbox/policy.py)
 # O-GRPO options that take one of a few words (checked in _check_values).
@@ -65,7 +65,9 @@ class OgrpoOptions:
     sandbox: str | None = None  # code rewards: auto (an isolating level or refuse) | none (explicit opt-out)
     overlap: str | None = None  # off | lossless | one-step: server and trainer at work together (None: the plan)
     old_policy_pass: str | None = None  # auto (from the loss forward where exact) | separate (TRL's own pass)
-    padding_free: str | None = None  # auto (packed log-prob passes where exact) | off (TRL's padded passes)
+    # auto (packed log-prob passes where exact, a prompt computed once for its rows where cheaper) | rows (packed,
+    # each row computing its own prompt: the layout the memory model plans for) | off (TRL's padded passes)
+    padding_free: str | None = None
     train_ahead: str | None = None  # auto (lossless: each group's loss while the rest generate) | off
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None

@@ -136,6 +136,9 @@ def test_estimate_within_20_percent_of_the_measured_peak(calibration_work, case)
     assert r["terms"]["weights"] < r["measured_gib"] < r["rss_peak_gib"]
     assert abs(r["ratio"] - 1) <= cal.TOLERANCE, (case.name, r["ratio"], r["per_step_gib"], r["terms"])
     manifest = json.loads((calibration_work / case.name / "manifest.json").read_text())
+    # the layout the memory model plans for: each row computing its own prompt (rows of one length here: TRL's
+    # pass, which packing would not make cheaper)
+    assert manifest["padding_free"]["layout"] == "rows" and manifest["padding_free"]["calls"]["shared"] == 0
     ds = manifest["distributed"].get("deepspeed") or {}
     assert bool(ds.get("offload_optimizer")) is (case.strategy == "zero3_offload")
     # the manifest's record for users' runs: the largest measured step over the plan's own estimate

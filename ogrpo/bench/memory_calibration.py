@@ -81,8 +81,10 @@ def recipe(case: Case, model_dir: Path, data: Path, steps: int = STEPS) -> dict:
             "gradient_accumulation_steps": 1, "max_completion_length": COMPLETION_TOKENS, "temperature": 1.0,
             "max_steps": steps, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
             "gradient_checkpointing": case.gc, "dtype": "float32",
+            # padding_free rows: the memory model plans for every row computing its own prompt (a pass's rows
+            # need not share one), so that is the layout measured
             "ogrpo": {"gpus": "2xcpu", "strategy": case.strategy, "use_vllm": False,
-                      "max_prompt_length": PROMPT_TOKENS}}
+                      "max_prompt_length": PROMPT_TOKENS, "padding_free": "rows"}}
 
 
 def prepare_shape(shape: str, work: Path) -> tuple[Path, Path]:

@@ -249,8 +249,13 @@ def padding_free(d: Draft) -> None:
     """`padding_free` (ogrpo/trainer/packing.py): every log-prob pass, the loss forward's included, computes its
     rows' real tokens packed end to end instead of rows padded to the longest. The trainer still keeps TRL's
     padded pass where only the built model shows why (no rotary positions, vision inputs)."""
-    if (getattr(d.run_config.ogrpo, "padding_free", None) or "auto") == "off":
+    wanted = getattr(d.run_config.ogrpo, "padding_free", None) or "auto"
+    if wanted == "off":
         d.settings.add("padding_free", "off", "set in the run config (ogrpo.padding_free: off): TRL's padded passes")
+        return
+    if wanted == "rows":
+        d.settings.add("padding_free", "rows", "set in the run config (ogrpo.padding_free: rows): each log-prob "
+                       "pass packs its rows' real tokens end to end, each row computing its own prompt")
         return
     d.settings.add("padding_free", "on", "each log-prob pass packs its rows' real tokens end to end, positions "
                    "restarting per sequence (block-causal attention: FlashAttention-2's varlen path, else "

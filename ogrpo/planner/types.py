@@ -409,7 +409,7 @@ class Plan:
     def padding_free(self) -> bool | None:
         """The `padding_free` setting: the log-prob passes packed (ogrpo/trainer/packing.py); None in older plans."""
         value = self.setting("padding_free")
-        return None if value is None else value == "on"
+        return None if value is None else value in ("on", "rows")
 
     def reason_of(self, name: str) -> str | None:
         """Why the plan chose what it did for one of its settings, else None."""

@@ -249,8 +249,9 @@ def test_the_plan_packs_the_passes_unless_the_run_config_says_off(tmp_path):
     off = _plan(tmp_path, ogrpo={"padding_free": "off"})
     assert not off.padding_free and "ogrpo.padding_free: off" in off.reason_of("padding_free")
     rows = _plan(tmp_path, ogrpo={"padding_free": "rows"})  # packed, no prompt shared (what memory plans for)
-    assert rows.padding_free and rows.setting("padding_free") == "rows" and "own prompt" in rows.reason_of(
+    assert rows.padding_free and rows.padding_free_layout == "rows" and "own prompt" in rows.reason_of(
         "padding_free")
+    assert plan.padding_free_layout is None and off.padding_free_layout is None
 
 
 @pytest.mark.slow

@@ -411,6 +411,12 @@ class Plan:
         value = self.setting("padding_free")
         return None if value is None else value in ("on", "rows")
 
+    @property
+    def padding_free_layout(self) -> str | None:
+        """"rows" where the run config holds packed passes to each row's own prompt, else None (the cost model
+        picks per pass whether a prompt is computed once for its rows)."""
+        return "rows" if self.setting("padding_free") == "rows" else None
+
     def reason_of(self, name: str) -> str | None:
         """Why the plan chose what it did for one of its settings, else None."""
         return next((item.reason for item in self.settings if item.name == name), None)

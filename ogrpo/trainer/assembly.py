@@ -269,9 +269,6 @@ def install_train_ahead(trainer, plan) -> dict | None:
         print(f"note: overlap.train_ahead (the plan's) does not apply: {reason}; the loss runs after the batch",
               file=sys.stderr, flush=True)
         return {"on": False, "reason": reason}
-    if plan.setting("padding_free") == "rows":  # no prompt computed once for its rows
-        trainer.packing.layout = "rows"
-        return {"on": True, "reason": None, "layout": "rows"}
     return {"on": True, "reason": None}
 
 
@@ -285,9 +282,9 @@ def install_packing(trainer, plan) -> dict | None:
         print(f"note: padding_free (the plan's) does not apply: {reason}; TRL's padded passes run", file=sys.stderr,
               flush=True)
         return {"on": False, "reason": reason}
-    if plan.setting("padding_free") == "rows":  # no prompt computed once for its rows
-        trainer.packing.layout = "rows"
-        return {"on": True, "reason": None, "layout": "rows"}
+    if plan.padding_free_layout is not None:  # "rows": no prompt computed once for its rows
+        trainer.packing.layout = plan.padding_free_layout
+        return {"on": True, "reason": None, "layout": plan.padding_free_layout}
     return {"on": True, "reason": None}
 
 

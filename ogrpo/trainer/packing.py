@@ -147,10 +147,17 @@ def choose_capacity(lengths: list[int], width: int, costs: Costs | None) -> int 
     """The bin length whose packed pass costs least, from TRL's padded row upwards (longer bins leave less filler
     but attend over more); None where no packing costs clearly less than TRL's padded rows (rows of one length
     gain nothing and lose the plain causal mask)."""
+    return rows_layout(lengths, width, costs)[1]
+
+
+def rows_layout(lengths: list[int], width: int, costs: Costs | None) -> tuple[float | None, int | None]:
+    """(cost, bin length) of the rows' pass `choose_capacity` picks: packed at that length, or TRL's padded rows
+    (None, at their cost); (None, width) where no shape is known."""
     if costs is None:
-        return width
+        return None, width
+    padded = costs.of_rows(len(lengths), width)
     cost, capacity = cheapest_capacity(dict(enumerate(lengths)), [], width, costs)
-    return capacity if cost < CLEARLY_CHEAPER * costs.of_rows(len(lengths), width) else None
+    return (cost, capacity) if cost < CLEARLY_CHEAPER * padded else (padded, None)
 
 
 CLEARLY_CHEAPER = 0.95  # a packed layout replaces TRL's padded rows only below this share of their cost
@@ -374,14 +381,11 @@ def _chunks(model, input_ids, attention_mask, logits_to_keep, batch_size, layout
         if flash:  # FlashAttention-2 reads packed sequences only from a batch of one; its varlen path wastes nothing
             chunks.append(pack(ids, mask, logits_to_keep, int(mask.sum())))
             continue
-        lengths = mask.sum(1).tolist()
-        capacity, families = choose_capacity(lengths, mask.size(1), costs), None
+        (rows_cost, capacity), families = rows_layout(mask.sum(1).tolist(), mask.size(1), costs), None
         candidates = prompt_families(ids, mask, logits_to_keep) if share and costs is not None else []
-        if candidates:  # each prompt once, where that is clearly cheaper than the best of the other two
+        if candidates:  # each prompt once, where that is clearly cheaper than the rows' own pass
             shared_cost, shared_capacity = _shared_cost(mask, logits_to_keep, candidates, costs)
-            other = costs.of_rows(len(lengths), mask.size(1)) if capacity is None else \
-                cheapest_capacity(dict(enumerate(lengths)), [], mask.size(1), costs)[0]
-            if layout == "shared" or shared_cost < CLEARLY_CHEAPER * other:
+            if layout == "shared" or shared_cost < CLEARLY_CHEAPER * rows_cost:
                 capacity, families = shared_capacity, candidates
         chunks.append(None if capacity is None else pack(ids, mask, logits_to_keep, capacity, families))
     return None if any(c is None for c in chunks) else chunks

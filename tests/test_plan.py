@@ -632,3 +632,32 @@ def test_num_processes_one_on_3xa40_names_the_gpu_it_runs_on(basic_recipe, write
     assert any("GPU(s) [2]" in w and "trainer runs on node 0, GPU(s) [1]" in w for w in p.warnings)
     steps = {s.role: s for s in build_jobspec(p, load_run_config(path), tmp_path).steps}
     assert steps["trainer"].gpus == [1] and steps["server"].gpus == [0]
+
+
+def _server_compile(p) -> tuple[bool, str]:
+    setting = next(s for s in p.settings if s.name == "vllm.enforce_eager")
+    assert p.vllm.args.enforce_eager is setting.value
+    return setting.value, setting.reason
+
+
+def test_the_cpu_server_compiles_where_the_run_repays_it(tiny_recipe):
+    # tiny_recipe: 4 completions x 32 tokens a step
+    short_eager, why = _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=50))
+    assert short_eager is True and "6,400 completion tokens" in why and "vllm_compile: on" in why
+    long_eager, why = _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=5000))
+    assert long_eager is False and "640,000" in why
+    # counted in epochs: the dataset decides how long, and a dataset is rarely a handful of prompts
+    assert _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=-1))[0] is False
+    # num_iterations reuses each generation batch: a quarter of the tokens
+    assert _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=1000, num_iterations=4))[0] is True
+    assert _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=50, ogrpo={"vllm_compile": "on"}))[0] is False
+    off, why = _server_compile(_plan(tiny_recipe, "2xcpu", max_steps=5000, ogrpo={"vllm_compile": "off"}))
+    assert off is True and "ogrpo.vllm_compile: off" in why
+
+
+def test_vllm_compile_overrides_the_profile_on_gpus(basic_recipe):
+    assert _server_compile(_plan(basic_recipe, "3xA40", ogrpo={"profile": "conservative",
+                                                               "vllm_compile": "on"}))[0] is False
+    assert _server_compile(_plan(basic_recipe, "3xA40", ogrpo={"vllm_compile": "off"}))[0] is True
+    with pytest.raises(ConfigError, match="vllm_compile"):
+        _plan(basic_recipe, "3xA40", ogrpo={"vllm_compile": "fast"})

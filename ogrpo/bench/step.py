@@ -269,6 +269,10 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         # (TRL 1.16 truncates none) and sizes memory, gradient checkpointing included, for prompts 16x as long
         rec["ogrpo"] = {"gpus": gpus, "max_prompt_length": prompt_tokens,
                         **({"kernels": kernels} if kernels is not None else {})}
+    else:
+        # a long run's server, which the medians stand for: it compiles its model, as TRL's vllm-serve (the
+        # anchor) does by default; a 10-step recipe alone would run it eagerly (ogrpo/planner/compile_choice.py)
+        rec["ogrpo"] = {"max_prompt_length": prompt_tokens, "vllm_compile": "on"}
     (work / "recipe.json").write_text(json.dumps(rec))
     results = {}
     for path in paths:

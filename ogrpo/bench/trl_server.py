@@ -84,7 +84,8 @@ def _train(workdir: Path, rec: dict, port: int, profile_path: Path) -> None:
 
     cls = _cpu_client_cls()  # run_seed None: TRL's own unseeded requests
     trl_vllm_client.install_client_class(cls)
-    keys = {k: v for k, v in rec.items() if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype")}
+    keys = {k: v for k, v in rec.items()
+            if k not in ("model_name_or_path", "dataset_name", "reward_funcs", "dtype", "ogrpo")}
     args = GRPOConfig(output_dir=str(workdir / "split-trl-out"), use_cpu=True, bf16=rec["dtype"] == "bfloat16",
                       model_init_kwargs={"dtype": rec["dtype"]}, use_vllm=True, vllm_mode="server",
                       vllm_server_base_url=f"http://127.0.0.1:{port}", vllm_server_timeout=900,

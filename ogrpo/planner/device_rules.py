@@ -135,9 +135,6 @@ class CpuRules(DeviceRules):
     def max_seqs(self, profile_max: int) -> int:
         return 64
 
-    def enforce_eager(self, profile_eager: bool) -> bool:
-        return True
-
     def server_util(self, want: float | None, profile_util: float) -> float:
         return CPU_VLLM_UTIL
 
@@ -319,9 +316,6 @@ class GpuRules(DeviceRules):
 
     def max_seqs(self, profile_max: int) -> int:
         return profile_max
-
-    def enforce_eager(self, profile_eager: bool) -> bool:
-        return bool(profile_eager)
 
     def server_util(self, want: float | None, profile_util: float) -> float:
         return want or profile_util

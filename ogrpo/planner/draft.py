@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ogrpo.hardware import Cluster
 from ogrpo.models import ModelFacts
+from ogrpo.planner import compile_choice
 from ogrpo.planner.device_rules import DeviceRules
 from ogrpo.planner.types import Change, Setting
 
@@ -83,3 +84,8 @@ class Draft:
 
     def user_set(self, key: str) -> bool:
         return key in self.trl and self.trl[key] is not None
+
+    def server_eager(self) -> tuple[bool, str]:
+        """(vLLM's enforce_eager, why): ogrpo.vllm_compile, else the profile (GPU) or the run's length (CPU)."""
+        return compile_choice.decide(getattr(self.run_config.ogrpo, "vllm_compile", None), self.prof["eager"],
+                                     self.rules.torch_device == "cpu", compile_choice.generated_tokens(self.trl))

@@ -56,7 +56,7 @@ class ServerSizer:
         return server_estimate(d.model, tensor_parallel_size=t, dtype_bytes=r.dtype_bytes,
                                memory_gib=d.gpu.memory_gib, gpu_memory_utilization=self.util if util is None else util,
                                max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                               enforce_eager=r.enforce_eager(d.prof["eager"]), device=r.memory_terms,
+                               enforce_eager=d.server_eager()[0], device=r.memory_terms,
                                kv_cache_bytes=kv_bytes)
 
     @staticmethod

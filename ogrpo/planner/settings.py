@@ -6,6 +6,7 @@ from __future__ import annotations
 from ogrpo.errors import ConfigError
 from ogrpo.fields import line_default, rule
 from ogrpo.planner import overlap_stream
+from ogrpo.planner import rank_balance as rank_balance_rule
 from ogrpo.planner import train_ahead as train_ahead_rule
 from ogrpo.planner.batch import eval_dropped
 from ogrpo.planner.draft import Draft
@@ -128,6 +129,7 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
                                                              bf16_server(p))
     old_policy_pass(d, p, targs, mode)
     train_ahead(d, p, targs, t)
+    rank_balance(d, p, targs)
     padding_free(d)
     return targs
 
@@ -228,6 +230,15 @@ def old_policy_pass(d: Draft, p: Placement, targs: dict, overlap_mode: str) -> N
     s.add("old_policy_pass", value, why)
 
 
+def _trl_getter(d: Draft, targs: dict):
+    """key -> the run's GRPOConfig value, the TRL line's default where the recipe has none."""
+    def trl_get(key):
+        value = targs.get(key, d.trl.get(key))
+        return line_default(d.rules.trl_line, key) if value is None else value
+
+    return trl_get
+
+
 def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
     """`overlap.train_ahead` (ogrpo/planner/train_ahead.py): a lossless run whose batches stream group by group
     trains each finished group while the server generates the rest, where that gives `off`'s updates."""
@@ -235,14 +246,21 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
     if next((i.value for i in s.items if i.name == "overlap.stream"), None) != "groups":
         return
 
-    def trl_get(key):
-        value = targs.get(key, d.trl.get(key))
-        return line_default(d.rules.trl_line, key) if value is None else value
-
+    trl_get = _trl_getter(d, targs)
     old_policy = next((i.value for i in s.items if i.name == "old_policy_pass"), None)
     s.add("overlap.train_ahead", *train_ahead_rule.decide(
         getattr(d.run_config.ogrpo, "train_ahead", None), trl_get, p.num_processes,
         t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction"))))
+
+
+def rank_balance(d: Draft, p: Placement, targs: dict) -> None:
+    """`rank_balance` (ogrpo/planner/rank_balance.py): several trainer processes share a batch's tokens evenly."""
+    trl_get = _trl_getter(d, targs)
+    ahead = next((i.value for i in d.settings.items if i.name == "overlap.train_ahead"), None) == "on"
+    decided = rank_balance_rule.decide(getattr(d.run_config.ogrpo, "rank_balance", None), trl_get,
+                                       p.num_processes, ahead)
+    if decided is not None:
+        d.settings.add("rank_balance", *decided)
 
 
 def padding_free(d: Draft) -> None:
@@ -302,7 +320,7 @@ def vllm_args(d: Draft, p: Placement, v: VllmFit, precision: str) -> tuple[dict,
                                        "the num_generations completions of a prompt share its KV blocks")
         if trl.get("vllm_enable_prefix_caching") is None else bool(trl["vllm_enable_prefix_caching"]),
         "max_num_seqs": v.max_num_seqs,
-        "enforce_eager": r.enforce_eager(d.prof["eager"]),
+        "enforce_eager": s.add("vllm.enforce_eager", *d.server_eager()),
         "tensor_parallel_size": p.tp,
         "data_parallel_size": p.dp,
         "logprobs_mode": "processed_logprobs",

@@ -401,6 +401,12 @@ class Plan:
         return None if value is None else value == "on"
 
     @property
+    def rank_balance(self) -> bool | None:
+        """The `rank_balance` setting of a run with several trainer processes (ogrpo/trainer/rank_balance.py)."""
+        value = self.setting("rank_balance")
+        return None if value is None else value == "on"
+
+    @property
     def old_policy_pass(self) -> OldPolicyPass | None:
         """The `old_policy_pass` setting of a vLLM run, else None."""
         return _enum(OldPolicyPass, self.setting("old_policy_pass"))

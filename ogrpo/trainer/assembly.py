@@ -272,6 +272,19 @@ def install_train_ahead(trainer, plan) -> dict | None:
     return {"on": True, "reason": None}
 
 
+def install_rank_balance(trainer, plan) -> dict | None:
+    """The plan's `rank_balance`: the ranks exchange scored rows to hold even tokens (ogrpo/trainer/rank_balance.py)
+    where the built trainer agrees; what runs and why, for the manifest. After train_ahead, which rules it out."""
+    if not plan.rank_balance:
+        return None if plan.rank_balance is None else {"on": False, "reason": plan.reason_of("rank_balance")}
+    reason = trainer.balance_ranks()
+    if reason:
+        print(f"note: rank_balance (the plan's) does not apply: {reason}; each rank computes the rows it sampled "
+              "for", file=sys.stderr, flush=True)
+        return {"on": False, "reason": reason}
+    return {"on": True, "reason": None}
+
+
 def install_packing(trainer, plan) -> dict | None:
     """The plan's `padding_free`: packed log-prob passes (ogrpo/trainer/packing.py) where the built model allows
     them exactly; what runs and why, for the manifest."""
@@ -379,6 +392,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     ahead = install_train_ahead(trainer, p.plan)
     if is_main and ahead:
         run_state.update_manifest(run_dir, train_ahead=ahead)
+    balance = install_rank_balance(trainer, p.plan)
+    if is_main and balance:
+        run_state.update_manifest(run_dir, rank_balance=balance)
     packing = install_packing(trainer, p.plan)
     if is_main and packing:
         run_state.update_manifest(run_dir, padding_free=packing)
@@ -423,11 +439,14 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             packing["calls"] = dict(trainer.packing.calls)
         if ahead and ahead["on"]:  # the batches whose groups' gradients were dropped, and why
             ahead["fallbacks"] = list(trainer.overlap.train_ahead_fallbacks)
+        if trainer.rank_balance is not None:  # how uneven the ranks' tokens were, and are
+            balance.update(trainer.rank_balance.summary())
         run_state.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,
                                   profile=summarize(rows), plots=[str(x.relative_to(run_dir)) for x in plots],
                                   distributed=distributed_summary(trainer), kernels=kernels,
                                   **({"padding_free": packing} if packing else {}),
-                                  **({"train_ahead": ahead} if ahead else {}))
+                                  **({"train_ahead": ahead} if ahead else {}),
+                                  **({"rank_balance": balance} if balance else {}))
         render_table(rows, console)
         console.print(f"run directory: {run_dir}")
     return run_dir

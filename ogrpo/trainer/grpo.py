@@ -7,6 +7,7 @@ nothing else:
 | layer | module | overrides |
 |---|---|---|
 | nonfinite | ogrpo.trainer.guard.Guarded | the log-prob passes (notes inf/NaN), training_step (stops on an inf/NaN loss) |
+| rank_balance | ogrpo.trainer.rank_balance.RankBalanced | scoring (the ranks exchange scored rows to hold even tokens) |
 | old_policy | ogrpo.trainer.old_policy.OldPolicyFromLoss | scoring, the log-prob passes, the loss (the old policy from the loss forward) |
 | profiler | ogrpo.profile.hooks.StageTiming | generation, rewards, scoring, log-prob passes, training_step (times them) |
 | overlap | ogrpo.overlap.steps.Overlapped | batch lookahead, generation, scoring, rewards, log-prob passes, the loss (hands TRL what was computed ahead, the groups' losses included) |
@@ -33,13 +34,14 @@ from ogrpo.trainer.guard import Guarded
 from ogrpo.trainer.kernels import KernelScoring
 from ogrpo.trainer.old_policy import OldPolicyFromLoss
 from ogrpo.trainer.packing import PaddingFree
+from ogrpo.trainer.rank_balance import RankBalanced
 
 # outermost first: the bases of OgrpoGRPOTrainer and the layer names of ogrpo/trainer/overrides.py
-LAYERS = {"nonfinite": Guarded, "old_policy": OldPolicyFromLoss, "profiler": StageTiming, "overlap": Overlapped,
+LAYERS = {"nonfinite": Guarded, "rank_balance": RankBalanced, "old_policy": OldPolicyFromLoss, "profiler": StageTiming, "overlap": Overlapped,
           "passes": PassCounting, "padding_free": PaddingFree, "linear_logprobs": KernelScoring,
           "stream_checkpoints": StreamCheckpoints, "atomic_checkpoints": AtomicCheckpoints}
 
 
-class OgrpoGRPOTrainer(Guarded, OldPolicyFromLoss, StageTiming, Overlapped, PassCounting, PaddingFree, KernelScoring,
+class OgrpoGRPOTrainer(Guarded, RankBalanced, OldPolicyFromLoss, StageTiming, Overlapped, PassCounting, PaddingFree, KernelScoring,
                        StreamCheckpoints, AtomicCheckpoints, GRPOTrainer):
     """TRL's GRPOTrainer, constructed as TRL's; O-GRPO's layers are turned on by the run's assembly."""

@@ -21,7 +21,7 @@ OVERRIDES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                             "batch_size", "compute_entropy", "compute_aux_loss")),
     "training_step": (("nonfinite", "profiler"), ("model", "inputs", "num_items_in_batch")),
     "_generate": (("profiler", "overlap"), ("prompts",)),
-    "_generate_and_score_completions": (("old_policy", "profiler", "overlap"), ("inputs",)),
+    "_generate_and_score_completions": (("rank_balance", "old_policy", "profiler", "overlap"), ("inputs",)),
     "_compute_loss": (("old_policy", "overlap"), ("model", "inputs")),
     "_calculate_rewards": (("profiler", "overlap"), ("inputs", "prompts", "completions", "completion_ids_list")),
     "get_batch_samples": (("overlap",), ("epoch_iterator", "num_batches", "device")),
@@ -40,7 +40,7 @@ SOURCES = {
     "_save_checkpoint": "self._get_output_dir(trial=trial)",
 }
 # the layers' state on the trainer: TRL's class must not use these names for its own
-STATE = ("old_policy", "packing", "overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
+STATE = ("rank_balance", "old_policy", "packing", "overlap", "overlap_pipeline", "timeline", "stage_profiler", "nonfinite_guard", "logprobs_scorer",
          "_checkpoint_staging", "_staged_dir")
 
 

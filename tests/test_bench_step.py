@@ -161,6 +161,29 @@ def test_split_placement_runs_every_path_and_reports(tmp_path):
     assert mentioning(str(work)) == []
 
 
+@pytest.mark.slow
+def test_ranks_placement_compares_trls_split_with_balanced_ranks(tmp_path):
+    """Two trainer processes (DDP) on 2xcpu, TRL's split of each batch against ranks balanced by tokens: the same
+    samples and losses (the balanced run is TRL's otherwise), the stage ratios are the measured ones, and the
+    spread of the ranks' tokens is reported from the run's manifest."""
+    from ogrpo.bench.step import RANK_PATHS
+
+    out = io.StringIO()
+    work = tmp_path / "w"
+    res = run_step_bench(TINY, steps=2, prompts=2, generations=4, new_tokens=24, mean_share=0.3,
+                         csv_path=str(tmp_path / "s.csv"), png_path=None, workdir=str(work), out=out,
+                         placement="ranks")
+    results, r = res["results"], res["ratios"]
+    assert set(results) == set(RANK_PATHS)
+    assert r["train_speedup"] == pytest.approx(results["ranks-trl-split"]["train"] / results["ranks-balanced"]["train"])
+    assert results["ranks-trl-split"]["completion_len"] == results["ranks-balanced"]["completion_len"] < 24
+    balance = json.loads((work / "ranks-balanced-balance.json").read_text())
+    assert balance["on"] is True and balance["batches"] == 2, balance
+    assert json.loads((work / "ranks-trl-split-balance.json").read_text())["on"] is False
+    assert f"TRL's split {balance['spread_before']}, balanced {balance['spread_after']}" in out.getvalue()
+    assert mentioning(str(work)) == []
+
+
 def test_bench_models_read_their_prompts_as_the_tokens_they_were_made_of(tmp_path):
     """The bench's random models: the tokenizer the trainer and the server load (transformers rebuilds a Qwen2
     one from the files) has one id per vocabulary entry, and each prompt reads back as exactly its length."""

@@ -19,21 +19,22 @@ from ogrpo.render import render_job, write_job
 SPLIT = "2xcpu"
 
 
-def split_plan(workdir: Path, name: str, recipe: dict, mode: str):
-    """(run config, plan) of `recipe` on the split placement with `ogrpo.overlap: mode`."""
-    ogrpo = {**(recipe.get("ogrpo") or {}), "gpus": SPLIT, "use_vllm": True, "overlap": mode}
+def split_plan(workdir: Path, name: str, recipe: dict, mode: str, **ogrpo_keys):
+    """(run config, plan) of `recipe` on the split placement with `ogrpo.overlap: mode`; `ogrpo_keys`: other
+    O-GRPO options (`use_vllm=False`: two trainer processes on the two cores instead, generating themselves)."""
+    ogrpo = {**(recipe.get("ogrpo") or {}), "gpus": SPLIT, "use_vllm": True, "overlap": mode, **ogrpo_keys}
     cfg = workdir / f"{name}-recipe.yaml"
     cfg.write_text(yaml.safe_dump({**recipe, "ogrpo": ogrpo}))
     rc = load_run_config(str(cfg))
     return rc, plan_from_config(rc, gpus=SPLIT)
 
 
-def run_split_job(workdir: Path, name: str, recipe: dict, mode: str, adjust=None) -> Path:
+def run_split_job(workdir: Path, name: str, recipe: dict, mode: str, adjust=None, **ogrpo_keys) -> Path:
     """Runs the job in workdir/<name>-job; returns its run directory (LaunchError naming the logs if it fails: the
     bench commands end on it in one line, exit 1).
     `adjust(plan) -> plan`: a bench's own change to the plan it runs (`ogrpo bench overlap --broken`), made after
     planning, where no recipe can reach it."""
-    rc, plan = split_plan(workdir, name, recipe, mode)
+    rc, plan = split_plan(workdir, name, recipe, mode, **ogrpo_keys)
     if adjust is not None:
         plan = adjust(plan)
     job = workdir / f"{name}-job"

@@ -46,7 +46,10 @@ from ogrpo.tables import format_table
 PATHS = ("trl", "ogrpo")
 # "split-" + an ogrpo.overlap mode; split-trl: plain TRL's server mode on the same split (the anchor)
 SPLIT_PATHS = ("split-trl", "split-off", "split-lossless", "split-one-step")
-PLACEMENTS = {"single": PATHS, "split": SPLIT_PATHS}
+# two trainer processes (DDP, one core each, generating themselves): TRL's split of the batch between them against
+# rows exchanged for even tokens (ogrpo/trainer/rank_balance.py), the same O-GRPO run otherwise
+RANK_PATHS = ("ranks-trl-split", "ranks-balanced")
+PLACEMENTS = {"single": PATHS, "split": SPLIT_PATHS, "ranks": RANK_PATHS}
 STAGES = ("generation", "reward", "logprobs", "train", "step")
 _DTYPES = {p: dtypes.torch_name(p) for p in ("fp32", "bf16")}
 # Presets of `--shape`: model, batch and completion length (explicit options override them). default: the
@@ -154,6 +157,15 @@ def _run_split(workdir: Path, rec: dict, mode: str) -> None:
     os.replace(run / "profile.jsonl", workdir / f"split-{mode}-profile.jsonl")
 
 
+def _run_ranks(workdir: Path, rec: dict, path: str) -> None:
+    """Two trainer processes under DDP on the two cores, TRL's split of each batch or the balanced one."""
+    run = run_split_job(workdir, path, rec, "off", use_vllm=False, strategy="ddp",
+                        rank_balance="auto" if path == "ranks-balanced" else "off")
+    os.replace(run / "profile.jsonl", workdir / f"{path}-profile.jsonl")
+    balance = json.loads((run / "manifest.json").read_text()).get("rank_balance") or {}
+    (workdir / f"{path}-balance.json").write_text(json.dumps(balance) + "\n")
+
+
 def summarize(rows: list[dict]) -> dict[str, float]:
     """Median seconds per stage over the steps after the first, and the peak memory of the run (GiB)."""
     timed = rows[1:] or rows
@@ -244,9 +256,9 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice)."""
     out = out or sys.stdout
     if placement not in PLACEMENTS:
-        raise OgrpoError(f"--placement {placement!r}: use single or split")
+        raise OgrpoError(f"--placement {placement!r}: use {', '.join(PLACEMENTS)}")
     paths = PLACEMENTS[placement]
-    if placement == "split" and (gpus != "cpu" or kernels is not None):
+    if placement != "single" and (gpus != "cpu" or kernels is not None):
         raise OgrpoError("--gpus and --kernels/--no-kernels apply to the single placement")
     if dtype not in _DTYPES:
         raise OgrpoError(f"--dtype {dtype!r}: use fp32 or bf16")
@@ -288,7 +300,7 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
             raise OgrpoError(f"bench path {path} failed (exit {rc}); see {work / f'{path}.log'}")
         rows = [json.loads(x) for x in (work / f"{path}-profile.jsonl").read_text().splitlines()]
         results[path] = summarize(rows)
-    r = ratios(results["trl"], results["ogrpo"]) if placement == "single" else split_ratios(results)
+    r = (ratios(*(results[p] for p in paths)) if placement in ("single", "ranks") else split_ratios(results))
     header = ["path", *[f"{s} s" for s in STAGES], "passes", "s/pass", "pad score", "pad loss", "tok/s", "peak GiB"]
     table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['logprob_passes']:g}",
               f"{results[p]['logprobs_per_pass']:.3f}", f"{100 * results[p]['pad_share_score']:.0f}%",
@@ -304,6 +316,11 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
               f"steps 2..{steps}:\n" + format_table(header, table) + "\n")
     if placement == "split":
         out.write("\n" + split_table(results, r, paths) + "\n")
+    if placement == "ranks":  # how unevenly TRL's split left the ranks' tokens, and the balanced one
+        b = json.loads((work / "ranks-balanced-balance.json").read_text())
+        out.write(f"ranks' tokens, the most a rank held over the mean: TRL's split {b.get('spread_before')}, "
+                  f"balanced {b.get('spread_after')} ({b.get('exchanged')} of {b.get('batches')} batches "
+                  "exchanged rows)\n")
     for name, value in r.items():
         out.write(f"{name}: {value:.3f}\n")
     if ends:  # what the shape is about: how far the lengths spread, and what the padding then costs
@@ -315,7 +332,7 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         out.write(f"note: generation is {100 * share:.0f}% of an off step here, under the {100 * GEN_HEAVY_SHARE:.0f}% "
                   "this shape is meant to reach: pick a smaller model or fewer completions per step\n")
     tags = environment_tags()
-    case = (f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + (" split" if placement == "split" else "")
+    case = (f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + ("" if placement == "single" else f" {placement}")
             + {None: "", True: " kernels on", False: " kernels off"}[kernels])
     csv_rows = [make_row("step", case, p, f"{s}_s", results[p][s], "s", str(shape.params()), tags)
                 for p in paths for s in STAGES]
@@ -383,6 +400,8 @@ if __name__ == "__main__":  # worker entry: python -m ogrpo.bench.step PATH WORK
     with exit_on_signals():
         if sys.argv[1] == "split-trl":
             _run_split_trl(_work, _rec)
+        elif sys.argv[1].startswith("ranks-"):
+            _run_ranks(_work, _rec, sys.argv[1])
         elif sys.argv[1].startswith("split-"):
             _run_split(_work, _rec, sys.argv[1].removeprefix("split-"))
         else:

@@ -134,7 +134,9 @@ def bench_step(
     placement: str = typer.Option("single", help="single: plain TRL vs O-GRPO in one process; split: a vLLM "
                                                  "server on one core, the trainer on the other (2xcpu), with "
                                                  "plain TRL's server mode and ogrpo.overlap off, lossless and "
-                                                 "one-step."),
+                                                 "one-step; ranks: two trainer processes (DDP, 2xcpu), TRL's "
+                                                 "split of each batch against ranks balanced by tokens (use "
+                                                 "--shape variable)."),
     gpus: str = typer.Option("cpu", "--gpus", help="single placement: cpu, or one local GPU (1xH100)."),
     kernels: Optional[bool] = typer.Option(None, "--kernels/--no-kernels", help="O-GRPO's ogrpo.kernels "
                                                                                "(default: the plan's choice)."),

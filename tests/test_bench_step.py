@@ -158,6 +158,13 @@ def test_split_placement_runs_every_path_and_reports(tmp_path):
     # the anchor on the same split as O-GRPO's jobs: its server and its trainer each on their own cores
     cores = json.loads((work / "split-trl-cores.json").read_text())
     assert cores["server"] and cores["trainer"] and not set(cores["server"]) & set(cores["trainer"]), cores
+    # O-GRPO's server compiled its model, as the bench's recipe asks (TRL's compiles by default), and each push
+    # reached the compiled model: the server's log-probs are the trainer's after every update
+    run = work / "split-off-job" / "run"
+    plan = json.loads((run / "manifest.json").read_text())["plan"]
+    assert plan["vllm"]["args"]["enforce_eager"] is False
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert len(rows) == 2 and all(r["sampling/sampling_logp_difference/mean"] < 1e-4 for r in rows), rows
     assert mentioning(str(work)) == []
 
 

@@ -72,7 +72,19 @@ def _hold_and_signal(job: str, run: Path, attempt: int, after: int, scancel: lis
     step, the step the trainer is in is the one after its last checkpoint: it may have logged that step already
     (the Trainer logs a step, then saves it), so the logged step alone does not say which."""
     step = _trainer_step(job, run, attempt)
-    wait_for(lambda: max(_steps(run), default=0) >= after, 900, f"step {after} (attempt {attempt})")
+    # this attempt's steps: a resumed attempt moves the rows its checkpoint does not hold out of metrics.jsonl
+    # (rewriting it) only once it has loaded; until then the file still shows the steps the attempt before logged
+    # past its checkpoint. Written since this attempt's trainer started: rewound, or this attempt's rows.
+    started = (run / "roles" / "trainer.step.json").stat().st_mtime
+
+    def reached() -> bool:
+        try:
+            written = (run / "metrics.jsonl").stat().st_mtime >= started
+        except OSError:
+            return False
+        return written and max(_steps(run), default=0) >= after
+
+    wait_for(reached, 900, f"step {after} (attempt {attempt})")
     subprocess.run(["scancel", "--signal=STOP", step], check=True)
     logged = max(_steps(run))
     assert logged < STEPS, "the job ran to its end before the signal: nothing was tested"
@@ -163,9 +175,11 @@ def test_a_term_while_the_job_runs_on_saves_requeues_and_resumes(termed_job):
     saved = [checkpoint_step(r["checkpoint"]) for r in (first, second)]
     (logged0, checkpointed0), (logged1, checkpointed1) = signalled[0], signalled[1]
     # the batch step's TERM: the trainer saved the step it was in (the one after its last checkpoint), the server
-    # answering meanwhile, and lost no step it had logged. one-step: a step's save waits for the batch in flight;
-    # held between logging a step and saving it, the trainer may train that next batch and save its step
-    assert checkpointed1 + 1 <= saved[1] <= checkpointed1 + 1 + (mode == "one-step"), (saved, signalled)
+    # answering meanwhile, and lost no step it had logged. Held inside a save (its checkpoint already in place,
+    # the save not yet ended), it stops after that save, which holds every step it logged. one-step: a step's
+    # save waits for the batch in flight; held between logging a step and saving it, the trainer may train that
+    # next batch and save its step
+    assert max(checkpointed1, logged1) <= saved[1] <= checkpointed1 + 1 + (mode == "one-step"), (saved, signalled)
     assert saved[1] >= logged1, (saved, signalled)
     assert second["signal"] == "SIGUSR2", second
     if mode == "no-server":  # the steps' TERM: the same

@@ -15,6 +15,7 @@ import yaml
 
 from ogrpo.config import load_run_config
 from ogrpo.launch.ports import free_ports
+from ogrpo.launch.procs import mentioning
 from ogrpo.plan import plan_from_config
 from ogrpo.trainer.rank_balance import assignment, spread
 
@@ -113,6 +114,7 @@ def test_the_ranks_exchange_whole_rows_over_a_real_process_group(tmp_path):
                            str(free_ports(1)[0]), str(script), str(result)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert mentioning(str(script)) == []  # torchrun's workers are gone
     ranks = [json.loads(Path(f"{result}.{r}").read_text()) for r in (0, 1)]
     tokens, seen = [], []
     for r, got in enumerate(ranks):
@@ -187,6 +189,7 @@ def test_balanced_ranks_learn_what_trls_split_learns(tmp_path, strategy):
     balance = manifest["rank_balance"]
     assert balance["on"] is True and balance["batches"] == STEPS, balance
     assert balance["exchanged"] >= 1 and balance["spread_after"] < balance["spread_before"], balance
+    assert mentioning(str(tmp_path)) == []  # no trainer process of either job outlives it
     off = json.loads((runs["trl"] / "manifest.json").read_text())["rank_balance"]
     assert off == {"on": False, "reason": "set in the run config (ogrpo.rank_balance: off): each rank computes the "
                                           "rows it sampled for"}

@@ -83,6 +83,13 @@ class ScriptedServer:
             completions.append(ids)
             logprobs.append([[float(x)] for x in (own + noise)])
         on_group = getattr(self.pipeline, "on_group", None)
+        on_part = getattr(self.pipeline, "on_part", None)
+        if on_part is not None:  # completions sent one by one: each ends alone, in a scrambled order (the last
+            # of each group then completes it below)
+            n = self.trainer.num_generations
+            for k in torch.randperm(len(prompts), generator=g).tolist():
+                if k % n != n - 1:
+                    on_part(k // n, k % n, {"completion_ids": [completions[k]], "logprobs": [logprobs[k]]})
         if on_group is not None:
             n = self.trainer.num_generations
             for i in torch.randperm(len(prompts) // n, generator=g).tolist():
@@ -107,15 +114,16 @@ class StreamingPipeline:
     with (the trainer's own: lossless) and the slot for the per-group hand-over."""
 
     def __init__(self, trainer):
-        self.trainer, self.active, self.on_group = trainer, False, None
+        self.trainer, self.active, self.on_group, self.on_part = trainer, False, None, None
 
     @property
     def consumed_version(self):
         return self.trainer.state.global_step
 
 
-def stream_groups(trainer, server) -> None:
-    """The overlap layer in `lossless`, its batches streamed group by group, each group trained as it arrives."""
+def stream_groups(trainer, server, completions: bool = False) -> None:
+    """The overlap layer in `lossless`, its batches streamed group by group, each group trained as it arrives;
+    `completions`: each group's completions come back one by one first (their passes run as each ends)."""
     from ogrpo.overlap.pipeline import LOSSLESS, Lookahead
     from ogrpo.overlap.steps import OverlapState
     from ogrpo.patches import trl_overlap
@@ -125,17 +133,19 @@ def stream_groups(trainer, server) -> None:
     server.pipeline = StreamingPipeline(trainer)
     state = OverlapState(LOSSLESS, Lookahead(), server.pipeline, None)
     state.streams = True
+    state.completions = completions
     trainer.overlap = state
     reason = trainer.train_groups_ahead()
     assert reason is None, reason
 
 
 def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False,
-        ahead: bool = False, shared: bool = False):
+        ahead: bool = False, shared: bool = False, completions: bool = False):
     """Trains STEPS steps of the tiny task with the layers asked for (none: TRL's own passes); returns (log rows,
     final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
     group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py). `shared` (with packed):
-    every packed chunk computes each prompt once for its generations, whatever the cost model would pick."""
+    every packed chunk computes each prompt once for its generations, whatever the cost model would pick.
+    `completions` (with ahead): each completion's passes run as it ends, before its group is whole."""
     from trl import GRPOConfig
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
@@ -161,7 +171,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
         assert trainer.pack_sequences() is None
         trainer.packing.layout = "shared" if shared else None
     if ahead:
-        stream_groups(trainer, server)
+        stream_groups(trainer, server, completions)
     forwards = []
     trainer.model.register_forward_pre_hook(
         lambda *_: forwards.append(1) if not torch.is_grad_enabled() and not server.scoring else None)
@@ -223,4 +233,9 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         logged = [r for r in trainer.state.log_history if "loss" in r]
         assert [r["overlap/trained_ahead"] for r in logged] == [float(groups)] * STEPS, logged
         assert trainer.overlap.train_ahead_fallbacks == []
+        if layers.get("completions"):  # every completion but each group's last had its passes before the group
+            early = trainer.args.generation_batch_size - groups
+            assert [r["overlap/completions_early"] for r in logged] == [float(early)] * STEPS, logged
+            # and the loss forward of at least one, its graph kept until its group's backward
+            assert all(1 <= r["overlap/forwarded_early"] <= early for r in logged), logged
     return {"trl": a, "layers": b}

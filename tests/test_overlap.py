@@ -245,6 +245,58 @@ def test_group_calls_give_each_group_the_seeds_it_has_inside_the_one_request():
     assert [p["seed"] for p in trl19.posted] == [seed] * 3 and len(calls) == 3
     # images go whole
     assert group_calls(Client(), prompts, {"n": 2, "images": [None, ["aW1n"], None]}, compat.TRL_VLLM_SERVE) is None
+    # one request per completion (vLLM's API server): completion j of prompt i alone, with the seed it has inside
+    # the one request; merged back, the same answer
+    ones = Client()
+    groups = group_calls(ones, prompts, {"n": 2, "top_k": 5}, compat.VLLM_API, per_completion=True)
+    assert [len(g) for g in groups] == [2, 2, 2]
+    parts = [[call() for call in g] for g in groups]
+    assert [(p["n"], p["seed"]) for p in ones.posted] == [(1, seed + k) for k in range(6)]
+    assert overlap.merge_outputs([overlap.merge_completions(g) for g in parts]) == out
+    assert ones._generation_calls == 1
+    # TRL 1.9's server keeps whole groups (one seed per request); so does a batch over the cap
+    assert all(callable(c) for c in group_calls(Client(), prompts, {"n": 2}, compat.TRL_VLLM_SERVE, True))
+    many = [[k] for k in range(200)]
+    assert all(callable(c) for c in group_calls(Client(), many, {"n": 2}, compat.VLLM_API, True))
+
+
+def test_a_stream_of_completions_hands_each_over_as_it_ends_and_each_group_once_whole():
+    """Completions sent one by one: on_part(group, j, answer) as each ends, on_group(group, merged) once the
+    group's last is in (whatever order they end in), the whole answer in batch order."""
+    import threading
+
+    from ogrpo.overlap.pipeline import Stream
+
+    order = [(1, 1), (0, 0), (1, 0), (0, 1)]  # the order the completions end in
+    turn = [threading.Event() for _ in order]
+    turn[0].set()
+
+    def call(i, j):
+        def run():
+            k = order.index((i, j))
+            assert turn[k].wait(30)
+            return {"prompt_ids": [[i]], "completion_ids": [[i, j]], "logprobs": [[[-0.5]]]}
+        return run
+
+    seen = []
+
+    def on_part(i, j, answer):
+        seen.append(("part", i, j))
+        k = order.index((i, j))
+        if k + 1 < len(order):
+            turn[k + 1].set()
+
+    stream = Stream([[call(0, 0), call(0, 1)], [call(1, 0), call(1, 1)]])
+    out = stream.result(lambda i, a: seen.append(("group", i, a)), on_part)
+    assert [e[:3] for e in seen] == [("part", 1, 1), ("part", 0, 0), ("part", 1, 0), ("group", 1, seen[3][2]),
+                                     ("part", 0, 1), ("group", 0, seen[5][2])]
+    assert seen[3][2] == {"prompt_ids": [[1]], "completion_ids": [[1, 0], [1, 1]], "logprobs": [[[-0.5]]] * 2}
+    assert out == {"prompt_ids": [[0], [1]], "completion_ids": [[0, 0], [0, 1], [1, 0], [1, 1]],
+                   "logprobs": [[[-0.5]]] * 4}
+    assert stream.arrivals == [1, 0]
+    with pytest.raises(OverlapError, match="different 'prompt_ids'"):
+        overlap.merge_completions([{"prompt_ids": [[1]], "completion_ids": [[1]]},
+                                   {"prompt_ids": [[2]], "completion_ids": [[2]]}])
 
 
 def test_staleness_beyond_the_mode_bound_is_an_assertion_error():
@@ -485,25 +537,26 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         # every group's loss forward and backward ran as it arrived, at least one before the last group was in,
         # and TRL's batch was what they trained on (else their gradients were dropped: trained_ahead 0)
         assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
+        # each completion came back alone: the reference pass ran on some before their group was whole
+        assert x["overlap/completions_early"] >= 1, x
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
-    # one request per group, nothing requested that was not trained on
-    assert requests(off_run) == STEPS and requests(run) == STEPS * groups
+    # one request per completion, nothing requested that was not trained on
+    assert requests(off_run) == STEPS and requests(run) == STEPS * 16
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["overlap"]["mode"] == "lossless"
+    assert manifest["overlap"]["mode"] == "lossless" and manifest["overlap"]["stream_unit"] == "completion"
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
     assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
     assert "train_ahead" not in json.loads((off_run / "manifest.json").read_text())  # nothing streams in off
     assert json.loads((off_run / "manifest.json").read_text())["old_policy_pass"]["pass"] == "separate"
     # the positions counted are those of the forwards that ran: off's two scoring passes over the whole batch (old
-    # policy and reference), the streamed groups' reference pass in lossless, never both; the loss forwards in
-    # lossless were the groups' own (trained ahead: the rows and packing of each group's reference pass), in off
-    # the whole batch's (both packed: the plan's padding_free, whose layout, a prompt computed once per bin
-    # included, depends on the rows a pass holds), over the same completions
+    # policy and reference), the streamed completions' reference pass in lossless, never both; the loss forwards
+    # in lossless were the groups' own (trained ahead), in off the whole batch's (both packed: the plan's
+    # padding_free, whose layout, a prompt computed once per bin included, depends on the rows a pass holds: a
+    # completion scored alone computes its prompt again), over the same completions
     ours, theirs = profile_rows(run), profile_rows(off_run)
     for x, y in zip(ours, theirs):
         assert y["pass_real_tokens"]["score"] == 2 * y["pass_real_tokens"]["loss"], y
-        assert x["pass_real_tokens"]["score"] == x["pass_real_tokens"]["loss"], x
-        assert x["pass_tokens"]["loss"] == x["pass_tokens"]["score"], x
+        assert x["pass_real_tokens"]["loss"] <= x["pass_real_tokens"]["score"] < 2 * x["pass_real_tokens"]["loss"]
         assert x["completion_tokens"] == y["completion_tokens"] < min(x["pass_real_tokens"]["loss"],
                                                                       y["pass_real_tokens"]["loss"]), (x, y)
         for row in (x, y):

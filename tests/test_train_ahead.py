@@ -6,6 +6,9 @@ groups handed over in a scrambled order; tests/test_overlap.py holds a real serv
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
+
 import pytest
 import yaml
 
@@ -53,8 +56,6 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
 
 
 def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
-    from types import SimpleNamespace
-
     import torch
 
     from ogrpo.overlap.train_ahead import why_not
@@ -93,6 +94,35 @@ def test_a_group_trains_in_chunks_of_a_micro_batchs_positions_never_fewer_rows()
     assert chunk_rows(4, 0, 0, 0) == 4
 
 
+def test_completions_forwarded_as_they_end_hold_graphs_only_within_a_micro_batchs_positions():
+    """A completion's loss forward runs as it ends only while the graphs held leave room, inside the positions of
+    TRL's micro-batch at the cap, for one more row at the cap: a group's chunk always fits beside them."""
+    import torch
+
+    from ogrpo.overlap.train_ahead import TrainAhead
+
+    forwards = []
+
+    def logps_beneath(model, ids, mask, length, compute_entropy=False):
+        forwards.append(ids.size(1))
+        return torch.zeros(ids.size(0), length, requires_grad=True), torch.zeros(ids.size(0), length), None
+
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(per_device_train_batch_size=3), max_completion_length=4, num_generations=4,
+        accelerator=SimpleNamespace(num_processes=1, device="cpu"), processing_class=tok, eos_token_ids=[1],
+        mask_truncated_completions=False, overlap=SimpleNamespace(forwards_answered=0, timeline=None),
+        model_wrapped=None, compute_loss_context_manager=contextlib.nullcontext, logps_beneath=logps_beneath)
+    ahead = TrainAhead(trainer, work=None, prompt_ids=[[7, 8]] * 8, width=2)
+    assert ahead.budget == 3 * (2 + 4)  # 18 positions; one row at the cap takes 6
+    ahead.part_arrived(0, 0, {"completion_ids": [[5, 1]]})  # 4 positions: 4 + 6 <= 18
+    ahead.part_arrived(1, 2, {"completion_ids": [[5, 5, 5, 1]]})  # 6 more: 10 + 6 <= 18
+    ahead.part_arrived(0, 1, {"completion_ids": [[5, 1]]})  # 4 more would leave 16 + 6 > 18: not now
+    assert forwards == [4, 6] and ahead.held == 10
+    assert sorted(ahead.forwards) == [0, 1] and list(ahead.forwards[1]) == [2]
+    assert ahead.forwards[0][0].logps.requires_grad  # its graph kept for the group's backward
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", AHEAD)
 def test_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case):
@@ -107,6 +137,14 @@ def test_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path, case
 def test_groups_trained_ahead_computing_their_prompt_once_train_as_trls_micro_batches(tmp_path, case):
     """A group trained ahead is one prompt's generations: its passes compute that prompt once."""
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, shared=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked"])
+def test_completions_scored_as_each_ends_train_exactly_as_trls_micro_batches(tmp_path, case):
+    """Each group's completions come back one by one (ogrpo.serve.client.group_calls per_completion): the
+    reference pass runs on each as it ends, the group's pass only on its last; the run trains as TRL's."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions=True)
 
 
 @pytest.mark.slow

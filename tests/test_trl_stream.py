@@ -217,10 +217,14 @@ def test_a_worker_that_dies_fails_its_requests_with_a_reason(pipe):
         child.recv()
         child.close()
 
-    threading.Thread(target=die, daemon=True).start()
+    worker = threading.Thread(target=die, daemon=True)
+    worker.start()
     out = asyncio.run(asyncio.wait_for(_call(app, "/generate/", _request([[1]])), WAIT_S))
     assert out["status"] == 500 and "engine worker is gone" in out["json"]["detail"]
     assert _idle(app)
+    # the server saw the pipe end inside child.close(): let the close finish before the fixture closes it again
+    worker.join(WAIT_S)
+    assert not worker.is_alive()
 
 
 def test_a_request_vllm_refuses_fails_alone_with_its_reason_and_the_worker_goes_on(pipe):

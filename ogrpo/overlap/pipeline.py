@@ -133,14 +133,34 @@ def merge_outputs(outputs: list[dict]) -> dict:
     return merged
 
 
-class Stream:
-    """One generation request sent as one request per prompt group, all at once (the server batches them as it
-    would the one request), taken group by group as each finishes. `calls`: one thunk per group, in prompt order
-    (ogrpo.serve.client.group_calls). `result(on_group)` calls on_group(index, answer) in the order the groups
-    finish, on the caller's thread, and returns the merged answer; `arrivals` keeps that order."""
+def merge_completions(parts: list[dict]) -> dict:
+    """One prompt group's answer from its per-completion answers (n=1 each, in completion order): the prompt's
+    fields once (every part echoes the same prompt), the per-completion lists concatenated."""
+    merged = merge_outputs(parts)
+    for key in PER_PROMPT:
+        if key in merged and merged[key] is not None:
+            if any(p[key] != parts[0][key] for p in parts):
+                raise OverlapError(f"overlap: a group's completions came back with different {key!r}")
+            merged[key] = parts[0][key]
+    return merged
 
-    def __init__(self, calls: list[Callable[[], dict]], on_done: Callable[[], None] | None = None):
-        self.futures = [_spawn(call, f"ogrpo-overlap-group-{i}") for i, call in enumerate(calls)]
+
+PER_PROMPT = ("prompt_ids",)  # TRL's answer lists these per prompt, the rest per completion
+
+
+class Stream:
+    """One generation request sent as one request per prompt group (or per completion: a group is then a list of
+    its completions' requests), all at once (the server batches them as it would the one request), taken as each
+    finishes. `calls`: per group, in prompt order, a thunk or a list of thunks (ogrpo.serve.client.group_calls).
+    `result(on_group, on_part)` calls on_part(index, j, answer) for each completion of a group sent one by one as
+    it ends, and on_group(index, answer) once a group is whole, in the order the groups complete, on the caller's
+    thread; it returns the merged answer. `arrivals` keeps the groups' order."""
+
+    def __init__(self, calls: list, on_done: Callable[[], None] | None = None):
+        self.groups = [list(c) if isinstance(c, (list, tuple)) else [c] for c in calls]
+        self.where = [(i, j) for i, group in enumerate(self.groups) for j in range(len(group))]
+        self.futures = [_spawn(self.groups[i][j], f"ogrpo-overlap-group-{i}" + (f"-{j}" if j else ""))
+                        for i, j in self.where]
         self.arrivals: list[int] = []
         if on_done is not None:
             left = [len(self.futures)]
@@ -164,21 +184,31 @@ class Stream:
         errors = [f.exception() for f in self.futures]
         return next((e for e in errors if e is not None), None)
 
-    def result(self, on_group: Callable[[int, dict], Any] | None = None) -> dict:
+    def result(self, on_group: Callable[[int, dict], Any] | None = None,
+               on_part: Callable[[int, int, dict], Any] | None = None) -> dict:
         from concurrent.futures import as_completed
 
-        index = {f: i for i, f in enumerate(self.futures)}
+        index = {f: k for k, f in enumerate(self.futures)}
+        got: list[dict] = [{} for _ in self.groups]
+        answers: dict[int, dict] = {}
         try:
             for fut in as_completed(self.futures):
-                i, out = index[fut], fut.result()
+                i, j = self.where[index[fut]]
+                got[i][j] = out = fut.result()
+                whole = len(self.groups[i]) == 1
+                if on_part is not None and not whole:
+                    on_part(i, j, out)
+                if len(got[i]) < len(self.groups[i]):
+                    continue
+                answers[i] = out if whole else merge_completions([got[i][k] for k in range(len(self.groups[i]))])
                 if i not in self.arrivals:
                     self.arrivals.append(i)
                 if on_group is not None:
-                    on_group(i, out)
+                    on_group(i, answers[i])
         except BaseException:
             self.exception()  # never leave a part running behind the error
             raise
-        return merge_outputs([f.result() for f in self.futures])
+        return merge_outputs([answers[i] for i in range(len(self.groups))])
 
 
 class GroupWork:
@@ -199,6 +229,9 @@ class GroupWork:
         self._last: Future | None = None
         self.then: Callable[[int, dict], Any] | None = None  # after a group's passes (its loss: train_ahead)
         self.ahead = None  # ogrpo.overlap.train_ahead.TrainAhead, where the groups are trained as they come
+        self.row_fn: Callable[[int, int, dict], Any] | None = None  # a completion's passes, as it ends
+        self.then_part: Callable[[int, int, dict], Any] | None = None  # after them (its loss forward: train_ahead)
+        self.rows: dict[int, dict[int, Any]] = {}  # group -> completion -> its passes (read by score_fn)
 
     def event(self, what: str, group: int) -> None:
         with self._lock:
@@ -210,6 +243,17 @@ class GroupWork:
         self.score(index, answer)
         if self.then is not None:
             self.then(index, answer)
+
+    def part_arrived(self, index: int, j: int, answer: dict) -> None:
+        """Completion j of group `index`, come back alone: its passes, then `then_part`, on the calling thread."""
+        if self.row_fn is not None:
+            self.event("row_start", index)
+            try:
+                self.rows.setdefault(index, {})[j] = self.row_fn(index, j, answer)
+            finally:
+                self.event("row_end", index)
+        if self.then_part is not None:
+            self.then_part(index, j, answer)
 
     def reward(self, index: int, answer: dict) -> None:
         """Queue the group's rewards on the reward thread (after the groups queued before it)."""
@@ -344,6 +388,7 @@ class Pipeline:
         self.sent = 0
         self.split = split
         self.on_group: Callable[[int, dict], Any] | None = None
+        self.on_part: Callable[[int, int, dict], Any] | None = None  # each completion of a group sent one by one
         self.last_stream: Stream | None = None
         self._real: Callable | None = None
 
@@ -405,7 +450,7 @@ class Pipeline:
     def _take(self, handle) -> dict:
         if isinstance(handle, Stream):
             self.last_stream = handle
-            return handle.result(self.on_group)
+            return handle.result(self.on_group, self.on_part)
         return handle.result()
 
     def _request(self, prompts: list, sampling: dict):

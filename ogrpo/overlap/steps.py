@@ -49,10 +49,13 @@ class OverlapState:
         self.staleness: list[int] = []
         self.work = None  # the streamed batch's GroupWork (ogrpo.overlap.pipeline), while it is scored
         self.streams = False  # lossless batches come back group by group (the plan's overlap.stream)
+        self.completions = False  # ... and each group's completions one by one (Overlapped.stream_completions)
         self.lockstep = False  # several ranks whose forward passes are collectives (ZeRO-3)
         self.train_ahead = False  # the groups' loss forward/backward while the rest generate (train_ahead)
         self.train_ahead_fallbacks: list[str] = []  # why a batch's groups' gradients were dropped
         self.capture = None  # the forwards of a group trained ahead: [(log-probs, entropies)]
+        self.forwards = None  # the chunk's rows whose loss forward ran as they ended (train_ahead.Forward)
+        self.forwards_answered = 0  # such rows whose forward the chunk's loss took
         self.replay = None  # ogrpo.overlap.train_ahead.Replay: TRL's micro-batches answered from the groups
 
 
@@ -80,6 +83,16 @@ class Overlapped:
         reason = train_ahead.why_not(self)
         state.train_ahead = reason is None
         return reason
+
+    def stream_completions(self) -> dict | None:
+        """Once every layer is on: whether a streamed batch's completions come back one by one (each one's passes,
+        and its loss forward where train-ahead runs, as it ends) or group by group; for the manifest's overlap."""
+        state = self.overlap
+        if state is None or not state.streams:
+            return None
+        reason = streaming.completions_stream(self)
+        state.completions = reason is None
+        return {"stream_unit": "completion" if reason is None else "group", "stream_unit_reason": reason}
 
     # what runs beneath this layer: the reward thread and the per-group passes call it, as TRL's batch would
     def rewards_beneath(self, *args, **kwargs):
@@ -116,14 +129,18 @@ class Overlapped:
                                            **kwargs):
         inner = super()._get_per_token_logps_and_entropies
         state = self.overlap
+        out = None
         if state is not None:
             if state.replay is not None and state.replay.current is not None:  # a micro-batch trained ahead
                 logps, entropies = state.replay.answer(input_ids, logits_to_keep)
                 return logps, (entropies if kwargs.get("compute_entropy") else None), None
             out = streaming.streamed_logps(self, state, model, input_ids, attention_mask, logits_to_keep, args, kwargs)
-            if out is not None:
-                return out
-        out = inner(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            if out is None and state.forwards:  # a chunk of a group trained ahead, some rows forwarded already
+                out = train_ahead.answer_forwards(self, state.forwards, model, input_ids, attention_mask,
+                                                  logits_to_keep, args, kwargs)
+                state.forwards_answered += len(state.forwards) if out is not None else 0
+        if out is None:
+            out = inner(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if state is not None and state.capture is not None:  # a group's loss forward, trained ahead
             state.capture.append((out[0].detach(), out[1].detach() if out[1] is not None else None))
         return out
@@ -164,7 +181,7 @@ def install(trainer, mode: str, stream: bool) -> dict:
     streams = mode == overlap.LOSSLESS and stream  # the plan's: the same on every rank
     pipeline = None
     if trainer.accelerator.is_main_process:
-        split = streaming.splitter(trainer) if streams else None
+        split = streaming.splitter(trainer, lambda: trainer.overlap.completions) if streams else None
         pipeline = overlap.Pipeline(mode, lambda: trainer.state.global_step, timeline, split=split)
         pipeline.attach(trainer.vllm_generation.vllm_client)
     state = OverlapState(mode, overlap.Lookahead(), pipeline, timeline)
@@ -213,6 +230,7 @@ def generate(trainer, state, original, prompts):
     if state.pipeline is not None:
         state.pipeline.active = True
         state.pipeline.on_group = work.arrived if work is not None else None
+        state.pipeline.on_part = work.part_arrived if work is not None and (work.row_fn or work.then_part) else None
     if state.streams and trainer.accelerator.num_processes > 1:
         streaming.rank_groups(trainer, state, work, prompts)
     try:
@@ -223,7 +241,7 @@ def generate(trainer, state, original, prompts):
         trl_collectives.handoff.groups = None
         if state.pipeline is not None:
             state.pipeline.active = False
-            state.pipeline.on_group = None
+            state.pipeline.on_group = state.pipeline.on_part = None
     version = broadcast_object_list([state.pipeline.consumed_version if state.pipeline else None])[0]
     staleness = overlap.check_staleness(state.mode, step, version)
     state.staleness.append(staleness)
@@ -238,17 +256,20 @@ def generate(trainer, state, original, prompts):
 
 
 def _log_streamed(trainer, state) -> None:
-    """What the streamed groups gave TRL instead of its own computation: `overlap/streamed_passes`, `_rewards` and
-    `overlap/groups_early`, the least over the ranks (each rank streams its own groups)."""
+    """What the streamed groups gave TRL instead of its own computation: `overlap/streamed_passes`, `_rewards`,
+    `overlap/groups_early` and `overlap/completions_early` (completions whose passes ran as each ended), the least
+    over the ranks (each rank streams its own groups)."""
     work = state.work
-    counts = [float(len(work.taken)), float(work.used_rewards), float(work.early())] if work is not None else None
+    counts = [float(len(work.taken)), float(work.used_rewards), float(work.early()),
+              float(sum(len(rows) for rows in work.rows.values()))] if work is not None else None
     if state.streams and trainer.accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
         everyone = gather_object([counts])
         counts = None if None in everyone else [min(c) for c in zip(*everyone)]
     if counts is not None:
-        for name, value in zip(("streamed_passes", "streamed_rewards", "groups_early"), counts):
+        for name, value in zip(("streamed_passes", "streamed_rewards", "groups_early", "completions_early"),
+                               counts):
             trainer._metrics["train"][f"overlap/{name}"].append(value)
 
 

@@ -1,5 +1,6 @@
 """Lossless streaming, the trainer's side: each finished prompt group's rewards (on the reward thread) and its
-old-policy/reference log-probs (on the main thread) while the server generates the rest, and the check that hands
+old-policy/reference log-probs (on the main thread; where completions come back one by one, each completion's as
+it ends) while the server generates the rest, and the check that hands
 TRL those results only where its own batch is exactly what the groups were scored on (ogrpo/overlap/steps.py).
 
 Every reading of TRL's internals for the per-group work is in this module (the same on TRL 1.9.2 and 1.16:
@@ -24,13 +25,28 @@ _REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref -
 _OLD_FILL = 0.0  # old-policy log-prob there: exp(logp - old) <= 1
 
 
-def splitter(trainer):
-    """The main process's pipeline `split`: one request per prompt group."""
+def splitter(trainer, per_completion):
+    """The main process's pipeline `split`: one request per prompt group, or per completion (`per_completion()`,
+    read as each request goes out)."""
     import trl
 
     flavor = compat.server_flavor(trl.__version__)
     client = trainer.vllm_generation.vllm_client
-    return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor)
+    return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor, per_completion())
+
+
+def completions_stream(trainer) -> str | None:
+    """Why the completions of a streamed batch come back group by group rather than one by one (where each
+    completion's log-prob passes run as it ends), else None."""
+    import trl
+
+    if compat.server_flavor(trl.__version__) != compat.VLLM_API:
+        return "TRL 1.9's server samples a request's completions with one seed: only whole groups keep them"
+    if trainer.accelerator.num_processes > 1:
+        return "the ranks take whole groups (RankGroups)"
+    if not (_can_score_groups(trainer) or trainer.overlap.train_ahead):
+        return "nothing runs per completion: no log-prob pass per group, no group trained ahead"
+    return None
 
 
 def rank_groups(trainer, state, work, prompts):
@@ -76,11 +92,15 @@ def group_work(trainer, state, prompts):
     if reward is None and score is None:
         return None
     work = GroupWork(reward, score)
+    if score is not None and state.completions:  # each completion's passes as it ends
+        work.row_fn = score.row
     work.batch = (inputs, prompts)  # what the groups' rewards were computed for
     work.used_rewards = False
     if state.train_ahead and reward is not None:  # the groups' loss forward/backward too (ogrpo.overlap.train_ahead)
         work.ahead = TrainAhead(trainer, work, *prompt_layout(trainer, prompts))
         work.then = work.ahead.arrived
+        if state.completions:  # each completion's loss forward as it ends (its backward waits for the group)
+            work.then_part = work.ahead.part_arrived
     return work
 
 
@@ -186,32 +206,52 @@ def _can_score_groups(trainer) -> bool:
 
 
 def _group_score(trainer, state, prompts):
+    """The group's passes (`score(index, answer)`) and, where completions come back one by one, a completion's
+    (`score.row(index, j, answer)`, stored in the batch's GroupWork.rows): a group's score then passes only the
+    rows that came without one. A row's log-probs do not depend on the rows beside it (the padding-free pass
+    packs each on its own positions; without it, a row's padding is masked): they are laid into the group's
+    tensor, past its end the fill a whole batch's assembly uses."""
     import importlib
 
     import torch
+    import torch.nn.functional as F
 
     grpo = importlib.import_module(trl_collectives.GRPO_MODULE)
     prompt_ids, width = prompt_layout(trainer, prompts)
-    want_old, want_ref = _wants_old(trainer), _wants_ref(trainer)
+    kinds = [k for k, wanted in (("old", _wants_old(trainer)), ("ref", _wants_ref(trainer))) if wanted]
     device = trainer.accelerator.device
+    n = trainer.num_generations
 
-    def score(index, answer):
-        prompt = prompt_ids[index * trainer.num_generations]
-        ids, mask, length = group_rows(trainer, prompt, answer["completion_ids"], width)
-        ids, mask = ids.to(device), mask.to(device)
-        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
+    def passes(ids, mask, length) -> dict:
         batch = trainer.args.per_device_train_batch_size
+        models = {"old": trainer.model, "ref": getattr(trainer, "ref_model", None)}
         t0 = time.time_ns()
         with torch.no_grad(), grpo.disable_gradient_checkpointing(trainer.model,
                                                                   trainer.args.gradient_checkpointing_kwargs):
-            if want_old:
-                out["old"] = trainer.logps_beneath(trainer.model, ids, mask, length, batch_size=batch)[0]
-            if want_ref:
-                out["ref"] = trainer.logps_beneath(trainer.ref_model, ids, mask, length, batch_size=batch)[0]
+            out = {k: trainer.logps_beneath(models[k], ids, mask, length, batch_size=batch)[0] for k in kinds}
         if state.timeline is not None:  # busy inside the main thread's wait for the server
             state.timeline.record("trainer", "score", t0, time.time_ns())
         return out
 
+    def row(index, j, answer):
+        ids, mask, length = group_rows(trainer, prompt_ids[index * n], answer["completion_ids"], width)
+        return {"length": length, **passes(ids.to(device), mask.to(device), length)}
+
+    def score(index, answer):
+        ids, mask, length = group_rows(trainer, prompt_ids[index * n], answer["completion_ids"], width)
+        ids, mask = ids.to(device), mask.to(device)
+        early = state.work.rows.get(index, {}) if state.work is not None else {}
+        rest = [j for j in range(n) if j not in early]
+        computed = passes(ids[rest], mask[rest], length) if rest else {}
+        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None, "early_rows": len(early)}
+        for kind in kinds:
+            fill = _OLD_FILL if kind == "old" else _REF_FILL
+            rows = {j: F.pad(r[kind], (0, length - r["length"]), value=fill) for j, r in early.items()}
+            rows.update((j, computed[kind][k:k + 1]) for k, j in enumerate(rest))
+            out[kind] = torch.cat([rows[j] for j in range(n)])
+        return out
+
+    score.row = row
     return score
 
 

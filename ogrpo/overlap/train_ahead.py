@@ -20,6 +20,12 @@ loss reaches no weight. Before TRL's micro-batches run, every group's inputs (id
 and reference log-probs) are compared with TRL's own batch; on any difference the gradients are dropped (they
 were zero when the step began) and TRL's micro-batches run as under `off`.
 
+Where completions come back one by one (ogrpo.overlap.streaming.completions_stream), each one's loss forward runs
+as it ends (`part_arrived`), its graph kept for the group's backward while the graphs held leave room for one more
+row at the cap within the positions a TRL micro-batch at the cap holds (the memory the plan sized); the group's
+first chunk then takes those rows' forwards (`answer_forwards`, which checks each against the chunk's row) and only
+the backward runs for them.
+
 Off where a row's share is not fixed, or the chunks would not see TRL's numbers (the plan and the trainer say
 which): bnpo (a micro-batch's token count), `top_entropy_quantile < 1` and the entropy bonus (per micro-batch),
 the MoE aux loss, `scale_rewards: batch` and `normalize_then_sum` (advantages need the whole batch), several
@@ -131,6 +137,49 @@ class Trained:
         self.inputs, self.logps, self.entropies = inputs, logps, entropies
 
 
+class Forward:
+    """One completion's loss forward, run as it ended: its row (ids, mask, completion length), its log-probs (with
+    their graph) and entropies, and the positions its graph holds."""
+
+    def __init__(self, ids, mask, length: int, logps, entropies, positions: int):
+        self.ids, self.mask, self.length = ids, mask, length
+        self.logps, self.entropies, self.positions = logps, entropies, positions
+
+
+def answer_forwards(trainer, forwards: dict, model, input_ids, attention_mask, logits_to_keep, args: tuple,
+                    kwargs: dict):
+    """A chunk's loss forward, its rows in `forwards` (row -> Forward) answered from their own forwards and the
+    rest run now; None where the call is not the one those forwards stand for (another model, multimodal or aux
+    inputs, rows that differ): TRL's forward then runs on the whole chunk."""
+    import torch
+    import torch.nn.functional as F
+
+    plain = all(v is None or v is False for k, v in kwargs.items() if k not in ("compute_entropy", "batch_size"))
+    if model is not trainer.model_wrapped or args or not plain:
+        return None
+    for row, f in forwards.items():
+        width = f.ids.size(1)
+        if f.length > logits_to_keep or not (torch.equal(input_ids[row, :width], f.ids[0])
+                                             and torch.equal(attention_mask[row, :width], f.mask[0])
+                                             and not bool(attention_mask[row, width:].any())):
+            return None
+    rest = [r for r in range(input_ids.size(0)) if r not in forwards]
+    entropy = bool(kwargs.get("compute_entropy"))
+    computed = (trainer.logps_beneath(model, input_ids[rest], attention_mask[rest], logits_to_keep, **kwargs)
+                if rest else None)
+    logps, entropies = [], []
+    for row in range(input_ids.size(0)):
+        if row in forwards:  # past the row's end what a packed pass leaves there: zeros (masked)
+            f = forwards[row]
+            logps.append(F.pad(f.logps, (0, logits_to_keep - f.length)))
+            entropies.append(F.pad(f.entropies, (0, logits_to_keep - f.length)) if entropy else None)
+        else:
+            k = rest.index(row)
+            logps.append(computed[0][k:k + 1])
+            entropies.append(computed[1][k:k + 1] if entropy else None)
+    return torch.cat(logps), (torch.cat(entropies) if entropy else None), None
+
+
 class Replay:
     """TRL's micro-batches of one generation batch, answered from the groups' forwards."""
 
@@ -172,6 +221,11 @@ class TrainAhead:
         self.trainer, self.work, self.prompt_ids, self.width = trainer, work, prompt_ids, width
         self.pending: list[tuple[int, dict]] = []
         self.groups: dict[int, Trained] = {}
+        self.forwards: dict[int, dict[int, Forward]] = {}  # group -> completion -> its loss forward, graph kept
+        self.held = 0  # positions of those graphs
+        self.answered = trainer.overlap.forwards_answered  # before this batch: its loss forwards taken, after
+        # the activation positions the plan sized a loss forward/backward for: TRL's micro-batch at the cap
+        self.budget = trainer.args.per_device_train_batch_size * (width + trainer.max_completion_length)
         self.early = 0  # groups trained before the last one arrived
         self.arrivals, self.total = 0, len(prompt_ids) // trainer.num_generations
         self.failed: BaseException | None = None
@@ -182,6 +236,41 @@ class TrainAhead:
         # the groups that came before this one have had a whole arrival's time for their rewards: wait for them
         # (the server generates meanwhile); this one only if its rewards are already done
         self.run(wait=len(self.pending) - 1, last=self.arrivals >= self.total)
+
+    def part_arrived(self, index: int, j: int, answer: dict) -> None:
+        """Completion j of group `index`, ended before the rest of its group: its loss forward now, the graph kept
+        for the group's backward (which needs the group's advantages), while the graphs held leave room in the
+        budget for one more row at the cap (so a group's chunk always fits beside them)."""
+        if self.failed is not None or self.trainer.accelerator.num_processes > 1:
+            return
+        # the groups already in have had this completion's time for their rewards: theirs first
+        self.run(wait=len(self.pending), last=False)
+        if self.failed is not None:
+            return
+        trainer = self.trainer
+        ids, mask, length = group_rows(trainer, self.prompt_ids[index * trainer.num_generations],
+                                       answer["completion_ids"], self.width)
+        positions = self.width + length
+        if self.held + positions + self.width + trainer.max_completion_length > self.budget:
+            return
+        device = trainer.accelerator.device
+        ids, mask = ids.to(device), mask.to(device)
+        profiler = getattr(trainer, "stage_profiler", None)
+        depth = profiler.ahead_begin() if profiler is not None else None
+        t0 = time.time_ns()
+        try:
+            with trainer.compute_loss_context_manager():
+                lp, ent = trainer.logps_beneath(trainer.model_wrapped, ids, mask, length, compute_entropy=True)[:2]
+        except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
+            self.failed = exc
+            return
+        finally:
+            if profiler is not None:
+                profiler.ahead_end(depth, t0)
+            if trainer.overlap.timeline is not None:
+                trainer.overlap.timeline.record("trainer", "train_ahead", t0, time.time_ns())
+        self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions)
+        self.held += positions
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
@@ -232,17 +321,36 @@ class TrainAhead:
             if scored is None or scored.get("ref") is None:
                 raise RuntimeError(f"group {index} has no streamed reference log-probs")
             inputs["ref_per_token_logps"] = scored["ref"]
+        # the completions forwarded as they ended go first, in one chunk with as many others as fit beside the
+        # graphs held; a row's share of the gradient does not depend on its chunk
+        forwards = self.forwards.pop(index, {})
+        order = sorted(forwards) + [j for j in range(n) if j not in forwards]
         logps, entropies = [], []
-        rows = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length)
-        for lo in range(0, n, rows):
-            chunk = {k: v[lo:lo + rows] for k, v in inputs.items()}
-            lp, ent = self._backward(chunk)
+        lo = 0
+        while lo < n:
+            if forwards:
+                size = len(forwards) + max(0, (self.budget - self.held) // (w + length))
+            elif self.held:
+                size = max(1, (self.budget - self.held) // (w + length))
+            else:
+                size = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length)
+            rows = order[lo:lo + size]
+            chunk = {k: v[rows] for k, v in inputs.items()}
+            try:
+                lp, ent = self._backward(chunk, {p: forwards[j] for p, j in enumerate(rows) if j in forwards})
+            finally:
+                self.held -= sum(f.positions for f in forwards.values())
+                forwards = {}
             logps.append(lp)
             entropies.append(ent)
-        self.groups[index] = Trained(inputs, torch.cat(logps),
-                                     None if any(e is None for e in entropies) else torch.cat(entropies))
+            lo += len(rows)
+        back = torch.tensor(order).argsort()  # batch order again
+        self.groups[index] = Trained(inputs, torch.cat(logps)[back],
+                                     None if any(e is None for e in entropies) else torch.cat(entropies)[back])
 
-    def _backward(self, chunk: dict):
+    def _backward(self, chunk: dict, forwards: dict | None = None):
+        """The chunk's loss through TRL's `_compute_loss`, and its backward; `forwards`: the chunk's rows whose
+        loss forward ran as their completion ended (row in chunk -> Forward), answered from it."""
         import torch
 
         trainer = self.trainer
@@ -260,6 +368,7 @@ class TrainAhead:
         metrics = trainer._metrics["train"]
         before = {k: len(v) for k, v in metrics.items()}
         state.capture = []
+        state.forwards = forwards or None
         old_policy = getattr(trainer, "old_policy", None)
         profiler = getattr(trainer, "stage_profiler", None)
         depth = profiler.ahead_begin() if profiler is not None else None
@@ -273,7 +382,7 @@ class TrainAhead:
                 trainer.accelerator.backward(loss * scale)
             (lp, ent), = state.capture
         finally:
-            state.capture = None
+            state.capture = state.forwards = None
             if old_policy is not None:
                 old_policy.loss_inputs = None
             for key in list(metrics):  # TRL logs its loss metrics when its own micro-batches run (the replay)
@@ -354,6 +463,7 @@ class TrainAhead:
                     p.grad.mul_(1.0 / normalizer)
         metrics["overlap/trained_ahead"].append(float(len(self.groups)))
         metrics["overlap/trained_early"].append(float(self.early))
+        metrics["overlap/forwarded_early"].append(float(trainer.overlap.forwards_answered - self.answered))
         out[ROW_KEY] = torch.arange(out["prompt_ids"].size(0))
         return Replay(self.groups, trainer.num_generations, trainer.args.steps_per_generation)
 

@@ -46,6 +46,10 @@ def decide(trl_version: str, trainer_processes: int, rank_rows: int | None = Non
     if trl_serve:
         why += (f" (TRL {trl_version}'s `trl vllm-serve`, whose /generate/ answers one request at a time, runs "
                 "with O-GRPO's handler: concurrent requests join one engine batch and each is answered when done)")
+    if not trl_serve and trainer_processes == 1:
+        why += ("; each completion is its own request (with the seed it has inside its group's): its passes, and "
+                "its loss forward where groups train ahead, run as it ends (the trainer's manifest says "
+                "overlap.stream_unit)")
     if trainer_processes > 1:
         why += (f"; the main process hands each finished group to the one of the {trainer_processes} trainer "
                 "processes that owns it (the ranks run their k-th log-prob passes together where those are "

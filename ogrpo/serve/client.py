@@ -250,7 +250,7 @@ def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call
     return kwargs
 
 
-def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | None:
+def group_calls(client, prompts: list, sampling: dict, flavor: str, per_completion: bool = False) -> list | None:
     """One thunk per prompt group (each prompt with its n completions) that together ask the server for what
     `client.generate(prompts=prompts, **sampling)` asks in one request, each group with the sampling seeds it has
     inside that one request, so the completions are the same; None where the request must stay whole.
@@ -261,7 +261,12 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     seeded request's prompt i samples with seed + i x n on O-GRPO's vLLM API server
     (ogrpo.patches.vllm_completions.spread_seed), so group i is sent with that seed; TRL 1.9's server samples
     every prompt of a request with the request's seed, so each group keeps it; an unseeded request stays unseeded
-    (the engine's generator: no two runs agree anyway)."""
+    (the engine's generator: no two runs agree anyway).
+
+    `per_completion` (vLLM's API server only, at most MAX_COMPLETION_CALLS requests): each group is a list of n
+    thunks, one request per completion with n=1, so each completion comes back as soon as it ends. vLLM samples a
+    seeded request's j-th completion with the request's seed + j (its parallel sampling), so completion j of
+    prompt i is sent with seed + i x n + j; the engine runs the same sequences either way."""
     images = sampling.get("images")
     if len(prompts) < 2 or sampling.get("features") is not None \
             or (images is not None and any(i is not None for i in images)):
@@ -271,16 +276,32 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str) -> list | No
     n = max(1, int(sampling.get("n") or 1))
     base = dict(sampling.get("generation_kwargs") or {})
     spread = flavor == compat.VLLM_API
-    _widen_pool(client, len(prompts))
+    one_each = per_completion and spread and n > 1 and len(prompts) * n <= MAX_COMPLETION_CALLS
+    _widen_pool(client, len(prompts) * (n if one_each else 1))
+    # the class's generate: the instance's is the overlap pipeline's; a seeded part is not seeded again
+    call = functools.partial(functools.partial, type(client).generate, client)
     calls = []
     for i, prompt in enumerate(prompts):
         part = dict(sampling)
-        if spread and base.get("seed") is not None:
-            part["generation_kwargs"] = {**base, "seed": int(base["seed"]) + i * n}
         part["prompts"] = [prompt]
-        # the class's generate: the instance's is the overlap pipeline's; a seeded part is not seeded again
-        calls.append(functools.partial(type(client).generate, client, **part))
+        seed = base.get("seed") if spread else None
+        if not one_each:
+            if seed is not None:
+                part["generation_kwargs"] = {**base, "seed": int(seed) + i * n}
+            calls.append(call(**part))
+            continue
+        group = []
+        for j in range(n):
+            one = {**part, "n": 1}
+            if seed is not None:
+                one["generation_kwargs"] = {**base, "seed": int(seed) + i * n + j}
+            group.append(call(**one))
+        calls.append(group)
     return calls
+
+
+# one thread and one connection per request in flight: a larger batch streams group by group
+MAX_COMPLETION_CALLS = 256
 
 
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # requests session -> connections mounted

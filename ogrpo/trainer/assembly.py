@@ -392,6 +392,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     ahead = install_train_ahead(trainer, p.plan)
     if is_main and ahead:
         run_state.update_manifest(run_dir, train_ahead=ahead)
+    unit = trainer.stream_completions()  # after the layers whose passes and losses run per completion
+    if is_main and unit:
+        run_state.update_manifest(run_dir, overlap={**overlap, **unit})
     balance = install_rank_balance(trainer, p.plan)
     if is_main and balance:
         run_state.update_manifest(run_dir, rank_balance=balance)

@@ -28,6 +28,12 @@ def test_trl19_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True)
 
 
+def test_trl19_completions_forwarded_as_each_ends_train_exactly_as_trls_micro_batches(tmp_path):
+    """Each completion's reference pass and loss forward as it ends, the backward once its group is whole, on
+    TRL 1.9.2's logits path (its server keeps whole groups: this holds the trainer's side)."""
+    assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions=True)
+
+
 @pytest.mark.parametrize(("case", "kernel"), [("grpo-beta", False), ("dapo-masked", False), ("grpo-beta", True)])
 def test_trl19_a_run_that_computes_each_prompt_once_trains_as_trls_padded_passes(tmp_path, case, kernel):
     """TRL 1.9.2's logits path (and linear_logprobs) with every prompt computed once for its generations."""

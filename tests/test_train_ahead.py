@@ -95,8 +95,9 @@ def test_a_group_trains_in_chunks_of_a_micro_batchs_positions_never_fewer_rows()
 
 
 def test_completions_forwarded_as_they_end_hold_graphs_only_within_a_micro_batchs_positions():
-    """A completion's loss forward runs as it ends only while the graphs held leave room, inside the positions of
-    TRL's micro-batch at the cap, for one more row at the cap: a group's chunk always fits beside them."""
+    """A completion's loss forward runs as it ends only while the graphs held leave room, inside the positions a
+    group's chunk holds at the cap (TRL's micro-batch, or the group if smaller), for one more row at the cap: a
+    chunk always fits beside them, and the peak stays where it was."""
     import torch
 
     from ogrpo.overlap.train_ahead import TrainAhead
@@ -119,6 +120,8 @@ def test_completions_forwarded_as_they_end_hold_graphs_only_within_a_micro_batch
     ahead.part_arrived(1, 2, {"completion_ids": [[5, 5, 5, 1]]})  # 6 more: 10 + 6 <= 18
     ahead.part_arrived(0, 1, {"completion_ids": [[5, 1]]})  # 4 more would leave 16 + 6 > 18: not now
     assert forwards == [4, 6] and ahead.held == 10
+    trainer.args.per_device_train_batch_size = 8  # more rows than a group's: the group's 4 rows bound it
+    assert TrainAhead(trainer, work=None, prompt_ids=[[7, 8]] * 8, width=2).budget == 4 * 6
     assert sorted(ahead.forwards) == [0, 1] and list(ahead.forwards[1]) == [2]
     assert ahead.forwards[0][0].logps.requires_grad  # its graph kept for the group's backward
 

@@ -22,7 +22,7 @@ were zero when the step began) and TRL's micro-batches run as under `off`.
 
 Where completions come back one by one (ogrpo.overlap.streaming.completions_stream), each one's loss forward runs
 as it ends (`part_arrived`), its graph kept for the group's backward while the graphs held leave room for one more
-row at the cap within the positions a TRL micro-batch at the cap holds (the memory the plan sized); the group's
+row at the cap within the positions a group's chunk holds at the cap (so the peak stays where it was); the group's
 first chunk then takes those rows' forwards (`answer_forwards`, which checks each against the chunk's row) and only
 the backward runs for them.
 
@@ -224,8 +224,10 @@ class TrainAhead:
         self.forwards: dict[int, dict[int, Forward]] = {}  # group -> completion -> its loss forward, graph kept
         self.held = 0  # positions of those graphs
         self.answered = trainer.overlap.forwards_answered  # before this batch: its loss forwards taken, after
-        # the activation positions the plan sized a loss forward/backward for: TRL's micro-batch at the cap
-        self.budget = trainer.args.per_device_train_batch_size * (width + trainer.max_completion_length)
+        # the activation positions a group's chunk may hold at the cap (TRL's micro-batch, or the group if smaller):
+        # the graphs of completions forwarded as they end never raise the peak above it
+        self.budget = (min(trainer.num_generations, trainer.args.per_device_train_batch_size)
+                       * (width + trainer.max_completion_length))
         self.early = 0  # groups trained before the last one arrived
         self.arrivals, self.total = 0, len(prompt_ids) // trainer.num_generations
         self.failed: BaseException | None = None
@@ -240,7 +242,7 @@ class TrainAhead:
     def part_arrived(self, index: int, j: int, answer: dict) -> None:
         """Completion j of group `index`, ended before the rest of its group: its loss forward now, the graph kept
         for the group's backward (which needs the group's advantages), while the graphs held leave room in the
-        budget for one more row at the cap (so a group's chunk always fits beside them)."""
+        budget (a group's chunk at the cap) for one more row at the cap, so a chunk always fits beside them."""
         if self.failed is not None or self.trainer.accelerator.num_processes > 1:
             return
         # the groups already in have had this completion's time for their rewards: theirs first

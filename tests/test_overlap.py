@@ -537,8 +537,10 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         # every group's loss forward and backward ran as it arrived, at least one before the last group was in,
         # and TRL's batch was what they trained on (else their gradients were dropped: trained_ahead 0)
         assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
-        # each completion came back alone: the reference pass ran on some before their group was whole
-        assert x["overlap/completions_early"] >= 1, x
+        # each completion came back alone and had its reference pass as it ended (the group's pass had none left)
+        assert x["overlap/completions_early"] == 16.0, x
+        # and loss forwards run as completions ended, their graphs kept for their group's backward
+        assert x["overlap/forwarded_early"] >= 1, x
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per completion, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 16

@@ -243,7 +243,7 @@ def _group_score(trainer, state, prompts):
         early = state.work.rows.get(index, {}) if state.work is not None else {}
         rest = [j for j in range(n) if j not in early]
         computed = passes(ids[rest], mask[rest], length) if rest else {}
-        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None, "early_rows": len(early)}
+        out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
         for kind in kinds:
             fill = _OLD_FILL if kind == "old" else _REF_FILL
             rows = {j: F.pad(r[kind], (0, length - r["length"]), value=fill) for j, r in early.items()}

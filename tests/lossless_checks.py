@@ -90,12 +90,26 @@ class ScriptedServer:
             for k in torch.randperm(len(prompts), generator=g).tolist():
                 if k % n != n - 1:
                     on_part(k // n, k % n, {"completion_ids": [completions[k]], "logprobs": [logprobs[k]]})
+                    self._wake()
         if on_group is not None:
             n = self.trainer.num_generations
             for i in torch.randperm(len(prompts) // n, generator=g).tolist():
                 on_group(i, {"completion_ids": completions[i * n:(i + 1) * n],
                              "logprobs": logprobs[i * n:(i + 1) * n]})
+                self._wake()
         return prompts, completions, logprobs, None
+
+    def _wake(self):
+        """As a Stream does between arrivals: the trainer's side work (a group trained once its rewards are
+        done) runs before the next completion comes back."""
+        from concurrent.futures import wait
+
+        side = getattr(self.pipeline, "side", None)
+        futures = side.waiting_on() if side is not None else []
+        while futures:
+            wait(futures)
+            side.ready()
+            futures = side.waiting_on()
 
     def _policy_logps(self, prompt, ids):
         model = self.trainer.model
@@ -114,7 +128,7 @@ class StreamingPipeline:
     with (the trainer's own: lossless) and the slot for the per-group hand-over."""
 
     def __init__(self, trainer):
-        self.trainer, self.active, self.on_group, self.on_part = trainer, False, None, None
+        self.trainer, self.active, self.on_group, self.on_part, self.side = trainer, False, None, None, None
 
     @property
     def consumed_version(self):
@@ -233,6 +247,8 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         logged = [r for r in trainer.state.log_history if "loss" in r]
         assert [r["overlap/trained_ahead"] for r in logged] == [float(groups)] * STEPS, logged
         assert trainer.overlap.train_ahead_fallbacks == []
+        # each group trained the moment its rewards were done, before the next group came back: all but the last
+        assert [r["overlap/trained_early"] for r in logged] == [float(groups - 1)] * STEPS, logged
         if layers.get("completions"):  # every completion but each group's last had its passes before the group
             early = trainer.args.generation_batch_size - groups
             assert [r["overlap/completions_early"] for r in logged] == [float(early)] * STEPS, logged

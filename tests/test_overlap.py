@@ -299,6 +299,47 @@ def test_a_stream_of_completions_hands_each_over_as_it_ends_and_each_group_once_
                                    {"prompt_ids": [[2]], "completion_ids": [[2]]}])
 
 
+def test_a_stream_runs_side_work_the_moment_it_is_ready_not_at_the_next_arrival():
+    """A group's rewards done while the server still generates: the stream wakes its caller (`side.ready()`)
+    before the next completion comes back, and only then; a side with nothing ready is never woken."""
+    import threading
+    from concurrent.futures import Future
+
+    from ogrpo.overlap.pipeline import Stream
+
+    release_last, rewards = threading.Event(), Future()
+    seen = []
+
+    def call(j):
+        def run():
+            if j == 1:
+                assert release_last.wait(30)
+            return {"prompt_ids": [[0]], "completion_ids": [[0, j]]}
+        return run
+
+    class Side:
+        def __init__(self):
+            self.futures = [rewards]
+
+        def waiting_on(self):
+            return list(self.futures)
+
+        def ready(self):
+            assert rewards.done()
+            seen.append("ready")
+            self.futures = []
+            release_last.set()  # the server's next completion ends only after the trainer has been woken
+
+    def on_part(i, j, answer):
+        seen.append(("part", j))
+        if j == 0:  # the first completion's rewards end on another thread, while the second still generates
+            threading.Timer(0.05, lambda: rewards.set_result("r")).start()
+
+    out = Stream([[call(0), call(1)]]).result(lambda i, a: seen.append("group"), on_part, Side())
+    assert seen == [("part", 0), "ready", ("part", 1), "group"]
+    assert out["completion_ids"] == [[0, 0], [0, 1]]
+
+
 def test_staleness_beyond_the_mode_bound_is_an_assertion_error():
     assert overlap.check_staleness(ONE_STEP, 5, 4) == 1
     assert overlap.check_staleness(LOSSLESS, 5, 5) == 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ogrpo.patches.trl_vllm_wraps import wrap
 from ogrpo.planner.types import Overlap
@@ -185,30 +185,53 @@ class Stream:
         return next((e for e in errors if e is not None), None)
 
     def result(self, on_group: Callable[[int, dict], Any] | None = None,
-               on_part: Callable[[int, int, dict], Any] | None = None) -> dict:
-        from concurrent.futures import as_completed
+               on_part: Callable[[int, int, dict], Any] | None = None, side: SideWork | None = None) -> dict:
+        """`side`: work of the trainer's that becomes ready while the server generates (a group's rewards done),
+        run on this thread as soon as it is, not at the next completion's arrival."""
+        from concurrent.futures import FIRST_COMPLETED, wait
 
         index = {f: k for k, f in enumerate(self.futures)}
+        left = set(self.futures)
         got: list[dict] = [{} for _ in self.groups]
         answers: dict[int, dict] = {}
         try:
-            for fut in as_completed(self.futures):
-                i, j = self.where[index[fut]]
-                got[i][j] = out = fut.result()
-                whole = len(self.groups[i]) == 1
-                if on_part is not None and not whole:
-                    on_part(i, j, out)
-                if len(got[i]) < len(self.groups[i]):
+            while left:
+                watched = list(side.waiting_on()) if side is not None else []
+                done, _ = wait(left.union(watched), return_when=FIRST_COMPLETED)
+                back = sorted((f for f in done if f in left), key=index.__getitem__)
+                if not back:
+                    side.ready()
                     continue
-                answers[i] = out if whole else merge_completions([got[i][k] for k in range(len(self.groups[i]))])
-                if i not in self.arrivals:
-                    self.arrivals.append(i)
-                if on_group is not None:
-                    on_group(i, answers[i])
+                for fut in back:
+                    left.discard(fut)
+                    self._arrived(fut, index[fut], got, answers, on_group, on_part)
         except BaseException:
             self.exception()  # never leave a part running behind the error
             raise
         return merge_outputs([answers[i] for i in range(len(self.groups))])
+
+    def _arrived(self, fut: Future, k: int, got: list, answers: dict, on_group, on_part) -> None:
+        i, j = self.where[k]
+        got[i][j] = out = fut.result()
+        whole = len(self.groups[i]) == 1
+        if on_part is not None and not whole:
+            on_part(i, j, out)
+        if len(got[i]) < len(self.groups[i]):
+            return
+        answers[i] = out if whole else merge_completions([got[i][k] for k in range(len(self.groups[i]))])
+        if i not in self.arrivals:
+            self.arrivals.append(i)
+        if on_group is not None:
+            on_group(i, answers[i])
+
+
+class SideWork(Protocol):
+    """What a Stream's caller runs between arrivals: `waiting_on()` the futures whose end makes some of it ready
+    (a done one is returned until `ready()` has taken it), `ready()` runs what is."""
+
+    def waiting_on(self) -> list[Future]: ...
+
+    def ready(self) -> None: ...
 
 
 class GroupWork:
@@ -389,6 +412,7 @@ class Pipeline:
         self.split = split
         self.on_group: Callable[[int, dict], Any] | None = None
         self.on_part: Callable[[int, int, dict], Any] | None = None  # each completion of a group sent one by one
+        self.side: SideWork | None = None  # the trainer's work between arrivals (Stream.result)
         self.last_stream: Stream | None = None
         self._real: Callable | None = None
 
@@ -450,7 +474,7 @@ class Pipeline:
     def _take(self, handle) -> dict:
         if isinstance(handle, Stream):
             self.last_stream = handle
-            return handle.result(self.on_group, self.on_part)
+            return handle.result(self.on_group, self.on_part, self.side)
         return handle.result()
 
     def _request(self, prompts: list, sampling: dict):

@@ -231,6 +231,8 @@ def generate(trainer, state, original, prompts):
         state.pipeline.active = True
         state.pipeline.on_group = work.arrived if work is not None else None
         state.pipeline.on_part = work.part_arrived if work is not None and (work.row_fn or work.then_part) else None
+        # one process trains its pending groups the moment their rewards are done (several: RankGroups decides)
+        state.pipeline.side = work.ahead if work is not None and trainer.accelerator.num_processes == 1 else None
     if state.streams and trainer.accelerator.num_processes > 1:
         streaming.rank_groups(trainer, state, work, prompts)
     try:
@@ -241,7 +243,7 @@ def generate(trainer, state, original, prompts):
         trl_collectives.handoff.groups = None
         if state.pipeline is not None:
             state.pipeline.active = False
-            state.pipeline.on_group = state.pipeline.on_part = None
+            state.pipeline.on_group = state.pipeline.on_part = state.pipeline.side = None
     version = broadcast_object_list([state.pipeline.consumed_version if state.pipeline else None])[0]
     staleness = overlap.check_staleness(state.mode, step, version)
     state.staleness.append(staleness)

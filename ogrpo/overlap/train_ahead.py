@@ -274,6 +274,17 @@ class TrainAhead:
         self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions)
         self.held += positions
 
+    def waiting_on(self) -> list:
+        """The rewards the first pending group waits for (groups train in arrival order): the Stream wakes the
+        trainer when they are done, so a group trains as soon as it may, not when the next completion ends."""
+        if self.failed is not None or not self.pending:
+            return []
+        reward = self.work.rewards.get(self.pending[0][0])
+        return [reward] if reward is not None else []
+
+    def ready(self) -> None:
+        self.run(wait=0, last=self.arrivals >= self.total)
+
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
         reward = self.work.rewards.get(index)

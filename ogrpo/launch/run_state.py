@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ogrpo import layout
+from ogrpo import atomic_file, layout
 from ogrpo.layout import MANIFEST
 
 
@@ -61,9 +61,7 @@ OPEN_STATUSES = ("running", "preempted")
 
 def _write_atomic(path: Path, data: dict) -> None:
     # the trainer, the supervisor and `ogrpo cancel` may all write it as a job ends: never a half-written file
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_file.write_json(path, data, default=str)
 
 
 def update_manifest(run_dir: Path, **fields) -> None:

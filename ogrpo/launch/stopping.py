@@ -24,6 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ogrpo import atomic_file
 from ogrpo.launch.slurm.parse import key_values
 
 CANCEL_MARKER = "cancel.json"
@@ -43,11 +44,8 @@ def marker_path(run_dir: str | os.PathLike) -> Path:
 
 def request_cancel(run_dir: str | os.PathLike, job_id: str | None = None) -> None:
     """Record, before any signal is sent, that this run is being cancelled (read by `cancel_requested`)."""
-    path = marker_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"time": time.time(), "job_id": job_id, "by": "ogrpo cancel"}) + "\n")
-    os.replace(tmp, path)
+    atomic_file.write_json(marker_path(run_dir), {"time": time.time(), "job_id": job_id, "by": "ogrpo cancel"},
+                           indent=None)
 
 
 def cancel_requested(run_dir: str | os.PathLike | None, since: float | None = None,

@@ -26,7 +26,6 @@ Backends plug in through hooks, so that local and Slurm runs share this logic:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, TextIO
 
-from ogrpo import layout
+from ogrpo import atomic_file, layout
 from ogrpo.jobspec import JobSpec, Step
 from ogrpo.launch import secret
 from ogrpo.launch.procs import group_members
@@ -191,12 +190,11 @@ class Supervisor:
         return Running(step, name, argv, log_path, proc, log_file)
 
     def _write_role(self, name: str, step: Step, argv: list[str], env: dict, pid: int) -> None:
-        roles = self.log_dir.parent / layout.ROLES
-        roles.mkdir(parents=True, exist_ok=True)
         keys = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_P2P_DISABLE", "SLURM_JOB_ID")
-        (roles / f"{name}.json").write_text(json.dumps({
+        # replaced whole: `ogrpo cancel` reads it to find the step's process group while the run starts
+        atomic_file.write_json(self.log_dir.parent / layout.ROLES / f"{name}.json", {
             "role": step.role, "pid": pid, "argv": argv, "nodes": step.nodes, "gpus": step.gpus,
-            "env": {k: env[k] for k in keys if k in env}}, indent=2))
+            "env": {k: env[k] for k in keys if k in env}})
 
     def _signal_group(self, r: Running, sig: int) -> None:
         try:

@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from ogrpo import atomic_file
 from ogrpo.errors import OgrpoError
 
 MANIFEST = "sweep.json"
@@ -55,11 +56,7 @@ def read(sweep_dir: str | os.PathLike) -> dict:
 
 def write(sweep_dir: str | os.PathLike, data: dict) -> None:
     """Atomically: `ogrpo status` may read it while `ogrpo sweep` records the array's id."""
-    path = manifest_path(sweep_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_file.write_json(manifest_path(sweep_dir), data, default=str)
 
 
 def update(sweep_dir: str | os.PathLike, **fields) -> dict:

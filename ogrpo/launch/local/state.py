@@ -11,9 +11,10 @@ import json
 import os
 import signal
 import socket
-import tempfile
 import time
 from pathlib import Path
+
+from ogrpo import atomic_file
 
 STATE_FILE = "local/state.json"
 # Exit codes of a run stopped by a signal a user sends to stop it (Ctrl-C, `ogrpo cancel`, a closed terminal)
@@ -39,22 +40,7 @@ def read_state(job_dir: str | os.PathLike) -> dict | None:
 
 def write_state(job_dir: str | os.PathLike, data: dict) -> None:
     """Replace the record atomically: a reader sees the old record or the new one, never a partial file."""
-    path = state_path(job_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_file.write_json(state_path(job_dir), data, fsync=True)
 
 
 def final_state(rc: int) -> str:

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ogrpo import layout
+from ogrpo import atomic_file, layout
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.jobspec import JobSpec, Step, fill
 from ogrpo.launch import procs, stopping
@@ -176,10 +176,7 @@ def _log(msg: str) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_file.write_json(path, data, sort_keys=True)
 
 
 def _restarts() -> int:

@@ -308,14 +308,18 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # requests sess
 
 
 def _widen_pool(client, connections: int) -> None:
-    """requests keeps 10 connections per host: the groups' concurrent requests would open and drop the others."""
+    """requests keeps 10 connections per host: the groups' concurrent requests would open and drop the others.
+    The wider adapter keeps the session's retries (TRL's client retries a reset connection: the server closes a
+    keep-alive connection idle for 5 s, and a request sent on it as it closes is reset; without them a step that
+    takes about that long fails the run)."""
     session = getattr(client, "session", None)
     if session is None or _POOLS.get(session, 0) >= connections:
         return
     from requests.adapters import HTTPAdapter
 
     for prefix in ("http://", "https://"):
-        session.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=connections))
+        retries = session.get_adapter(prefix).max_retries
+        session.mount(prefix, HTTPAdapter(pool_connections=4, pool_maxsize=connections, max_retries=retries))
     _POOLS[session] = connections
 
 

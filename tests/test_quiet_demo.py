@@ -187,6 +187,26 @@ def test_library_output_goes_to_the_log_only(tmp_path):
     assert f"note: 2 warnings from libraries, not shown here: {log}" in shown.splitlines(), shown
 
 
+def test_an_exception_nothing_caught_reaches_the_log_and_the_console_whole(tmp_path):
+    """The interpreter prints an uncaught exception from C, with no Python caller: its report, the step's last
+    words, is kept whole (it was lost: "lost sys.stderr") and shown."""
+    code = ("from ogrpo.trainer import quiet\n"
+            "assert quiet.install()\n"
+            "def request():\n"
+            "    raise ConnectionError('Connection reset by peer')\n"
+            "request()\n")
+    console, log = tmp_path / "x.console", tmp_path / "x.log"
+    console.write_bytes(b"")
+    env = dict(os.environ, OGRPO_CONSOLE=str(console), OGRPO_STEP_LOG=str(log), PYTHONPATH=str(REPO))
+    with open(log, "wb") as f:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=60)
+    logged, shown = log.read_text(), console.read_text()
+    assert proc.returncode == 1
+    for text in (logged, shown):
+        assert "in request" in text and "ConnectionError: Connection reset by peer" in text, text
+        assert "lost sys.stderr" not in text
+
+
 def test_a_cli_command_keeps_library_output_in_its_log(tmp_path):
     """`libraries_to_log`, as `ogrpo doctor` uses it around its checks: a library's warning and print go to the
     log only, O-GRPO's line reaches the terminal, and one note names the log."""

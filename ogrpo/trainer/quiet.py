@@ -84,6 +84,17 @@ def _writer(frame, counts: Counts | None) -> bool:
     return False
 
 
+def _interpreter() -> bool:
+    """Whether the interpreter itself writes, no Python code under it: the traceback of an exception nothing
+    caught, the process's last words. They reach the console too (and a write never fails for want of a caller's
+    frame, which lost the whole report: "lost sys.stderr")."""
+    try:
+        sys._getframe(2)
+    except ValueError:
+        return True
+    return False
+
+
 class _Console:
     """The console file, written through at once: the supervisor polls it."""
 
@@ -108,7 +119,7 @@ class _Split:
 
     def write(self, text: str) -> int:
         n = self._log.write(text)
-        if text and (self._force or _writer(sys._getframe(1), self._counts)):
+        if text and (self._force or _interpreter() or _writer(sys._getframe(1), self._counts)):
             self._log.flush()  # the log keeps the terminal's order for O-GRPO's own lines
             self._console.write(text)
         elif text:

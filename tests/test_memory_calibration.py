@@ -54,6 +54,32 @@ def test_live_tensor_peak_counts_known_allocations_exactly():
     del c, view
 
 
+def test_the_measurement_gives_its_trace_back_and_later_steps_show_the_run_alone():
+    """The profiler's trace of many small operators (a step that scores each completion alone) is the
+    measurement's memory, not the run's: once the window is counted, the RSS and its high-water mark come back
+    near where they were, and a run's peak is taken over the steps it did not record."""
+    import torch
+
+    from ogrpo.profile.profiler import memory_row, run_peak_gib
+
+    x = torch.ones(64, 64, requires_grad=True)
+    before = memory_row()
+    peak = TensorPeak().start()
+    for _ in range(4000):  # ~20 operators each, their allocations and frees: a trace of ~10^5 events
+        (x.sin() * x.cos() + x).tanh().sum().backward()
+    recording = memory_row()
+    peak.stop()
+    after = memory_row()
+    grew = recording["peak_mem_gib"] - before["peak_mem_gib"]
+    assert grew > 0.05, (before, recording)  # the trace is large enough to see
+    assert after["peak_mem_gib"] < recording["peak_mem_gib"] - grew / 2, (before, recording, after)
+    assert after["rss_gib"] < recording["rss_gib"] - grew / 2
+    rows = [{"peak_mem_gib": 1.8, "mem_measure": TensorPeak.METHOD}, {"peak_mem_gib": 0.9}, {"peak_mem_gib": 1.0}]
+    assert run_peak_gib(rows) == 1.0 and run_peak_gib(rows[:1]) == 1.8
+    cuda = [{"peak_mem_gib": 2.0, "mem_measure": "cuda_max_memory_allocated"}, {"peak_mem_gib": 1.0}]
+    assert run_peak_gib(cuda) == 2.0
+
+
 @pytest.mark.slow
 def test_a_measurement_left_recording_does_not_crash_the_process():
     # torch.profiler still recording at interpreter teardown segfaults (rc 139); and a second one started over

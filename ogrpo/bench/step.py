@@ -40,7 +40,7 @@ from ogrpo.bench.task import token_reward
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch.cpu_slots import SLOTS_ENV
 from ogrpo.profile.hooks import profiled
-from ogrpo.profile.profiler import StageProfiler, pad_shares
+from ogrpo.profile.profiler import StageProfiler, pad_shares, run_peak_gib
 from ogrpo.tables import format_table
 
 PATHS = ("trl", "ogrpo")
@@ -170,7 +170,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     """Median seconds per stage over the steps after the first, and the peak memory of the run (GiB)."""
     timed = rows[1:] or rows
     out = {s: statistics.median(r.get(f"{s}_s", 0.0) for r in timed) for s in STAGES}
-    out["peak_gib"] = max(r.get("peak_mem_gib", 0.0) for r in rows)
+    out["peak_gib"] = run_peak_gib(rows)
     out["tokens_per_s"] = statistics.median(r.get("tokens_per_s", 0.0) for r in timed)
     # the paths need not score the same number of times per step (vLLM's importance-sampling correction scores
     # the old policy as well as the reference model): seconds per pass compare the log-prob code itself

@@ -509,7 +509,8 @@ class TensorPeak:
         prof = self._prof
         self.abandon()
         peak, self.peak_ns = self.live, None
-        for t_ns, ptr, nbytes in _allocations(prof):
+        allocations, prof = _allocations(prof), None
+        for t_ns, ptr, nbytes in allocations:
             self.live += nbytes
             if nbytes > 0:
                 self.blocks[ptr] = nbytes
@@ -517,6 +518,8 @@ class TensorPeak:
                 self.blocks.pop(ptr, None)
             if self.live > peak:
                 peak, self.peak_ns = self.live, t_ns  # unix ns, like the profiler's stage spans
+        del allocations
+        release_heap()
         if rebase:
             walk = live_storages()
             self.live = sum(walk.values()) + sum(n for ptr, n in self.blocks.items() if ptr not in walk)
@@ -597,9 +600,49 @@ def memory_row() -> dict:
     import psutil
 
     rss = psutil.Process().memory_info().rss
+    return {"device": "cpu", "rss_gib": round(rss / GIB, 4), "peak_mem_gib": round(_peak_rss() / GIB, 4)}
+
+
+def _peak_rss() -> int:
+    """The process's resident high-water mark: the kernel's VmHWM, which release_heap resets (ru_maxrss keeps
+    the highest mark of any thread that ever exited, so it cannot be reset); ru_maxrss where there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     # ru_maxrss is KiB on Linux, bytes on macOS.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return {"device": "cpu", "rss_gib": round(rss / GIB, 4), "peak_mem_gib": round(peak / GIB, 4)}
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+def release_heap() -> None:
+    """After a measured window: give the heap the profiler's trace took back, and start the resident high-water
+    mark again from here. The trace of a step's every operator and allocation (and its finalization) is the
+    measurement's own memory, larger the more operators a step runs (a step that scores each completion alone
+    runs several times as many as one that scores a batch): freed, glibc keeps the pages, so it would count as
+    the run's peak RSS in every step after. A step measured still records its own trace; the steps after it
+    show the run alone (run_peak_gib)."""
+    import gc
+
+    gc.collect()  # the profiler's Python objects hold the events through reference cycles
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux >= 4.0: resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+def run_peak_gib(rows: list[dict]) -> float:
+    """A run's peak memory from its profile rows: on CPU, over the steps the live-tensor measurement did not record
+    where there are any (its trace inflates the RSS of the steps it records, release_heap); else every step."""
+    clean = [r for r in rows if r.get("mem_measure") != TensorPeak.METHOD]
+    return max(r.get("peak_mem_gib", 0.0) for r in (clean or rows))
 
 
 def pass_waste(counts: dict[str, list[int]]) -> dict:
@@ -636,7 +679,7 @@ def summarize(rows: list[dict]) -> dict:
     gen = sum(r["generation_s"] for r in rows)
     toks = sum(r["completion_tokens"] for r in rows)
     out["gen_tokens_per_s"] = toks / gen if gen else 0.0
-    out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
+    out["peak_mem_gib"] = run_peak_gib(rows)
     idle = [r["idle_share"] for r in rows if isinstance(r.get("idle_share"), dict)]
     if idle:
         out["idle_share"] = {lane: sum(i[lane] for i in idle) / len(idle) for lane in ("server", "trainer")}

@@ -128,7 +128,11 @@ def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
     best, depth = None, -1
     for i, (_, names) in enumerate(layers):
         for name in names:
-            full = "ogrpo" if name == "__init__" else f"ogrpo.{name}"
+            if name == "__init__":  # the package's own file only: not a layer for every module below it
+                if module == "ogrpo":
+                    return i
+                continue
+            full = f"ogrpo.{name}"
             if (module == full or module.startswith(full + ".")) and full.count(".") > depth:
                 best, depth = i, full.count(".")
     return best

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
 def write_text(path: str | os.PathLike, text: str, fsync: bool = False) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a hidden name ending in .tmp: globs for the final names (roles/*.json) never pick up the temporary file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # a hidden name ending in .tmp: globs for the final names (roles/*.json) never pick up the temporary file.
+    # Opened as open() would create the file (0o666 less the umask), not mkstemp's 0o600: a manifest stays
+    # readable by whoever could read it before (a shared project directory).
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

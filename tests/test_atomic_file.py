@@ -1,6 +1,7 @@
 """Files other processes poll (run/roles/*.json, local/state.json, the sweep manifest) are replaced whole."""
 import json
 import multiprocessing as mp
+import os
 
 import pytest
 
@@ -37,3 +38,14 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     with pytest.raises(OSError):
         atomic_file.write_text(tmp_path / "busy.json", "{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy.json", "state.json"]
+
+
+def test_a_record_gets_the_mode_a_plain_write_would_give_not_a_private_one(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_file.write_json(tmp_path / "manifest.json", {"status": "running"})
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "manifest.json").stat().st_mode & 0o777
+    assert mode == (tmp_path / "plain.json").stat().st_mode & 0o777 == 0o640

@@ -281,8 +281,9 @@ time.sleep(1.5)  # the end of the step, the checkpoint
 
 
 def _wait_file(path: Path, timeout: float = 60) -> str:
+    """The file's text once it has some (a script's plain write may be seen created but still empty)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (path.exists() and path.read_text().strip()):
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.05)
     time.sleep(0.1)

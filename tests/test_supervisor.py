@@ -280,10 +280,11 @@ time.sleep(1.5)  # the end of the step, the checkpoint
 """
 
 
-def _wait_file(path: Path, timeout: float = 60) -> str:
-    """The file's text once it has some (a script's plain write may be seen created but still empty)."""
+def _wait_file(path: Path, timeout: float = 60, text: bool = True) -> str:
+    """The file's text once it has some (a script's plain write may be seen created but still empty); with
+    text=False, once it exists (a marker file, empty by design)."""
     deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
+    while not (path.exists() and (not text or path.read_text().strip())):
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.05)
     time.sleep(0.1)
@@ -396,7 +397,7 @@ def test_a_server_step_that_exits_0_on_sigterm_reports_the_signal(tmp_path):
                "sys.exit(0)); open(sys.argv[1], 'w').close(); time.sleep(600)", str(tmp_path / "up")]
     wrapper = _wrapper(tmp_path, *exits_0, stop_file=tmp_path / "server.stop")
     try:
-        _wait_file(tmp_path / "up")
+        _wait_file(tmp_path / "up", text=False)
         for pid in [wrapper.pid, *descendants(wrapper.pid)]:
             os.kill(pid, signal.SIGTERM)
         assert wrapper.wait(timeout=60) == 128 + signal.SIGTERM

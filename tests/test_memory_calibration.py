@@ -72,6 +72,22 @@ def test_the_allocation_trace_records_allocations_and_no_operator():
     assert 4096 in sizes and -4096 in sizes  # the ones and their product, allocated and freed
 
 
+def test_without_torchs_private_entry_point_the_trace_falls_back_to_the_public_profiler(monkeypatch):
+    import torch
+
+    from ogrpo.profile.profiler import AllocationTrace, _allocations
+
+    def changed(*args, **kwargs):
+        raise TypeError("_enable_profiler(): incompatible function arguments")
+
+    monkeypatch.setattr(torch._C._autograd, "_enable_profiler", changed)
+    trace = AllocationTrace().start()
+    assert trace._public is not None
+    (torch.ones(1024) * 2).sum()
+    sizes = [n for _, _, n in _allocations(trace.stop())]
+    assert 4096 in sizes and -4096 in sizes and trace._public is None
+
+
 def test_the_measurement_gives_its_trace_back_and_later_steps_show_the_run_alone():
     """The profiler's trace (a step that scores each completion alone allocates many times) is the measurement's
     memory, not the run's: once the window is counted, the RSS and its high-water mark are back where recording

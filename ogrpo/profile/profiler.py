@@ -658,10 +658,10 @@ def _peak_rss() -> int:
 
 def release_heap() -> None:
     """After a measured window: give the heap the profiler's trace took back, and start the resident high-water
-    mark again from here. The trace of a step's every operator and allocation (and its finalization) is the
-    measurement's own memory, larger the more operators a step runs (a step that scores each completion alone
-    runs several times as many as one that scores a batch): freed, glibc keeps the pages, so it would count as
-    the run's peak RSS in every step after. A step measured still records its own trace; the steps after it
+    mark again from here. The trace (its finalization, the events read from it) is the measurement's own memory,
+    larger the more a step allocates (a step that scores each completion alone allocates several times as often
+    as one that scores a batch): freed, glibc keeps the pages, so it would count as the run's peak RSS in every
+    step after. A step measured still records its own trace; the steps after it
     show the run alone (run_peak_gib)."""
     import gc
 

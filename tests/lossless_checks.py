@@ -17,6 +17,7 @@ import math
 import torch
 
 from ogrpo import tiny
+from ogrpo.overlap import early_backward
 from overlap_jobs import PACKED
 
 STEPS = 2
@@ -61,6 +62,7 @@ class ScriptedServer:
         self.tok = tok
         self.scoring = False  # the server's own forward, not counted as one of the trainer's passes
         self.pipeline = None  # StreamingPipeline, where the trainer streams
+        self.interleaved = False  # completions one by one, group after group (else all groups' at once)
 
     def sync_weights(self):
         pass
@@ -84,19 +86,31 @@ class ScriptedServer:
             logprobs.append([[float(x)] for x in (own + noise)])
         on_group = getattr(self.pipeline, "on_group", None)
         on_part = getattr(self.pipeline, "on_part", None)
+        n = self.trainer.num_generations
+
+        def part(k):
+            on_part(k // n, k % n, {"completion_ids": [completions[k]], "logprobs": [logprobs[k]]})
+            self._wake()
+
+        def group(i):
+            on_group(i, {"completion_ids": completions[i * n:(i + 1) * n], "logprobs": logprobs[i * n:(i + 1) * n]})
+            self._wake()
+
+        if on_part is not None and self.interleaved:  # group after group: each one's completions (but the last,
+            # which completes it) in a scrambled order, then the group
+            for i in torch.randperm(len(prompts) // n, generator=g).tolist():
+                for k in torch.randperm(n - 1, generator=g).tolist():
+                    part(i * n + k)
+                group(i)
+            return prompts, completions, logprobs, None
         if on_part is not None:  # completions sent one by one: each ends alone, in a scrambled order (the last
             # of each group then completes it below)
-            n = self.trainer.num_generations
             for k in torch.randperm(len(prompts), generator=g).tolist():
                 if k % n != n - 1:
-                    on_part(k // n, k % n, {"completion_ids": [completions[k]], "logprobs": [logprobs[k]]})
-                    self._wake()
+                    part(k)
         if on_group is not None:
-            n = self.trainer.num_generations
             for i in torch.randperm(len(prompts) // n, generator=g).tolist():
-                on_group(i, {"completion_ids": completions[i * n:(i + 1) * n],
-                             "logprobs": logprobs[i * n:(i + 1) * n]})
-                self._wake()
+                group(i)
         return prompts, completions, logprobs, None
 
     def _wake(self):
@@ -159,7 +173,8 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
     final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
     group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py). `shared` (with packed):
     every packed chunk computes each prompt once for its generations, whatever the cost model would pick.
-    `completions` (with ahead): each completion's passes run as it ends, before its group is whole."""
+    `completions` (with ahead): each completion's passes run as it ends, before its group is whole; "interleaved":
+    the groups' completions come back group after group (so the last group's end while it is the only one open)."""
     from trl import GRPOConfig
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
@@ -174,6 +189,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
     trainer = OgrpoGRPOTrainer(model=str(tiny.ensure_tiny_model()), reward_funcs=tiny.letter_reward, args=args,
                                train_dataset=tiny.toy_dataset(64))
     server = ScriptedServer(trainer, max_len)
+    server.interleaved = completions == "interleaved"
     # what TRL's __init__ sets up for use_vllm=True, the server's client aside
     trainer.use_vllm, trainer.vllm_mode, trainer._last_loaded_step = True, "server", -1
     trainer.vllm_generation = server
@@ -249,9 +265,20 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         assert trainer.overlap.train_ahead_fallbacks == []
         # each group trained the moment its rewards were done, before the next group came back: all but the last
         assert [r["overlap/trained_early"] for r in logged] == [float(groups - 1)] * STEPS, logged
-        if layers.get("completions"):  # every completion but each group's last had its passes before the group
+        if layers.get("completions"):  # every completion but each group's last had its passes (the reference's:
+            # beta > 0) before the group
             early = trainer.args.generation_batch_size - groups
-            assert [r["overlap/completions_early"] for r in logged] == [float(early)] * STEPS, logged
+            passes = early if trainer.beta != 0.0 else 0
+            assert [r["overlap/completions_early"] for r in logged] == [float(passes)] * STEPS, logged
             # and the loss forward of at least one, its graph kept until its group's backward
             assert all(1 <= r["overlap/forwarded_early"] <= early for r in logged), logged
+            # once one group was left, its completions forwarded ran their backward too, where the loss is linear
+            # in the advantage (ogrpo/overlap/early_backward.py), each with its own rewards, the group's; group
+            # after group, every completion of the last group but the one that completes it
+            linear = early_backward.why_not(trainer) is None
+            backward = [r["overlap/backward_early"] for r in logged]
+            if layers["completions"] == "interleaved":
+                assert backward == [float(trainer.num_generations - 1 if linear else 0)] * STEPS, backward
+            assert linear or backward == [0.0] * STEPS, backward
+            assert trainer.overlap.early_backward_redone == []
     return {"trl": a, "layers": b}

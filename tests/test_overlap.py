@@ -582,13 +582,17 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         assert x["overlap/completions_early"] == 16.0, x
         # and loss forwards run as completions ended, their graphs kept for their group's backward
         assert x["overlap/forwarded_early"] >= 1, x
+        # the last group's completions that ran their backward as they ended: never the one that completed it
+        assert 0 <= x["overlap/backward_early"] <= 3, x
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per completion, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 16
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["overlap"]["stream_unit"] == "completion"
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
+    early = manifest["train_ahead"].pop("early_backward")
     assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
+    assert early["on"] is True and "once one group is left" in early["reason"] and early["redone"] == [], early
     assert "train_ahead" not in json.loads((off_run / "manifest.json").read_text())  # nothing streams in off
     assert json.loads((off_run / "manifest.json").read_text())["old_policy_pass"]["pass"] == "separate"
     # the positions counted are those of the forwards that ran: off's two scoring passes over the whole batch (old

@@ -18,7 +18,7 @@ from lossless_checks import CASES, CHUNKED, assert_same_training
 AHEAD = [c for c in CASES if c not in ("bnpo", "grpo-accumulated")] + list(CHUNKED)
 
 
-def _plan(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
+def _planned(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
     from ogrpo.config import load_run_config
     from ogrpo.plan import plan_from_config
 
@@ -27,8 +27,17 @@ def _plan(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
                                    "reward_funcs": ["tiny_letter"], "num_generations": 4,
                                    "per_device_train_batch_size": 16, **trl,
                                    "ogrpo": {"use_vllm": True, **(ogrpo or {})}}))
-    plan = plan_from_config(load_run_config(str(cfg)), gpus=gpus)
+    return plan_from_config(load_run_config(str(cfg)), gpus=gpus)
+
+
+def _plan(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
+    plan = _planned(tmp_path, gpus, ogrpo, **trl)
     return plan.train_ahead, plan.reason_of("overlap.train_ahead")
+
+
+def _early(tmp_path, gpus="2xcpu", **trl):
+    plan = _planned(tmp_path, gpus, **trl)
+    return plan.early_backward, plan.reason_of("overlap.early_backward")
 
 
 def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fixed(tmp_path):
@@ -46,13 +55,33 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
                         (dict(ogrpo={"strategy": "zero2"}), "DeepSpeed")):
         on, why = _plan(tmp_path, **keys)
         assert on is False and words in why, (keys, why)
+    # the last group's completions run their backward as they end where the loss is linear in the advantage and
+    # the two gradient sums fit
+    assert _early(tmp_path)[0] is True and "once one group is left" in _early(tmp_path)[1]
+    assert _early(tmp_path, loss_type="cispo")[0] is True
+    for keys, words in ((dict(loss_type="sapo"), "sapo"), (dict(loss_type="vespo"), "vespo"),
+                        (dict(off_policy_mask_threshold=0.5), "off-policy mask"), (dict(delta=1.0), "delta")):
+        assert _plan(tmp_path, **keys)[0] is True, keys
+        on, why = _early(tmp_path, **keys)
+        assert on is False and "waits for the whole group" in why and words in why, (keys, why)
     on, why = _plan(tmp_path, gpus="3xcpu")  # two trainer processes under DDP: each trains its own groups
     assert on is True and "2 trainer processes" in why and "averaged once" in why
+    assert _early(tmp_path, gpus="3xcpu") == (None, None)  # the ranks take whole groups
     # nothing to train ahead where nothing streams: one-step, off, no server
     assert _plan(tmp_path, ogrpo={"overlap": "one-step"}) == (None, None)
     assert _plan(tmp_path, gpus="cpu") == (None, None)
     # without the importance-sampling correction TRL runs no old-policy pass: nothing stands in the way
     assert _plan(tmp_path, vllm_importance_sampling_correction=False)[0] is True
+
+
+def test_the_last_groups_early_backward_is_off_where_its_gradient_sums_would_not_fit():
+    from ogrpo.planner.train_ahead import decide_early_backward
+
+    trl_get = {"loss_type": "dapo", "off_policy_mask_threshold": None, "delta": None}.get
+    on, why = decide_early_backward(trl_get, sums_gib=2.0, room_gib=1.5)
+    assert on == "off" and "2.00 GiB" in why and "1.50 GiB" in why
+    on, why = decide_early_backward(trl_get, sums_gib=1.0, room_gib=1.5)
+    assert on == "on" and "1.00 GiB" in why
 
 
 def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
@@ -151,6 +180,15 @@ def test_completions_scored_as_each_ends_train_exactly_as_trls_micro_batches(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "dapo-masked", "cispo", "luspo", "grpo-chunked", "sapo"])
+def test_the_last_groups_completions_run_their_backward_as_they_end_and_train_as_trls_micro_batches(tmp_path, case):
+    """Group after group: once one group is left, each of its completions runs its backward as it ends, with its
+    own rewards (the loss is linear in the advantage: ogrpo/overlap/early_backward.py), and the run trains as
+    TRL's; sapo's loss reads the advantage's sign, so there the group's backward waits for the group."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved")
+
+
+@pytest.mark.slow
 def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(tmp_path, monkeypatch):
     """Fails closed: where TRL's batch differs from what the groups trained on (here: every group's advantages
     are off by 1), the groups' gradients are dropped and TRL's own micro-batches train, as under `off`."""
@@ -169,3 +207,34 @@ def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(t
     for x, y in zip(theirs, ours):
         for key in ("loss", "grad_norm", "reward", "entropy"):
             assert math.isclose(y[key], x[key], rel_tol=1e-5, abs_tol=1e-6), (key, x[key], y[key])
+
+
+@pytest.mark.slow
+def test_a_reward_that_reads_its_batch_runs_the_early_rows_again_and_trains_as_trl(tmp_path, monkeypatch):
+    """The last group's early rows take their rewards from the reward function on each completion alone; one
+    that reads its batch gives the group other rewards (here: scaled by the batch's size up to a group's, so that
+    the groups streamed still score as TRL's batch). Those rows' advantage terms then run again from a fresh
+    forward with the group's advantages, and the run still trains as TRL's."""
+    import functools
+    import math
+
+    from lossless_checks import PACKED, run
+    from ogrpo import tiny
+
+    real = tiny.letter_reward
+
+    @functools.wraps(real)
+    def by_batch(*args, **kwargs):
+        values = real(*args, **kwargs)
+        return [v * min(len(values), 4) for v in values]
+
+    monkeypatch.setattr(tiny, "letter_reward", by_batch)
+    theirs = run(tmp_path / "trl", "grpo-beta")[0]
+    ours, _, _, trainer = run(tmp_path / "ahead", "grpo-beta", from_loss=True, packed=True, ahead=True,
+                              completions="interleaved")
+    for x, y in zip(theirs, ours):
+        for key in ("loss", "grad_norm", "reward", "entropy", "kl"):
+            assert math.isclose(y[key], x[key], rel_tol=PACKED["rel"], abs_tol=PACKED["abs"]), (key, x[key], y[key])
+    assert [r["overlap/backward_early"] for r in ours] == [3.0, 3.0]
+    assert len(trainer.overlap.early_backward_redone) == 2, trainer.overlap.early_backward_redone
+    assert all("differ from their group's" in why for why in trainer.overlap.early_backward_redone)

@@ -239,7 +239,7 @@ class GroupWork:
     main thread by Stream.result): `reward(index, answer)` runs on a reward thread, one group after the other in
     arrival order (reward functions need not be thread-safe), while `score(index, answer)` (the log-prob passes)
     runs on the calling thread, so the two overlap. `events` records (what, group) in the order it happened:
-    arrived, reward_start/reward_end, score_start/score_end."""
+    arrived, reward_start/reward_end (row_reward_* for one completion's), score_start/score_end."""
 
     def __init__(self, reward: Callable[[int, dict], Any] | None, score: Callable[[int, dict], Any] | None):
         self.reward_fn, self.score_fn = reward, score
@@ -282,18 +282,31 @@ class GroupWork:
         """Queue the group's rewards on the reward thread (after the groups queued before it)."""
         if self.reward_fn is None:
             return
+        self.rewards[index] = self._queue(index, lambda: self.reward_fn(index, answer), "reward", f"reward-{index}")
+
+    def row_reward(self, index: int, j: int, answer: dict) -> Future | None:
+        """Queue the rewards of completion j of group `index` alone (`reward_fn.row`), as the group's are; None
+        where the reward function has no per-completion form."""
+        row = getattr(self.reward_fn, "row", None)
+        if row is None:
+            return None
+        return self._queue(index, lambda: row(index, j, answer), "row_reward", f"reward-{index}-{j}")
+
+    def _queue(self, index: int, fn: Callable[[], Any], what: str, name: str) -> Future:
         before = self._last
 
         def run():
             if before is not None:
-                before.exception()  # one group at a time, in arrival order
-            self.event("reward_start", index)
+                before.exception()  # one call at a time, in the order queued (reward functions need not be
+                # thread-safe)
+            self.event(f"{what}_start", index)
             try:
-                return self.reward_fn(index, answer)
+                return fn()
             finally:
-                self.event("reward_end", index)
+                self.event(f"{what}_end", index)
 
-        self._last = self.rewards[index] = _spawn(run, f"ogrpo-overlap-reward-{index}")
+        self._last = _spawn(run, f"ogrpo-overlap-{name}")
+        return self._last
 
     def score(self, index: int, answer: dict) -> None:
         """The group's log-prob passes, on the calling thread."""

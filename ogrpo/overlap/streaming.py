@@ -127,23 +127,31 @@ def _group_reward(trainer, state, inputs, prompts, n):
     if decode is None:
         return None
 
-    def reward(index, answer):
+    def rewards(part: slice, ids):
         from collections import defaultdict
 
-        ids = answer["completion_ids"]
-        part = slice(index * n, (index + 1) * n)
         completions = decode(ids)
         sink = defaultdict(list)
         trl_collectives.deferred.on, trl_collectives.deferred.sink = True, sink
         t0 = time.time_ns()
         try:
-            rewards = trainer.rewards_beneath(inputs[part], prompts[part], completions, ids)
+            out = trainer.rewards_beneath(inputs[part], prompts[part], completions, ids)
         finally:
             trl_collectives.deferred.on, trl_collectives.deferred.sink = False, None
             if state.timeline is not None:
                 state.timeline.record("trainer", "reward", t0, time.time_ns())
-        return completions, ids, rewards, sink
+        return completions, ids, out, sink
 
+    def reward(index, answer):
+        return rewards(slice(index * n, (index + 1) * n), answer["completion_ids"])
+
+    def row(index, j, answer):
+        """Completion j of the group alone, its reward functions' logging dropped (the group's call logs): the
+        rewards per function, one row; the group's call must give the same (ogrpo.overlap.train_ahead checks)."""
+        k = index * n + j
+        return rewards(slice(k, k + 1), answer["completion_ids"])[2]
+
+    reward.row = row
     return reward
 
 

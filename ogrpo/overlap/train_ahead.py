@@ -35,9 +35,11 @@ reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ogrpo.dropout import draws_dropout
+from ogrpo.overlap import early_backward
 from ogrpo.overlap.pipeline import OverlapError
 from ogrpo.overlap.rows import group_rows
 from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
@@ -90,19 +92,25 @@ def loss_scale(trainer) -> float:
     return 1.0 if scaled else 1.0 / trainer.current_gradient_accumulation_steps
 
 
-def advantages(trainer, rewards_per_func, n: int):
-    """TRL's advantages for one group's rows (sum_then_normalize; scale_rewards group or none)."""
+def reward_stats(trainer, rewards_per_func, n: int):
+    """Per row, TRL's reward, its group's mean and the advantages' divisor (None: scale_rewards none)."""
     import torch
     from trl.trainer.utils import nanstd
 
-    unscorable = torch.isnan(rewards_per_func).all(dim=1)
-    rewards = (rewards_per_func * trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-    rewards[unscorable] = torch.nan
+    rewards = early_backward.weighted_rewards(trainer, rewards_per_func)
     mean = torch.nanmean(rewards.view(-1, n), dim=1).repeat_interleave(n, dim=0)
     std = nanstd(rewards.view(-1, n), dim=1).repeat_interleave(n, dim=0) if n > 1 else torch.zeros_like(rewards)
+    return rewards, mean, (std + 1e-4 if trainer.scale_rewards not in ("none", False) else None)
+
+
+def advantages(trainer, rewards_per_func, n: int):
+    """TRL's advantages for one group's rows (sum_then_normalize; scale_rewards group or none)."""
+    import torch
+
+    rewards, mean, divisor = reward_stats(trainer, rewards_per_func, n)
     out = rewards - mean
-    if trainer.scale_rewards not in ("none", False):
-        out = out / (std + 1e-4)
+    if divisor is not None:
+        out = out / divisor
     return torch.nan_to_num(out, nan=0.0)
 
 
@@ -139,11 +147,13 @@ class Trained:
 
 class Forward:
     """One completion's loss forward, run as it ended: its row (ids, mask, completion length), its log-probs (with
-    their graph) and entropies, and the positions its graph holds."""
+    their graph) and entropies, the positions its graph holds, and the server's answer for it."""
 
-    def __init__(self, ids, mask, length: int, logps, entropies, positions: int):
+    def __init__(self, ids, mask, length: int, logps, entropies, positions: int, answer: dict | None = None):
         self.ids, self.mask, self.length = ids, mask, length
         self.logps, self.entropies, self.positions = logps, entropies, positions
+        self.answer = answer
+        self.reward = None  # Future of its rewards alone, once its backward may run before its group's
 
 
 def answer_forwards(trainer, forwards: dict, model, input_ids, attention_mask, logits_to_keep, args: tuple,
@@ -230,14 +240,21 @@ class TrainAhead:
                        * (width + trainer.max_completion_length))
         self.early = 0  # groups trained before the last one arrived
         self.arrivals, self.total = 0, len(prompt_ids) // trainer.num_generations
+        self.open = set(range(self.total))  # the groups not yet in
+        self.parts: dict[int, int] = {}  # group -> its completions come back alone so far
+        self.last: early_backward.EarlyBackward | None = None  # the last open group's rows backwarded early
+        self.backward_early = 0  # such rows in this batch
+        self.linear: bool | None = None  # whether the loss allows it (early_backward.why_not), once asked
         self.failed: BaseException | None = None
 
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
         self.arrivals += 1
+        self.open.discard(index)
         # the groups that came before this one have had a whole arrival's time for their rewards: wait for them
         # (the server generates meanwhile); this one only if its rewards are already done
         self.run(wait=len(self.pending) - 1, last=self.arrivals >= self.total)
+        self.queue_rewards()
 
     def part_arrived(self, index: int, j: int, answer: dict) -> None:
         """Completion j of group `index`, ended before the rest of its group: its loss forward now, the graph kept
@@ -245,6 +262,7 @@ class TrainAhead:
         budget (a group's chunk at the cap) for one more row at the cap, so a chunk always fits beside them."""
         if self.failed is not None or self.trainer.accelerator.num_processes > 1:
             return
+        self.parts[index] = self.parts.get(index, 0) + 1
         # the groups already in have had this completion's time for their rewards: theirs first
         self.run(wait=len(self.pending), last=False)
         if self.failed is not None:
@@ -257,33 +275,167 @@ class TrainAhead:
             return
         device = trainer.accelerator.device
         ids, mask = ids.to(device), mask.to(device)
-        profiler = getattr(trainer, "stage_profiler", None)
-        depth = profiler.ahead_begin() if profiler is not None else None
-        t0 = time.time_ns()
         try:
-            with trainer.compute_loss_context_manager():
+            with self.busy(), trainer.compute_loss_context_manager():
                 lp, ent = trainer.logps_beneath(trainer.model_wrapped, ids, mask, length, compute_entropy=True)[:2]
         except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
             self.failed = exc
             return
+        self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions, answer)
+        self.held += positions
+        # the group's last completion: the group follows it at once, and trains it with the others not yet run
+        self.queue_rewards(keep=j if self.parts[index] >= trainer.num_generations else None)
+
+    @contextlib.contextmanager
+    def busy(self):
+        """The trainer's work ahead: timed by the profiler (inside its wait for the server) and on the timeline."""
+        trainer = self.trainer
+        profiler = getattr(trainer, "stage_profiler", None)
+        depth = profiler.ahead_begin() if profiler is not None else None
+        t0 = time.time_ns()
+        try:
+            yield
         finally:
             if profiler is not None:
                 profiler.ahead_end(depth, t0)
             if trainer.overlap.timeline is not None:
                 trainer.overlap.timeline.record("trainer", "train_ahead", t0, time.time_ns())
-        self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions)
-        self.held += positions
+
+    def last_open(self) -> int | None:
+        """The one group not yet in, where its completions may run their backward before it is whole
+        (ogrpo.overlap.early_backward), else None."""
+        if self.failed is not None or len(self.open) != 1 or self.work is None:
+            return None
+        if self.linear is None:
+            self.linear = (getattr(self.trainer.overlap, "early_backward", True)
+                           and early_backward.why_not(self.trainer) is None)
+        return next(iter(self.open)) if self.linear else None
+
+    def queue_rewards(self, keep: int | None = None) -> None:
+        """Once one group is left open: the rewards of each of its completions forwarded (but `keep`), alone, on the
+        reward thread; its backward runs once they are done, when the trainer would otherwise wait (`ready`)."""
+        group = self.last_open()
+        if group is None:
+            return
+        for j, f in self.forwards.get(group, {}).items():
+            if j != keep and f.reward is None:
+                f.reward = self.work.row_reward(group, j, f.answer)
+                if f.reward is None:  # no reward function of a completion alone
+                    self.linear = False
+                    return
+
+    def early_rows(self) -> dict:
+        """The last open group's completions forwarded whose rewards alone are queued: j -> Forward."""
+        group = self.last_open()
+        held = self.forwards.get(group, {}) if group is not None else {}
+        return {j: f for j, f in held.items() if f.reward is not None}
+
+    def backward_one(self) -> None:
+        """The backward of one completion of the last open group whose rewards alone are done."""
+        rows = self.early_rows()
+        j = next((j for j in sorted(rows) if rows[j].reward.done()), None)
+        if j is None:
+            return
+        trainer, f, group = self.trainer, rows[j], next(iter(self.open))
+        if self.last is None:
+            self.last = early_backward.EarlyBackward(trainer, group)
+        try:
+            rewards = f.reward.result().to(trainer.accelerator.device)
+            with self.busy():
+                self.last.backward(j, rewards, self.row_inputs(group, j, f), f, self.scale(1), self.row_loss)
+        except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
+            self.failed = exc
+            return
+        del self.forwards[group][j]
+        self.held -= f.positions
+        trainer.overlap.forwards_answered += 1
+
+    def row_inputs(self, group: int, j: int, f: Forward) -> dict:
+        """Row j's inputs to TRL's loss, as a group's chunk holds them but for the row's own length."""
+        trainer, w = self.trainer, self.width
+        inputs = {"prompt_ids": f.ids[:, :w], "prompt_mask": f.mask[:, :w], "completion_ids": f.ids[:, w:],
+                  "completion_mask": f.mask[:, w:]}
+        sampled = sampling_logps(f.answer, f.length, f.ids.device)
+        if sampled is not None:
+            inputs["sampling_per_token_logps"] = sampled
+        if trainer.beta != 0.0:
+            scored = self.work.rows.get(group, {}).get(j)
+            if scored is None or scored.get("ref") is None:
+                raise RuntimeError(f"completion {j} of group {group} has no streamed reference log-probs")
+            inputs["ref_per_token_logps"] = scored["ref"]
+        return self.provisional(inputs)
+
+    def row_loss(self, inputs: dict, forward: Forward | None):
+        """TRL's loss of one row's inputs, its forward answered from `forward` (None: run now): (loss, log-probs,
+        entropies); TRL's old-policy tensors land in `inputs` on the row's first call."""
+        trainer = self.trainer
+        state = trainer.overlap
+        answered = state.forwards_answered
+        with self.loss_call(inputs, {0: forward} if forward is not None else None), \
+                trainer.compute_loss_context_manager():
+            loss = trainer._compute_loss(trainer.model_wrapped, inputs)
+            (lp, ent), = state.capture
+        state.forwards_answered = answered  # counted once per row, by backward_last
+        return loss, lp, ent
+
+    @contextlib.contextmanager
+    def loss_call(self, chunk: dict, forwards: dict | None):
+        """Around a call of TRL's `_compute_loss` on rows trained ahead: their forwards captured (`forwards`:
+        those answered from a Forward), the old policy taken from the forward where the chunk has none yet, and
+        the metrics it logs dropped (TRL logs them when its own micro-batches run: the replay)."""
+        trainer = self.trainer
+        state = trainer.overlap
+        metrics = trainer._metrics["train"]
+        before = {k: len(v) for k, v in metrics.items()}
+        state.capture = []
+        state.forwards = forwards or None
+        old_policy = getattr(trainer, "old_policy", None)
+        if old_policy is not None and "old_per_token_logps" not in chunk:
+            old_policy.loss_inputs = chunk  # the old policy and IS ratio from this forward, as in the loss
+        try:
+            yield
+        finally:
+            state.capture = state.forwards = None
+            if old_policy is not None:
+                old_policy.loss_inputs = None
+            for key in list(metrics):
+                if key not in before:
+                    del metrics[key]
+                else:
+                    del metrics[key][before[key]:]
+
+    def provisional(self, chunk: dict) -> dict:
+        """dapo, cispo, vespo: the chunk's token count provisional (the real one scales the gradients at the end)."""
+        import torch
+
+        trainer = self.trainer
+        if trainer.loss_type in SUM_LOSSES:
+            chunk["num_items_in_batch"] = torch.tensor(float(trainer.accelerator.num_processes
+                                                             * trainer.args.steps_per_generation
+                                                             / trainer.current_gradient_accumulation_steps),
+                                                       device=chunk["prompt_ids"].device)
+        return chunk
+
+    def scale(self, rows: int) -> float:
+        """What a chunk of `rows` rows' loss is multiplied by before its backward."""
+        trainer = self.trainer
+        scale = loss_scale(trainer)
+        if trainer.loss_type in MEAN_LOSSES:
+            scale *= rows / trainer.args.per_device_train_batch_size
+        return scale
 
     def waiting_on(self) -> list:
-        """The rewards the first pending group waits for (groups train in arrival order): the Stream wakes the
-        trainer when they are done, so a group trains as soon as it may, not when the next completion ends."""
-        if self.failed is not None or not self.pending:
+        """The rewards the first pending group waits for (groups train in arrival order), and those of the last
+        open group's completions alone: the Stream wakes the trainer when one is done and no completion is back, so
+        a group trains, or a completion runs its backward, as soon as it may, not when the next completion ends."""
+        if self.failed is not None:
             return []
-        reward = self.work.rewards.get(self.pending[0][0])
-        return [reward] if reward is not None else []
+        reward = self.work.rewards.get(self.pending[0][0]) if self.pending else None
+        return ([reward] if reward is not None else []) + [f.reward for f in self.early_rows().values()]
 
     def ready(self) -> None:
         self.run(wait=0, last=self.arrivals >= self.total)
+        self.backward_one()
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
@@ -317,6 +469,7 @@ class TrainAhead:
 
     def _train(self, index: int, answer: dict, rewards_per_func) -> None:
         import torch
+        import torch.nn.functional as F
 
         trainer = self.trainer
         n = trainer.num_generations
@@ -334,12 +487,17 @@ class TrainAhead:
             if scored is None or scored.get("ref") is None:
                 raise RuntimeError(f"group {index} has no streamed reference log-probs")
             inputs["ref_per_token_logps"] = scored["ref"]
-        # the completions forwarded as they ended go first, in one chunk with as many others as fit beside the
-        # graphs held; a row's share of the gradient does not depend on its chunk
+        # the rows whose backward ran as they ended first (this group was the last open one), then those forwarded
+        # as they ended, in one chunk with as many others as fit beside the graphs held; a row's share of the
+        # gradient does not depend on its chunk
+        last = self.last if self.last is not None and self.last.group == index else None
+        done = last.rows if last is not None else {}
         forwards = self.forwards.pop(index, {})
-        order = sorted(forwards) + [j for j in range(n) if j not in forwards]
-        logps, entropies = [], []
-        lo = 0
+        order = sorted(done) + sorted(forwards) + [j for j in range(n) if j not in forwards and j not in done]
+        logps = [F.pad(done[j].logps, (0, length - done[j].logps.size(1))) for j in sorted(done)]
+        entropies = [None if done[j].entropies is None else
+                     F.pad(done[j].entropies, (0, length - done[j].entropies.size(1))) for j in sorted(done)]
+        lo = len(done)
         while lo < n:
             if forwards:
                 size = len(forwards) + max(0, (self.budget - self.held) // (w + length))
@@ -357,56 +515,48 @@ class TrainAhead:
             logps.append(lp)
             entropies.append(ent)
             lo += len(rows)
+        if last is not None:
+            self.close_last(last, inputs, rewards_per_func.to(device))
         back = torch.tensor(order).argsort()  # batch order again
         self.groups[index] = Trained(inputs, torch.cat(logps)[back],
                                      None if any(e is None for e in entropies) else torch.cat(entropies)[back])
 
-    def _backward(self, chunk: dict, forwards: dict | None = None):
-        """The chunk's loss through TRL's `_compute_loss`, and its backward; `forwards`: the chunk's rows whose
-        loss forward ran as their completion ended (row in chunk -> Forward), answered from it."""
+    def close_last(self, last, inputs: dict, rewards_per_func) -> None:
+        """The last group is whole: its early rows' advantage terms into the gradients (ogrpo.overlap.early_backward);
+        a row whose rewards alone differ from the group's runs its term again from a fresh forward."""
         import torch
 
         trainer = self.trainer
-        rows = chunk["prompt_ids"].size(0)
-        chunk = dict(chunk)
-        if trainer.loss_type in SUM_LOSSES:  # provisional: the real count scales the gradients at the end
-            chunk["num_items_in_batch"] = torch.tensor(float(trainer.accelerator.num_processes
-                                                             * trainer.args.steps_per_generation
-                                                             / trainer.current_gradient_accumulation_steps),
-                                                       device=chunk["prompt_ids"].device)
-        scale = loss_scale(trainer)
-        if trainer.loss_type in MEAN_LOSSES:
-            scale *= rows / trainer.args.per_device_train_batch_size
+        self.last = None
+        _, mean, divisor = reward_stats(trainer, rewards_per_func, trainer.num_generations)
+        scale = self.scale(1)
+
+        def redo(j: int, row: dict) -> None:
+            device = row["prompt_ids"].device
+            true = dict(row, advantages=inputs["advantages"][j:j + 1])
+            loss = self.row_loss(true, None)[0]
+            if trainer.beta != 0.0:  # the KL term is in the gradients already
+                loss = loss - self.row_loss(dict(true, advantages=torch.zeros(1, device=device)), None)[0]
+            trainer.accelerator.backward(loss * scale)
+
+        why = last.close(rewards_per_func, float(mean[0]), float(divisor[0]) if divisor is not None else 1.0, redo)
+        if why is not None:
+            trainer.overlap.early_backward_redone.append(why)
+        self.backward_early += len(last.rows)
+
+    def _backward(self, chunk: dict, forwards: dict | None = None):
+        """The chunk's loss through TRL's `_compute_loss`, and its backward; `forwards`: the chunk's rows whose
+        loss forward ran as their completion ended (row in chunk -> Forward), answered from it."""
+        trainer = self.trainer
+        chunk = self.provisional(dict(chunk))
+        scale = self.scale(chunk["prompt_ids"].size(0))
         state = trainer.overlap
-        metrics = trainer._metrics["train"]
-        before = {k: len(v) for k, v in metrics.items()}
-        state.capture = []
-        state.forwards = forwards or None
-        old_policy = getattr(trainer, "old_policy", None)
-        profiler = getattr(trainer, "stage_profiler", None)
-        depth = profiler.ahead_begin() if profiler is not None else None
-        t0 = time.time_ns()
-        try:
-            if old_policy is not None:
-                old_policy.loss_inputs = chunk  # the old policy and IS ratio from this forward, as in the loss
+        with self.busy(), self.loss_call(chunk, forwards):
             # DDP reduces nothing here: `adopt` averages the batch's gradients once
             with trainer.accelerator.no_sync(trainer.model_wrapped), trainer.compute_loss_context_manager():
                 loss = trainer._compute_loss(trainer.model_wrapped, chunk)
                 trainer.accelerator.backward(loss * scale)
             (lp, ent), = state.capture
-        finally:
-            state.capture = state.forwards = None
-            if old_policy is not None:
-                old_policy.loss_inputs = None
-            for key in list(metrics):  # TRL logs its loss metrics when its own micro-batches run (the replay)
-                if key not in before:
-                    del metrics[key]
-                else:
-                    del metrics[key][before[key]:]
-            if profiler is not None:
-                profiler.ahead_end(depth, t0)
-            if state.timeline is not None:
-                state.timeline.record("trainer", "train_ahead", t0, time.time_ns())
         return lp, ent
 
     def check(self, out: dict) -> str | None:
@@ -477,6 +627,7 @@ class TrainAhead:
         metrics["overlap/trained_ahead"].append(float(len(self.groups)))
         metrics["overlap/trained_early"].append(float(self.early))
         metrics["overlap/forwarded_early"].append(float(trainer.overlap.forwards_answered - self.answered))
+        metrics["overlap/backward_early"].append(float(self.backward_early))
         out[ROW_KEY] = torch.arange(out["prompt_ids"].size(0))
         return Replay(self.groups, trainer.num_generations, trainer.args.steps_per_generation)
 

@@ -13,6 +13,7 @@ from ogrpo.planner.draft import Draft
 from ogrpo.planner.lora import BASE_DTYPE_REASON as LORA_BASE_REASON
 from ogrpo.planner.placement import Placement, bf16_server
 from ogrpo.planner.strategy import STRATEGY_NAMES, TrainerFit, VllmFit
+from ogrpo.stacks import parse_version
 
 # vLLM options every O-GRPO server gets from its plan (the reasons are the settings below): the offline `LLM`
 # that TRL's own vllm-serve wraps has the same defaults.
@@ -248,9 +249,20 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
 
     trl_get = _trl_getter(d, targs)
     old_policy = next((i.value for i in s.items if i.name == "old_policy_pass"), None)
-    s.add("overlap.train_ahead", *train_ahead_rule.decide(
+    on = s.add("overlap.train_ahead", *train_ahead_rule.decide(
         getattr(d.run_config.ogrpo, "train_ahead", None), trl_get, p.num_processes,
-        t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction"))))
+        t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction")))) == "on"
+    # one trainer process on vLLM's API server: completions come back one by one (the ranks, and TRL 1.9's
+    # server, give whole groups: there is no completion to run ahead of its group)
+    one_by_one = p.num_processes == 1 and \
+        parse_version(overlap_stream.trl_version(d.rules))[:2] >= overlap_stream.FIRST_VLLM_API_LINE
+    if on and one_by_one:
+        e = t.estimate
+        sums = 2 * e.terms.get("gradients", 0.0)  # sum (r_j - c) d_j and sum d_j, as large as the gradients
+        early = s.add("overlap.early_backward", *train_ahead_rule.decide_early_backward(
+            trl_get, sums, e.budget_gib - e.total_gib))
+        if early == "on":
+            e.terms["early_backward_sums"] = sums
 
 
 def rank_balance(d: Draft, p: Placement, targs: dict) -> None:

@@ -27,6 +27,22 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
     return None
 
 
+# at an importance ratio of 1 their loss is, per row, linear in the advantage (ogrpo/overlap/early_backward.py)
+LINEAR_LOSSES = ("grpo", "dr_grpo", "dapo", "luspo", "cispo")
+
+
+def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta) -> str | None:
+    """Why, with these GRPOConfig values, the last group's completions cannot run their backward before the group
+    is whole, else None (the plan's reading and the trainer's)."""
+    if loss_type not in LINEAR_LOSSES:
+        return f"loss_type {loss_type}: its loss reads the advantage's sign"
+    if off_policy_mask_threshold is not None:
+        return "the off-policy mask reads the advantage's sign"
+    if delta is not None and delta <= 1.0:
+        return "delta <= 1 clips the importance ratio at 1"
+    return None
+
+
 def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_policy_pass: str | None,
            correction: bool) -> tuple[str, str]:
     """("on" | "off", why) for a lossless run whose batches stream group by group. `trl_get(key)`: the run's
@@ -47,3 +63,18 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
         why += (f"; each of the {processes} trainer processes trains its own groups, the ranks' k-th together (its "
                 "loss metrics are collectives), and the gradients are averaged once, after the last group")
     return "on", why
+
+
+def decide_early_backward(trl_get, sums_gib: float, room_gib: float) -> tuple[str, str]:
+    """("on" | "off", why) for the last group's completions running their backward as each ends (one trainer
+    process, groups trained ahead): where the loss is linear in the advantage and its two gradient sums
+    (`sums_gib`) fit in the trainer's memory left (`room_gib`)."""
+    why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"))
+    if why is not None:
+        return "off", f"the last group's backward waits for the whole group: {why}"
+    if sums_gib > room_gib:
+        return "off", (f"the last group's backward waits for the whole group: its two gradient sums ({sums_gib:.2f} "
+                       f"GiB) do not fit in the {max(0.0, room_gib):.2f} GiB the trainer's budget leaves")
+    return "on", ("once one group is left, each of its completions runs its backward as it ends, with its own "
+                  "rewards (the loss is linear in the advantage), so only the last completion's waits for the group; "
+                  f"two gradient sums ({sums_gib:.2f} GiB) are held meanwhile")

@@ -401,6 +401,13 @@ class Plan:
         return None if value is None else value == "on"
 
     @property
+    def early_backward(self) -> bool | None:
+        """The `overlap.early_backward` setting of a run that trains groups ahead in one process
+        (ogrpo/overlap/early_backward.py), else None."""
+        value = self.setting("overlap.early_backward")
+        return None if value is None else value == "on"
+
+    @property
     def rank_balance(self) -> bool | None:
         """The `rank_balance` setting of a run with several trainer processes (ogrpo/trainer/rank_balance.py)."""
         value = self.setting("rank_balance")

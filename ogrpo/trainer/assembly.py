@@ -269,7 +269,11 @@ def install_train_ahead(trainer, plan) -> dict | None:
         print(f"note: overlap.train_ahead (the plan's) does not apply: {reason}; the loss runs after the batch",
               file=sys.stderr, flush=True)
         return {"on": False, "reason": reason}
-    return {"on": True, "reason": None}
+    if plan.early_backward is None:
+        return {"on": True, "reason": None}
+    trainer.overlap.early_backward = plan.early_backward  # the trainer's loss still decides (early_backward)
+    return {"on": True, "reason": None,
+            "early_backward": {"on": plan.early_backward, "reason": plan.reason_of("overlap.early_backward")}}
 
 
 def install_rank_balance(trainer, plan) -> dict | None:
@@ -442,6 +446,8 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             packing["calls"] = dict(trainer.packing.calls)
         if ahead and ahead["on"]:  # the batches whose groups' gradients were dropped, and why
             ahead["fallbacks"] = list(trainer.overlap.train_ahead_fallbacks)
+            if "early_backward" in ahead:  # the batches whose early rows' rewards alone differed from their group's
+                ahead["early_backward"]["redone"] = list(trainer.overlap.early_backward_redone)
         if trainer.rank_balance is not None:  # how uneven the ranks' tokens were, and are
             balance.update(trainer.rank_balance.summary())
         run_state.update_manifest(run_dir, status="finished", global_step=trainer.state.global_step,

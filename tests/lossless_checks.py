@@ -45,6 +45,9 @@ CHUNKED = {
     "grpo-chunked": dict(loss_type="grpo", per_device_train_batch_size=2, gradient_accumulation_steps=4,
                          steps_per_generation=4, scale_rewards="none"),
 }
+# the loss forward recomputed in the backward (a completion's backward as it ends runs twice through it where
+# beta > 0: ogrpo/overlap/early_backward.py)
+CHECKPOINTED = {"grpo-checkpointed": dict(loss_type="grpo", beta=0.04, gradient_checkpointing=True)}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 
 
@@ -179,7 +182,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
 
-    keys = {"per_device_train_batch_size": 8, **{**CASES, **CHUNKED}[case]}
+    keys = {"per_device_train_batch_size": 8, **{**CASES, **CHUNKED, **CHECKPOINTED}[case]}
     max_len = 10
     args = GRPOConfig(output_dir=str(out_dir), num_generations=4,
                       max_completion_length=max_len, max_steps=STEPS, learning_rate=5e-3, logging_steps=1,

@@ -180,7 +180,8 @@ def test_completions_scored_as_each_ends_train_exactly_as_trls_micro_batches(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "dapo-masked", "cispo", "luspo", "grpo-chunked", "sapo"])
+@pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "dapo-masked", "cispo", "luspo", "grpo-chunked",
+                                  "grpo-checkpointed", "sapo"])
 def test_the_last_groups_completions_run_their_backward_as_they_end_and_train_as_trls_micro_batches(tmp_path, case):
     """Group after group: once one group is left, each of its completions runs its backward as it ends, with its
     own rewards (the loss is linear in the advantage: ogrpo/overlap/early_backward.py), and the run trains as

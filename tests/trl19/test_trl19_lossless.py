@@ -34,6 +34,14 @@ def test_trl19_completions_forwarded_as_each_ends_train_exactly_as_trls_micro_ba
     assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions=True)
 
 
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-masked"])
+def test_trl19_the_last_groups_completions_run_their_backward_as_they_end(tmp_path, case):
+    """Group after group: once one group is left, each of its completions runs its backward as it ends
+    (ogrpo/overlap/early_backward.py), on TRL 1.9.2's loss: the KL term into the gradients, the advantage's term
+    into two sums the group's mean and scale close."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved")
+
+
 @pytest.mark.parametrize(("case", "kernel"), [("grpo-beta", False), ("dapo-masked", False), ("grpo-beta", True)])
 def test_trl19_a_run_that_computes_each_prompt_once_trains_as_trls_padded_passes(tmp_path, case, kernel):
     """TRL 1.9.2's logits path (and linear_logprobs) with every prompt computed once for its generations."""

@@ -39,13 +39,14 @@ OVERLAPS = ("off", "lossless", "one-step")  # ogrpo.overlap (ogrpo/overlap/pipel
 OLD_POLICY_PASSES = ("auto", "separate")  # ogrpo.old_policy_pass (ogrpo/trainer/old_policy.py)
 PADDING_FREE = ("auto", "rows", "off")  # ogrpo.padding_free (ogrpo/trainer/packing.py)
 TRAIN_AHEAD = ("auto", "off")  # ogrpo.train_ahead (ogrpo/overlap/train_ahead.py)
+EARLY_BACKWARD = ("auto", "off")  # ogrpo.early_backward (ogrpo/overlap/early_backward.py)
 VLLM_COMPILE = ("auto", "on", "off")  # ogrpo.vllm_compile (ogrpo/planner/compile_choice.py)
 RANK_BALANCE = ("auto", "off")  # ogrpo.rank_balance (ogrpo/trainer/rank_balance.py)
 SANDBOXES = ("auto", "none")  # ogrpo.sandbox (ogrpo/sandbox/policy.py)
 # O-GRPO options that take one of a few words (checked in _check_values).
 OPTION_CHOICES = {"profile": PROFILES, "strategy": STRATEGIES, "overlap": OVERLAPS, "sandbox": SANDBOXES,
                   "old_policy_pass": OLD_POLICY_PASSES, "padding_free": PADDING_FREE, "train_ahead": TRAIN_AHEAD,
-                  "vllm_compile": VLLM_COMPILE, "rank_balance": RANK_BALANCE}
+                  "early_backward": EARLY_BACKWARD, "vllm_compile": VLLM_COMPILE, "rank_balance": RANK_BALANCE}
 
 
 @dataclass
@@ -72,6 +73,9 @@ class OgrpoOptions:
     # each row computing its own prompt: the layout the memory model plans for) | off (TRL's padded passes)
     padding_free: str | None = None
     train_ahead: str | None = None  # auto (lossless: each group's loss while the rest generate) | off
+    # auto (the last group's completions' backward as each ends, where exact and it fits) | off (e.g. costly rewards:
+    # those completions are scored alone too)
+    early_backward: str | None = None
     vllm_compile: str | None = None  # auto (GPU: the profile; CPU: where the run repays compiling) | on | off
     rank_balance: str | None = None  # auto (ranks exchange scored rows to hold even tokens, where exact) | off
     # Slurm header fields; None leaves them out of job.sbatch.
@@ -96,7 +100,7 @@ _OGRPO_KINDS = {
     "gpus": ("str",), "profile": ("str",), "vllm_gpus": ("int",), "params": ("str", "int", "float"),
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
     "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "overlap": ("str",), "old_policy_pass": ("str",),
-    "padding_free": ("str",), "train_ahead": ("str",), "vllm_compile": ("str",), "rank_balance": ("str",),
+    "padding_free": ("str",), "train_ahead": ("str",), "early_backward": ("str",), "vllm_compile": ("str",), "rank_balance": ("str",),
     "step_time_s": ("int", "float"), "sandbox": ("str",), "partition": ("str",), "gres_type": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),

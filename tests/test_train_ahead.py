@@ -35,8 +35,8 @@ def _plan(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
     return plan.train_ahead, plan.reason_of("overlap.train_ahead")
 
 
-def _early(tmp_path, gpus="2xcpu", **trl):
-    plan = _planned(tmp_path, gpus, **trl)
+def _early(tmp_path, gpus="2xcpu", ogrpo=None, **trl):
+    plan = _planned(tmp_path, gpus, ogrpo, **trl)
     return plan.early_backward, plan.reason_of("overlap.early_backward")
 
 
@@ -59,6 +59,8 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
     # the two gradient sums fit
     assert _early(tmp_path)[0] is True and "once one group is left" in _early(tmp_path)[1]
     assert _early(tmp_path, loss_type="cispo")[0] is True
+    on, why = _early(tmp_path, ogrpo={"early_backward": "off"})  # costly rewards: a completion scored alone too
+    assert on is False and "ogrpo.early_backward: off" in why
     for keys, words in ((dict(loss_type="sapo"), "sapo"), (dict(loss_type="vespo"), "vespo"),
                         (dict(off_policy_mask_threshold=0.5), "off-policy mask"), (dict(delta=1.0), "delta")):
         assert _plan(tmp_path, **keys)[0] is True, keys
@@ -78,9 +80,9 @@ def test_the_last_groups_early_backward_is_off_where_its_gradient_sums_would_not
     from ogrpo.planner.train_ahead import decide_early_backward
 
     trl_get = {"loss_type": "dapo", "off_policy_mask_threshold": None, "delta": None}.get
-    on, why = decide_early_backward(trl_get, sums_gib=2.0, room_gib=1.5)
+    on, why = decide_early_backward(None, trl_get, sums_gib=2.0, room_gib=1.5)
     assert on == "off" and "2.00 GiB" in why and "1.50 GiB" in why
-    on, why = decide_early_backward(trl_get, sums_gib=1.0, room_gib=1.5)
+    on, why = decide_early_backward("auto", trl_get, sums_gib=1.0, room_gib=1.5)
     assert on == "on" and "1.00 GiB" in why
 
 

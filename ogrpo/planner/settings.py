@@ -260,7 +260,7 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
         e = t.estimate
         sums = 2 * e.terms.get("gradients", 0.0)  # sum (r_j - c) d_j and sum d_j, as large as the gradients
         early = s.add("overlap.early_backward", *train_ahead_rule.decide_early_backward(
-            trl_get, sums, e.budget_gib - e.total_gib))
+            getattr(d.run_config.ogrpo, "early_backward", None), trl_get, sums, e.budget_gib - e.total_gib))
         if early == "on":
             e.terms["early_backward_sums"] = sums
 

@@ -65,10 +65,13 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
     return "on", why
 
 
-def decide_early_backward(trl_get, sums_gib: float, room_gib: float) -> tuple[str, str]:
+def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib: float) -> tuple[str, str]:
     """("on" | "off", why) for the last group's completions running their backward as each ends (one trainer
     process, groups trained ahead): where the loss is linear in the advantage and its two gradient sums
-    (`sums_gib`) fit in the trainer's memory left (`room_gib`)."""
+    (`sums_gib`) fit in the trainer's memory left (`room_gib`), unless the run config says off."""
+    if wanted == "off":
+        return "off", ("set in the run config (ogrpo.early_backward: off): the last group's backward waits for the "
+                       "whole group")
     why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"))
     if why is not None:
         return "off", f"the last group's backward waits for the whole group: {why}"

@@ -4,8 +4,8 @@ of the completion that ends last stays on the critical path, not its whole group
 
 Why it is exact: with the old policy taken from the loss forward the importance ratio is exp(0) = 1, and at a
 ratio of 1 the loss of the linear loss types (ogrpo.planner.train_ahead.LINEAR_LOSSES: grpo, dr_grpo, dapo,
-luspo, cispo) is, per row, L_j(A) = L_j(0) + A * (L_j(1) - L_j(0)) in the advantage A (their clipping is a tie at 1, their weights do not
-depend on A; sapo, vespo and the off-policy mask read A's sign). The group's advantages need all its rewards,
+luspo, cispo) is, per row, L_j(A) = L_j(0) + A * (L_j(1) - L_j(0)) in the advantage A (their clipping is a tie at
+1, their weights do not depend on A; sapo, vespo and the off-policy mask read A's sign). The group's advantages need all its rewards,
 but A_j = (r_j - mean) / scale is linear in the row's own reward r_j, so with d_j the gradient of
 L_j(1) - L_j(0) and c the first row's reward (subtracted so that large rewards do not cancel in float32):
 
@@ -39,7 +39,8 @@ def weighted_rewards(trainer, rewards_per_func):
     return rewards
 
 
-def _same(a, b) -> bool:
+def same_values(a, b) -> bool:
+    """Whether two tensors hold the same values, NaN where the other has NaN."""
     import torch
 
     b = b.to(a.device)
@@ -114,9 +115,9 @@ class EarlyBackward:
 
     def close(self, rewards_per_func, mean: float, scale: float, redo) -> str | None:
         """The group is whole: its rewards per function, mean and advantages' divisor. Adds the rows' advantage
-        terms to the gradients; where a row's rewards alone differ from the group's, `redo(j, inputs, advantage
-        index)` computes that row's term from a fresh forward instead, and the reason is returned."""
-        differ = [j for j, row in self.rows.items() if not _same(row.rewards_per_func[0], rewards_per_func[j])]
+        terms to the gradients; where a row's rewards alone differ from the group's, `redo(j, inputs)` computes
+        every row's term from a fresh forward instead (the sums are dropped), and the reason is returned."""
+        differ = [j for j, row in self.rows.items() if not same_values(row.rewards_per_func[0], rewards_per_func[j])]
         if differ:
             self.sums = None
             for j, row in self.rows.items():

@@ -375,7 +375,7 @@ class TrainAhead:
                 trainer.compute_loss_context_manager():
             loss = trainer._compute_loss(trainer.model_wrapped, inputs)
             (lp, ent), = state.capture
-        state.forwards_answered = answered  # counted once per row, by backward_last
+        state.forwards_answered = answered  # counted once per row, by backward_one
         return loss, lp, ent
 
     @contextlib.contextmanager
@@ -589,10 +589,8 @@ class TrainAhead:
                 pairs.append((out["sampling_per_token_logps"][rows_g, :length], got["sampling_per_token_logps"]))
             if "ref_per_token_logps" in got:
                 pairs.append((out["ref_per_token_logps"][rows_g, :length], got["ref_per_token_logps"]))
-            for a, b in pairs:
-                b = b.to(a.device)
-                if a.shape != b.shape or not bool(((a == b) | (a.isnan() & b.isnan())).all()):
-                    return f"group {g}: TRL's batch differs from what the group trained on"
+            if not all(early_backward.same_values(a, b) for a, b in pairs):
+                return f"group {g}: TRL's batch differs from what the group trained on"
             if int(out["prompt_mask"][rows_g, :width_out - w].sum()) or \
                     int(out["completion_mask"][rows_g, length:].sum()):
                 return f"group {g}: TRL's batch has tokens the group did not"

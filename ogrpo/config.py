@@ -73,8 +73,8 @@ class OgrpoOptions:
     # each row computing its own prompt: the layout the memory model plans for) | off (TRL's padded passes)
     padding_free: str | None = None
     train_ahead: str | None = None  # auto (lossless: each group's loss while the rest generate) | off
-    # auto (the last group's completions' backward as each ends, where exact and it fits) | off (e.g. costly rewards:
-    # those completions are scored alone too)
+    # auto (each completion's backward as it ends, before its group is whole, where exact and it fits) | off (costly
+    # rewards: each completion is scored alone too)
     early_backward: str | None = None
     vllm_compile: str | None = None  # auto (GPU: the profile; CPU: where the run repays compiling) | on | off
     rank_balance: str | None = None  # auto (ranks exchange scored rows to hold even tokens, where exact) | off

@@ -582,8 +582,9 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         assert x["overlap/completions_early"] == 16.0, x
         # and loss forwards run as completions ended, their graphs kept for their group's backward
         assert x["overlap/forwarded_early"] >= 1, x
-        # the last group's completions that ran their backward as they ended: never the one that completed it
-        assert 0 <= x["overlap/backward_early"] <= 3, x
+        # the completions that ran their backward as they ended, before their group was whole: never the one that
+        # completed a group (as many as the trainer had time for)
+        assert 0 <= x["overlap/backward_early"] <= 16 - groups, x
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per completion, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 16
@@ -592,7 +593,8 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
     early = manifest["train_ahead"].pop("early_backward")
     assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
-    assert early["on"] is True and "once one group is left" in early["reason"] and early["redone"] == [], early
+    assert early["on"] is True and "as it ends" in early["reason"] and early["redone"] == [], early
+    assert early["groups"] == groups, early  # the tiny model's gradient sums fit for every open group
     assert "train_ahead" not in json.loads((off_run / "manifest.json").read_text())  # nothing streams in off
     assert json.loads((off_run / "manifest.json").read_text())["old_policy_pass"]["pass"] == "separate"
     # the positions counted are those of the forwards that ran: off's two scoring passes over the whole batch (old

@@ -55,9 +55,14 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
                         (dict(ogrpo={"strategy": "zero2"}), "DeepSpeed")):
         on, why = _plan(tmp_path, **keys)
         assert on is False and words in why, (keys, why)
-    # the last group's completions run their backward as they end where the loss is linear in the advantage and
-    # the two gradient sums fit
-    assert _early(tmp_path)[0] is True and "once one group is left" in _early(tmp_path)[1]
+    # completions run their backward as they end, before their group is whole, where the loss is linear in the
+    # advantage and the two gradient sums fit: of every open group, where the tiny model's sums all fit
+    assert _early(tmp_path)[0] is True and "as it ends" in _early(tmp_path)[1]
+    planned = _planned(tmp_path, "2xcpu", None)
+    groups = planned.batch.prompts_per_generation
+    assert groups >= 2 and planned.early_backward_groups == groups and "every open group" in _early(tmp_path)[1]
+    terms = planned.trainer.memory_terms["terms"]
+    assert terms["early_backward_sums"] == pytest.approx(2 * groups * terms["gradients"], abs=1e-5)
     assert _early(tmp_path, loss_type="cispo")[0] is True
     on, why = _early(tmp_path, ogrpo={"early_backward": "off"})  # costly rewards: a completion scored alone too
     assert on is False and "ogrpo.early_backward: off" in why
@@ -76,14 +81,18 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
     assert _plan(tmp_path, vllm_importance_sampling_correction=False)[0] is True
 
 
-def test_the_last_groups_early_backward_is_off_where_its_gradient_sums_would_not_fit():
+def test_the_early_backward_holds_as_many_groups_sums_as_fit_and_is_off_where_none_fit():
     from ogrpo.planner.train_ahead import decide_early_backward
 
     trl_get = {"loss_type": "dapo", "off_policy_mask_threshold": None, "delta": None}.get
-    on, why = decide_early_backward(None, trl_get, sums_gib=2.0, room_gib=1.5)
-    assert on == "off" and "2.00 GiB" in why and "1.50 GiB" in why
-    on, why = decide_early_backward("auto", trl_get, sums_gib=1.0, room_gib=1.5)
-    assert on == "on" and "1.00 GiB" in why
+    on, why, held = decide_early_backward(None, trl_get, sums_gib=2.0, room_gib=1.5, groups=4)
+    assert (on, held) == ("off", 0) and "2.00 GiB" in why and "1.50 GiB" in why
+    on, why, held = decide_early_backward("auto", trl_get, sums_gib=1.0, room_gib=1.5, groups=4)
+    assert (on, held) == ("on", 1) and "1 of the batch's 4 groups" in why and "1.00 GiB" in why
+    on, why, held = decide_early_backward("auto", trl_get, sums_gib=1.0, room_gib=3.5, groups=4)
+    assert (on, held) == ("on", 3) and "3 of the batch's 4 groups" in why and "3.00 GiB" in why
+    on, why, held = decide_early_backward(None, trl_get, sums_gib=1.0, room_gib=64.0, groups=4)
+    assert (on, held) == ("on", 4) and "every open group" in why
 
 
 def test_the_trainer_keeps_trls_order_where_only_it_sees_why():
@@ -184,11 +193,34 @@ def test_completions_scored_as_each_ends_train_exactly_as_trls_micro_batches(tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "dapo-masked", "cispo", "luspo", "grpo-chunked",
                                   "grpo-checkpointed", "sapo"])
-def test_the_last_groups_completions_run_their_backward_as_they_end_and_train_as_trls_micro_batches(tmp_path, case):
-    """Group after group: once one group is left, each of its completions runs its backward as it ends, with its
-    own rewards (the loss is linear in the advantage: ogrpo/overlap/early_backward.py), and the run trains as
-    TRL's; sapo's loss reads the advantage's sign, so there the group's backward waits for the group."""
+def test_completions_run_their_backward_as_they_end_and_train_as_trls_micro_batches(tmp_path, case):
+    """Group after group: each completion but a group's last runs its backward as it ends, with its own rewards
+    (the loss is linear in the advantage: ogrpo/overlap/early_backward.py), and the run trains as TRL's; sapo's
+    loss reads the advantage's sign, so there the group's backward waits for the group."""
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("early_groups", [None, 1])
+def test_completions_of_groups_open_together_run_their_backward_as_they_end(tmp_path, monkeypatch, early_groups):
+    """Every group's completions end in one scrambled order, as a server's batch ends them: each but a group's
+    last runs its backward as it ends, its group's two gradient sums held beside the other open groups'; where the
+    plan fits the sums of one group only, no more are ever held at once (another group's rows wait for them to
+    close). Both train as TRL's."""
+    from ogrpo.overlap.train_ahead import TrainAhead
+
+    held = []
+    real = TrainAhead.summing
+
+    def summing(self, group):
+        out = real(self, group)
+        held.append(len(self.summed))
+        return out
+
+    monkeypatch.setattr(TrainAhead, "summing", summing)
+    assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions=True,
+                         early_groups=early_groups)
+    assert max(held) == (early_groups or 2), held  # the tiny batch's 2 groups
 
 
 @pytest.mark.slow
@@ -214,7 +246,7 @@ def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(t
 
 @pytest.mark.slow
 def test_a_reward_that_reads_its_batch_runs_the_early_rows_again_and_trains_as_trl(tmp_path, monkeypatch):
-    """The last group's early rows take their rewards from the reward function on each completion alone; one
+    """Early rows take their rewards from the reward function on each completion alone; one
     that reads its batch gives the group other rewards (here: scaled by the batch's size up to a group's, so that
     the groups streamed still score as TRL's batch). Those rows' advantage terms then run again from a fresh
     forward with the group's advantages, and the run still trains as TRL's."""
@@ -238,6 +270,7 @@ def test_a_reward_that_reads_its_batch_runs_the_early_rows_again_and_trains_as_t
     for x, y in zip(theirs, ours):
         for key in ("loss", "grad_norm", "reward", "entropy", "kl"):
             assert math.isclose(y[key], x[key], rel_tol=PACKED["rel"], abs_tol=PACKED["abs"]), (key, x[key], y[key])
-    assert [r["overlap/backward_early"] for r in ours] == [3.0, 3.0]
-    assert len(trainer.overlap.early_backward_redone) == 2, trainer.overlap.early_backward_redone
+    groups = trainer.args.generation_batch_size // trainer.num_generations
+    assert [r["overlap/backward_early"] for r in ours] == [3.0 * groups] * 2
+    assert len(trainer.overlap.early_backward_redone) == 2 * groups, trainer.overlap.early_backward_redone
     assert all("differ from their group's" in why for why in trainer.overlap.early_backward_redone)

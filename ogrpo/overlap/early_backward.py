@@ -1,6 +1,7 @@
-"""Lossless streaming, the last group's backward before it is whole (issue 36): once every other group of the
-batch is in, each completion of the one still generating runs its backward as it ends, so that only the backward
-of the completion that ends last stays on the critical path, not its whole group's.
+"""Lossless streaming, a group's backward before it is whole (issue 36): each completion of a group still
+generating runs its backward as it ends, so that only the backward of the completions that end last stays on the
+critical path, not their whole groups' (where several groups end together, as completions cut at the length cap
+do, every one of them).
 
 Why it is exact: with the old policy taken from the loss forward the importance ratio is exp(0) = 1, and at a
 ratio of 1 the loss of the linear loss types (ogrpo.planner.train_ahead.LINEAR_LOSSES: grpo, dr_grpo, dapo,
@@ -24,7 +25,7 @@ from ogrpo.planner.train_ahead import why_not_early_backward
 
 
 def why_not(trainer) -> str | None:
-    """Why this built trainer's last group cannot run its completions' backward before it is whole, else None."""
+    """Why this built trainer's groups cannot run their completions' backward before they are whole, else None."""
     return why_not_early_backward(trainer.loss_type, getattr(trainer, "off_policy_mask_threshold", None),
                                   getattr(trainer.args, "delta", None))
 

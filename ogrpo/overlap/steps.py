@@ -53,9 +53,10 @@ class OverlapState:
         self.lockstep = False  # several ranks whose forward passes are collectives (ZeRO-3)
         self.train_ahead = False  # the groups' loss forward/backward while the rest generate (train_ahead)
         self.train_ahead_fallbacks: list[str] = []  # why a batch's groups' gradients were dropped
-        self.early_backward = True  # the last group's completions' backward as each ends, where the loss allows
-        # (the plan's overlap.early_backward: off where its gradient sums would not fit)
-        self.early_backward_redone: list[str] = []  # why a last group's early rows ran their backward again
+        self.early_backward = True  # a group's completions' backward as each ends, where the loss allows
+        # (the plan's overlap.early_backward: off where no group's gradient sums would fit)
+        self.early_backward_groups: int | None = None  # open groups holding their sums at once (None: every one)
+        self.early_backward_redone: list[str] = []  # why a group's early rows ran their backward again
         self.capture = None  # the forwards of a group trained ahead: [(log-probs, entropies)]
         self.forwards = None  # the chunk's rows whose loss forward ran as they ended (train_ahead.Forward)
         self.forwards_answered = 0  # such rows whose forward the chunk's loss took

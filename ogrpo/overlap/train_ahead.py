@@ -25,6 +25,8 @@ as it ends (`part_arrived`), its graph kept for the group's backward while the g
 row at the cap within the positions a group's chunk holds at the cap (so the peak stays where it was); the group's
 first chunk then takes those rows' forwards (`answer_forwards`, which checks each against the chunk's row) and only
 the backward runs for them.
+Where the loss allows, a completion's backward runs before its group is whole too (ogrpo.overlap.early_backward,
+`summing` / `backward_one`), so the group's backward leaves only its last completions on the critical path.
 
 Off where a row's share is not fixed, or the chunks would not see TRL's numbers (the plan and the trainer say
 which): bnpo (a micro-batch's token count), `top_entropy_quantile < 1` and the entropy bonus (per micro-batch),
@@ -242,7 +244,7 @@ class TrainAhead:
         self.arrivals, self.total = 0, len(prompt_ids) // trainer.num_generations
         self.open = set(range(self.total))  # the groups not yet in
         self.parts: dict[int, int] = {}  # group -> its completions come back alone so far
-        self.last: early_backward.EarlyBackward | None = None  # the last open group's rows backwarded early
+        self.summed: dict[int, early_backward.EarlyBackward] = {}  # open group -> its rows backwarded early
         self.backward_early = 0  # such rows in this batch
         self.linear: bool | None = None  # whether the loss allows it (early_backward.why_not), once asked
         self.failed: BaseException | None = None
@@ -284,7 +286,7 @@ class TrainAhead:
         self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions, answer)
         self.held += positions
         # the group's last completion: the group follows it at once, and trains it with the others not yet run
-        self.queue_rewards(keep=j if self.parts[index] >= trainer.num_generations else None)
+        self.queue_rewards(keep=(index, j) if self.parts[index] >= trainer.num_generations else None)
 
     @contextlib.contextmanager
     def busy(self):
@@ -301,48 +303,58 @@ class TrainAhead:
             if trainer.overlap.timeline is not None:
                 trainer.overlap.timeline.record("trainer", "train_ahead", t0, time.time_ns())
 
-    def last_open(self) -> int | None:
-        """The one group not yet in, where its completions may run their backward before it is whole
-        (ogrpo.overlap.early_backward), else None."""
-        if self.failed is not None or len(self.open) != 1 or self.work is None:
-            return None
+    def summing(self, group: int) -> bool:
+        """Whether open group `group`'s completions may run their backward before it is whole
+        (ogrpo.overlap.early_backward): the loss allows it and the group holds, or may take, a pair of gradient
+        sums (at most the plan's `overlap.early_backward_groups` at once)."""
+        if self.failed is not None or group not in self.open or self.work is None:
+            return False
         if self.linear is None:
-            self.linear = (getattr(self.trainer.overlap, "early_backward", True)
+            self.linear = (bool(getattr(self.trainer.overlap, "early_backward", True))
                            and early_backward.why_not(self.trainer) is None)
-        return next(iter(self.open)) if self.linear else None
+        if not self.linear:
+            return False
+        if group not in self.summed:
+            cap = getattr(self.trainer.overlap, "early_backward_groups", None)
+            if cap is not None and len(self.summed) >= cap:
+                return False
+            self.summed[group] = early_backward.EarlyBackward(self.trainer, group)
+        return True
 
-    def queue_rewards(self, keep: int | None = None) -> None:
-        """Once one group is left open: the rewards of each of its completions forwarded (but `keep`), alone, on the
-        reward thread; its backward runs once they are done, when the trainer would otherwise wait (`ready`)."""
-        group = self.last_open()
-        if group is None:
-            return
-        for j, f in self.forwards.get(group, {}).items():
-            if j != keep and f.reward is None:
-                f.reward = self.work.row_reward(group, j, f.answer)
-                if f.reward is None:  # no reward function of a completion alone
-                    self.linear = False
-                    return
+    def queue_rewards(self, keep: tuple[int, int] | None = None) -> None:
+        """The rewards of each completion forwarded (but `keep`: (group, completion)) of the open groups that may
+        sum, alone, on the reward thread; its backward runs once they are done, when the trainer would otherwise
+        wait (`ready`)."""
+        for group in sorted(self.forwards):
+            held = self.forwards[group]
+            if not held or not self.summing(group):
+                continue
+            for j, f in held.items():
+                if (group, j) != keep and f.reward is None:
+                    f.reward = self.work.row_reward(group, j, f.answer)
+                    if f.reward is None:  # no reward function of a completion alone
+                        self.linear = False
+                        return
 
     def early_rows(self) -> dict:
-        """The last open group's completions forwarded whose rewards alone are queued: j -> Forward."""
-        group = self.last_open()
-        held = self.forwards.get(group, {}) if group is not None else {}
-        return {j: f for j, f in held.items() if f.reward is not None}
+        """The open groups' completions forwarded whose rewards alone are queued: (group, j) -> Forward."""
+        return {(group, j): f for group in sorted(self.summed) if group in self.open
+                for j, f in sorted(self.forwards.get(group, {}).items()) if f.reward is not None}
 
     def backward_one(self) -> None:
-        """The backward of one completion of the last open group whose rewards alone are done."""
-        rows = self.early_rows()
-        j = next((j for j in sorted(rows) if rows[j].reward.done()), None)
-        if j is None:
+        """The backward of one completion of an open group whose rewards alone are done."""
+        if self.failed is not None:
             return
-        trainer, f, group = self.trainer, rows[j], next(iter(self.open))
-        if self.last is None:
-            self.last = early_backward.EarlyBackward(trainer, group)
+        rows = self.early_rows()
+        key = next((key for key, f in rows.items() if f.reward.done()), None)
+        if key is None:
+            return
+        trainer, f, (group, j) = self.trainer, rows[key], key
         try:
             rewards = f.reward.result().to(trainer.accelerator.device)
             with self.busy():
-                self.last.backward(j, rewards, self.row_inputs(group, j, f), f, self.scale(1), self.row_loss)
+                self.summed[group].backward(j, rewards, self.row_inputs(group, j, f), f, self.scale(1),
+                                            self.row_loss)
         except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
             self.failed = exc
             return
@@ -487,11 +499,10 @@ class TrainAhead:
             if scored is None or scored.get("ref") is None:
                 raise RuntimeError(f"group {index} has no streamed reference log-probs")
             inputs["ref_per_token_logps"] = scored["ref"]
-        # the rows whose backward ran as they ended first (this group was the last open one), then those forwarded
-        # as they ended, in one chunk with as many others as fit beside the graphs held; a row's share of the
-        # gradient does not depend on its chunk
-        last = self.last if self.last is not None and self.last.group == index else None
-        done = last.rows if last is not None else {}
+        # the rows whose backward ran as they ended first, then those forwarded as they ended, in one chunk with
+        # as many others as fit beside the graphs held; a row's share of the gradient does not depend on its chunk
+        summed = self.summed.pop(index, None)
+        done = summed.rows if summed is not None else {}
         forwards = self.forwards.pop(index, {})
         order = sorted(done) + sorted(forwards) + [j for j in range(n) if j not in forwards and j not in done]
         logps = [F.pad(done[j].logps, (0, length - done[j].logps.size(1))) for j in sorted(done)]
@@ -515,19 +526,18 @@ class TrainAhead:
             logps.append(lp)
             entropies.append(ent)
             lo += len(rows)
-        if last is not None:
-            self.close_last(last, inputs, rewards_per_func.to(device))
+        if summed is not None:
+            self.close_sums(summed, inputs, rewards_per_func.to(device))
         back = torch.tensor(order).argsort()  # batch order again
         self.groups[index] = Trained(inputs, torch.cat(logps)[back],
                                      None if any(e is None for e in entropies) else torch.cat(entropies)[back])
 
-    def close_last(self, last, inputs: dict, rewards_per_func) -> None:
-        """The last group is whole: its early rows' advantage terms into the gradients (ogrpo.overlap.early_backward);
-        a row whose rewards alone differ from the group's runs its term again from a fresh forward."""
+    def close_sums(self, summed, inputs: dict, rewards_per_func) -> None:
+        """A group is whole: its early rows' advantage terms into the gradients (ogrpo.overlap.early_backward); a
+        row whose rewards alone differ from the group's runs its term again from a fresh forward."""
         import torch
 
         trainer = self.trainer
-        self.last = None
         _, mean, divisor = reward_stats(trainer, rewards_per_func, trainer.num_generations)
         scale = self.scale(1)
 
@@ -539,10 +549,10 @@ class TrainAhead:
                 loss = loss - self.row_loss(dict(true, advantages=torch.zeros(1, device=device)), None)[0]
             trainer.accelerator.backward(loss * scale)
 
-        why = last.close(rewards_per_func, float(mean[0]), float(divisor[0]) if divisor is not None else 1.0, redo)
+        why = summed.close(rewards_per_func, float(mean[0]), float(divisor[0]) if divisor is not None else 1.0, redo)
         if why is not None:
             trainer.overlap.early_backward_redone.append(why)
-        self.backward_early += len(last.rows)
+        self.backward_early += len(summed.rows)
 
     def _backward(self, chunk: dict, forwards: dict | None = None):
         """The chunk's loss through TRL's `_compute_loss`, and its backward; `forwards`: the chunk's rows whose

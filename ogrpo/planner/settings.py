@@ -259,10 +259,21 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
     if on and one_by_one:
         e = t.estimate
         sums = 2 * e.terms.get("gradients", 0.0)  # sum (r_j - c) d_j and sum d_j, as large as the gradients
-        early = s.add("overlap.early_backward", *train_ahead_rule.decide_early_backward(
-            getattr(d.run_config.ogrpo, "early_backward", None), trl_get, sums, e.budget_gib - e.total_gib))
+        early, why, held = train_ahead_rule.decide_early_backward(
+            getattr(d.run_config.ogrpo, "early_backward", None), trl_get, sums, e.budget_gib - e.total_gib,
+            _groups_per_generation(trl_get))
+        s.add("overlap.early_backward", early, why)
         if early == "on":
-            e.terms["early_backward_sums"] = sums
+            s.add("overlap.early_backward_groups", held, "the open groups whose gradient sums fit at once")
+            e.terms["early_backward_sums"] = held * sums
+
+
+def _groups_per_generation(trl_get) -> int:
+    """Prompt groups in one trainer process's generation batch (TRL's rule: generation_batch_size, else
+    per_device_train_batch_size x steps_per_generation, which defaults to gradient_accumulation_steps)."""
+    rows = trl_get("generation_batch_size") or int(trl_get("per_device_train_batch_size")) * int(
+        trl_get("steps_per_generation") or trl_get("gradient_accumulation_steps") or 1)
+    return max(1, int(rows) // max(1, int(trl_get("num_generations"))))
 
 
 def rank_balance(d: Draft, p: Placement, targs: dict) -> None:

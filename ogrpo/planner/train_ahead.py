@@ -32,8 +32,8 @@ LINEAR_LOSSES = ("grpo", "dr_grpo", "dapo", "luspo", "cispo")
 
 
 def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta) -> str | None:
-    """Why, with these GRPOConfig values, the last group's completions cannot run their backward before the group
-    is whole, else None (the plan's reading and the trainer's)."""
+    """Why, with these GRPOConfig values, a group's completions cannot run their backward before the group is
+    whole, else None (the plan's reading and the trainer's)."""
     if loss_type not in LINEAR_LOSSES:
         return f"loss_type {loss_type}: its loss reads the advantage's sign"
     if off_policy_mask_threshold is not None:
@@ -65,19 +65,23 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
     return "on", why
 
 
-def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib: float) -> tuple[str, str]:
-    """("on" | "off", why) for the last group's completions running their backward as each ends (one trainer
-    process, groups trained ahead): where the loss is linear in the advantage and its two gradient sums
-    (`sums_gib`) fit in the trainer's memory left (`room_gib`), unless the run config says off."""
+def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib: float,
+                          groups: int) -> tuple[str, str, int]:
+    """("on" | "off", why, open groups that may hold their sums at once) for a group's completions running their
+    backward as each ends, before the group is whole (one trainer process, groups trained ahead): where the loss is
+    linear in the advantage and at least one group's two gradient sums (`sums_gib` each pair) fit in the trainer's
+    memory left (`room_gib`), as many of the batch's `groups` as fit, unless the run config says off."""
+    wait = "a group's backward waits for the whole group"
     if wanted == "off":
-        return "off", ("set in the run config (ogrpo.early_backward: off): the last group's backward waits for the "
-                       "whole group")
+        return "off", f"set in the run config (ogrpo.early_backward: off): {wait}", 0
     why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"))
     if why is not None:
-        return "off", f"the last group's backward waits for the whole group: {why}"
-    if sums_gib > room_gib:
-        return "off", (f"the last group's backward waits for the whole group: its two gradient sums ({sums_gib:.2f} "
-                       f"GiB) do not fit in the {max(0.0, room_gib):.2f} GiB the trainer's budget leaves")
-    return "on", ("once one group is left, each of its completions runs its backward as it ends, with its own "
-                  "rewards (the loss is linear in the advantage), so only the last completion's waits for the group; "
-                  f"two gradient sums ({sums_gib:.2f} GiB) are held meanwhile")
+        return "off", f"{wait}: {why}", 0
+    held = min(groups, int(room_gib // sums_gib)) if sums_gib > 0 else groups
+    if held < 1:
+        return "off", (f"{wait}: a group's two gradient sums ({sums_gib:.2f} GiB) do not fit in the "
+                       f"{max(0.0, room_gib):.2f} GiB the trainer's budget leaves"), 0
+    some = "every open group" if held >= groups else f"{held} of the batch's {groups} groups at a time"
+    return "on", ("each completion runs its backward as it ends, with its own rewards (the loss is linear in the "
+                  "advantage), so only the last completion's waits for its group; two gradient sums per group "
+                  f"({sums_gib:.2f} GiB) for {some} ({held * sums_gib:.2f} GiB)"), held

@@ -408,6 +408,11 @@ class Plan:
         return None if value is None else value == "on"
 
     @property
+    def early_backward_groups(self) -> int:
+        """How many open groups may hold their early rows' gradient sums at once (0 where none may)."""
+        return int(self.setting("overlap.early_backward_groups") or 0)
+
+    @property
     def rank_balance(self) -> bool | None:
         """The `rank_balance` setting of a run with several trainer processes (ogrpo/trainer/rank_balance.py)."""
         value = self.setting("rank_balance")

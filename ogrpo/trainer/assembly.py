@@ -272,8 +272,10 @@ def install_train_ahead(trainer, plan) -> dict | None:
     if plan.early_backward is None:
         return {"on": True, "reason": None}
     trainer.overlap.early_backward = plan.early_backward  # the trainer's loss still decides (early_backward)
+    trainer.overlap.early_backward_groups = plan.early_backward_groups
     return {"on": True, "reason": None,
-            "early_backward": {"on": plan.early_backward, "reason": plan.reason_of("overlap.early_backward")}}
+            "early_backward": {"on": plan.early_backward, "reason": plan.reason_of("overlap.early_backward"),
+                               "groups": plan.early_backward_groups}}
 
 
 def install_rank_balance(trainer, plan) -> dict | None:

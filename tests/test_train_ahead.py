@@ -224,6 +224,27 @@ def test_completions_of_groups_open_together_run_their_backward_as_they_end(tmp_
 
 
 @pytest.mark.slow
+def test_kl_terms_still_waiting_when_their_group_closes_run_before_it_and_train_as_trl(tmp_path, monkeypatch):
+    """An early row's KL term (beta > 0) is a second backward that waits for the trainer's next free moment; where
+    none comes before its group is whole, the group runs them first, and the run still trains as TRL's."""
+    from ogrpo.overlap import train_ahead
+
+    waiting = []
+    real_train, real_waiting_on = train_ahead.TrainAhead._train, train_ahead.TrainAhead.waiting_on
+
+    def _train(self, *args):
+        waiting.append(len(self.kl))
+        return real_train(self, *args)
+
+    monkeypatch.setattr(train_ahead.TrainAhead, "_train", _train)
+    # never free: the scripted server wakes the trainer only for rewards
+    monkeypatch.setattr(train_ahead.TrainAhead, "waiting_on",
+                        lambda self: [f for f in real_waiting_on(self) if f is not train_ahead.DONE])
+    assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions="interleaved")
+    assert max(waiting) >= 1, waiting
+
+
+@pytest.mark.slow
 def test_a_batch_other_than_the_groups_drops_their_gradients_and_trains_as_trl(tmp_path, monkeypatch):
     """Fails closed: where TRL's batch differs from what the groups trained on (here: every group's advantages
     are off by 1), the groups' gradients are dropped and TRL's own micro-batches train, as under `off`."""

@@ -12,8 +12,9 @@ L_j(1) - L_j(0) and c the first row's reward (subtracted so that large rewards d
 
     sum_j A_j d_j = (sum_j (r_j - c) d_j - (mean - c) sum_j d_j) / scale
 
-Each early row's backward puts the gradient of L_j(0) (the KL term; nothing where beta = 0) into the gradients
-and adds its d_j to two sums; when the group is whole its mean and scale close the sum. r_j comes from the
+Each early row's backward adds its d_j to two sums and puts the gradient of L_j(0) (the KL term; nothing where
+beta = 0) into the gradients, a second backward that waits for the next moment the trainer is free (a completion
+that is back goes first); when the group is whole its mean and scale close the sum. r_j comes from the
 reward functions on the completion alone, queued on the reward thread like the groups'; the group's own call
 still gives TRL's rewards, and where a completion's reward alone differs from it (a reward function that reads the
 batch) those rows' d_j are computed again, with their true advantages, from a fresh forward.
@@ -66,9 +67,11 @@ class EarlyBackward:
         self.params = [p for p in trainer.model.parameters() if p.requires_grad]
         self.sums = None  # [(sum (r_j - c) d_j, sum d_j)] per parameter
 
-    def backward(self, j: int, rewards_per_func, inputs: dict, forward, scale: float, run_loss) -> None:
-        """Row j's backward, its forward's graph released. `run_loss(inputs)`: TRL's loss of the row's inputs,
-        forward answered from `forward`; returns (loss, log-probs, entropies)."""
+    def backward(self, j: int, rewards_per_func, inputs: dict, forward, scale: float, run_loss):
+        """Row j's backward into the sums. `run_loss(inputs)`: TRL's loss of the row's inputs, forward answered
+        from `forward`; returns (loss, log-probs, entropies). Returns its KL term L_j(0), scaled, whose backward
+        into the gradients is the caller's (the row's graph is kept for it), or None where beta = 0 (the graph
+        is released)."""
         import torch
 
         trainer = self.trainer
@@ -76,23 +79,24 @@ class EarlyBackward:
         reward = float(weighted_rewards(trainer, rewards_per_func)[0])
         one = dict(inputs, advantages=torch.ones(1, device=device))
         loss_one, logps, entropies = run_loss(one, forward)
-        kl = trainer.beta != 0.0
-        if kl:  # L_j(0): the KL term, into the gradients as it is (the old policy's tensors from the first call)
-            loss_zero = run_loss(dict(one, advantages=torch.zeros(1, device=device)), forward)[0]
-            trainer.accelerator.backward(loss_zero * scale, retain_graph=True)
-        if reward == reward:  # NaN: no function scored the row, its advantage is 0 (the graph is dropped)
-            self._add(self._gradient(((loss_one - loss_zero) if kl else loss_one) * scale), reward)
+        kl = None
+        if trainer.beta != 0.0:  # L_j(0) (the old policy's tensors from the first call)
+            kl = run_loss(dict(one, advantages=torch.zeros(1, device=device)), forward)[0] * scale
+        if reward == reward:  # NaN: no function scored the row, its advantage is 0
+            self._add(self._gradient(loss_one * scale - kl if kl is not None else loss_one * scale,
+                                     keep=kl is not None), reward)
         self.rows[j] = Row(rewards_per_func, {k: v for k, v in inputs.items() if k != "advantages"}, logps,
                            entropies)
+        return kl
 
-    def _gradient(self, loss):
+    def _gradient(self, loss, keep: bool):
         """The gradient of `loss` alone, the accumulated gradients left as they were (the Trainer's backward, so
-        a loss scaler scales it as it scales the rest)."""
+        a loss scaler scales it as it scales the rest); `keep`: the graph stays for another backward."""
         saved = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
         try:
-            self.trainer.accelerator.backward(loss)
+            self.trainer.accelerator.backward(loss, retain_graph=keep)
             return [p.grad for p in self.params]
         finally:
             for p, g in zip(self.params, saved):

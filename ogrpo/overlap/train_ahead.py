@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import Future
 
 from ogrpo.dropout import draws_dropout
 from ogrpo.overlap import early_backward
@@ -47,6 +48,8 @@ from ogrpo.overlap.rows import group_rows
 from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
 from ogrpo.planner.train_ahead import why_not as config_why_not
 
+DONE: Future = Future()  # in `waiting_on` while work is ready now: the Stream calls `ready` unless a completion is back
+DONE.set_result(None)
 ROW_KEY = "ogrpo_row"  # the row's index in the generation batch, carried through TRL's shuffle and split
 
 
@@ -246,6 +249,7 @@ class TrainAhead:
         self.parts: dict[int, int] = {}  # group -> its completions come back alone so far
         self.summed: dict[int, early_backward.EarlyBackward] = {}  # open group -> its rows backwarded early
         self.backward_early = 0  # such rows in this batch
+        self.kl: list[tuple[object, int]] = []  # their KL terms' backward not yet run: (scaled loss, positions held)
         self.linear: bool | None = None  # whether the loss allows it (early_backward.why_not), once asked
         self.failed: BaseException | None = None
 
@@ -342,8 +346,13 @@ class TrainAhead:
                 for j, f in sorted(self.forwards.get(group, {}).items()) if f.reward is not None}
 
     def backward_one(self) -> None:
-        """The backward of one completion of an open group whose rewards alone are done."""
+        """One backward of a completion of an open group: a KL term waiting, else the advantage term of one whose
+        rewards alone are done (its KL term then waits: one backward at a time, so that a completion coming back
+        meanwhile waits for one at most)."""
         if self.failed is not None:
+            return
+        if self.kl:
+            self.kl_backward(1)
             return
         rows = self.early_rows()
         key = next((key for key, f in rows.items() if f.reward.done()), None)
@@ -353,14 +362,30 @@ class TrainAhead:
         try:
             rewards = f.reward.result().to(trainer.accelerator.device)
             with self.busy():
-                self.summed[group].backward(j, rewards, self.row_inputs(group, j, f), f, self.scale(1),
-                                            self.row_loss)
+                kl = self.summed[group].backward(j, rewards, self.row_inputs(group, j, f), f, self.scale(1),
+                                                 self.row_loss)
         except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
             self.failed = exc
             return
         del self.forwards[group][j]
-        self.held -= f.positions
+        if kl is None:
+            self.held -= f.positions
+        else:
+            self.kl.append((kl, f.positions))
         trainer.overlap.forwards_answered += 1
+
+    def kl_backward(self, count: int | None = None) -> None:
+        """The backward of the first `count` (None: all) KL terms waiting, into the gradients; their graphs go."""
+        trainer = self.trainer
+        while self.kl and count != 0 and self.failed is None:
+            kl, positions = self.kl.pop(0)
+            try:
+                with self.busy():
+                    trainer.accelerator.backward(kl)
+            except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
+                self.failed = exc
+            self.held -= positions
+            count = None if count is None else count - 1
 
     def row_inputs(self, group: int, j: int, f: Forward) -> dict:
         """Row j's inputs to TRL's loss, as a group's chunk holds them but for the row's own length."""
@@ -443,7 +468,8 @@ class TrainAhead:
         if self.failed is not None:
             return []
         reward = self.work.rewards.get(self.pending[0][0]) if self.pending else None
-        return ([reward] if reward is not None else []) + [f.reward for f in self.early_rows().values()]
+        return (([reward] if reward is not None else []) + [f.reward for f in self.early_rows().values()]
+                + ([DONE] if self.kl else []))
 
     def ready(self) -> None:
         self.run(wait=0, last=self.arrivals >= self.total)
@@ -484,6 +510,9 @@ class TrainAhead:
         import torch.nn.functional as F
 
         trainer = self.trainer
+        self.kl_backward()  # the KL terms waiting, their graphs released before the group's chunks
+        if self.failed is not None:
+            raise self.failed
         n = trainer.num_generations
         device = trainer.accelerator.device
         ids, mask, length = group_rows(trainer, self.prompt_ids[index * n], answer["completion_ids"], self.width)

@@ -58,7 +58,8 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
         return "off", reason
     why = ("each finished group's loss forward and backward run while the server generates the rest (gradient "
            "accumulation is a sum; the weights do not change until the optimizer step): only the last group's, the "
-           "optimizer step and the push wait for generation")
+           "optimizer step and the push wait for generation; the gradients are summed in the order completions end, "
+           "so a rerun agrees to rounding, not bit for bit (ogrpo.train_ahead: off where it must)")
     if processes > 1:
         why += (f"; each of the {processes} trainer processes trains its own groups, the ranks' k-th together (its "
                 "loss metrics are collectives), and the gradients are averaged once, after the last group")

@@ -62,7 +62,7 @@ def make_plan(cluster: Cluster, model: ModelFacts, run_config, profile: str = "b
     batch = _batch.check_batch(d, place)
     vfit = _strategy.fit_vllm(d, place, batch)
     tfit = _strategy.fit_trainer(d, place, batch, vfit, precision)
-    targs = _settings.trainer_args(d, place, vfit, tfit, precision, attn)
+    targs = _settings.trainer_args(d, place, vfit, tfit, precision, attn, batch)
     _settings.replaced_by_job(d, targs, tfit.strategy)
     env = _settings.job_env(d)
     _refuse_missing_packages(d, targs, attn, tfit.strategy)

@@ -63,6 +63,9 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
     assert groups >= 2 and planned.early_backward_groups == groups and "every open group" in _early(tmp_path)[1]
     terms = planned.trainer.memory_terms["terms"]
     assert terms["early_backward_sums"] == pytest.approx(2 * groups * terms["gradients"], abs=1e-5)
+    # a plan written before the groups setting budgeted the last group's sums only: one group at a time
+    planned.settings[:] = [x for x in planned.settings if x.name != "overlap.early_backward_groups"]
+    assert planned.early_backward is True and planned.early_backward_groups == 1
     assert _early(tmp_path, loss_type="cispo")[0] is True
     on, why = _early(tmp_path, ogrpo={"early_backward": "off"})  # costly rewards: a completion scored alone too
     assert on is False and "ogrpo.early_backward: off" in why

@@ -56,8 +56,10 @@ def attention(d: Draft) -> str:
     return attn
 
 
-def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: str, attn: str) -> dict:
-    """What the trainer's GRPOConfig gets from the plan (the recipe's own keys pass through separately)."""
+def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: str, attn: str,
+                 batch: dict) -> dict:
+    """What the trainer's GRPOConfig gets from the plan (the recipe's own keys pass through separately);
+    `batch`: the plan's batch section (ogrpo.planner.batch.check_batch)."""
     r, trl, s, ch = d.rules, d.trl, d.settings, d.changes
     gpu = d.gpu
     targs, flag_settings, mik_dtype = r.precision_args(precision, t.strategy)
@@ -129,7 +131,7 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         targs["vllm_importance_sampling_correction"] = s.add("vllm_importance_sampling_correction", True,
                                                              bf16_server(p))
     old_policy_pass(d, p, targs, mode)
-    train_ahead(d, p, targs, t)
+    train_ahead(d, p, targs, t, batch["prompts_per_generation"])
     rank_balance(d, p, targs)
     padding_free(d)
     return targs
@@ -240,9 +242,10 @@ def _trl_getter(d: Draft, targs: dict):
     return trl_get
 
 
-def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
+def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit, groups: int) -> None:
     """`overlap.train_ahead` (ogrpo/planner/train_ahead.py): a lossless run whose batches stream group by group
-    trains each finished group while the server generates the rest, where that gives `off`'s updates."""
+    trains each finished group while the server generates the rest, where that gives `off`'s updates; `groups`:
+    the prompt groups of a generation batch (one trainer process: all of them are its own)."""
     s = d.settings
     if next((i.value for i in s.items if i.name == "overlap.stream"), None) != "groups":
         return
@@ -261,19 +264,11 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit) -> None:
         sums = 2 * e.terms.get("gradients", 0.0)  # sum (r_j - c) d_j and sum d_j, as large as the gradients
         early, why, held = train_ahead_rule.decide_early_backward(
             getattr(d.run_config.ogrpo, "early_backward", None), trl_get, sums, e.budget_gib - e.total_gib,
-            _groups_per_generation(trl_get))
+            max(1, groups))
         s.add("overlap.early_backward", early, why)
         if early == "on":
             s.add("overlap.early_backward_groups", held, "the open groups whose gradient sums fit at once")
             e.terms["early_backward_sums"] = held * sums
-
-
-def _groups_per_generation(trl_get) -> int:
-    """Prompt groups in one trainer process's generation batch (TRL's rule: generation_batch_size, else
-    per_device_train_batch_size x steps_per_generation, which defaults to gradient_accumulation_steps)."""
-    rows = trl_get("generation_batch_size") or int(trl_get("per_device_train_batch_size")) * int(
-        trl_get("steps_per_generation") or trl_get("gradient_accumulation_steps") or 1)
-    return max(1, int(rows) // max(1, int(trl_get("num_generations"))))
 
 
 def rank_balance(d: Draft, p: Placement, targs: dict) -> None:

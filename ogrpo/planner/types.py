@@ -409,8 +409,10 @@ class Plan:
 
     @property
     def early_backward_groups(self) -> int:
-        """How many open groups may hold their early rows' gradient sums at once (0 where none may)."""
-        return int(self.setting("overlap.early_backward_groups") or 0)
+        """How many open groups may hold their early rows' gradient sums at once (0 where none may). A plan
+        written before the setting, with the early backward on, budgeted one group's sums: 1."""
+        value = self.setting("overlap.early_backward_groups")
+        return int(value) if value is not None else int(bool(self.early_backward))
 
     @property
     def rank_balance(self) -> bool | None:

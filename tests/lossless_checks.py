@@ -173,13 +173,15 @@ def stream_groups(trainer, server, completions: bool = False, early_groups: int 
 
 
 def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False,
-        ahead: bool = False, shared: bool = False, completions: bool = False, early_groups: int | None = None):
+        ahead: bool = False, shared: bool = False, completions: bool = False, early_groups: int | None = None,
+        deepspeed: dict | None = None):
     """Trains STEPS steps of the tiny task with the layers asked for (none: TRL's own passes); returns (log rows,
     final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
     group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py). `shared` (with packed):
     every packed chunk computes each prompt once for its generations, whatever the cost model would pick.
     `completions` (with ahead): each completion's passes run as it ends, before its group is whole; "interleaved":
-    the groups' completions come back group after group (so the last group's end while it is the only one open)."""
+    the groups' completions come back group after group (so the last group's end while it is the only one open).
+    `deepspeed`: the config of a DeepSpeed engine to train under (its process group set up by the caller)."""
     from trl import GRPOConfig
 
     from ogrpo.trainer.grpo import OgrpoGRPOTrainer
@@ -189,7 +191,8 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
     args = GRPOConfig(output_dir=str(out_dir), num_generations=4,
                       max_completion_length=max_len, max_steps=STEPS, learning_rate=5e-3, logging_steps=1,
                       report_to="none", save_strategy="no", seed=7, use_cpu=True, bf16=False, use_vllm=False,
-                      vllm_importance_sampling_correction=True, dataloader_num_workers=0, **keys)
+                      vllm_importance_sampling_correction=True, dataloader_num_workers=0,
+                      **({"deepspeed": deepspeed} if deepspeed else {}), **keys)
     torch.manual_seed(0)
     trainer = OgrpoGRPOTrainer(model=str(tiny.ensure_tiny_model()), reward_funcs=tiny.letter_reward, args=args,
                                train_dataset=tiny.toy_dataset(64))
@@ -213,7 +216,7 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
     start = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     trainer.train()
     rows = [r for r in trainer.state.log_history if "loss" in r]
-    params = {k: (v.detach().clone(), start[k]) for k, v in trainer.model.named_parameters()}
+    params = {k: (v.detach().clone(), start[k]) for k, v in trainer.model.named_parameters()} if not deepspeed else {}
     return rows, params, len(forwards), trainer
 
 

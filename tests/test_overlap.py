@@ -668,13 +668,17 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,lora", [("ddp", True), ("zero3", False)], ids=["ddp-lora", "zero3"])
-def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora):
+@pytest.mark.parametrize("strategy,lora,loss_type", [("ddp", True, None), ("zero3", False, None),
+                                                    ("zero2", False, None), ("zero2", False, "grpo")],
+                         ids=["ddp-lora", "zero3-dapo", "zero2-dapo", "zero2-grpo"])
+def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora, loss_type):
     """3xcpu: two trainer processes under DDP training LoRA adapters (the merged push), or under ZeRO-3 (the
-    push gathers the partitions). `lossless` streams the groups there too (the plan's `overlap.stream`): the main
-    process hands each finished group to the rank that owns it, which computes its rewards and log-prob passes
-    while the server generates the rest (under ZeRO-3 the ranks' passes run in step); the push goes out at the
-    step's end; nothing trained on changes."""
+    push gathers the partitions) or ZeRO-2. `lossless` streams the groups there too (the plan's `overlap.stream`):
+    the main process hands each finished group to the rank that owns it, which computes its rewards and log-prob
+    passes and trains it while the server generates the rest (under ZeRO the ranks' passes and chunks run in step,
+    each chunk's backward through DeepSpeed's engine, whose step the replayed micro-batches close); the push goes
+    out at the step's end; nothing trained on changes. TRL's default loss (dapo) divides the gradients by the
+    batch's token count at the end: under ZeRO, DeepSpeed's step divides them (its loss scale); grpo does not."""
     from lora_checks import assert_adapters_moved, server_lora_overrides
     from overlap_jobs import PACKED, completions, metrics, requests, run_job
 
@@ -685,6 +689,8 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         # no KL term: LoRA's reference is TRL's pass over the whole batch (adapters disabled), which a group's
         # loss trained ahead cannot wait for; without it each rank trains its groups as they arrive (train_ahead)
         keys["beta"] = 0.0
+    if loss_type is not None:
+        keys["loss_type"] = loss_type
     # off runs TRL's own passes (padded, and the old policy's separate); lossless packs them and takes the old
     # policy from the loss forward, on both ranks
     runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS,
@@ -706,20 +712,18 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
         # policy's came from the loss forward)
         assert 1 <= x["overlap/groups_early"] <= groups - 1
         assert x["overlap/streamed_rewards"] == 1.0 and x["overlap/streamed_passes"] == (0.0 if lora else 1.0)
-        # DDP: each rank trained its groups as they arrived, the gradients averaged once (ZeRO-3: TRL's order)
-        if strategy == "ddp":
-            assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
-        else:
-            assert "overlap/trained_ahead" not in x
+        # each rank trained its groups as they arrived: under DDP the gradients averaged once, under ZeRO reduced
+        # by DeepSpeed's engine chunk by chunk
+        assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
         for key in [k for k in y if k.startswith("sampling/")]:
             assert x[key] == pytest.approx(y[key], **PACKED), (x["step"], key, x[key], y[key])
         # each push reached the server whole (merged, or gathered from the partitions) before the next request
         assert x["sampling/sampling_logp_difference/mean"] < 1e-4
     manifest = json.loads((runs["lossless"] / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["distributed"]["num_processes"] == 2
-    ahead = manifest["train_ahead"]
-    assert ahead == {"on": True, "reason": None, "fallbacks": []} if strategy == "ddp" else \
-        (ahead["on"] is False and "DeepSpeed" in ahead["reason"]), ahead
+    planned = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.train_ahead")
+    assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}, manifest["train_ahead"]
+    assert planned["value"] == "on" and ("DeepSpeed" in planned["reason"]) == (strategy != "ddp"), planned
     assert_trl_passes_against_ours(runs["off"], runs["lossless"])
     stream = next(s for s in manifest["plan"]["settings"] if s["name"] == "overlap.stream")
     assert stream["value"] == "groups" and "2 trainer processes" in stream["reason"]
@@ -727,6 +731,8 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     assert requests(runs["off"]) == STEPS and requests(runs["lossless"]) == STEPS * 2 * groups
     if lora:
         assert_adapters_moved(runs["lossless"])
+    elif strategy == "zero2":
+        assert manifest["distributed"]["deepspeed"]["zero_stage"] == 2
     else:  # the plan's linear_logprobs kernel scored every pass, ZeRO-3's partitioned lm_head gathered for it
         assert manifest["distributed"]["deepspeed"]["zero_stage"] == 3
         lp = manifest["kernels"]["linear_logprobs"]

@@ -28,7 +28,8 @@ from ogrpo.planner.train_ahead import why_not_early_backward
 def why_not(trainer) -> str | None:
     """Why this built trainer's groups cannot run their completions' backward before they are whole, else None."""
     return why_not_early_backward(trainer.loss_type, getattr(trainer, "off_policy_mask_threshold", None),
-                                  getattr(trainer.args, "delta", None))
+                                  getattr(trainer.args, "delta", None),
+                                  bool(getattr(trainer, "is_deepspeed_enabled", False)))
 
 
 def weighted_rewards(trainer, rewards_per_func):

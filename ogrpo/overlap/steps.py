@@ -61,6 +61,11 @@ class OverlapState:
         self.forwards = None  # the chunk's rows whose loss forward ran as they ended (train_ahead.Forward)
         self.forwards_answered = 0  # such rows whose forward the chunk's loss took
         self.replay = None  # ogrpo.overlap.train_ahead.Replay: TRL's micro-batches answered from the groups
+        # DeepSpeed (ogrpo.overlap.deepspeed_ahead): the loss the Trainer backwards next is a replayed micro-batch's,
+        # and whether the groups gave the step a gradient the engine must show
+        self.replayed = False
+        self.trained_norm_expected = False
+        self.gradient_divisor = 1.0  # dapo, cispo, vespo: what the step divides the groups' gradients by
 
 
 class Overlapped:
@@ -156,7 +161,9 @@ class Overlapped:
             return super()._compute_loss(model, inputs, *args, **kwargs)
         replay.current = inputs  # TRL's loss and metrics, on the groups' log-probs: no forward, no weight's grad
         try:
-            return super()._compute_loss(model, inputs, *args, **kwargs)
+            loss = super()._compute_loss(model, inputs, *args, **kwargs)
+            state.replayed = bool(getattr(self, "is_deepspeed_enabled", False))
+            return loss
         finally:
             replay.current = None
             replay.left -= 1

@@ -31,8 +31,10 @@ Where the loss allows, a completion's backward runs before its group is whole to
 Off where a row's share is not fixed, or the chunks would not see TRL's numbers (the plan and the trainer say
 which): bnpo (a micro-batch's token count), `top_entropy_quantile < 1` and the entropy bonus (per micro-batch),
 the MoE aux loss, `scale_rewards: batch` and `normalize_then_sum` (advantages need the whole batch), several
-trainer processes or DeepSpeed (the backward would have to be kept from reducing until the last group), PEFT's
-reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision inputs.
+PEFT's reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision inputs, ZeRO-3 with the
+optimizer offloaded. Several trainer processes each train their own groups, the ranks' k-th together, each group in as many
+chunks on every rank (the loss metrics, and DeepSpeed's backward, are collectives); DDP's backward does not reduce
+(`adopt` averages once), DeepSpeed's reduces as for a micro-batch (ogrpo.overlap.deepspeed_ahead).
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def why_not(trainer) -> str | None:
     reason = config_why_not(trainer.loss_type, trainer.scale_rewards,
                             getattr(trainer, "multi_objective_aggregation", None), trainer.top_entropy_quantile,
                             bool(getattr(trainer, "_entropy_bonus_enabled", False)),
-                            bool(getattr(trainer, "is_deepspeed_enabled", False)))
+                            bool(getattr(trainer, "is_deepspeed_enabled", False)), offloads_optimizer(trainer))
     if reason:
         return reason
+    engine_side = deepspeed_side(trainer)
+    if engine_side is not None and engine_side.why_not():
+        return engine_side.why_not()
     if getattr(trainer, "is_fsdp_enabled", False):
         return "FSDP reduces and reshards inside each backward"
     if getattr(trainer, "aux_loss_enabled", False):
@@ -86,6 +91,24 @@ def why_not(trainer) -> str | None:
     if draws_dropout(trainer.model):
         return "the model has dropout: a group's forward would draw other masks than TRL's micro-batches"
     return None
+
+
+def deepspeed_side(trainer):
+    """ogrpo.overlap.deepspeed_ahead where the trainer runs under DeepSpeed, else None."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return None
+    from ogrpo.overlap import deepspeed_ahead  # it subclasses accelerate's engine wrapper: loads accelerate
+
+    return deepspeed_ahead
+
+
+def offloads_optimizer(trainer) -> bool:
+    """Whether DeepSpeed runs the optimizer on the host (its config's zero_optimization.offload_optimizer)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None) \
+        if getattr(trainer, "is_deepspeed_enabled", False) else None
+    zero = ((getattr(plugin, "deepspeed_config", None) or {}).get("zero_optimization") or {}) if plugin else {}
+    device = (zero.get("offload_optimizer") or {}).get("device")
+    return device not in (None, "none")
 
 
 def loss_scale(trainer) -> float:
@@ -135,10 +158,14 @@ def sampling_logps(answer: dict, length: int, device):
     return out.to(device)
 
 
-def chunk_rows(per_device: int, width: int, length: int, max_completion: int) -> int:
+def chunk_rows(per_device: int, width: int, length: int, max_completion: int, ranks: int = 1) -> int:
     """Rows per forward/backward of a group: a token budget, the positions of a TRL micro-batch of
     `per_device` rows at the longest completion the plan sized its memory for, filled with this group's rows
-    (its prompt width plus its longest completion each); never fewer rows than TRL's micro-batch."""
+    (its prompt width plus its longest completion each); never fewer rows than TRL's micro-batch. With several
+    ranks, TRL's micro-batch: every rank's group runs as many chunks, whatever its lengths (each chunk's loss
+    metrics, and under DeepSpeed its backward, are collectives)."""
+    if ranks > 1:
+        return per_device
     return max(per_device, per_device * (width + max_completion) // max(1, width + length))
 
 
@@ -376,12 +403,11 @@ class TrainAhead:
 
     def kl_backward(self, count: int | None = None) -> None:
         """The backward of the first `count` (None: all) KL terms waiting, into the gradients; their graphs go."""
-        trainer = self.trainer
         while self.kl and count != 0 and self.failed is None:
             kl, positions = self.kl.pop(0)
             try:
                 with self.busy():
-                    trainer.accelerator.backward(kl)
+                    self.backward(kl)
             except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
                 self.failed = exc
             self.held -= positions
@@ -544,7 +570,8 @@ class TrainAhead:
             elif self.held:
                 size = max(1, (self.budget - self.held) // (w + length))
             else:
-                size = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length)
+                size = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length,
+                                  trainer.accelerator.num_processes)
             rows = order[lo:lo + size]
             chunk = {k: v[rows] for k, v in inputs.items()}
             try:
@@ -576,7 +603,7 @@ class TrainAhead:
             loss = self.row_loss(true, None)[0]
             if trainer.beta != 0.0:  # the KL term is in the gradients already
                 loss = loss - self.row_loss(dict(true, advantages=torch.zeros(1, device=device)), None)[0]
-            trainer.accelerator.backward(loss * scale)
+            self.backward(loss * scale)
 
         why = summed.close(rewards_per_func, float(mean[0]), float(divisor[0]) if divisor is not None else 1.0, redo)
         if why is not None:
@@ -594,9 +621,18 @@ class TrainAhead:
             # DDP reduces nothing here: `adopt` averages the batch's gradients once
             with trainer.accelerator.no_sync(trainer.model_wrapped), trainer.compute_loss_context_manager():
                 loss = trainer._compute_loss(trainer.model_wrapped, chunk)
-                trainer.accelerator.backward(loss * scale)
+                self.backward(loss * scale)
             (lp, ent), = state.capture
         return lp, ent
+
+    def backward(self, loss) -> None:
+        """A scaled loss's backward into the step's gradients: the Trainer's, or under DeepSpeed the engine's
+        inside the accumulation (it must not step)."""
+        engine_side = deepspeed_side(self.trainer)
+        if engine_side is not None:
+            engine_side.chunk_backward(self.trainer, loss)
+        else:
+            self.trainer.accelerator.backward(loss)
 
     def check(self, out: dict) -> str | None:
         """Why TRL's batch `out` is not exactly what the groups trained on, else None."""
@@ -648,19 +684,31 @@ class TrainAhead:
 
             reason = next((r for r in gather_object([reason]) if r is not None), None)
         metrics = trainer._metrics["train"]
-        if reason is not None:
-            trainer.model.zero_grad(set_to_none=True)  # zero when the step began: TRL's micro-batches start afresh
+        engine_side = deepspeed_side(trainer)
+        if reason is not None:  # zero when the step began: TRL's micro-batches start afresh
+            if engine_side is not None:
+                engine_side.drop(trainer)
+            else:
+                trainer.model.zero_grad(set_to_none=True)
             metrics["overlap/trained_ahead"].append(0.0)
             trainer.overlap.train_ahead_fallbacks.append(reason)
             return None
-        if ranks > 1:
-            average_gradients(trainer.model, ranks)
+        normalizer = 1.0
         if trainer.loss_type in SUM_LOSSES:  # TRL's normalizer, with the real count (the chunks' was 1)
             normalizer = (float(out["num_items_in_batch"].clamp(min=1.0)) / trainer.accelerator.num_processes
                           * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation)
-            for p in trainer.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(1.0 / normalizer)
+        if engine_side is not None:  # the engine reduced them chunk by chunk; its step at the replay's end divides
+            engine_side.install(trainer)
+            trainer.overlap.gradient_divisor = normalizer
+            trainer.overlap.trained_norm_expected = any(
+                bool(g.inputs["advantages"].abs().sum() > 0) for g in self.groups.values())
+        else:
+            if ranks > 1:
+                average_gradients(trainer.model, ranks)
+            if normalizer != 1.0:
+                for p in trainer.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(1.0 / normalizer)
         metrics["overlap/trained_ahead"].append(float(len(self.groups)))
         metrics["overlap/trained_early"].append(float(self.early))
         metrics["overlap/forwarded_early"].append(float(trainer.overlap.forwards_answered - self.answered))

@@ -254,7 +254,8 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit, groups: int)
     old_policy = next((i.value for i in s.items if i.name == "old_policy_pass"), None)
     on = s.add("overlap.train_ahead", *train_ahead_rule.decide(
         getattr(d.run_config.ogrpo, "train_ahead", None), trl_get, p.num_processes,
-        t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction")))) == "on"
+        t.strategy != "ddp", old_policy, bool(trl_get("vllm_importance_sampling_correction")),
+        t.strategy == "zero3_offload")) == "on"
     # one trainer process on vLLM's API server: completions come back one by one (the ranks, and TRL 1.9's
     # server, give whole groups: there is no completion to run ahead of its group)
     one_by_one = p.num_processes == 1 and \
@@ -264,7 +265,7 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit, groups: int)
         sums = 2 * e.terms.get("gradients", 0.0)  # sum (r_j - c) d_j and sum d_j, as large as the gradients
         early, why, held = train_ahead_rule.decide_early_backward(
             getattr(d.run_config.ogrpo, "early_backward", None), trl_get, sums, e.budget_gib - e.total_gib,
-            max(1, groups))
+            max(1, groups), t.strategy != "ddp")
         s.add("overlap.early_backward", early, why)
         if early == "on":
             s.add("overlap.early_backward_groups", held, "the open groups whose gradient sums fit at once")

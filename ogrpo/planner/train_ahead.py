@@ -9,8 +9,9 @@ SUM_LOSSES = ("dapo", "cispo", "vespo")  # normalized by the batch's token count
 
 
 def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
-            entropy_bonus: bool, deepspeed: bool) -> str | None:
-    """Why a run with these settings cannot train groups ahead, else None."""
+            entropy_bonus: bool, deepspeed: bool, offload: bool = False) -> str | None:
+    """Why a run with these settings cannot train groups ahead, else None (`deepspeed`: a ZeRO strategy; `offload`:
+    its optimizer offloaded)."""
     if loss_type == "bnpo":
         return ("loss_type bnpo: its loss is normalized by each micro-batch's token count, which TRL draws after "
                 "shuffling the batch")
@@ -22,8 +23,9 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
         return "top_entropy_quantile < 1: the entropy mask is a quantile over each micro-batch"
     if entropy_bonus:
         return "the entropy bonus is a mean over each micro-batch"
-    if deepspeed:
-        return "DeepSpeed's backward steps its engine at accumulation boundaries"
+    if deepspeed and offload:
+        return ("ZeRO-3 with the optimizer offloaded: it gathers the step's gradients on the host only from a backward "
+                "that reaches the weights, so the replayed step lost the groups' (measured)")
     return None
 
 
@@ -31,9 +33,11 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
 LINEAR_LOSSES = ("grpo", "dr_grpo", "dapo", "luspo", "cispo")
 
 
-def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta) -> str | None:
+def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta, deepspeed: bool = False) -> str | None:
     """Why, with these GRPOConfig values, a group's completions cannot run their backward before the group is
     whole, else None (the plan's reading and the trainer's)."""
+    if deepspeed:
+        return "DeepSpeed reduces each backward's gradients into its partitions: a completion's cannot be kept apart"
     if loss_type not in LINEAR_LOSSES:
         return f"loss_type {loss_type}: its loss reads the advantage's sign"
     if off_policy_mask_threshold is not None:
@@ -44,14 +48,14 @@ def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta) -> 
 
 
 def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_policy_pass: str | None,
-           correction: bool) -> tuple[str, str]:
+           correction: bool, offload: bool = False) -> tuple[str, str]:
     """("on" | "off", why) for a lossless run whose batches stream group by group. `trl_get(key)`: the run's
     GRPOConfig value, the TRL line's default where the recipe has none."""
     if wanted == "off":
         return "off", "set in the run config (ogrpo.train_ahead: off): the loss runs after the whole batch is in"
     reason = why_not(str(trl_get("loss_type")), trl_get("scale_rewards"), trl_get("multi_objective_aggregation"),
                      float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
-                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed)
+                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed, offload)
     if reason is None and correction and old_policy_pass != "from_loss":
         reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
     if reason is not None:
@@ -61,13 +65,17 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
            "optimizer step and the push wait for generation; the gradients are summed in the order completions end, "
            "so a rerun agrees to rounding, not bit for bit (ogrpo.train_ahead: off where it must)")
     if processes > 1:
-        why += (f"; each of the {processes} trainer processes trains its own groups, the ranks' k-th together (its "
-                "loss metrics are collectives), and the gradients are averaged once, after the last group")
+        why += (f"; each of the {processes} trainer processes trains its own groups, the ranks' k-th together and in "
+                "as many chunks (its loss metrics are collectives)")
+        why += (", each chunk's gradients reduced by DeepSpeed as a micro-batch's are" if deepspeed else
+                ", and the gradients are averaged once, after the last group")
+    elif deepspeed:
+        why += "; each chunk's backward runs through DeepSpeed's engine, as a micro-batch's does"
     return "on", why
 
 
 def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib: float,
-                          groups: int) -> tuple[str, str, int]:
+                          groups: int, deepspeed: bool = False) -> tuple[str, str, int]:
     """("on" | "off", why, open groups that may hold their sums at once) for a group's completions running their
     backward as each ends, before the group is whole (one trainer process, groups trained ahead): where the loss is
     linear in the advantage and at least one group's two gradient sums (`sums_gib` each pair) fit in the trainer's
@@ -75,7 +83,8 @@ def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib
     wait = "a group's backward waits for the whole group"
     if wanted == "off":
         return "off", f"set in the run config (ogrpo.early_backward: off): {wait}", 0
-    why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"))
+    why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"),
+                                 deepspeed)
     if why is not None:
         return "off", f"{wait}: {why}", 0
     held = min(groups, int(room_gib // sums_gib)) if sums_gib > 0 else groups

@@ -666,12 +666,20 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
     assert requests(run) == STEPS
 
 
+# a group of 4 in chunks of TRL's micro-batch (2 rows) on every rank, whatever its completions' lengths: a rank
+# running fewer chunks than the other would pair its collectives (loss metrics, ZeRO's reduction) with others
+# (the tiny task's completions end at 4-9 tokens: under a 20-token cap the old rule gave a group ending by 7 one
+# chunk of 4 rows, a longer one two)
+CHUNKS = {"loss_type": "grpo", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8,
+          "steps_per_generation": 8, "max_completion_length": 20}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,lora,loss_type", [("ddp", True, None), ("zero3", False, None),
-                                                    ("zero2", False, None), ("zero2", False, "grpo")],
-                         ids=["ddp-lora", "zero3-dapo", "zero2-dapo", "zero2-grpo"])
-def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora, loss_type):
+@pytest.mark.parametrize("strategy,lora,keys", [("ddp", True, {}), ("zero3", False, {}), ("zero2", False, {}),
+                                               ("zero2", False, CHUNKS)],
+                         ids=["ddp-lora", "zero3-dapo", "zero2-dapo", "zero2-grpo-chunks"])
+def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_path, strategy, lora, keys):
     """3xcpu: two trainer processes under DDP training LoRA adapters (the merged push), or under ZeRO-3 (the
     push gathers the partitions) or ZeRO-2. `lossless` streams the groups there too (the plan's `overlap.stream`):
     the main process hands each finished group to the rank that owns it, which computes its rewards and log-prob
@@ -682,15 +690,13 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     from lora_checks import assert_adapters_moved, server_lora_overrides
     from overlap_jobs import PACKED, completions, metrics, requests, run_job
 
-    keys = server_lora_overrides(STEPS) if lora else {}
+    keys = {**(server_lora_overrides(STEPS) if lora else {}), **keys}
     ogrpo = {**{k: v for k, v in keys.pop("ogrpo", {}).items() if k != "use_vllm"}, "strategy": strategy}
     if lora:
         keys["save_strategy"] = "steps"  # one checkpoint, at the end: the trained adapters
         # no KL term: LoRA's reference is TRL's pass over the whole batch (adapters disabled), which a group's
         # loss trained ahead cannot wait for; without it each rank trains its groups as they arrive (train_ahead)
         keys["beta"] = 0.0
-    if loss_type is not None:
-        keys["loss_type"] = loss_type
     # off runs TRL's own passes (padded, and the old policy's separate); lossless packs them and takes the old
     # policy from the loss forward, on both ranks
     runs = {mode: run_job(tmp_path / mode, mode, gpus="3xcpu", steps=STEPS,

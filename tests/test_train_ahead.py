@@ -52,9 +52,13 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
                         (dict(entropy_coef=0.01), "entropy bonus"),
                         (dict(ogrpo={"old_policy_pass": "separate"}), "separate pass"),
                         (dict(ogrpo={"train_ahead": "off"}), "run config"),
-                        (dict(ogrpo={"strategy": "zero3_offload"}, loss_type="grpo"), "offloaded")):
+                        (dict(ogrpo={"strategy": "zero3_offload"}, loss_type="grpo"), "offloaded"),
+                        (dict(gpus="4xV100-32G", ogrpo={"strategy": "zero2"}), "dapo under DeepSpeed in fp16")):
         on, why = _plan(tmp_path, **keys)
         assert on is False and words in why, (keys, why)
+    # fp16 (V100): a mean loss's gradients keep their size; trained ahead through the engine
+    on, why = _plan(tmp_path, gpus="4xV100-32G", ogrpo={"strategy": "zero2"}, loss_type="grpo")
+    assert on is True and "reduced by DeepSpeed" in why, why
     # under ZeRO-2/3 every loss trains ahead, each chunk's backward through DeepSpeed's engine; no completion runs
     # its backward before its group is whole (the engine reduces each backward into its partitions)
     for strategy, loss in (("zero2", "grpo"), ("zero3", "grpo"), ("zero2", "dapo"), ("zero3", "vespo")):

@@ -14,9 +14,10 @@ drops them after an fp16 overflow, and TRL's micro-batches run.
 
 Measured on CPU (DeepSpeed 0.19.8, two gloo ranks, a 4.2M model, chunks of 3-3-2 rows against micro-batches of 2):
 the chunks plus that closing backward, with or without a divisor, give the plain micro-batches' grad norms to 1e-7
-in fp32 and to bf16's rounding (4e-4) in bf16 with fp32 gradient accumulation; dropping gives them exactly. fp16's
-dynamic loss scale (V100) is untested: no GPU was lent. ZeRO-3 with the optimizer offloaded
-lost the chunks' gradients (norm 0): the plan keeps training ahead off there (ogrpo.planner.train_ahead).
+in fp32 and to bf16's rounding (4e-4) in bf16 with fp32 gradient accumulation; dropping gives them exactly. ZeRO-3
+with the optimizer offloaded lost the chunks' gradients (norm 0), and in fp16 a token-count loss's gradients would
+wait at the count's size: the plan keeps training ahead off for both (ogrpo.planner.train_ahead). fp16 itself
+(V100: a mean loss, under the dynamic loss scale) is untested: no GPU was lent.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def closing_loss(engine, loss):
     if engine.zero_optimization_stage() >= 3:
         return loss
     first = next(p for p in engine.module.parameters() if p.requires_grad)
-    return loss + 0.0 * first.sum()
+    return loss + first.reshape(-1)[0] * 0.0  # one element: a sum of half-precision weights could overflow
 
 
 def drop(trainer) -> None:
@@ -84,8 +85,8 @@ def drop(trainer) -> None:
 
 @contextlib.contextmanager
 def gradients_divided(optimizer, divisor: float):
-    """Within: DeepSpeed's step divides the gradients by `divisor` too (its loss scale multiplied by it; an fp16
-    scale's own update after the step is multiplicative, so dividing back keeps it)."""
+    """Within: DeepSpeed's step divides the gradients by `divisor` too (its loss scale multiplied by it, and
+    divided back after the step)."""
     if divisor == 1.0:
         yield
         return

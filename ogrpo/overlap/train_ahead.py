@@ -63,7 +63,8 @@ def why_not(trainer) -> str | None:
     reason = config_why_not(trainer.loss_type, trainer.scale_rewards,
                             getattr(trainer, "multi_objective_aggregation", None), trainer.top_entropy_quantile,
                             bool(getattr(trainer, "_entropy_bonus_enabled", False)),
-                            bool(getattr(trainer, "is_deepspeed_enabled", False)), offloads_optimizer(trainer))
+                            bool(getattr(trainer, "is_deepspeed_enabled", False)), offloads_optimizer(trainer),
+                            bool(getattr(args, "fp16", False)))
     if reason:
         return reason
     engine_side = deepspeed_side(trainer)

@@ -9,9 +9,9 @@ SUM_LOSSES = ("dapo", "cispo", "vespo")  # normalized by the batch's token count
 
 
 def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
-            entropy_bonus: bool, deepspeed: bool, offload: bool = False) -> str | None:
+            entropy_bonus: bool, deepspeed: bool, offload: bool = False, fp16: bool = False) -> str | None:
     """Why a run with these settings cannot train groups ahead, else None (`deepspeed`: a ZeRO strategy; `offload`:
-    its optimizer offloaded)."""
+    its optimizer offloaded; `fp16`: it trains in fp16)."""
     if loss_type == "bnpo":
         return ("loss_type bnpo: its loss is normalized by each micro-batch's token count, which TRL draws after "
                 "shuffling the batch")
@@ -23,6 +23,9 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
         return "top_entropy_quantile < 1: the entropy mask is a quantile over each micro-batch"
     if entropy_bonus:
         return "the entropy bonus is a mean over each micro-batch"
+    if deepspeed and fp16 and loss_type in SUM_LOSSES:
+        return (f"loss_type {loss_type} under DeepSpeed in fp16: the groups' gradients wait for the batch's token "
+                "count to divide them, and until then are that many times larger in fp16 (overflow, skipped steps)")
     if deepspeed and offload:
         return ("ZeRO-3 with the optimizer offloaded: it gathers the step's gradients on the host only from a backward "
                 "that reaches the weights, so the replayed step lost the groups' (measured)")
@@ -55,7 +58,8 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
         return "off", "set in the run config (ogrpo.train_ahead: off): the loss runs after the whole batch is in"
     reason = why_not(str(trl_get("loss_type")), trl_get("scale_rewards"), trl_get("multi_objective_aggregation"),
                      float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
-                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed, offload)
+                     bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed, offload,
+                     bool(trl_get("fp16")))
     if reason is None and correction and old_policy_pass != "from_loss":
         reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
     if reason is not None:

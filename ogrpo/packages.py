@@ -75,7 +75,7 @@ _OPTIM_PREFIXES = (
 # Packages only a CUDA build has (or that only such builds pull in): what the image locks may hold beyond
 # trl19-cpu.lock, CI's CPU copy of the images' Python line. Anything else must be the same pin in both.
 CUDA_ONLY = frozenset({
-    "vllm", "flash-attn", "deepspeed", "hjson", "msgpack", "flashinfer-cubin", "flashinfer-python",
+    "vllm", "flash-attn", "flashinfer-cubin", "flashinfer-python",
     "nvidia-cudnn-frontend", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
     "nvidia-cutlass-dsl-libs-cu12", "nvidia-ml-py", "quack-kernels", "tabulate", "torch-c-dlpack-ext",
     "torchaudio", "torchvision",

@@ -192,7 +192,10 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
                       max_completion_length=max_len, max_steps=STEPS, learning_rate=5e-3, logging_steps=1,
                       report_to="none", save_strategy="no", seed=7, use_cpu=True, bf16=False, use_vllm=False,
                       vllm_importance_sampling_correction=True, dataloader_num_workers=0,
-                      **({"deepspeed": deepspeed} if deepspeed else {}), **keys)
+                      # a one-process CPU run is not DeepSpeed's to TRL 1.9.2, which would load with device_map
+                      # "auto" (ZeRO-3 refuses it)
+                      **({"deepspeed": deepspeed, "model_init_kwargs": {"device_map": None}} if deepspeed else {}),
+                      **keys)
     torch.manual_seed(0)
     trainer = OgrpoGRPOTrainer(model=str(tiny.ensure_tiny_model()), reward_funcs=tiny.letter_reward, args=args,
                                train_dataset=tiny.toy_dataset(64))

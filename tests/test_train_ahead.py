@@ -316,39 +316,6 @@ def test_a_reward_that_reads_its_batch_runs_the_early_rows_again_and_trains_as_t
     assert all("differ from their group's" in why for why in trainer.overlap.early_backward_redone)
 
 
-def _zero_run(tmp_path, stage: int, case: str, mode: str) -> dict:
-    """tests/zero_lossless.py in a process of its own; its result, once it and anything it started are gone."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("deepspeed")
-    here = Path(__file__).resolve().parent
-    out = tmp_path / f"zero{stage}-{case}-{mode}.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    from ogrpo.launch.ports import free_ports, release_ports
-
-    port = free_ports(1)
-    env["MASTER_PORT"] = str(port[0])
-    proc = subprocess.Popen([sys.executable, str(here / "zero_lossless.py"), str(stage), case, mode, str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=600)
-    finally:
-        release_ports(port)
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
-    survivors = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert survivors == [], survivors  # its session (it led one) is empty: nothing it started is left
-    return json.loads(out.read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_groups_trained_ahead_under_zero_train_as_trl_and_drop_their_gradients_where_its_batch_differs(tmp_path,
@@ -358,22 +325,6 @@ def test_groups_trained_ahead_under_zero_train_as_trl_and_drop_their_gradients_w
     their backward through the engine as the group arrives; the replayed micro-batches close the accumulation and
     step: TRL's losses, grad norms and metrics. Where TRL's batch differs from what the groups trained on (every
     advantage off by 1), the engine's gradients are dropped and TRL's micro-batches train, as under `off`."""
-    import math
+    from zero_lossless import assert_trained_ahead_as_trl
 
-    from overlap_jobs import PACKED
-
-    runs = {mode: _zero_run(tmp_path, stage, "dapo-chunked", mode) for mode in ("trl", "ahead", "fallback")}
-    assert {r["stage"] for r in runs.values()} == {stage}
-    theirs = runs["trl"]["rows"]
-    assert len(theirs) == 2 and all(r["grad_norm"] > 0 for r in theirs)
-    for mode, trained in (("ahead", 2.0), ("fallback", 0.0)):
-        ours = runs[mode]["rows"]
-        assert [r["overlap/trained_ahead"] for r in ours] == [trained, trained], (mode, ours)
-        # the groups' chunks sum in another order than TRL's micro-batches (fp32 noise, which the step's large
-        # update carries into step 2: tests/lossless_checks.py's bar); dropped, TRL's micro-batches train alone
-        rel, abs_ = (PACKED["rel"], PACKED["abs"]) if mode == "ahead" else (1e-5, 1e-6)
-        for x, y in zip(theirs, ours):
-            for key in ("loss", "grad_norm", "reward", "entropy", "kl", "sampling/importance_sampling_ratio/mean"):
-                assert math.isclose(y[key], x[key], rel_tol=rel, abs_tol=abs_), (mode, x["step"], key, x[key], y[key])
-    assert runs["ahead"]["fallbacks"] == []
-    assert len(runs["fallback"]["fallbacks"]) == 2 and all("differs" in w for w in runs["fallback"]["fallbacks"])
+    assert_trained_ahead_as_trl(tmp_path, stage)

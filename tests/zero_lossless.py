@@ -1,14 +1,22 @@
-"""One run of tests/lossless_checks.py's tiny task under DeepSpeed ZeRO in a process of its own (DeepSpeed takes a
-one-process gloo group, which must not outlive the run): `python tests/zero_lossless.py STAGE CASE MODE OUT.json`.
-MODE: `trl` (TRL's own passes), `ahead` (groups streamed and trained as they arrive, ogrpo/overlap/train_ahead.py),
-`fallback` (the same, with every group's advantages off by 1, so TRL's batch differs from what the groups trained
-on and their gradients must be dropped). Writes the logged rows, the fallbacks and the engine's stage."""
+"""Groups trained ahead under DeepSpeed ZeRO (ogrpo/overlap/deepspeed_ahead.py) against TRL's own micro-batches, on
+the installed TRL line (tests/test_train_ahead.py, tests/trl19/test_trl19_lossless.py).
+
+Each run of tests/lossless_checks.py's tiny task goes in a process of its own (DeepSpeed takes a one-process gloo
+group, which must not outlive the run): `python tests/zero_lossless.py STAGE CASE MODE OUT.json`. MODE: `trl`
+(TRL's own passes), `ahead` (groups streamed and trained as they arrive, ogrpo/overlap/train_ahead.py), `fallback`
+(the same, with every group's advantages off by 1, so TRL's batch differs from what the groups trained on and their
+gradients must be dropped). Writes the logged rows, the fallbacks and the engine's stage."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import subprocess
 import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 
 def zero_config(stage: int) -> dict:
@@ -43,6 +51,56 @@ def main(stage: int, case: str, mode: str, out: str) -> None:
         torch.distributed.destroy_process_group()
     with open(out, "w") as f:
         json.dump(result, f)
+
+
+def run_in_process(tmp_path, stage: int, case: str, mode: str) -> dict:
+    """This file's run in a process of its own; its result, once it and anything it started are gone."""
+    import pytest
+
+    from ogrpo.launch.ports import free_ports, release_ports
+
+    pytest.importorskip("deepspeed")
+    out = tmp_path / f"zero{stage}-{case}-{mode}.json"
+    port = free_ports(1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "MASTER_PORT": str(port[0])}
+    proc = subprocess.Popen([sys.executable, __file__, str(stage), case, mode, str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        release_ports(port)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    survivors = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert survivors == [], survivors  # its session (it led one) is empty: nothing it started is left
+    return json.loads(out.read_text())
+
+
+def assert_trained_ahead_as_trl(tmp_path, stage: int, case: str = "dapo-chunked") -> None:
+    """Under ZeRO-`stage`, groups trained ahead (dapo-chunked: chunks of 2 rows, 4 micro-batches a step, the batch's
+    token count dividing the gradients at the step) give TRL's losses, grad norms and metrics; with TRL's batch
+    other than what they trained on, their gradients are dropped and TRL's micro-batches give them alone."""
+    from overlap_jobs import PACKED
+
+    runs = {mode: run_in_process(tmp_path, stage, case, mode) for mode in ("trl", "ahead", "fallback")}
+    assert {r["stage"] for r in runs.values()} == {stage}
+    theirs = runs["trl"]["rows"]
+    assert len(theirs) == 2 and all(r["grad_norm"] > 0 for r in theirs)
+    for mode, trained in (("ahead", 2.0), ("fallback", 0.0)):
+        ours = runs[mode]["rows"]
+        assert [r["overlap/trained_ahead"] for r in ours] == [trained, trained], (mode, ours)
+        # the groups' chunks sum in another order than TRL's micro-batches (fp32 noise, which the step's large
+        # update carries into step 2: tests/lossless_checks.py's bar); dropped, TRL's micro-batches train alone
+        rel, abs_ = (PACKED["rel"], PACKED["abs"]) if mode == "ahead" else (1e-5, 1e-6)
+        for x, y in zip(theirs, ours):
+            for key in ("loss", "grad_norm", "reward", "entropy", "kl", "sampling/importance_sampling_ratio/mean"):
+                assert math.isclose(y[key], x[key], rel_tol=rel, abs_tol=abs_), (mode, x["step"], key, x[key], y[key])
+    assert runs["ahead"]["fallbacks"] == []
+    assert len(runs["fallback"]["fallbacks"]) == 2 and all("differs" in w for w in runs["fallback"]["fallbacks"])
 
 
 if __name__ == "__main__":

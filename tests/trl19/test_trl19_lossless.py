@@ -28,6 +28,16 @@ def test_trl19_groups_trained_ahead_train_exactly_as_trls_micro_batches(tmp_path
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_trl19_groups_trained_ahead_under_zero_train_as_trls_micro_batches(tmp_path, stage):
+    """Under DeepSpeed ZeRO-2/3 (ogrpo/overlap/deepspeed_ahead.py), on the images' TRL, transformers, accelerate
+    and DeepSpeed: each group's chunks through the engine, the replayed micro-batches closing the step, and a batch
+    that differs from the groups' dropping their gradients (tests/zero_lossless.py)."""
+    from zero_lossless import assert_trained_ahead_as_trl
+
+    assert_trained_ahead_as_trl(tmp_path, stage)
+
+
 def test_trl19_completions_forwarded_as_each_ends_train_exactly_as_trls_micro_batches(tmp_path):
     """Each completion's reference pass and loss forward as it ends, the backward once its group is whole, on
     TRL 1.9.2's logits path (its server keeps whole groups: this holds the trainer's side)."""

@@ -30,11 +30,12 @@ Where the loss allows, a completion's backward runs before its group is whole to
 
 Off where a row's share is not fixed, or the chunks would not see TRL's numbers (the plan and the trainer say
 which): bnpo (a micro-batch's token count), `top_entropy_quantile < 1` and the entropy bonus (per micro-batch),
-the MoE aux loss, `scale_rewards: batch` and `normalize_then_sum` (advantages need the whole batch), several
-PEFT's reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision inputs, ZeRO-3 with the
-optimizer offloaded. Several trainer processes each train their own groups, the ranks' k-th together, each group in as many
-chunks on every rank (the loss metrics, and DeepSpeed's backward, are collectives); DDP's backward does not reduce
-(`adopt` averages once), DeepSpeed's reduces as for a micro-batch (ogrpo.overlap.deepspeed_ahead).
+the MoE aux loss, `scale_rewards: batch` and `normalize_then_sum` (advantages need the whole batch), PEFT's
+reference (TRL's whole-batch pass), dropout, LOMO, a reward model, Liger, vision inputs, ZeRO-3 with the optimizer
+offloaded, the token-count losses under DeepSpeed in fp16. Several trainer processes each train their own groups,
+the ranks' k-th together, each group in as many chunks on every rank (the loss metrics, and DeepSpeed's backward,
+are collectives); DDP's backward does not reduce (`adopt` averages once), DeepSpeed's reduces as for a micro-batch
+(ogrpo.overlap.deepspeed_ahead).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ the installed TRL line (tests/test_train_ahead.py, tests/trl19/test_trl19_lossle
 
 Each run of tests/lossless_checks.py's tiny task goes in a process of its own (DeepSpeed takes a one-process gloo
 group, which must not outlive the run): `python tests/zero_lossless.py STAGE CASE MODE OUT.json`. MODE: `trl`
-(TRL's own passes), `ahead` (groups streamed and trained as they arrive, ogrpo/overlap/train_ahead.py), `fallback`
-(the same, with every group's advantages off by 1, so TRL's batch differs from what the groups trained on and their
-gradients must be dropped). Writes the logged rows, the fallbacks and the engine's stage."""
+(TRL's own passes), `ahead` (groups streamed and trained as they arrive, ogrpo/overlap/train_ahead.py), `completions`
+(the same, each completion's passes and loss forward as it ends), `fallback` (groups, with every group's advantages
+off by 1, so TRL's batch differs from what the groups trained on and their gradients must be dropped). Writes the
+logged rows, the fallbacks and the engine's stage."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def main(stage: int, case: str, mode: str, out: str) -> None:
         train_ahead.advantages = lambda *a: real(*a) + 1.0
     try:
         rows, _, _, trainer = lossless_checks.run(out + ".run", case, from_loss=mode != "trl", ahead=mode != "trl",
-                                                  deepspeed=zero_config(stage))
+                                                  completions=mode == "completions", deepspeed=zero_config(stage))
         engine = trainer.accelerator.deepspeed_engine_wrapped.engine
         result = {"rows": rows, "stage": engine.zero_optimization_stage(),
                   "fallbacks": trainer.overlap.train_ahead_fallbacks if trainer.overlap is not None else None}
@@ -82,24 +83,29 @@ def run_in_process(tmp_path, stage: int, case: str, mode: str) -> dict:
 
 def assert_trained_ahead_as_trl(tmp_path, stage: int, case: str = "dapo-chunked") -> None:
     """Under ZeRO-`stage`, groups trained ahead (dapo-chunked: chunks of 2 rows, 4 micro-batches a step, the batch's
-    token count dividing the gradients at the step) give TRL's losses, grad norms and metrics; with TRL's batch
-    other than what they trained on, their gradients are dropped and TRL's micro-batches give them alone."""
+    token count dividing the gradients at the step), their completions' forwards run as each ends or not, give
+    TRL's losses, grad norms and metrics; with TRL's batch other than what they trained on, their gradients are
+    dropped and TRL's micro-batches give them alone."""
     from overlap_jobs import PACKED
 
-    runs = {mode: run_in_process(tmp_path, stage, case, mode) for mode in ("trl", "ahead", "fallback")}
+    runs = {mode: run_in_process(tmp_path, stage, case, mode) for mode in ("trl", "ahead", "completions", "fallback")}
     assert {r["stage"] for r in runs.values()} == {stage}
     theirs = runs["trl"]["rows"]
     assert len(theirs) == 2 and all(r["grad_norm"] > 0 for r in theirs)
-    for mode, trained in (("ahead", 2.0), ("fallback", 0.0)):
+    for mode, trained in (("ahead", 2.0), ("completions", 2.0), ("fallback", 0.0)):
         ours = runs[mode]["rows"]
         assert [r["overlap/trained_ahead"] for r in ours] == [trained, trained], (mode, ours)
         # the groups' chunks sum in another order than TRL's micro-batches (fp32 noise, which the step's large
         # update carries into step 2: tests/lossless_checks.py's bar); dropped, TRL's micro-batches train alone
-        rel, abs_ = (PACKED["rel"], PACKED["abs"]) if mode == "ahead" else (1e-5, 1e-6)
+        rel, abs_ = (PACKED["rel"], PACKED["abs"]) if mode != "fallback" else (1e-5, 1e-6)
         for x, y in zip(theirs, ours):
             for key in ("loss", "grad_norm", "reward", "entropy", "kl", "sampling/importance_sampling_ratio/mean"):
                 assert math.isclose(y[key], x[key], rel_tol=rel, abs_tol=abs_), (mode, x["step"], key, x[key], y[key])
-    assert runs["ahead"]["fallbacks"] == []
+    # forwards held until their group's backward; no completion's backward before its group is whole under
+    # DeepSpeed (the engine reduces each backward into its partitions)
+    assert all(r["overlap/forwarded_early"] >= 1 and r["overlap/backward_early"] == 0
+               for r in runs["completions"]["rows"]), runs["completions"]["rows"]
+    assert runs["ahead"]["fallbacks"] == runs["completions"]["fallbacks"] == []
     assert len(runs["fallback"]["fallbacks"]) == 2 and all("differs" in w for w in runs["fallback"]["fallbacks"])
 
 

@@ -666,10 +666,10 @@ def test_one_step_with_two_trainer_processes(tmp_path, strategy):
     assert requests(run) == STEPS
 
 
-# a group of 4 in chunks of TRL's micro-batch (2 rows) on every rank, whatever its completions' lengths: a rank
-# running fewer chunks than the other would pair its collectives (loss metrics, ZeRO's reduction) with others
-# (the tiny task's completions end at 4-9 tokens: under a 20-token cap the old rule gave a group ending by 7 one
-# chunk of 4 rows, a longer one two)
+# a group of 4 in as many chunks on every rank, whatever its completions' lengths: a rank running fewer chunks than
+# the other would pair its collectives (loss metrics, ZeRO's reduction) with others (the tiny task's completions end
+# at 4-9 tokens: under a 20-token cap a rank's own token budget gives a group ending by 7 one chunk of 4 rows, a
+# longer one two chunks of 2; taken alone, as before, the run then trained off off's numbers)
 CHUNKS = {"loss_type": "grpo", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8,
           "steps_per_generation": 8, "max_completion_length": 20}
 

@@ -148,9 +148,6 @@ def test_a_group_trains_in_chunks_of_a_micro_batchs_positions_never_fewer_rows()
     assert chunk_rows(2, 5, 2, 10) == 4  # short completions: 4 rows of 7 positions fit in 30
     assert chunk_rows(8, 100, 300, 256) == 8  # longer than planned (a prompt over its budget): still TRL's rows
     assert chunk_rows(4, 0, 0, 0) == 4
-    # several ranks: TRL's micro-batch whatever the lengths, so that a rank with short completions runs as many
-    # chunks (collectives: the loss metrics, DeepSpeed's backward) as one with long ones
-    assert chunk_rows(2, 5, 2, 10, ranks=2) == chunk_rows(2, 5, 10, 10, ranks=2) == 2
 
 
 def test_completions_forwarded_as_they_end_hold_graphs_only_within_a_micro_batchs_positions():

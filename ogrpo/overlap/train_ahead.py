@@ -160,15 +160,23 @@ def sampling_logps(answer: dict, length: int, device):
     return out.to(device)
 
 
-def chunk_rows(per_device: int, width: int, length: int, max_completion: int, ranks: int = 1) -> int:
+def chunk_rows(per_device: int, width: int, length: int, max_completion: int) -> int:
     """Rows per forward/backward of a group: a token budget, the positions of a TRL micro-batch of
     `per_device` rows at the longest completion the plan sized its memory for, filled with this group's rows
-    (its prompt width plus its longest completion each); never fewer rows than TRL's micro-batch. With several
-    ranks, TRL's micro-batch: every rank's group runs as many chunks, whatever its lengths (each chunk's loss
-    metrics, and under DeepSpeed its backward, are collectives)."""
-    if ranks > 1:
-        return per_device
+    (its prompt width plus its longest completion each); never fewer rows than TRL's micro-batch."""
     return max(per_device, per_device * (width + max_completion) // max(1, width + length))
+
+
+def agreed_rows(rows: int, device) -> int:
+    """The fewest of every rank's rows per chunk, for the ranks' k-th groups (trained together): each then runs
+    as many chunks, whatever its lengths (each chunk's loss metrics, and under DeepSpeed its backward, are
+    collectives), each within its own budget."""
+    import torch
+    import torch.distributed as dist
+
+    agreed = torch.tensor([rows], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return int(agreed.item())
 
 
 class Trained:
@@ -565,6 +573,9 @@ class TrainAhead:
         logps = [F.pad(done[j].logps, (0, length - done[j].logps.size(1))) for j in sorted(done)]
         entropies = [None if done[j].entropies is None else
                      F.pad(done[j].entropies, (0, length - done[j].entropies.size(1))) for j in sorted(done)]
+        rows_per_chunk = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length)
+        if trainer.accelerator.num_processes > 1:
+            rows_per_chunk = agreed_rows(rows_per_chunk, device)
         lo = len(done)
         while lo < n:
             if forwards:
@@ -572,8 +583,7 @@ class TrainAhead:
             elif self.held:
                 size = max(1, (self.budget - self.held) // (w + length))
             else:
-                size = chunk_rows(trainer.args.per_device_train_batch_size, w, length, trainer.max_completion_length,
-                                  trainer.accelerator.num_processes)
+                size = rows_per_chunk
             rows = order[lo:lo + size]
             chunk = {k: v[rows] for k, v in inputs.items()}
             try:

@@ -325,3 +325,52 @@ def test_groups_trained_ahead_under_zero_train_as_trl_and_drop_their_gradients_w
     from zero_lossless import assert_trained_ahead_as_trl
 
     assert_trained_ahead_as_trl(tmp_path, stage)
+
+
+def test_the_replaying_engine_steps_once_at_the_boundary_divides_there_and_stops_on_a_lost_gradient():
+    """ogrpo/overlap/deepspeed_ahead.py's wrapper, against a recording engine: a replayed micro-batch before the
+    boundary runs nothing; the one at the boundary runs one backward and the step, the loss scale multiplied by the
+    divisor only during the step; a step whose norm is 0 where the groups had advantages stops the run; a
+    micro-batch that is not replayed goes through accelerate's own wrapper."""
+    import torch
+
+    from ogrpo.overlap import deepspeed_ahead
+    from ogrpo.overlap.pipeline import OverlapError
+
+    class Engine:
+        def __init__(self, norm):
+            self.calls, self.norm = [], norm
+            self.optimizer = SimpleNamespace(loss_scaler=SimpleNamespace(cur_scale=1.0))
+            self.module = torch.nn.Linear(2, 2)
+
+        def set_gradient_accumulation_boundary(self, is_boundary):
+            self.calls.append(("boundary", is_boundary))
+
+        def backward(self, loss, **kwargs):
+            self.calls.append(("backward", float(loss)))
+
+        def step(self):
+            self.calls.append(("step", self.optimizer.loss_scaler.cur_scale))
+
+        def zero_optimization_stage(self):
+            return 2
+
+        def get_global_grad_norm(self):
+            return self.norm
+
+    state = SimpleNamespace(replayed=True, gradient_divisor=7.0, trained_norm_expected=True)
+    engine = Engine(norm=3.0)
+    wrapper = deepspeed_ahead.ReplayingEngine(engine, state)
+    wrapper.backward(torch.tensor(5.0), sync_gradients=False)
+    assert engine.calls == [] and state.replayed is False
+    state.replayed = True
+    wrapper.backward(torch.tensor(5.0), sync_gradients=True)
+    assert engine.calls == [("boundary", True), ("backward", 5.0), ("step", 7.0)]
+    assert engine.optimizer.loss_scaler.cur_scale == 1.0
+    lost = Engine(norm=0.0)
+    state.replayed = True
+    with pytest.raises(OverlapError, match="no gradient"):
+        deepspeed_ahead.ReplayingEngine(lost, state).backward(torch.tensor(1.0), sync_gradients=True)
+    plain = Engine(norm=3.0)
+    deepspeed_ahead.ReplayingEngine(plain, state).backward(torch.tensor(2.0), sync_gradients=True)
+    assert plain.calls == [("boundary", True), ("backward", 2.0), ("step", 1.0)]  # accelerate's: no divisor

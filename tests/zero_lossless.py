@@ -20,14 +20,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def zero_config(stage: int) -> dict:
-    """The CPU deepspeed.json the plan renders for a ZeRO strategy (ogrpo.render.deepspeed_config)."""
-    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"}
-    if stage == 3:
-        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
-    return {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "zero_optimization": zero,
-            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+def zero_config(stage: int, recipe_path: Path) -> dict:
+    """The deepspeed.json the plan renders for a one-process CPU run of the tiny recipe under ZeRO-`stage`."""
+    import yaml
+
+    from ogrpo.config import load_run_config
+    from ogrpo.plan import plan_from_config
+    from ogrpo.render import deepspeed_config
+
+    recipe = yaml.safe_load((HERE.parent / "ogrpo" / "recipes" / "tiny.yaml").read_text())
+    recipe["ogrpo"].update({"gpus": "cpu", "strategy": f"zero{stage}"})
+    recipe_path.write_text(yaml.safe_dump(recipe))
+    return deepspeed_config(plan_from_config(load_run_config(str(recipe_path))))
 
 
 def main(stage: int, case: str, mode: str, out: str) -> None:
@@ -44,7 +48,8 @@ def main(stage: int, case: str, mode: str, out: str) -> None:
         train_ahead.advantages = lambda *a: real(*a) + 1.0
     try:
         rows, _, _, trainer = lossless_checks.run(out + ".run", case, from_loss=mode != "trl", ahead=mode != "trl",
-                                                  completions=mode == "completions", deepspeed=zero_config(stage))
+                                                  completions=mode == "completions",
+                                                  deepspeed=zero_config(stage, Path(out + ".recipe.yaml")))
         engine = trainer.accelerator.deepspeed_engine_wrapped.engine
         result = {"rows": rows, "stage": engine.zero_optimization_stage(),
                   "fallbacks": trainer.overlap.train_ahead_fallbacks if trainer.overlap is not None else None}

@@ -69,8 +69,9 @@ def why_not(trainer) -> str | None:
     if reason:
         return reason
     engine_side = deepspeed_side(trainer)
-    if engine_side is not None and engine_side.why_not():
-        return engine_side.why_not()
+    reason = engine_side.why_not() if engine_side is not None else None
+    if reason:
+        return reason
     if getattr(trainer, "is_fsdp_enabled", False):
         return "FSDP reduces and reshards inside each backward"
     if getattr(trainer, "aux_loss_enabled", False):

@@ -82,11 +82,15 @@ def test_the_plan_trains_ahead_exactly_where_a_rows_share_of_the_gradient_is_fix
     assert _early(tmp_path, loss_type="cispo")[0] is True
     on, why = _early(tmp_path, ogrpo={"early_backward": "off"})  # costly rewards: a completion scored alone too
     assert on is False and "ogrpo.early_backward: off" in why
-    for keys, words in ((dict(loss_type="sapo"), "sapo"), (dict(loss_type="vespo"), "vespo"),
+    for keys, words in ((dict(loss_type="vespo"), "importance-sampling correction"),
                         (dict(off_policy_mask_threshold=0.5), "off-policy mask"), (dict(delta=1.0), "delta")):
         assert _plan(tmp_path, **keys)[0] is True, keys
         on, why = _early(tmp_path, **keys)
         assert on is False and "waits for the whole group" in why and words in why, (keys, why)
+    # sapo's temperature reads the advantage's sign, its slope at a ratio of 1 does not; vespo's weight is 1 there
+    # for either sign unless the sampler's ratio moves it
+    for keys in (dict(loss_type="sapo"), dict(loss_type="vespo", vllm_importance_sampling_correction=False)):
+        assert _early(tmp_path, **keys)[0] is True, keys
     on, why = _plan(tmp_path, gpus="3xcpu")  # two trainer processes under DDP: each trains its own groups
     assert on is True and "2 trainer processes" in why and "averaged once" in why
     assert _early(tmp_path, gpus="3xcpu") == (None, None)  # the ranks take whole groups
@@ -208,12 +212,15 @@ def test_completions_scored_as_each_ends_train_exactly_as_trls_micro_batches(tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["grpo-beta", "dr_grpo", "dapo-masked", "cispo", "luspo", "grpo-chunked",
-                                  "grpo-checkpointed", "sapo"])
+                                  "grpo-checkpointed", "sapo", "vespo", "vespo-uncorrected"])
 def test_completions_run_their_backward_as_they_end_and_train_as_trls_micro_batches(tmp_path, case):
     """Group after group: each completion but a group's last runs its backward as it ends, with its own rewards
-    (the loss is linear in the advantage: ogrpo/overlap/early_backward.py), and the run trains as TRL's; sapo's
-    loss reads the advantage's sign, so there the group's backward waits for the group."""
-    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved")
+    (the gradient is linear in the advantage: ogrpo/overlap/early_backward.py, sapo's too), and the run trains as
+    TRL's; vespo with vLLM's importance-sampling correction weighs a row by its advantage's sign, so there the
+    group's backward waits for the group (checked: no row ran early), without it every row but the last runs
+    (and TRL runs no old-policy pass to take from the loss forward)."""
+    assert_same_training(tmp_path, case, from_loss=case != "vespo-uncorrected", packed=True, ahead=True,
+                         completions="interleaved")
 
 
 @pytest.mark.slow

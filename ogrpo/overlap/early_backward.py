@@ -4,9 +4,10 @@ critical path, not their whole groups' (where several groups end together, as co
 do, every one of them).
 
 Why it is exact: with the old policy taken from the loss forward the importance ratio is exp(0) = 1, and at a
-ratio of 1 the loss of the linear loss types (ogrpo.planner.train_ahead.LINEAR_LOSSES: grpo, dr_grpo, dapo,
-luspo, cispo) is, per row, L_j(A) = L_j(0) + A * (L_j(1) - L_j(0)) in the advantage A (their clipping is a tie at
-1, their weights do not depend on A; sapo, vespo and the off-policy mask read A's sign). The group's advantages need all its rewards,
+ratio of 1 the gradient of the linear loss types (ogrpo.planner.train_ahead.LINEAR_LOSSES: grpo, dr_grpo, dapo,
+luspo, cispo, sapo) is, per row, that of L_j(A) = L_j(0) + A * (L_j(1) - L_j(0)) in the advantage A (their
+clipping is a tie at 1, their weights do not depend on A; sapo's temperature does, but not its slope at 1; vespo's
+weight reads A's sign only where vLLM's importance-sampling ratio moves it off 1, the off-policy mask always). The group's advantages need all its rewards,
 but A_j = (r_j - mean) / scale is linear in the row's own reward r_j, so with d_j the gradient of
 L_j(1) - L_j(0) and c the first row's reward (subtracted so that large rewards do not cancel in float32):
 
@@ -29,7 +30,9 @@ def why_not(trainer) -> str | None:
     """Why this built trainer's groups cannot run their completions' backward before they are whole, else None."""
     return why_not_early_backward(trainer.loss_type, getattr(trainer, "off_policy_mask_threshold", None),
                                   getattr(trainer.args, "delta", None),
-                                  bool(getattr(trainer, "is_deepspeed_enabled", False)))
+                                  bool(getattr(trainer, "is_deepspeed_enabled", False)),
+                                  bool(getattr(trainer, "use_vllm", False)
+                                       and getattr(trainer, "vllm_importance_sampling_correction", False)))
 
 
 def weighted_rewards(trainer, rewards_per_func):

@@ -32,16 +32,25 @@ def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | No
     return None
 
 
-# at an importance ratio of 1 their loss is, per row, linear in the advantage (ogrpo/overlap/early_backward.py)
-LINEAR_LOSSES = ("grpo", "dr_grpo", "dapo", "luspo", "cispo")
+# at an importance ratio of 1 their gradient is, per row, linear in the advantage (ogrpo/overlap/early_backward.py):
+# the loss itself for these; sapo's value reads the advantage's sign (its temperature), but its slope at a ratio of
+# 1 does not: d/dr [sigmoid(t (r - 1)) 4 / t] = 1 there for any t
+LINEAR_LOSSES = ("grpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
 
-def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta, deepspeed: bool = False) -> str | None:
+def why_not_early_backward(loss_type: str, off_policy_mask_threshold, delta, deepspeed: bool = False,
+                           correction: bool = False) -> str | None:
     """Why, with these GRPOConfig values, a group's completions cannot run their backward before the group is
-    whole, else None (the plan's reading and the trainer's)."""
+    whole, else None (the plan's reading and the trainer's). `correction`: vLLM's importance-sampling correction
+    is on."""
     if deepspeed:
         return "DeepSpeed reduces each backward's gradients into its partitions: a completion's cannot be kept apart"
-    if loss_type not in LINEAR_LOSSES:
+    if loss_type == "vespo" and correction:
+        # phi(w) = exp(lambda + k log w - lambda w) is 1 at w = 1 for either sign's (k, lambda); the correction's
+        # ratio moves w off 1, where the two signs weigh a row differently
+        return ("loss_type vespo with vLLM's importance-sampling correction: its weight of a row reads the "
+                "advantage's sign wherever the sampler's ratio is not 1")
+    if loss_type not in LINEAR_LOSSES + ("vespo",):
         return f"loss_type {loss_type}: its loss reads the advantage's sign"
     if off_policy_mask_threshold is not None:
         return "the off-policy mask reads the advantage's sign"
@@ -88,7 +97,7 @@ def decide_early_backward(wanted: str | None, trl_get, sums_gib: float, room_gib
     if wanted == "off":
         return "off", f"set in the run config (ogrpo.early_backward: off): {wait}", 0
     why = why_not_early_backward(str(trl_get("loss_type")), trl_get("off_policy_mask_threshold"), trl_get("delta"),
-                                 deepspeed)
+                                 deepspeed, bool(trl_get("vllm_importance_sampling_correction")))
     if why is not None:
         return "off", f"{wait}: {why}", 0
     held = min(groups, int(room_gib // sums_gib)) if sums_gib > 0 else groups

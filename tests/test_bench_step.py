@@ -37,11 +37,22 @@ def test_reward_and_summary():
     assert r["logprobs_speedup"] == pytest.approx(0.6) and r["logprobs_per_pass_speedup"] == pytest.approx(1.2)
 
 
+def test_rounds_pool_their_steps_each_without_its_warm_up():
+    from ogrpo.bench.step import pooled
+
+    runs = [[{"step_s": 50.0, "peak_mem_gib": 3.0}, {"step_s": 1.0}, {"step_s": 2.0}],
+            [{"step_s": 40.0, "peak_mem_gib": 1.0}, {"step_s": 9.0}, {"step_s": 10.0}]]
+    out = pooled(runs)  # median of 1, 2, 9, 10; the warm-ups count only towards the peak
+    assert out["step"] == 5.5 and out["peak_gib"] == 3.0
+
+
 def test_bad_input_is_one_error(tmp_path):
     with pytest.raises(OgrpoError, match="at least 2"):
         run_step_bench(TINY, steps=1, workdir=str(tmp_path))
     with pytest.raises(OgrpoError, match="fp32 or bf16"):
         run_step_bench(TINY, dtype="int8", workdir=str(tmp_path))
+    with pytest.raises(OgrpoError, match="--rounds must be at least 1"):
+        run_step_bench(TINY, rounds=0, workdir=str(tmp_path))
 
 
 @pytest.mark.slow
@@ -49,16 +60,24 @@ def test_both_paths_run_and_report(tmp_path):
     out = io.StringIO()
     # the variable shape's end tokens (1 in 3 ids here): HF generate (plain TRL) and vLLM (O-GRPO's rollouts)
     # both stop at them, read from the model's generation config, and TRL cuts each completion there
+    # two rounds: each path runs twice, the paths interleaved, each round's jobs in a directory of their own
     res = run_step_bench(TINY, steps=2, prompts=2, generations=4, new_tokens=8, csv_path=str(tmp_path / "s.csv"),
-                         png_path=str(tmp_path / "s.png"), workdir=str(tmp_path / "w"), out=out, mean_share=0.35)
+                         png_path=str(tmp_path / "s.png"), workdir=str(tmp_path / "w"), out=out, mean_share=0.35,
+                         rounds=2)
     for path in ("trl", "ogrpo"):
         assert all(res["results"][path][s] > 0 for s in ("generation", "train", "step")), res
+        rounds = res["results"][path]["round_steps"]
+        assert len(rounds) == 2 and min(rounds) <= res["results"][path]["step"] <= max(rounds), res["results"][path]
+        for k in (1, 2):
+            assert len((tmp_path / "w" / f"round-{k}" / f"{path}-profile.jsonl").read_text().splitlines()) == 2
         assert res["results"][path]["peak_gib"] > 0
         assert 1 <= res["results"][path]["completion_len"] < 6, res["results"][path]  # expected 2.9 of 8
     assert set(res["ratios"]) >= {"step_speedup", "generation_speedup", "memory_ratio"}
     assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
     text = out.getvalue()
     assert "step_speedup:" in text and "peak GiB" in text
+    assert "running ogrpo (round 2 of 2)" in text and "of 2 rounds, the paths interleaved" in text
+    assert "each round's median step s: trl " in text
     assert "(end tokens 1 in 3: expected mean length 3)" in text and "trl: mean completion" in text
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert {r["path"] for r in rows} == {"trl", "ogrpo", "ratio"}

@@ -166,9 +166,10 @@ def _run_ranks(workdir: Path, rec: dict, path: str) -> None:
     (workdir / f"{path}-balance.json").write_text(json.dumps(balance) + "\n")
 
 
-def summarize(rows: list[dict]) -> dict[str, float]:
-    """Median seconds per stage over the steps after the first, and the peak memory of the run (GiB)."""
-    timed = rows[1:] or rows
+def summarize(rows: list[dict], warmups: int = 1) -> dict[str, float]:
+    """Median seconds per stage over the steps after the first `warmups` rows, and the peak memory over all of
+    them (GiB)."""
+    timed = rows[warmups:] or rows
     out = {s: statistics.median(r.get(f"{s}_s", 0.0) for r in timed) for s in STAGES}
     out["peak_gib"] = run_peak_gib(rows)
     out["tokens_per_s"] = statistics.median(r.get("tokens_per_s", 0.0) for r in timed)
@@ -184,6 +185,12 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     if split:  # the split placement: each device set's busy seconds and idle share, and the ideal overlap
         out.update(lanes(split))
     return out
+
+
+def pooled(runs: list[list[dict]]) -> dict[str, float]:
+    """`summarize` over several runs of one path (rounds): each run's first step is its warm-up, every other step
+    of every run counts once in the medians."""
+    return summarize([run[0] for run in runs] + [r for run in runs for r in run[1:]], warmups=len(runs))
 
 
 def lanes(rows: list[dict]) -> dict[str, float]:
@@ -248,12 +255,14 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
                    csv_path: str = "bench/results/step.csv", png_path: str | None = "bench/results/step.png",
                    workdir: str | None = None, out=None, placement: str = "single", stop_every: int | None = None,
                    shape_name: str = "", gpus: str = "cpu", kernels: bool | None = None,
-                   mean_share: float | None = None) -> dict:
+                   mean_share: float | None = None, rounds: int = 1) -> dict:
     """`stop_every` (split placement): completions end at an end token about once in that many tokens
     (default: half the completion budget), so their lengths vary. `mean_share` (both placements): end tokens at
     the rate that makes the mean completion that share of `new_tokens` (lengths geometric, cut at the cap), listed
     in the model's generation config. `gpus` (single placement): "cpu" or one local GPU ("1xH100"), both paths
-    on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice)."""
+    on it; `kernels`: O-GRPO's `ogrpo.kernels` (None: the plan's choice). `rounds`: every path runs that many
+    times, the paths interleaved round by round, and each path's medians pool its rounds' steps: a drift of the
+    machine over the bench (a neighbour's load) then weighs on every path alike rather than on the one it hit."""
     out = out or sys.stdout
     if placement not in PLACEMENTS:
         raise OgrpoError(f"--placement {placement!r}: use {', '.join(PLACEMENTS)}")
@@ -264,6 +273,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         raise OgrpoError(f"--dtype {dtype!r}: use fp32 or bf16")
     if steps < 2:
         raise OgrpoError("--steps must be at least 2 (the first step is a warm-up)")
+    if rounds < 1:
+        raise OgrpoError("--rounds must be at least 1")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-step-"))
     work.mkdir(parents=True, exist_ok=True)
     if mean_share is not None:
@@ -286,20 +297,26 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         # anchor) does by default; a 10-step recipe alone would run it eagerly (ogrpo/planner/compile_choice.py)
         rec["ogrpo"] = {"max_prompt_length": prompt_tokens, "vllm_compile": "on"}
     (work / "recipe.json").write_text(json.dumps(rec))
-    results = {}
-    for path in paths:
-        out.write(f"running {path} ...\n")
-        out.flush()
-        # the anchor's trainer gets the thread cap the plan gives O-GRPO's trainer on the split (its server
-        # drops it: ogrpo.bench.trl_server.server_env)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"} if path == "split-trl" else None
-        with open(work / f"{path}.log", "wb") as log:
-            rc = subprocess.call([sys.executable, "-m", "ogrpo.bench.step", path, str(work)],
-                                 stdout=subprocess.DEVNULL, stderr=log, env=env)
-        if rc != 0:
-            raise OgrpoError(f"bench path {path} failed (exit {rc}); see {work / f'{path}.log'}")
-        rows = [json.loads(x) for x in (work / f"{path}-profile.jsonl").read_text().splitlines()]
-        results[path] = summarize(rows)
+    runs: dict[str, list[list[dict]]] = {p: [] for p in paths}
+    for k in range(rounds):
+        where = work if rounds == 1 else work / f"round-{k + 1}"  # each round's jobs in a directory of their own
+        where.mkdir(exist_ok=True)
+        (where / "recipe.json").write_text(json.dumps(rec))
+        for path in paths:
+            out.write(f"running {path}{f' (round {k + 1} of {rounds})' if rounds > 1 else ''} ...\n")
+            out.flush()
+            # the anchor's trainer gets the thread cap the plan gives O-GRPO's trainer on the split (its server
+            # drops it: ogrpo.bench.trl_server.server_env)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"} if path == "split-trl" else None
+            with open(where / f"{path}.log", "wb") as log:
+                rc = subprocess.call([sys.executable, "-m", "ogrpo.bench.step", path, str(where)],
+                                     stdout=subprocess.DEVNULL, stderr=log, env=env)
+            if rc != 0:
+                raise OgrpoError(f"bench path {path} failed (exit {rc}); see {where / f'{path}.log'}")
+            runs[path].append([json.loads(x) for x in (where / f"{path}-profile.jsonl").read_text().splitlines()])
+    results = {p: pooled(runs[p]) for p in paths}
+    for p in paths:  # each round's own median step: how far the rounds spread
+        results[p]["round_steps"] = [summarize(run)["step"] for run in runs[p]]
     r = (ratios(*(results[p] for p in paths)) if placement in ("single", "ranks") else split_ratios(results))
     header = ["path", *[f"{s} s" for s in STAGES], "passes", "s/pass", "pad score", "pad loss", "tok/s", "peak GiB"]
     table = [[p, *[f"{results[p][s]:.3f}" for s in STAGES], f"{results[p]['logprob_passes']:g}",
@@ -311,13 +328,17 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         lengths = f" (end tokens 1 in {stop_every}: expected mean length {want:.0f})"
     else:
         lengths = f" (EOS allowed: end tokens 1 in {stop_every or new_tokens // 2})" if placement == "split" else ""
+    over = f"steps 2..{steps}" if rounds == 1 else f"steps 2..{steps} of {rounds} rounds, the paths interleaved"
     out.write(f"\nGRPO step, {shape.label()} {dtype}, {prompts} prompts x {generations} generations x <= {new_tokens} "
               f"tokens{lengths}, {placement} placement{f', shape {shape_name}' if shape_name else ''}, median of "
-              f"steps 2..{steps}:\n" + format_table(header, table) + "\n")
+              f"{over}:\n" + format_table(header, table) + "\n")
+    if rounds > 1:
+        out.write("each round's median step s: " + "; ".join(
+            f"{p} " + ", ".join(f"{x:.3f}" for x in results[p]["round_steps"]) for p in paths) + "\n")
     if placement == "split":
         out.write("\n" + split_table(results, r, paths) + "\n")
     if placement == "ranks":  # how unevenly TRL's split left the ranks' tokens, and the balanced one
-        b = json.loads((work / "ranks-balanced-balance.json").read_text())
+        b = json.loads((where / "ranks-balanced-balance.json").read_text())  # the last round's
         out.write(f"ranks' tokens, the most a rank held over the mean: TRL's split {b.get('spread_before')}, "
                   f"balanced {b.get('spread_after')} ({b.get('exchanged')} of {b.get('batches')} batches "
                   "exchanged rows)\n")
@@ -333,7 +354,7 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
                   "this shape is meant to reach: pick a smaller model or fewer completions per step\n")
     tags = environment_tags()
     case = (f"{shape.label()} {dtype} {prompts}x{generations}x{new_tokens}" + ("" if placement == "single" else f" {placement}")
-            + {None: "", True: " kernels on", False: " kernels off"}[kernels])
+            + {None: "", True: " kernels on", False: " kernels off"}[kernels] + (f" {rounds} rounds" if rounds > 1 else ""))
     csv_rows = [make_row("step", case, p, f"{s}_s", results[p][s], "s", str(shape.params()), tags)
                 for p in paths for s in STAGES]
     csv_rows += [make_row("step", case, p, "peak_mem", results[p]["peak_gib"], "GiB", str(shape.params()), tags)

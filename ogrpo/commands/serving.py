@@ -125,6 +125,8 @@ def bench_step(
     vocab: Optional[int] = typer.Option(None, help="Vocabulary size."),
     dtype: str = typer.Option("fp32", help="fp32 | bf16."),
     steps: int = typer.Option(4, help="GRPO steps per path (the first is a warm-up)."),
+    rounds: int = typer.Option(1, help="Runs per path, the paths interleaved round by round; the medians pool "
+                                       "the rounds' steps (the machine's drift then weighs on every path)."),
     prompts: Optional[int] = typer.Option(None, help="Prompts per step."),
     generations: Optional[int] = typer.Option(None, help="Completions per prompt."),
     tokens: Optional[int] = typer.Option(None, help="New tokens per completion (at most, on the split placement)."),
@@ -153,7 +155,7 @@ def bench_step(
         run_step_bench(model, dtype=dtype, steps=steps, prompts=batch["prompts"], generations=batch["generations"],
                        new_tokens=batch["tokens"], csv_path=csv, png_path=png, workdir=workdir,
                        placement=placement, shape_name=shape, gpus=gpus, kernels=kernels,
-                       mean_share=batch["mean_share"])
+                       mean_share=batch["mean_share"], rounds=rounds)
 
 
 @bench_app.command("overlap")

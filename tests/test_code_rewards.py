@@ -143,9 +143,11 @@ def test_trl_keyword_columns_are_accepted(sb):
 
 
 def test_a_broken_sandbox_is_logged_not_raised(tmp_path):
-    # An interpreter that does not exist: every run is a sandbox error, scored 0 and reported as such.
+    # An interpreter gone after the pool started (one missing from the start is refused then: test_sandbox.py):
+    # every run is a sandbox error, scored 0 and reported as such.
     metrics = {}
-    with Sandbox(max_workers=1, tmp_root=str(tmp_path), python="/nonexistent/python3") as box:
+    with Sandbox(max_workers=1, tmp_root=str(tmp_path)) as box:
+        box.python = "/nonexistent/python3"
         out = code_reward([CORRECT], [ADD], sandbox=box, log_metric=metrics.__setitem__)
     assert out == [0.0] and metrics["code/sandbox_error_frac"] == 1.0
 

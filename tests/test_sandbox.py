@@ -411,3 +411,40 @@ def test_sandbox_in_a_process_with_a_cuda_context(tmp_path, monkeypatch):
         results = box.run_jobs([Job("import os\nprint('CUDA_VISIBLE_DEVICES' in os.environ)")] * 8)
     assert [r.runs[0].stdout for r in results] == ["False\n"] * 8  # and no trainer environment leaked in
     assert float((x * 2).sum().item()) == 2 * sum(range(1024))
+
+
+def test_a_python_that_cannot_start_in_it_is_refused_at_once(tmp_path):
+    """Every program of a Python that cannot start under the sandbox (its install unreadable, say) would score 0
+    without a word: the pool runs one at start-up and refuses, naming the interpreter."""
+    from ogrpo.sandbox.pool import SandboxUnavailable
+
+    with pytest.raises(SandboxUnavailable, match="Python programs do not start in it .*/bin/false"):
+        Sandbox(max_workers=1, isolation="none", python="/bin/false", tmp_root=str(tmp_path))
+
+
+def test_a_program_reads_its_interpreters_install_and_nothing_of_the_checkout(sb, nothing_left):
+    """Reads are confined (ogrpo/sandbox/landlock.py) to the system's software and what the interpreter reads:
+    the standard library and a venv's site-packages import, the checkout around them does not read."""
+    from ogrpo.sandbox import landlock
+
+    if landlock.abi() < 1:
+        pytest.skip("no Landlock in this kernel")
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    src = ("import json, decimal, sqlite3, os\ntry:\n    open(%r).read()\n    print('read')\n"
+           "except OSError:\n    print('denied')\nprint(json.dumps(sorted(os.listdir('/usr'))[:1]))\n"
+           % str(readme))
+    res = sb.run(src, "python")
+    assert res.status == OK and res.stdout.splitlines()[0] == "denied", res
+
+
+def test_readable_for_takes_the_install_above_bin_and_a_venvs_root(tmp_path):
+    from ogrpo.sandbox.landlock import readable_for
+
+    base = tmp_path / "python-3.11"
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "python3.11").write_text("")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(base / "bin" / "python3.11")
+    assert readable_for(str(venv / "bin" / "python")) == [str(venv), str(base)]
+    assert readable_for(str(tmp_path / "work" / "prog")) == []  # a program built in the work dir adds nothing

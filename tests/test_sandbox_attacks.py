@@ -884,6 +884,79 @@ def test_correct_programs_pass_under_a_trainer_with_64_threads(level, unprivileg
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], capture_output=True)
 
 
+DATA_DRIVER = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from ogrpo.sandbox import landlock
+from ogrpo.sandbox.pool import Job, Sandbox
+from ogrpo.sandbox.cleanup import CLEANER
+level, root, have_cc = sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+# the attacker knows where the data are: the path comes on stdin
+PY = ("import os\npath = input().strip()\nfound = []\n"
+      "for p in (path, os.path.dirname(path)):\n"
+      "    try:\n"
+      "        found.append(open(p).read() if not os.path.isdir(p) else ' '.join(os.listdir(p)))\n"
+      "    except OSError as e:\n"
+      "        found.append(type(e).__name__)\n"
+      "print(' | '.join(found))\n")
+C = ('#include <stdio.h>\nint main(void){char p[4096],b[256];size_t n;FILE*f;if(scanf("%4095s",p)!=1)return 1;'
+     'f=fopen(p,"r");if(!f){puts("denied");return 0;}n=fread(b,1,255,f);b[n]=0;printf("%s",b);return 0;}\n')
+with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
+    jobs = [Job(PY, "python", [p]) for p in sys.argv[5:]]
+    jobs += [Job(C, "c", [p]) for p in sys.argv[5:]] if have_cc else []
+    res = box.run_jobs(jobs)
+    uids, isolation = box.uids(), box.isolation
+out = [{"status": (r.runs[0] if r.runs else r.compile).status, "stdout": (r.runs[0] if r.runs else r.compile).stdout,
+        "stderr": (r.runs[0] if r.runs else r.compile).stderr[-1500:]} for r in res]
+print(json.dumps({"isolation": isolation, "landlock": landlock.abi(), "runs": out, "uids": uids,
+                  "drained": CLEANER.drain(timeout=60), "left": os.listdir(root)}))
+"""
+
+
+@pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
+def test_no_program_reads_the_training_data(level, unprivileged, package, request):
+    """The test cases' expected outputs are in the training set, on the node's disk: a program that reads them
+    scores without solving. Here a world-readable dataset outside every tmp dir (a project's data dir), and for
+    an unprivileged trainer the user's own under its home; the program knows the path. Python and C, at every
+    level: nothing read, nothing listed, and the programs still run."""
+    user = request.getfixturevalue("ci_user") if unprivileged else None
+    base, root = _deep_root(user)
+    places = [_outside_base()] + ([Path(user.pw_dir)] if user else [])
+    dirs = [Path(tempfile.mkdtemp(prefix="ogrpo-sbx-data-", dir=d)) for d in places]
+    data = []
+    for d in dirs:
+        (d / "train.jsonl").write_text(json.dumps({"input": "2 3", "output": "ANSWER-5"}) + "\n")
+        d.chmod(0o755)
+        (d / "train.jsonl").chmod(0o644)
+        if user:
+            for p in (d, d / "train.jsonl"):
+                os.chown(p, user.pw_uid, user.pw_gid)
+        data.append(d / "train.jsonl")
+    for d in places:  # each dir above the data reachable, as a project's or a home's is
+        d.chmod(d.stat().st_mode | 0o005)
+    try:
+        proc = subprocess.run(_trainer_cmd(user, DATA_DRIVER, package, level, root,
+                                           int(bool(shutil.which("gcc"))), *data),
+                              capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        if out["isolation"] != level:
+            pytest.skip(f"{level} is not available here")
+        if out["landlock"] < 1:
+            pytest.skip("no Landlock in this kernel: programs read what their uid can (docs/sandbox.md)")
+        assert all(r["status"] == "ok" for r in out["runs"]), out  # they ran: what they print is all they got
+        for r in out["runs"]:
+            assert "ANSWER" not in r["stdout"] and "train.jsonl" not in r["stdout"], out
+        py = [r["stdout"] for r in out["runs"][:len(data)]]
+        assert py == ["PermissionError | PermissionError\n"] * len(data), out
+        assert all(r["stdout"] == "denied\n" for r in out["runs"][len(data):]), out
+        assert out["drained"] and out["left"] == []
+        assert _survivors(set(out["uids"]) | ({user.pw_uid} if user else set())) == {}
+    finally:
+        for d in [base, *dirs]:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(d)], capture_output=True)
+
+
 TWO_POOLS_DRIVER = r"""
 import json, os, sys, threading
 sys.path.insert(0, sys.argv[1])

@@ -383,9 +383,14 @@ def _exec_program(spec: dict, status_fd: int) -> None:
     # RLIMIT_FSIZE or into a closed pipe must die, not loop on EFBIG/EPIPE.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
-    if isolation == "none":  # no mount namespace: Landlock keeps writes in the work dir (the cwd), where it exists
-        landlock.restrict(libc, ".")
     argv = list(spec["argv"])
+    # Where the kernel has Landlock, reads too: the system's software, the program's own installation and dirs,
+    # nothing of the host's data (the training set with the expected outputs, the user's files)
+    readable = (*landlock.SYSTEM, *(spec.get("readable") or ()), *landlock.readable_for(argv[0]))
+    if isolation == "none":  # no mount namespace: Landlock also keeps writes in the work dir (the cwd)
+        landlock.restrict(libc, ".", readable)
+    else:  # the run's own tmpfs dirs, its cwd among them
+        landlock.restrict(libc, None, (*readable, *_SHARED_TMP))
     if spec["audit_hook"]:  # argv is [python, -I, -B, main.py]
         argv = [argv[0], "-I", "-B", "-c", _AUDIT_PRELUDE, argv[-1]]
     families = () if isolation == "none" else (seccomp.AF_INET, seccomp.AF_INET6)

@@ -57,16 +57,20 @@ Why this shape:
 
 Isolation levels (`Sandbox.isolation`):
 - "root": all of the above (needs CAP_SYS_ADMIN, e.g. the tests here, containers run as root).
-- "userns": the same through an unprivileged user namespace (the usual case on a cluster). The program can
-  read what the trainer's user can read (e.g. a token under $HOME), but write nothing outside its tmpfs.
+- "userns": the same through an unprivileged user namespace (the usual case on a cluster). The program writes
+  nothing outside its tmpfs; without Landlock it can read what the trainer's user can read (e.g. a token under
+  $HOME, the training data).
+At every level, where the kernel has Landlock, a program reads only the system's software, its interpreter's
+or compiler's installation and its own dirs (ogrpo/sandbox/landlock.py): not the training data, whose test
+cases hold the expected outputs, nor the user's files.
 - "none": no namespaces; only with an explicit opt-in (`Sandbox(isolation="none")`, the recipe's
   `ogrpo.sandbox: none`): rlimits, the seccomp filter with every socket family refused, a kill of the program's
   process tree (a child subreaper; as root also the slot uid's processes), the slot uid when root, Landlock
   where the kernel has it (ogrpo/sandbox/landlock.py: writes only in the work dir; from ABI 6 no signals
   to processes outside its tree; no ptrace or /proc/PID/mem of them), and for Python programs an audit hook
   refusing subprocesses, ctypes and _posixsubprocess. The program runs as the trainer's user when the trainer
-  is not root: it can read that user's files (and write them on a kernel without Landlock) and sees the
-  node's processes. `isolation="auto"` probes "root" then "userns" and raises SandboxUnavailable when neither
+  is not root: on a kernel without Landlock it can read and write that user's files; it sees the node's
+  processes. `isolation="auto"` probes "root" then "userns" and raises SandboxUnavailable when neither
   works: it never falls back to "none" silently.
 
 Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one plugs it in as a reward function
@@ -209,8 +213,12 @@ class Sandbox:
         weakref.finalize(self, _release_locks, self._slot_locks)
         self._claim_slot_uids()
         self.python = python or _python_for(self.drop_uid)
+        # what the programs' interpreter and compilers read, beside the system's software (landlock.py)
+        self.readable = sorted({*_python_prefixes(self.python),
+                                *(d for c in (cc, cxx) for d in landlock.readable_for(
+                                    shutil.which(c, path=_SAFE_PATH) or c))})
         self.probe_errors: dict[str, str] = {}
-        self.landlock = landlock.abi()  # the "none" level's write and signal confinement (0: the kernel has none)
+        self.landlock = landlock.abi()  # reads confined at every level, writes and signals at "none" (0: none)
         self.cgroup_parent = _memory_cgroup()
         self._cgroup_seq = 0
         self.isolation = self._probe() if isolation == "auto" else isolation
@@ -222,6 +230,12 @@ class Sandbox:
                 "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0, no seccomp "
                 "profile denying unshare) or opt in to running "
                 "them unisolated with `ogrpo: {sandbox: none}` in the recipe")
+        # a Python that cannot start in it would score every program 0, silently: say so now
+        run = self.run("print(6 * 7)", "python", limits=Limits(wall_s=30.0))
+        if run.stdout.strip() != "42":
+            why = ((run.stderr or run.status).strip().splitlines() or [run.status])[-1]
+            raise SandboxUnavailable(f"sandbox ({self.isolation}): Python programs do not start in it "
+                                     f"({self.python}: {why})")
 
     # --- public API ------------------------------------------------------------------------------------------
     def run(self, source: str, language: str = "python", stdin: str = "", limits: Limits | None = None) -> RunResult:
@@ -256,11 +270,13 @@ class Sandbox:
             "userns": "user namespace; programs as uid 1000 of a nested one (no capabilities), no_new_privs, seccomp",
             "none": "no namespaces: rlimits, seccomp (no sockets), Python audit hook"
                     + (", a slot uid" if self.drop_uid else "; programs run as the trainer's user")
-                    + (f", Landlock ABI {self.landlock} (writes only in the work dir)" if self.landlock
+                    + (", Landlock: writes only in the work dir" if self.landlock
                        else ", no Landlock: programs can write what that user can"),
         }[self.isolation]
+        detail += (f"; Landlock ABI {self.landlock}: reads only of the system's software and the program's own"
+                   if self.landlock else "; no Landlock: programs read what their uid may (the training data too)")
         return {"isolation": self.isolation, "detail": detail, "memory": self.memory_limit,
-                "landlock": self.landlock if self.isolation == "none" else None,
+                "landlock": self.landlock,
                 "slot_uids": bool(self.drop_uid), "max_workers": self.max_workers}
 
     def uids(self) -> list[int]:
@@ -340,7 +356,7 @@ class Sandbox:
             cgroup = self._cgroup(limits)
             try:
                 res = _launch(argv, stdin, work, uid, limits, self.isolation, job.language == "python",
-                              copy, cgroup, lock)
+                              copy, cgroup, lock, self.readable)
             finally:
                 _remove_cgroup(cgroup)
             runs.append(res)
@@ -384,7 +400,7 @@ class Sandbox:
         cgroup = self._cgroup(self.compile_limits)
         try:
             res = _launch([compiler, name, "-o", "prog", *flags], "", work, uid, self.compile_limits,
-                          self.isolation, False, None, cgroup, lock)
+                          self.isolation, False, None, cgroup, lock, self.readable)
         finally:
             _remove_cgroup(cgroup)
         if res.ok:
@@ -511,6 +527,17 @@ def _python_for(drop_uid: bool) -> str:
     return candidates[-1]
 
 
+def _python_prefixes(python: str) -> list[str]:
+    """The installation dirs `python` reads at start-up (its venv, its base install), as it reports them."""
+    code = "import sys; print('\\n'.join({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}))"
+    try:
+        out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                             env={"PATH": _SAFE_PATH})
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [os.path.realpath(p) for p in out.stdout.splitlines() if p.startswith("/")] if out.returncode == 0 else []
+
+
 def _world_executable(path: str) -> bool:
     real = os.path.realpath(path)
     if not os.path.isfile(real) or not os.stat(real).st_mode & stat.S_IXOTH:
@@ -539,14 +566,14 @@ def _memfd(name: str, data: bytes = b"") -> int:
 
 def _launch(argv: list[str], stdin: str, work: str, uid: int | None, limits: Limits,
             isolation: str, python_program: bool, copy: list[str] | None, cgroup: str | None = None,
-            lock: int | None = None) -> RunResult:
+            lock: int | None = None, readable: list[str] | None = None) -> RunResult:
     """Start the launcher for one run, wait up to the wall clock, kill the tree, collect the result.
 
     stdin, stdout and stderr are memfds: no file of the run exists on any path, so no other run (of the same
     host uid at "userns", or at "none") can read its input or output whatever tmp_root is, and reopening
     /proc/self/fd/N reaches only the program's own memfd. They are regular files, so RLIMIT_FSIZE still bounds
     the output (SIGXFSZ) and nothing has to drain a pipe."""
-    spec = {"argv": argv, "work": work, "uid": uid, "isolation": isolation, "limits": asdict(limits),
+    spec = {"argv": argv, "work": work, "uid": uid, "isolation": isolation, "limits": asdict(limits), "readable": readable,
             "env": _env(isolation), "audit_hook": isolation == "none" and python_program,
             "tmpfs": copy is not None, "copy": copy or [], "cgroup": cgroup,
             "hide": os.path.dirname(os.path.dirname(work))}

@@ -262,7 +262,9 @@ def test_group_calls_give_each_group_the_seeds_it_has_inside_the_one_request():
 
 def test_a_stream_of_completions_hands_each_over_as_it_ends_and_each_group_once_whole():
     """Completions sent one by one: on_part(group, j, answer) as each ends, on_group(group, merged) once the
-    group's last is in (whatever order they end in), the whole answer in batch order."""
+    group's last is in (whatever order they end in), the whole answer in batch order. The completion that
+    completes its group goes with it (no on_part: the group's passes compute its prompt once), and so do the
+    rest of a group that all ended while the caller was busy."""
     import threading
 
     from ogrpo.overlap.pipeline import Stream
@@ -270,6 +272,11 @@ def test_a_stream_of_completions_hands_each_over_as_it_ends_and_each_group_once_
     order = [(1, 1), (0, 0), (1, 0), (0, 1)]  # the order the completions end in
     turn = [threading.Event() for _ in order]
     turn[0].set()
+    seen = []
+
+    def next_turn():  # each arrival taken (a part, or a group its last completion completed) lets the next end
+        if len(seen) < len(order):
+            turn[len(seen)].set()
 
     def call(i, j):
         def run():
@@ -278,25 +285,82 @@ def test_a_stream_of_completions_hands_each_over_as_it_ends_and_each_group_once_
             return {"prompt_ids": [[i]], "completion_ids": [[i, j]], "logprobs": [[[-0.5]]]}
         return run
 
-    seen = []
-
     def on_part(i, j, answer):
         seen.append(("part", i, j))
-        k = order.index((i, j))
-        if k + 1 < len(order):
-            turn[k + 1].set()
+        next_turn()
+
+    def on_group(i, answer):
+        seen.append(("group", i, "last", answer))
+        next_turn()
 
     stream = Stream([[call(0, 0), call(0, 1)], [call(1, 0), call(1, 1)]])
-    out = stream.result(lambda i, a: seen.append(("group", i, a)), on_part)
-    assert [e[:3] for e in seen] == [("part", 1, 1), ("part", 0, 0), ("part", 1, 0), ("group", 1, seen[3][2]),
-                                     ("part", 0, 1), ("group", 0, seen[5][2])]
-    assert seen[3][2] == {"prompt_ids": [[1]], "completion_ids": [[1, 0], [1, 1]], "logprobs": [[[-0.5]]] * 2}
+    out = stream.result(on_group, on_part)
+    assert [e[:3] for e in seen] == [("part", 1, 1), ("part", 0, 0), ("group", 1, "last"), ("group", 0, "last")]
+    assert seen[2][3] == {"prompt_ids": [[1]], "completion_ids": [[1, 0], [1, 1]], "logprobs": [[[-0.5]]] * 2}
     assert out == {"prompt_ids": [[0], [1]], "completion_ids": [[0, 0], [0, 1], [1, 0], [1, 1]],
                    "logprobs": [[[-0.5]]] * 4}
     assert stream.arrivals == [1, 0]
+    # the rest of group 0 and all of group 1 end while the caller is busy with group 0's first: none of them alone
+    first = threading.Event()
+    parts, groups = [], []
+
+    def end(i, j, gate=None):
+        def run():
+            if gate is not None:
+                assert gate.wait(30)
+            return {"prompt_ids": [[i]], "completion_ids": [[i, j]]}
+        return run
+
+    stream = Stream([[end(0, 0), end(0, 1, first)], [end(1, k, first) for k in range(3)]])
+
+    def busy_part(i, j, answer):
+        parts.append((i, j))
+        first.set()
+        while not all(f.done() for f in stream.futures):
+            time.sleep(0.01)
+
+    out = stream.result(lambda i, a: groups.append(i), busy_part)
+    assert parts == [(0, 0)] and groups == [0, 1], (parts, groups)
+    assert out["completion_ids"] == [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]]
     with pytest.raises(OverlapError, match="different 'prompt_ids'"):
         overlap.merge_completions([{"prompt_ids": [[1]], "completion_ids": [[1]]},
                                    {"prompt_ids": [[2]], "completion_ids": [[2]]}])
+
+
+def test_a_trainer_left_busy_after_generation_takes_the_next_streams_completions_with_their_groups():
+    """Completions alone cost their group's prompt again: the pipeline hands them over one by one only while the
+    last stream showed the server, not the trainer, to be what the step waits for (the trainer done soon after
+    the last completion came back); after a stream that left it busy for longer than generation took, only whole
+    groups, until a stream shows the server behind again."""
+    from ogrpo.overlap.pipeline import LOSSLESS, Pipeline, Stream
+
+    def call(i, j, delay):
+        def run():
+            time.sleep(delay)
+            return {"prompt_ids": [[i]], "completion_ids": [[i, j]]}
+        return run
+
+    def stream(delay):
+        return Stream([[call(0, 0, delay), call(0, 1, delay * 2)], [call(1, 0, delay), call(1, 1, delay * 2)]])
+
+    pipe = Pipeline(LOSSLESS, lambda: 0)
+    parts, groups = [], []
+    pipe.on_part, pipe.on_group = (lambda i, j, a: parts.append((i, j))), (lambda i, a: groups.append(i))
+    quick = stream(0.2)
+    pipe._take(quick)  # the server generates 0.4 s, the trainer is done at once: server-bound
+    assert pipe.parts_alone and len(parts) == 2 and sorted(groups) == [0, 1] and not quick.trainer_bound()
+    slow = stream(0.05)
+    pipe.on_group = lambda i, a: (groups.append(i), time.sleep(0.3))  # 0.6 s of work after 0.1 s of generation
+    pipe._take(slow)
+    assert pipe.parts_alone and slow.trainer_bound()
+    parts.clear()
+    pipe._take(stream(0.05))  # the last one left the trainer busy: no completion alone
+    assert not pipe.parts_alone and parts == []
+    pipe.on_group = lambda i, a: groups.append(i)
+    pipe._take(stream(0.2))  # ... and that one did too (its groups came back whole); the next one did not
+    assert not pipe.parts_alone
+    pipe._take(stream(0.2))
+    assert pipe.parts_alone and len(parts) == 2
 
 
 def test_a_stream_runs_side_work_the_moment_it_is_ready_not_at_the_next_arrival():
@@ -336,7 +400,7 @@ def test_a_stream_runs_side_work_the_moment_it_is_ready_not_at_the_next_arrival(
             threading.Timer(0.05, lambda: rewards.set_result("r")).start()
 
     out = Stream([[call(0), call(1)]]).result(lambda i, a: seen.append("group"), on_part, Side())
-    assert seen == [("part", 0), "ready", ("part", 1), "group"]
+    assert seen == [("part", 0), "ready", "group"]  # the last completion goes with its group
     assert out["completion_ids"] == [[0, 0], [0, 1]]
 
 
@@ -578,13 +642,19 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
         # every group's loss forward and backward ran as it arrived, at least one before the last group was in,
         # and TRL's batch was what they trained on (else their gradients were dropped: trained_ahead 0)
         assert x["overlap/trained_ahead"] == groups and x["overlap/trained_early"] >= 1, x
-        # each completion came back alone and had its reference pass as it ended (the group's pass had none left)
-        assert x["overlap/completions_early"] == 16.0, x
-        # and loss forwards run as completions ended, their graphs kept for their group's backward
-        assert x["overlap/forwarded_early"] >= 1, x
+        # each completion came back alone and had its reference pass as it ended, but those whose group was all
+        # back by then, the one that completed it among them (they go with the group's pass)
+        assert 0 <= x["overlap/completions_early"] <= 16 - groups, x
+        # and loss forwards run as completions ended, their graphs kept for their group's backward: only for
+        # completions that came alone (none in a step after one that left the trainer busy: completions_alone 0)
+        assert x["overlap/forwarded_early"] <= x["overlap/completions_early"], x
+        assert x["overlap/completions_alone"] == 1.0 or x["overlap/completions_early"] == 0.0, x
         # the completions that ran their backward as they ended, before their group was whole: never the one that
         # completed a group (as many as the trainer had time for)
         assert 0 <= x["overlap/backward_early"] <= 16 - groups, x
+    assert sum(x["overlap/completions_early"] for x in ours) >= 1, ours  # some came alone and ran alone
+    assert sum(x["overlap/forwarded_early"] for x in ours) >= 1, ours
+    assert ours[0]["overlap/completions_alone"] == 1.0  # the first step has no step before it to say otherwise
     assert any(y["completions/min_length"] < y["completions/max_length"] for y in theirs)  # lengths vary
     # one request per completion, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 16

@@ -31,6 +31,7 @@ module holds what does not touch TRL.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Protocol
@@ -154,14 +155,22 @@ class Stream:
     finishes. `calls`: per group, in prompt order, a thunk or a list of thunks (ogrpo.serve.client.group_calls).
     `result(on_group, on_part)` calls on_part(index, j, answer) for each completion of a group sent one by one as
     it ends, and on_group(index, answer) once a group is whole, in the order the groups complete, on the caller's
-    thread; it returns the merged answer. `arrivals` keeps the groups' order."""
+    thread; it returns the merged answer. `arrivals` keeps the groups' order. A completion whose group is all
+    back by the time the caller takes it (the one that completes it, or the rest of a group that ended while the
+    caller was busy) gets no on_part: it goes with its group, whose passes compute the group's prompt once for
+    all its rows; alone it would pay the prompt again, to save a wait there no longer is."""
 
     def __init__(self, calls: list, on_done: Callable[[], None] | None = None):
         self.groups = [list(c) if isinstance(c, (list, tuple)) else [c] for c in calls]
         self.where = [(i, j) for i, group in enumerate(self.groups) for j in range(len(group))]
         self.futures = [_spawn(self.groups[i][j], f"ogrpo-overlap-group-{i}" + (f"-{j}" if j else ""))
                         for i, j in self.where]
+        self.of_group = [[f for (g, _), f in zip(self.where, self.futures) if g == i] for i in range(len(self.groups))]
         self.arrivals: list[int] = []
+        # when it was sent, when its last part came back, when the caller had taken them all (`trainer_bound`)
+        self.sent_at, self.last_back, self.taken_at = time.monotonic(), None, None
+        for fut in self.futures:
+            fut.add_done_callback(self._back)
         if on_done is not None:
             left = [len(self.futures)]
             lock = threading.Lock()
@@ -176,8 +185,18 @@ class Stream:
             for fut in self.futures:
                 fut.add_done_callback(one_done)
 
+    def _back(self, _fut) -> None:
+        self.last_back = time.monotonic()
+
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
+
+    def trainer_bound(self) -> bool:
+        """Whether its caller, taken up with what came back, finished after the last part came back by more than
+        the server took to generate them all: the trainer, not the server, is then what a step waits for."""
+        if self.taken_at is None or self.last_back is None:
+            return False
+        return self.taken_at - self.last_back > self.last_back - self.sent_at
 
     def exception(self):
         """Wait for every part; the first error, or None."""
@@ -208,13 +227,14 @@ class Stream:
         except BaseException:
             self.exception()  # never leave a part running behind the error
             raise
+        self.taken_at = time.monotonic()
         return merge_outputs([answers[i] for i in range(len(self.groups))])
 
     def _arrived(self, fut: Future, k: int, got: list, answers: dict, on_group, on_part) -> None:
         i, j = self.where[k]
         got[i][j] = out = fut.result()
         whole = len(self.groups[i]) == 1
-        if on_part is not None and not whole:
+        if on_part is not None and not whole and not all(f.done() for f in self.of_group[i]):
             on_part(i, j, out)
         if len(got[i]) < len(self.groups[i]):
             return
@@ -427,6 +447,7 @@ class Pipeline:
         self.on_part: Callable[[int, int, dict], Any] | None = None  # each completion of a group sent one by one
         self.side: SideWork | None = None  # the trainer's work between arrivals (Stream.result)
         self.last_stream: Stream | None = None
+        self.parts_alone = True  # whether the last stream handed its completions over one by one (`_take`)
         self._real: Callable | None = None
 
     # ---- wiring onto one client instance -------------------------------------------------------------------
@@ -486,8 +507,13 @@ class Pipeline:
 
     def _take(self, handle) -> dict:
         if isinstance(handle, Stream):
+            # a completion's passes alone compute its group's prompt again: worth it only while the trainer would
+            # otherwise wait for the server; where the last stream left it busy long after generation ended, the
+            # groups take their completions whole (the same results, computed once per prompt)
+            alone = self.on_part if self.last_stream is None or not self.last_stream.trainer_bound() else None
+            self.parts_alone = alone is not None
             self.last_stream = handle
-            return handle.result(self.on_group, self.on_part, self.side)
+            return handle.result(self.on_group, alone, self.side)
         return handle.result()
 
     def _request(self, prompts: list, sampling: dict):

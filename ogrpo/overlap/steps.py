@@ -284,6 +284,8 @@ def _log_streamed(trainer, state) -> None:
         for name, value in zip(("streamed_passes", "streamed_rewards", "groups_early", "completions_early"),
                                counts):
             trainer._metrics["train"][f"overlap/{name}"].append(value)
+    if state.completions and state.pipeline is not None:  # 0: the trainer was the bottleneck, groups took theirs
+        trainer._metrics["train"]["overlap/completions_alone"].append(float(state.pipeline.parts_alone))
 
 
 def _start_rewards(trainer, state, prompts, completions, completion_ids) -> None:

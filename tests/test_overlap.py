@@ -344,6 +344,7 @@ def test_a_trainer_left_busy_after_generation_takes_the_next_streams_completions
         return Stream([[call(0, 0, delay), call(0, 1, delay * 2)], [call(1, 0, delay), call(1, 1, delay * 2)]])
 
     pipe = Pipeline(LOSSLESS, lambda: 0)
+    pipe.regroup = True  # groups trained ahead (steps.generate sets it): the rounding already follows the timing
     parts, groups = [], []
     pipe.on_part, pipe.on_group = (lambda i, j, a: parts.append((i, j))), (lambda i, a: groups.append(i))
     quick = stream(0.2)
@@ -361,6 +362,17 @@ def test_a_trainer_left_busy_after_generation_takes_the_next_streams_completions
     assert not pipe.parts_alone
     pipe._take(stream(0.2))
     assert pipe.parts_alone and len(parts) == 2
+    # without groups trained ahead every completion goes alone, whatever the timing (reruns round alike): the
+    # one completing its group, one whose group ended while the caller was busy, and after a trainer-bound stream
+    pipe.regroup = False
+    parts.clear()
+    pipe.on_group = lambda i, a: (groups.append(i), time.sleep(0.3))
+    slow = stream(0.05)
+    pipe._take(slow)
+    assert slow.trainer_bound() and sorted(parts) == [(0, 0), (0, 1), (1, 0), (1, 1)], parts
+    parts.clear()
+    pipe._take(stream(0.05))
+    assert pipe.parts_alone and sorted(parts) == [(0, 0), (0, 1), (1, 0), (1, 1)], parts
 
 
 def test_a_stream_runs_side_work_the_moment_it_is_ready_not_at_the_next_arrival():

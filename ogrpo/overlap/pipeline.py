@@ -204,9 +204,12 @@ class Stream:
         return next((e for e in errors if e is not None), None)
 
     def result(self, on_group: Callable[[int, dict], Any] | None = None,
-               on_part: Callable[[int, int, dict], Any] | None = None, side: SideWork | None = None) -> dict:
+               on_part: Callable[[int, int, dict], Any] | None = None, side: SideWork | None = None,
+               regroup: bool = True) -> dict:
         """`side`: work of the trainer's that becomes ready while the server generates (a group's rewards done),
-        run on this thread as soon as it is, not at the next completion's arrival."""
+        run on this thread as soon as it is, not at the next completion's arrival. `regroup` False: every
+        completion of a group sent one by one gets on_part, its group all back or not (which rows are computed
+        alone then does not depend on timing: reruns round alike)."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
         index = {f: k for k, f in enumerate(self.futures)}
@@ -223,18 +226,18 @@ class Stream:
                     continue
                 for fut in back:
                     left.discard(fut)
-                    self._arrived(fut, index[fut], got, answers, on_group, on_part)
+                    self._arrived(fut, index[fut], got, answers, on_group, on_part, regroup)
         except BaseException:
             self.exception()  # never leave a part running behind the error
             raise
         self.taken_at = time.monotonic()
         return merge_outputs([answers[i] for i in range(len(self.groups))])
 
-    def _arrived(self, fut: Future, k: int, got: list, answers: dict, on_group, on_part) -> None:
+    def _arrived(self, fut: Future, k: int, got: list, answers: dict, on_group, on_part, regroup: bool) -> None:
         i, j = self.where[k]
         got[i][j] = out = fut.result()
         whole = len(self.groups[i]) == 1
-        if on_part is not None and not whole and not all(f.done() for f in self.of_group[i]):
+        if on_part is not None and not whole and not (regroup and all(f.done() for f in self.of_group[i])):
             on_part(i, j, out)
         if len(got[i]) < len(self.groups[i]):
             return
@@ -448,6 +451,7 @@ class Pipeline:
         self.side: SideWork | None = None  # the trainer's work between arrivals (Stream.result)
         self.last_stream: Stream | None = None
         self.parts_alone = True  # whether the last stream handed its completions over one by one (`_take`)
+        self.regroup = False  # completions may go with their groups (`_take`): set where groups train ahead
         self._real: Callable | None = None
 
     # ---- wiring onto one client instance -------------------------------------------------------------------
@@ -510,10 +514,13 @@ class Pipeline:
             # a completion's passes alone compute its group's prompt again: worth it only while the trainer would
             # otherwise wait for the server; where the last stream left it busy long after generation ended, the
             # groups take their completions whole (the same results, computed once per prompt)
-            alone = self.on_part if self.last_stream is None or not self.last_stream.trainer_bound() else None
+            # ... where the timing already decides the rounding (groups trained ahead: their gradients are summed
+            # in the order completions end); elsewhere every completion goes alone, as reruns must round alike
+            bound = self.regroup and self.last_stream is not None and self.last_stream.trainer_bound()
+            alone = None if bound else self.on_part
             self.parts_alone = alone is not None
             self.last_stream = handle
-            return handle.result(self.on_group, alone, self.side)
+            return handle.result(self.on_group, alone, self.side, self.regroup)
         return handle.result()
 
     def _request(self, prompts: list, sampling: dict):

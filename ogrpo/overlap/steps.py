@@ -242,6 +242,8 @@ def generate(trainer, state, original, prompts):
         state.pipeline.active = True
         state.pipeline.on_group = work.arrived if work is not None else None
         state.pipeline.on_part = work.part_arrived if work is not None and (work.row_fn or work.then_part) else None
+        # which completions go with their groups depends on timing: only where that already decides the rounding
+        state.pipeline.regroup = work is not None and work.ahead is not None
         # one process trains its pending groups the moment their rewards are done (several: RankGroups decides)
         state.pipeline.side = work.ahead if work is not None and trainer.accelerator.num_processes == 1 else None
     if state.streams and trainer.accelerator.num_processes > 1:

@@ -94,9 +94,10 @@ def test_the_measurement_gives_its_trace_back_and_later_steps_show_the_run_alone
     left them, and a run's peak is taken over the steps it did not record."""
     import torch
 
-    from ogrpo.profile.profiler import memory_row, run_peak_gib
+    from ogrpo.profile.profiler import memory_row, release_heap, run_peak_gib
 
     x = torch.ones(64, 64, requires_grad=True)
+    release_heap()  # the mark starts here: an earlier test in this worker may have left it higher (a flake)
     before = memory_row()
     peak = TensorPeak().start()
     for _ in range(300):  # operators with their allocations and frees ...

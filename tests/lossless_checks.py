@@ -150,6 +150,7 @@ class StreamingPipeline:
 
     def __init__(self, trainer):
         self.trainer, self.active, self.on_group, self.on_part, self.side = trainer, False, None, None, None
+        self.regroup, self.parts_alone = False, True  # it hands every completion over alone (ScriptedServer)
 
     @property
     def consumed_version(self):

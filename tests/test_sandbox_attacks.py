@@ -855,9 +855,10 @@ def _trainer_cmd(user, driver: str, *args) -> list[str]:
     return cmd
 
 
-def _deep_root(user) -> tuple[Path, Path]:
-    """base/p1/p2/tmp_root under /tmp, owned by the trainer's user: a broken cleaner stays inside base."""
-    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-lim-"))
+def _deep_root(user, under: Path | None = None) -> tuple[Path, Path]:
+    """base/p1/p2/tmp_root under /tmp (or `under`), owned by the trainer's user: a broken cleaner stays inside
+    base."""
+    base = Path(tempfile.mkdtemp(prefix="ogrpo-sbx-lim-", dir=under))
     root = base / "p1" / "p2" / "tmp_root"
     root.mkdir(parents=True)
     if user:
@@ -913,14 +914,16 @@ print(json.dumps({"isolation": isolation, "landlock": landlock.abi(), "runs": ou
 """
 
 
+@pytest.mark.parametrize("where", ["under-tmp", "outside-tmp"])
 @pytest.mark.parametrize("level,unprivileged", LEVELS, ids=[f"{lvl}-{'user' if u else 'root'}" for lvl, u in LEVELS])
-def test_no_program_reads_the_training_data(level, unprivileged, package, request):
+def test_no_program_reads_the_training_data(level, unprivileged, where, package, request):
     """The test cases' expected outputs are in the training set, on the node's disk: a program that reads them
     scores without solving. Here a world-readable dataset outside every tmp dir (a project's data dir), and for
     an unprivileged trainer the user's own under its home; the program knows the path. Python and C, at every
-    level: nothing read, nothing listed, and the programs still run."""
+    level, tmp_root (TMPDIR) under /tmp and outside it, beside the data: nothing read, nothing listed, and the
+    programs still run."""
     user = request.getfixturevalue("ci_user") if unprivileged else None
-    base, root = _deep_root(user)
+    base, root = _deep_root(user, None if where == "under-tmp" else _outside_base())
     places = [_outside_base()] + ([Path(user.pw_dir)] if user else [])
     dirs = [Path(tempfile.mkdtemp(prefix="ogrpo-sbx-data-", dir=d)) for d in places]
     data = []

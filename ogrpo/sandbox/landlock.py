@@ -28,9 +28,9 @@ _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446  # the same numbers on x86_64 and 
 _VERSION_FLAG, _RULE_PATH_BENEATH = 1, 1
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR, REMOVE_DIR, REMOVE_FILE = 1, 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 5
 READ = EXECUTE | READ_FILE | READ_DIR
-FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | (1 << 14)  # what a rule on a file (not a dir) may grant
 MAKE = sum(1 << b for b in range(6, 13))  # char, dir, reg, sock, fifo, block, sym
 REFER, TRUNCATE = 1 << 13, 1 << 14
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # what a rule on a file (not a dir) may grant
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1, 2
 

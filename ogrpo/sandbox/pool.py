@@ -60,9 +60,6 @@ Isolation levels (`Sandbox.isolation`):
 - "userns": the same through an unprivileged user namespace (the usual case on a cluster). The program writes
   nothing outside its tmpfs; without Landlock it can read what the trainer's user can read (e.g. a token under
   $HOME, the training data).
-At every level, where the kernel has Landlock, a program reads only the system's software, its interpreter's
-or compiler's installation and its own dirs (ogrpo/sandbox/landlock.py): not the training data, whose test
-cases hold the expected outputs, nor the user's files.
 - "none": no namespaces; only with an explicit opt-in (`Sandbox(isolation="none")`, the recipe's
   `ogrpo.sandbox: none`): rlimits, the seccomp filter with every socket family refused, a kill of the program's
   process tree (a child subreaper; as root also the slot uid's processes), the slot uid when root, Landlock
@@ -72,6 +69,9 @@ cases hold the expected outputs, nor the user's files.
   is not root: on a kernel without Landlock it can read and write that user's files; it sees the node's
   processes. `isolation="auto"` probes "root" then "userns" and raises SandboxUnavailable when neither
   works: it never falls back to "none" silently.
+At every level, where the kernel has Landlock, a program reads only the system's software, its interpreter's
+or compiler's installation and its own dirs (ogrpo/sandbox/landlock.py): not the training data, whose test
+cases hold the expected outputs, nor the user's files.
 
 Remote executors (E2B, Piston, Morph in open-r1) stay out. A site that has one plugs it in as a reward function
 (`my_pkg.rewards:score` in `reward_funcs`) calling its client; the helpers in ogrpo/rewards/code.py (`extract_code`,

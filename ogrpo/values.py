@@ -153,7 +153,7 @@ def _choices() -> dict[str, dict[str, list[str]]]:
 
 
 def choices(key: str) -> list[str]:
-    """The values an enum-typed TrainingArguments field accepts on any supported TRL line ([] for other keys)."""
+    """The values a field with a fixed set of them accepts on any supported TRL line ([] for other keys)."""
     return sorted({c for table in _choices().values() for c in table.get(key, ())})
 
 
@@ -172,8 +172,9 @@ def bool_as_choice(value, allowed) -> str | None:
 
 
 def choice_problem(key: str, value, line: str | None = None) -> str | None:
-    """An enum-typed TrainingArguments field (optim, lr_scheduler_type, *_strategy) given a value transformers'
-    `Enum(value)` refuses on the job's TRL line (any supported line when `line` is None)."""
+    """A field with a fixed set of values (optim, lr_scheduler_type, *_strategy, log_level, loss_type, scale_rewards,
+    ...: ogrpo/data/vendor_trl_fields.py) given one the job's TRL line refuses or ignores (any supported line when
+    `line` is None)."""
     if not isinstance(value, str):
         return None
     lines = _choices()
@@ -185,7 +186,7 @@ def choice_problem(key: str, value, line: str | None = None) -> str | None:
 
     close = difflib.get_close_matches(value, allowed, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    where = f"TRL {line}'s transformers" if line else "transformers"
+    where = f"TRL {line}" if line else "TRL"
     listed = ", ".join(allowed) if len(allowed) <= 12 else f"{len(allowed)} names ({', '.join(allowed[:6])} ...)"
     return f"{key}: {value!r} is not a value {where} accepts; {hint}one of {listed}"
 

@@ -271,16 +271,16 @@ def test_json_is_one_object_on_every_exit(run_cli, write_recipe, tmp_path, comma
 
 
 def test_enum_choices_are_the_installed_transformers():
-    """The vendored choices of this environment's TRL line equal its transformers' enums (CI's second
+    """The vendored choices of this environment's TRL line equal what its TRL and transformers accept (CI's second
     environment checks the images' line the same way); regenerate: python ogrpo/data/vendor_trl_fields.py
     --choices ogrpo/data/trl_choices.json."""
     from importlib import metadata
 
-    from ogrpo.data.vendor_trl_fields import choices_from_transformers
+    from ogrpo.data.vendor_trl_fields import installed_choices
     from ogrpo.values import _choices
 
     line = ".".join(metadata.version("trl").split(".")[:2])
-    assert _choices()[line] == choices_from_transformers()
+    assert _choices()[line] == installed_choices()
 
 
 def test_enum_fields_accept_their_choices_and_refuse_others(tiny_model_dir):
@@ -299,3 +299,57 @@ def test_enum_fields_accept_their_choices_and_refuse_others(tiny_model_dir):
         rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "optim": only_gpu[0]})
         with pytest.raises(ConfigError, match=r"optim: .* TRL 1\.16\.0"):
             plan_from_config(rc, gpus="cpu")
+    only_cpu = sorted(set(_choices()["1.16"]["train_sampling_strategy"])
+                      - set(_choices()["1.9"]["train_sampling_strategy"]))
+    assert only_cpu, "TRL 1.16's transformers has a sampling strategy 1.9's lacks"
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "train_sampling_strategy": only_cpu[0]})
+    plan_from_config(rc, gpus="cpu")  # the CPU stack's line has it: planned, not refused
+    with pytest.raises(ConfigError, match=r"train_sampling_strategy: .* TRL 1\.9\.2"):
+        plan_from_config(rc, gpus="1xA40")
+
+
+def test_trls_own_string_options_are_checked_at_plan_time_on_both_lines():
+    """loss_type, scale_rewards, importance_sampling_level, multi_objective_aggregation: TRL's trainer only compares
+    them, so a typo fails at the first loss, after the job queued and loaded its model; an unknown
+    vllm_importance_sampling_mode silently neither truncates nor masks. Each line lists every loss type."""
+    from ogrpo.values import _choices
+
+    losses = {"grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"}
+    for line, table in _choices().items():
+        assert set(table["loss_type"]) == losses, line
+        assert set(table["scale_rewards"]) == {"group", "batch", "none"}, line
+        assert set(table["importance_sampling_level"]) == {"token", "sequence"}, line
+        assert {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"} \
+            == set(table["vllm_importance_sampling_mode"]), line
+        assert set(table["multi_objective_aggregation"]) == {"sum_then_normalize", "normalize_then_sum"}, line
+    with pytest.raises(ConfigError, match=r"loss_type: 'dr-grpo' is not a value TRL accepts; did you mean 'dr_grpo'"):
+        load_run_config({**MODEL, "loss_type": "dr-grpo"})
+    with pytest.raises(ConfigError, match=r"vllm_importance_sampling_mode: 'token_clip'"):
+        load_run_config({**MODEL, "vllm_importance_sampling_mode": "token_clip"})
+    assert load_run_config({**MODEL, "scale_rewards": False}).trl["scale_rewards"] is False  # TRL maps it: "none"
+
+
+def test_the_choices_are_read_from_the_comparisons_in_trls_source(tmp_path):
+    """What the scan of TRL's sources takes: constants an attribute of that name is compared with, alone or in a
+    list, on either side; not other attributes, not a comparison with a variable."""
+    from ogrpo.data.vendor_trl_fields import compared_values
+
+    src = tmp_path / "t.py"
+    src.write_text("if self.loss_type == 'grpo' or args.loss_type in ['dapo', ('x')]:\n    pass\n"
+                   "elif 'sapo' != self.loss_type: pass\n"
+                   "if self.loss_type == name or self.loss_type == f'{a}': pass\n"
+                   "if self.other == 'nope' or self.loss_type not in ('cispo',): pass\n"
+                   "if self.scale_rewards < 'z': pass\n")
+    assert compared_values([src], ("loss_type", "scale_rewards")) == {
+        "loss_type": {"grpo", "dapo", "x", "sapo", "cispo"}, "scale_rewards": {"z"}}
+
+
+def test_plan_refuses_a_loss_type_typo_in_one_line(run_cli, tmp_path):
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                      "loss_type: grpoo\n")
+    r = run_cli("plan", "--gpus", "cpu", "--config", str(recipe))
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "loss_type: 'grpoo'" in lines[0] and "did you mean 'grpo'" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr

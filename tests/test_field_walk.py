@@ -81,12 +81,12 @@ def test_every_field_has_a_rule():
 
 def _value(info_kinds, default, key=""):
     """A value of the field's kind that differs from its default (what a recipe that sets it would hold); for an
-    enum-typed field, another of the values both TRL lines' transformers accept."""
+    field with a fixed set of values, another of those every TRL line that lists them accepts."""
     from ogrpo.values import _choices
 
-    both = [set(table.get(key, ())) for table in _choices().values()]
-    if all(both):
-        return sorted(set.intersection(*both) - {default})[0]
+    listed = [set(table[key]) for table in _choices().values() if table.get(key)]
+    if listed:
+        return sorted(set.intersection(*listed) - {default})[0]
     kinds = set(info_kinds)
     if "bool" in kinds:
         return not default if isinstance(default, bool) else True

@@ -115,9 +115,11 @@ def main() -> None:
 
 
 
-# ---- enum-typed TrainingArguments fields: the values transformers' __post_init__ accepts -------------------
-# (field, module, enum class). TrainingArguments converts each with `Enum(value)` and raises on anything else, at
-# the job's first line; the plan checks the same lists (ogrpo/data/trl_choices.json, ogrpo/values.py).
+# ---- the values a GRPOConfig string field may take on the installed TRL line --------------------------------
+# Three sources, all read from the installed packages (run once per environment: the CPU stack's .venv and the
+# images' line in .venv-trl19), so that `ogrpo plan` refuses at once what the job would refuse, or misuse, only
+# after it queued and loaded its model:
+# 1. enum-typed TrainingArguments fields: TrainingArguments converts each with `Enum(value)` at the job's first line;
 CHOICE_ENUMS = (
     ("optim", "transformers.training_args", "OptimizerNames"),
     ("lr_scheduler_type", "transformers.trainer_utils", "SchedulerType"),
@@ -126,24 +128,71 @@ CHOICE_ENUMS = (
     ("save_strategy", "transformers.trainer_utils", "SaveStrategy"),
     ("hub_strategy", "transformers.trainer_utils", "HubStrategy"),
 )
+# 2. fields whose dataclass metadata lists `choices` (HfArgumentParser enforces them on a command line, nothing
+#    does for a config file: log_level, ddp_backend, ...);
+# 3. TRL's own string options, which its trainer only compares: a value none of its branches names fails at the
+#    first loss or reward (loss_type, scale_rewards, importance_sampling_level, multi_objective_aggregation) or
+#    silently does nothing (vllm_importance_sampling_mode: no truncation, no mask). Their values are the strings
+#    TRL's GRPO sources compare the field with, and the field's default.
+#    (vllm_mode is not one: TRL's VLLMGeneration refuses an unknown mode itself, and the plan sets it by placement.)
+COMPARED = ("loss_type", "scale_rewards", "importance_sampling_level", "vllm_importance_sampling_mode",
+            "multi_objective_aggregation")
+COMPARED_IN = ("trainer/grpo_trainer.py", "trainer/grpo_config.py", "generation/*.py")
 
 
-def choices_from_transformers() -> dict[str, list[str]]:
-    """{field: sorted accepted values} from the transformers installed in this interpreter (imports it)."""
+def _strings(node: ast.expr) -> list[str] | None:
+    """The string constants a comparison's other side names (a constant, or a list/tuple/set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        parts = [_strings(e) for e in node.elts]
+        return None if any(p is None for p in parts) else [s for p in parts for s in p]
+    return None
+
+
+def compared_values(sources: list[Path], names: tuple[str, ...] = COMPARED) -> dict[str, set[str]]:
+    """{field: the strings `<anything>.<field>` is compared with (==, !=, in, not in) in these sources}."""
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+                continue
+            for a, b in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
+                if isinstance(a, ast.Attribute) and a.attr in found:
+                    found[a.attr].update(_strings(b) or ())
+    return found
+
+
+def installed_choices() -> dict[str, list[str]]:
+    """{field: sorted accepted values} from the TRL and transformers installed in this interpreter (imports them)."""
+    import dataclasses
     import importlib
 
-    return {name: sorted(m.value for m in getattr(importlib.import_module(mod), cls))
-            for name, mod, cls in CHOICE_ENUMS}
+    import trl
+    from trl import GRPOConfig
+
+    out = {name: sorted(m.value for m in getattr(importlib.import_module(mod), cls))
+           for name, mod, cls in CHOICE_ENUMS}
+    defaults = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.metadata.get("choices") and f.name not in out:
+            out[f.name] = sorted(str(c) for c in f.metadata["choices"])
+        defaults[f.name] = f.default
+    root = Path(trl.__file__).parent
+    sources = sorted({p for pattern in COMPARED_IN for p in root.glob(pattern)})
+    for name, values in compared_values(sources).items():
+        if name in defaults:
+            out[name] = sorted(values | ({defaults[name]} if isinstance(defaults[name], str) else set()))
+    return dict(sorted(out.items()))
 
 
 def write_choices(path: Path) -> None:
-    """Add this interpreter's TRL line to the choices file (run once per environment: the CPU stack's .venv and
-    the images' line in .venv-trl19)."""
+    """Add this interpreter's TRL line to the choices file."""
     from importlib import metadata
 
     line = ".".join(metadata.version("trl").split(".")[:2])
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data[line] = choices_from_transformers()
+    data[line] = installed_choices()
     path.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
 
 

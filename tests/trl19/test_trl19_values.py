@@ -33,10 +33,10 @@ def test_trl19_parser_converts_as_the_loader():
 
 
 def test_trl19_enum_choices_are_vendored():
-    from ogrpo.data.vendor_trl_fields import choices_from_transformers
+    from ogrpo.data.vendor_trl_fields import installed_choices
     from ogrpo.values import _choices
 
-    assert _choices()["1.9"] == choices_from_transformers()
+    assert _choices()["1.9"] == installed_choices()
 
 
 def test_a_gpu_plans_typed_values_construct_trl19s_grpo_config(tmp_path):

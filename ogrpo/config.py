@@ -578,6 +578,49 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
             parse_gpus(str(opts["gpus"]))
         except OgrpoError as exc:
             problems.append(f"ogrpo.gpus: {exc}")
+    _check_job_text(opts, problems)
+
+
+# What reaches job.sbatch as an `#SBATCH` value, a header comment or a step's environment is one line: a line break
+# there would end the directive or comment and make the rest a command of the batch script.
+MULTILINE_OPTIONS = frozenset({"system_prompt"})  # the recipe's text, handed to the trainer as data
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*")  # partition, account, qos (lists: a,b)
+_SLURM_MEM = re.compile(r"[0-9]+[KMGTkmgt]?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (a line break, tab, NUL, ...) in text, else None."""
+    return next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+
+
+def _check_job_text(opts: dict, problems: list[str]) -> None:
+    """O-GRPO's text options: no control characters (but the system prompt); Slurm's names and memory in its
+    syntax; ogrpo.env names that a shell and Slurm take, values of one line."""
+    for key, value in opts.items():
+        if isinstance(value, str) and key not in MULTILINE_OPTIONS and control_character(value) is not None:
+            problems.append(f"ogrpo.{key}: {value!r} holds a control character "
+                            f"({control_character(value)!r}); it goes into job.sbatch, one line per option")
+            opts[key] = None  # reported: the checks below would only repeat it
+    for key in ("partition", "account", "qos"):
+        value = opts.get(key)
+        if isinstance(value, str) and not _SLURM_NAME.fullmatch(value.strip()):
+            problems.append(f"ogrpo.{key}: {value!r} is not a Slurm {key} name (letters, digits, _ . -; a list "
+                            "separated by commas)")
+    mem = opts.get("mem_per_gpu")
+    if isinstance(mem, str) and not _SLURM_MEM.fullmatch(mem.strip()):
+        problems.append(f"ogrpo.mem_per_gpu: {mem!r} is not a Slurm memory size: a whole number with an optional "
+                        "unit K, M, G or T (e.g. 40G)")
+    env = opts.get("env")
+    for name, value in (env.items() if isinstance(env, dict) else ()):
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            problems.append(f"ogrpo.env: {name!r} is not an environment variable name (letters, digits and _, "
+                            "not starting with a digit)")
+        elif isinstance(value, (dict, list)) or value is None:
+            problems.append(f"ogrpo.env.{name}: expected a string or number, got {kind_of(value)}")
+        elif control_character(str(value)) is not None:
+            problems.append(f"ogrpo.env.{name}: {str(value)!r} holds a control character; environment values "
+                            "in job.sbatch are one line")
 
 
 # --- the vendored TRL field table -------------------------------------------------------------------------

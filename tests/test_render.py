@@ -426,3 +426,43 @@ def test_sbatch_by_hand_needs_no_venv_on_path(basic_recipe, tmp_path):
     proc = subprocess.run(["bash", str(job / "job.sbatch")], env=env, capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
     assert proc.returncode == 127 and "no-such-python" in proc.stderr
+
+
+def test_no_text_of_the_recipe_becomes_a_command_of_job_sbatch(basic_recipe, write_recipe, tmp_path):
+    """A line break in a value would end its `#SBATCH` line or header comment and run the rest as a command of the
+    batch script. The recipe's TRL keys that reach the header (W&B keys become WANDB_* for every step) are shown
+    escaped; O-GRPO's options that reach it are refused at load with the option's name."""
+    attack = "x\necho PWNED; touch /tmp/ogrpo-pwned"
+    recipe = write_recipe(basic_recipe.read_text() + f"wandb_project: {json.dumps(attack)}\n", "wandb.yaml")
+    _, spec, files = _render(recipe, "3xA40")
+    assert spec.env["WANDB_PROJECT"] == attack  # the run gets the value as written
+    script = tmp_path / "job.sbatch"
+    script.write_text(files["job.sbatch"])
+    lines = files["job.sbatch"].splitlines()
+    assert any("PWNED" in line for line in lines)
+    assert all(line.startswith("#") for line in lines if "PWNED" in line), [x for x in lines if "PWNED" in x]
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert subprocess.run([SHELLCHECK, str(script)], capture_output=True).returncode == 0
+
+    base = load_run_config(basic_recipe)
+    for key in ("job_name", "partition", "account", "qos", "mem_per_gpu", "container", "time", "model", "gres_type"):
+        recipe = write_recipe(basic_recipe.read_text() + f"ogrpo:\n  {key}: {json.dumps(attack)}\n", f"{key}.yaml")
+        with pytest.raises(OgrpoError, match=rf"ogrpo\.{key}: .*control character"):
+            load_run_config(recipe)
+    recipe = write_recipe(basic_recipe.read_text() + f"ogrpo:\n  env:\n    A: {json.dumps(attack)}\n    B$(id): 1\n",
+                          "env.yaml")
+    with pytest.raises(OgrpoError) as refused:
+        load_run_config(recipe)
+    assert "ogrpo.env: 'B$(id)' is not an environment variable name" in str(refused.value)
+    assert "ogrpo.env.A: 'x\\necho PWNED" in str(refused.value) and "control character" in str(refused.value)
+    for key, value in (("partition", "gpu;id"), ("account", "lab $(id)"), ("qos", "a b"), ("mem_per_gpu", "40G;x")):
+        recipe = write_recipe(basic_recipe.read_text() + f"ogrpo:\n  {key}: {json.dumps(value)}\n", f"{key}-2.yaml")
+        with pytest.raises(OgrpoError, match=rf"ogrpo\.{key}: .* is not a Slurm"):
+            load_run_config(recipe)
+    # what sites and users write still loads
+    ok = write_recipe(basic_recipe.read_text() + "ogrpo:\n  partition: gpu,gpu-long\n  account: lab_1.x\n"
+                      "  qos: high\n  mem_per_gpu: 40G\n  job_name: my run (v2)\n  env:\n    NCCL_DEBUG: INFO\n"
+                      "  system_prompt: \"Solve it.\\nThink first.\"\n", "ok.yaml")
+    rc = load_run_config(ok)
+    assert rc.ogrpo.partition == "gpu,gpu-long" and rc.ogrpo.system_prompt == "Solve it.\nThink first."
+    assert base.ogrpo.partition is None

@@ -410,3 +410,14 @@ def test_host_memory_counts_offload_and_the_load_dtype():
     assert one_step["precision"] == "bf16"
     want = -(-(2 * (3 + 2 * P / 2 / GiB + sum(host.values())) + 2 * P / GiB) * 1.1 // 1)
     assert hm.step_host_gib(Plan.from_dict(one_step))["trainer"] == want
+
+
+def test_a_control_character_in_an_sbatch_value_is_refused():
+    """`--slurm KEY=VALUE` on the command line, or SlurmOptions built by a program: a line break would end the
+    `#SBATCH` line and run the rest as a command of the batch script."""
+    with pytest.raises(OgrpoError, match=r"--slurm mem=1\\necho x: the value holds a control character"):
+        sl.parse_passthrough(["mem=1\necho x"])
+    for opts in (sl.SlurmOptions(job_name="a\necho x"), sl.SlurmOptions(partition="gpu\r"),
+                 sl.SlurmOptions(extra={"constraint": "a40\x00"})):
+        with pytest.raises(OgrpoError, match="holds a control character"):
+            sbatch_lines(spec(), opts)

@@ -84,6 +84,9 @@ def parse_passthrough(items: list[str] | None) -> dict[str, object]:
         if key in FIXED:
             raise OgrpoError(f"--slurm {key}: set by O-GRPO for checkpoint/requeue and logs; use --signal-delay, "
                              "--max-requeues or -o instead")
+        if sep and comment_text(value) != value:
+            raise OgrpoError(f"--slurm {key}={comment_text(value)}: the value holds a control character; sbatch "
+                             "reads one option per line")
         out[key] = value if sep else True
     return out
 
@@ -144,7 +147,17 @@ def job_mem_gib(spec) -> int:
 
 
 def directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
-    """(option, value) pairs for the job's `#SBATCH` lines, in a fixed order; value True is a bare flag."""
+    """(option, value) pairs for the job's `#SBATCH` lines, in a fixed order; value True is a bare flag. A value
+    with a control character is refused: a line break would end its `#SBATCH` line and run the rest."""
+    pairs = _directives(spec, opts)
+    for key, value in pairs:
+        if isinstance(value, str) and comment_text(value) != value:
+            raise OgrpoError(f"#SBATCH --{key}={comment_text(value)}: the value holds a control character; sbatch "
+                             "reads one option per line")
+    return pairs
+
+
+def _directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
     own: list[tuple[str, object]] = [
         ("job-name", opts.job_name),
         ("nodes", opts.nodes or job_nodes(spec)),
@@ -201,10 +214,16 @@ def _q(tok: str) -> str:
     return tok if re.fullmatch(r"[\w@%+=:,./{}-]+", tok) else shlex.quote(tok)
 
 
+def comment_text(text: str) -> str:
+    """Text for a `#` comment line of the script: a control character shown escaped (a line break in a value would
+    end the comment, and the rest of the value would run as a command of the batch script)."""
+    return "".join(c if 32 <= ord(c) != 127 else repr(c)[1:-1] for c in str(text))
+
+
 def _wrap_comment(tokens: list[str], indent: str, width: int = 116) -> list[str]:
     """Tokens as `#` comment lines of at most `width` characters, continuation lines indented."""
     rows, cur = [], ""
-    for tok in tokens:
+    for tok in map(comment_text, tokens):
         if cur and len(cur) + 1 + len(tok) > width - len(indent) - 2:
             rows.append(cur)
             cur = tok
@@ -280,8 +299,9 @@ def render_script(spec, opts: SlurmOptions, *, title: str | None = None, summary
     step `exec`s the supervisor."""
     delay = max(MIN_SIGNAL_DELAY_S, int(opts.signal_delay_s))
     command = supervise_command("$JOB_DIR", opts)
-    about = _ABOUT.format(title=title or f"O-GRPO job {spec.name}", version=__version__, summary=summary or spec.name,
-                          health=spec.health_path, delay=delay, requeues=int(opts.max_requeues))
+    about = _ABOUT.format(title=comment_text(title or f"O-GRPO job {spec.name}"), version=__version__,
+                          summary=comment_text(summary or spec.name), health=comment_text(spec.health_path),
+                          delay=delay, requeues=int(opts.max_requeues))
     setup = [*about.splitlines(), *_steps_comment(spec), "",
              *_BODY.format(job_dir=shlex.quote(spec.job_dir), python=shlex.quote(job_python())).splitlines()]
     params = dict(directives(spec, opts))

@@ -193,6 +193,9 @@ def test_write_job_is_atomic(tmp_path, basic_recipe):
     written = write_job(files, tmp_path / "missing" / "job")
     assert sorted(p.name for p in written) == sorted(files)
     assert not [p for p in (tmp_path / "missing").iterdir() if p.name.startswith(".job.")]
+    # a directory the file system refuses although access() lets root through (/proc): one line, nothing left
+    with pytest.raises(OgrpoError, match=r"-o /proc/ogrpo-job: cannot write"):
+        write_job(files, "/proc/ogrpo-job")
 
 
 def _examples():

@@ -32,6 +32,19 @@ def test_gpu_flag_without_cuda_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_bad_input_is_refused_before_any_check_runs(tmp_path):
+    """A GPU spec the catalog does not know, or a report path that cannot be written: one line and exit 2 at once,
+    not a failed check (or a lost report) after minutes of checks."""
+    bad = [(["--gpus", "3xZZZ"], "error: --gpus '3xZZZ': unknown GPU type ZZZ"),
+           (["--out", "/proc/no/such/report.json"], "error: -o /proc/no/such/report.json: cannot write the report")]
+    for args, first in bad:
+        proc = subprocess.run([OGRPO, "selftest", *args], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(first), proc.stderr
+        assert not proc.stdout and not list(tmp_path.iterdir())  # no check ran, no report written
+
+
 def test_selftest_reads_gpus_with_the_one_parser():
     """`selftest --gpus` goes through hardware.parse_gpus: a CPU spec with a memory suffix is a CPU plan like
     `cpu`, and one GPU of a type, however it is written, is planned as two of it (one for the vLLM server)."""

@@ -616,6 +616,25 @@ def _visible(index: int) -> str:
     return ids[index] if len(ids) > index else str(index)
 
 
+def check_report_path(out: str | os.PathLike | None) -> None:
+    """Refuse, before the checks run, a report path that cannot be written (the report would be lost after them):
+    its directory is made and a file is tried in it (root passes access() where the file system says no)."""
+    if not out:
+        return
+    path = Path(out)
+    where = path if path.is_dir() else path.parent
+    try:
+        if path.exists() and not path.is_dir():
+            with open(path, "a"):
+                pass
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        raise OgrpoError(f"-o {out}: cannot write the report there ({exc.strerror or exc}); choose another "
+                         "report path") from None
+
+
 def write_report(report: dict, out: str | os.PathLike | None = None) -> Path:
     path = Path(out) if out else Path.cwd() / f"ogrpo-selftest-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if path.is_dir():

@@ -170,11 +170,12 @@ def write_job(files: dict[str, str], out_dir, force: bool = False) -> list[Path]
                          "them, or choose another output directory")
     # Missing directories are created (like `mkdir -p`) and removed again if the write fails.
     created = [d for d in [out, *out.parents] if not d.exists()]
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".ogrpo-render.", dir=out))
     written: list[Path] = []
+    tmp = None
     ok = False
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".ogrpo-render.", dir=out))
         for name, text in files.items():
             (tmp / name).write_text(text)
             if name.endswith(".sbatch"):
@@ -184,10 +185,14 @@ def write_job(files: dict[str, str], out_dir, force: bool = False) -> list[Path]
             os.replace(tmp / name, out / name)
             written.append(out / name)
         ok = True
+    except OSError as exc:  # a file system that refuses (root passes access(), /proc does not), a full disk
+        raise OgrpoError(f"-o {out}: cannot write the job there ({exc.strerror or exc}); choose another output "
+                         "directory") from None
     finally:
-        for leftover in tmp.iterdir():
-            leftover.unlink()
-        tmp.rmdir()
+        if tmp is not None:
+            for leftover in tmp.iterdir():
+                leftover.unlink()
+            tmp.rmdir()
         if not ok:
             for d in created:  # innermost first
                 if d.is_dir() and not any(d.iterdir()):

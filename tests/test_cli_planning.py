@@ -79,6 +79,34 @@ def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
     _no_traceback(proc)
 
 
+@pytest.mark.parametrize("args, words", [
+    (["serve", "--config", "tiny", "--port", "99999"], "--port 99999: a TCP port is 1-65535"),
+    (["serve", "--config", "tiny", "--port", "0"], "--port 0: a TCP port is 1-65535"),
+    (["serve", "--config", "tiny", "--host", "no such host"], "--host 'no such host': this node cannot resolve it"),
+    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "local", "--dry-run", "--signal-delay", "-5"],
+     "--signal-delay -5: at least 30 s"),
+    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "local", "--dry-run", "--max-requeues", "-1"],
+     "--max-requeues -1: 0 (never requeue) or more"),
+    (["sweep", "--config", "tiny", "--gpus", "cpu", "--seeds", "2", "--dry-run", "--max-requeues", "-1"],
+     "--max-requeues -1"),
+    (["bench", "step", "--hidden", "0"], "too small: --hidden 0 (at least 1)"),
+    (["bench", "step", "--generations", "1"], "too small: --generations 1 (at least 2)"),
+    (["bench", "step", "--heads", "3"], "hidden 512 must divide by heads 3"),
+    (["bench", "rollout", "--prompts", "0", "--tokens", "-5"], "too small: --prompts 0 (at least 1), --tokens -5"),
+    (["bench", "rollout", "--repeats", "0"], "too small: --repeats 0"),
+])
+def test_bad_command_line_values_get_one_line_before_any_work(run_cli, tmp_path, monkeypatch, args, words):
+    """Values refused at once, in one line, where before they failed after minutes (a bench's model built, vLLM's
+    bind after the model loaded) with a traceback, or were clamped without a word."""
+    monkeypatch.setenv("OGRPO_JOB_KEY", "k" * 32)  # serve checks its key first
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], proc.stderr[-2000:]
+    _no_traceback(proc)
+    assert not list(tmp_path.iterdir())  # nothing written (no run, bench or job directory)
+
+
 @pytest.mark.parametrize("text, words", [
     ("a: [1,\n", "malformed YAML"),
     ("model_name_or_path: Qwen/Qwen2.5-1.5B\nlearning_rat: 1.0e-6\n", "did you mean learning_rate"),

@@ -69,9 +69,29 @@ class RolloutShape:
         emb = self.vocab * self.hidden * (1 if self.tied else 2)
         return self.layers * per_layer + emb + self.hidden
 
+    def check(self) -> None:
+        """Refuse a shape no model can have (one line, before anything is built)."""
+        sizes = {"hidden": self.hidden, "layers": self.layers, "heads": self.heads, "kv-heads": self.kv_heads,
+                 "intermediate": self.intermediate}
+        check_counts(**sizes, vocab=(self.vocab, 2))
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise OgrpoError(f"hidden {self.hidden} must divide by heads {self.heads}, heads by kv-heads "
+                             f"{self.kv_heads}")
+
     def label(self) -> str:
         return (f"{self.params() / 1e6:.1f}M h{self.hidden} i{self.intermediate} l{self.layers} "
                 f"a{self.heads}/{self.kv_heads} v{self.vocab}{' tied' if self.tied else ''}")
+
+
+def check_counts(**counts) -> None:
+    """Refuse counts below their least: NAME=value (least 1) or NAME=(value, least), named as their options."""
+    low = []
+    for name, given in counts.items():
+        value, least = given if isinstance(given, tuple) else (given, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            low.append(f"--{name.replace('_', '-')} {value!r} (at least {least})")
+    if low:
+        raise OgrpoError("too small: " + ", ".join(low))
 
 
 @dataclass
@@ -403,9 +423,9 @@ def run_rollout_bench(shape: RolloutShape, *, dtype: str = "fp32", prompts: int 
         raise OgrpoError(f"unknown bench path(s) {bad}; choose from {', '.join(PATHS)}")
     if dtype not in _DTYPES:
         raise OgrpoError(f"unknown dtype {dtype!r}; use fp32 or bf16")
-    if shape.hidden % shape.heads or shape.heads % shape.kv_heads:
-        raise OgrpoError(f"hidden {shape.hidden} must divide by heads {shape.heads}, heads by kv-heads "
-                         f"{shape.kv_heads}")
+    shape.check()
+    check_counts(prompts=prompts, generations=generations, tokens=new_tokens, prompt_tokens=prompt_tokens,
+                 repeats=repeats)
     torch_dtype = _DTYPES[dtype]
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from ogrpo import dtypes
 from ogrpo.bench import trl_server
 from ogrpo.bench.harness import append_rows, environment_tags, make_row, save_figure
 from ogrpo.bench.jobs import run_split_job, split_plan
-from ogrpo.bench.rollout import RolloutShape, build_model, text_prompts
+from ogrpo.bench.rollout import RolloutShape, build_model, check_counts, text_prompts
 from ogrpo.bench.task import token_reward
 from ogrpo.errors import LaunchError, OgrpoError
 from ogrpo.launch.cpu_slots import SLOTS_ENV
@@ -275,6 +275,8 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
         raise OgrpoError("--steps must be at least 2 (the first step is a warm-up)")
     if rounds < 1:
         raise OgrpoError("--rounds must be at least 1")
+    shape.check()
+    check_counts(prompts=prompts, generations=(generations, 2), tokens=new_tokens, prompt_tokens=prompt_tokens)
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ogrpo-bench-step-"))
     work.mkdir(parents=True, exist_ok=True)
     if mean_share is not None:

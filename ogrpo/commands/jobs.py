@@ -80,6 +80,9 @@ def submit(
     from ogrpo.commands.backend import default_backend
 
     backend = default_backend(backend, dry_run, gpus, config)
+    from ogrpo.launch.slurm.sbatch import check_requeue_options
+
+    check_requeue_options(signal_delay, max_requeues)
     rc, plan, job_dir, signal_delay = _plan(
         backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
         extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,

@@ -71,6 +71,7 @@ def sweep(
     from ogrpo.launch.slurm import grace, sbatch as sb
 
     extra_sbatch = sb.parse_passthrough(slurm)
+    sb.check_requeue_options(None, max_requeues)
     minutes = sb.parse_time(time_limit) if time_limit else None
     recipe = load_run_config(config)
     points = g.expand(swept, n_seeds, int(recipe.get("seed", 42)))

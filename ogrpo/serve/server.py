@@ -317,12 +317,26 @@ def server_env(s: ServeSettings, base: dict[str, str] | None = None) -> dict[str
     return env
 
 
+def check_address(host: str, port: int) -> None:
+    """A port the trainer can reach (1-65535) and a host this node resolves: refused now in one line, not by
+    vLLM's bind after the model loaded."""
+    import socket
+
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise OgrpoError(f"--port {port!r}: a TCP port is 1-65535")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise OgrpoError(f"--host {host!r}: this node cannot resolve it ({exc}); pass its name or address") from None
+
+
 def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str | None = None,
           revision: str | None = None, dtype: str | None = None, max_model_len: int | None = None,
           extra_args: list[str] | None = None, dry_run: bool = False) -> list[str]:
     """Resolve, check, and exec the server (never returns unless dry_run, which returns the argv)."""
     if host == "0.0.0.0" and os.environ.get("OGRPO_ALLOW_ANY_HOST") != "1":
         raise OgrpoError("refusing to bind 0.0.0.0; pass this node's address (or set OGRPO_ALLOW_ANY_HOST=1)")
+    check_address(host, port)
 
     if not dry_run and not from_env():
         raise OgrpoError(f"no job key: set {KEY_ENV} in the server's and the trainer's environment (the same "

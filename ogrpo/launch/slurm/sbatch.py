@@ -72,6 +72,15 @@ def format_time(minutes: int) -> str:
     return f"{days}-{text}" if days else text
 
 
+def check_requeue_options(signal_delay_s: int | None, max_requeues: int | None) -> None:
+    """--signal-delay and --max-requeues as given: refused, not raised or clamped in silence."""
+    if signal_delay_s is not None and signal_delay_s < MIN_SIGNAL_DELAY_S:
+        raise OgrpoError(f"--signal-delay {signal_delay_s}: at least {MIN_SIGNAL_DELAY_S} s (Slurm checks time limits "
+                         "every 30 s, so a shorter warning could come after the limit)")
+    if max_requeues is not None and max_requeues < 0:
+        raise OgrpoError(f"--max-requeues {max_requeues}: 0 (never requeue) or more")
+
+
 def parse_passthrough(items: list[str] | None) -> dict[str, object]:
     """`--slurm KEY=VALUE` (repeatable; `--slurm exclusive` for a bare flag) → sbatch options."""
     out: dict[str, object] = {}

@@ -94,6 +94,8 @@ def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
     (["bench", "step", "--heads", "3"], "hidden 512 must divide by heads 3"),
     (["bench", "rollout", "--prompts", "0", "--tokens", "-5"], "too small: --prompts 0 (at least 1), --tokens -5"),
     (["bench", "rollout", "--repeats", "0"], "too small: --repeats 0"),
+    (["train", "--config", "tiny", "--vllm-url", "notaurl"], "--vllm-url 'notaurl': expected http://HOST:PORT"),
+    (["train", "--config", "tiny", "--vllm-url", "http://node1:99999"], "--vllm-url 'http://node1:99999'"),
 ])
 def test_bad_command_line_values_get_one_line_before_any_work(run_cli, tmp_path, monkeypatch, args, words):
     """Values refused at once, in one line, where before they failed after minutes (a bench's model built, vLLM's

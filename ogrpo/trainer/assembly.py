@@ -150,11 +150,28 @@ def _resume_from(run_dir: Path, resume: str | None) -> str | None:
     return str(path)
 
 
+def check_server_url(url: str | None) -> None:
+    """--vllm-url as http(s)://HOST[:PORT][/PATH]: anything else would have the trainer wait out the server
+    timeout (900 s) for a server it cannot reach, then fail."""
+    if url is None:
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is no number or out of range
+        ok = False
+    if not ok:
+        raise OgrpoError(f"--vllm-url {url!r}: expected http://HOST:PORT (the server `ogrpo serve` started)")
+
+
 def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | None = None,
             overrides: dict | None = None, gpus: str | None = None) -> Prepared:
     """Validate everything and build the trainer's inputs. Writes nothing except the tiny-model cache."""
 
     pair_note = replace_trl_range_warning()
+    check_server_url(vllm_url)
 
     rc = load_config(config, overrides)
     model_path = resolve_model_path(rc.trl.get("model_name_or_path"))

@@ -135,6 +135,40 @@ def test_plan_with_a_missing_local_column_exits_2_naming_it(run_cli, write_recip
     assert proc.returncode == 2 and "'solution' column" in proc.stderr and not out.exists()
 
 
+@pytest.mark.parametrize("lines, plan_says, train_says", [
+    ('{"prompt": "a"}\nnot json\n', "line 2 is not JSON", "cannot load"),
+    ('{"prompt": 5}\n', "line 1: 'prompt' is int, not text", "column 'prompt' holds int64 values"),
+    ('{"prompt": "a"}\n{"prompt": null}\n', "line 2: 'prompt' is null", "column 'prompt' has 1 empty (null) value"),
+    ('{"prompt": [1, 2]}\n', "line 1: 'prompt' is list, not text", "column 'prompt' holds List(Value('int64'))"),
+])
+def test_prompts_that_are_no_text_nor_chat_are_refused_in_one_line(tmp_path, lines, plan_says, train_says):
+    """Rows TRL's tokenizer fails on at the first step (after the model loaded), with a traceback: the plan reads
+    the first rows of a local JSON-lines file, the trainer the loaded column's type and nulls (any source)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(lines)
+    with pytest.raises(ConfigError, match=plan_says):
+        check_data({"dataset_name": str(data)}, "prompt", {})
+    with pytest.raises(OgrpoError, match=train_says.replace("(", r"\(").replace(")", r"\)")):
+        load_prompts({"dataset_name": str(data)})
+    data.write_text('{"prompt": "a"}\n{"prompt": [{"role": "user", "content": "b"}]}\n' * 40)  # both kinds
+    assert check_data({"dataset_name": str(data)}, "prompt", {}) == []
+
+
+def test_chat_prompts_need_a_chat_template(tmp_path, tiny_model_dir):
+    """Chat prompts with a tokenizer that has no template: refused at start-up, not at the first step."""
+    from ogrpo.trainer.assembly import prepare
+
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]}] * 8)
+    recipe = {"model_name_or_path": "ogrpo:tiny", "dataset_name": str(data), "reward_funcs": ["tiny_letter"],
+              "per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 8,
+              "ogrpo": {"gpus": "cpu", "use_vllm": False, "max_prompt_length": 32}}
+    with pytest.raises(OgrpoError, match="the prompts are chat messages, and the tokenizer of .* has no chat "
+                                         "template"):
+        prepare(recipe, output_dir=tmp_path / "run")
+    recipe["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert prepare(recipe, output_dir=tmp_path / "run").tokenizer.chat_template == recipe["chat_template"]
+
+
 def test_plan_with_an_unknown_reward_exits_2_naming_it(run_cli, write_recipe):
     recipe = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny-math\n"
                           "reward_funcs: [accuracy, tag_cuont, my_missing_pkg.rewards:score]\nogrpo:\n  gpus: cpu\n")

@@ -616,9 +616,12 @@ def _visible(index: int) -> str:
     return ids[index] if len(ids) > index else str(index)
 
 
-def check_report_path(out: str | os.PathLike | None) -> None:
-    """Refuse, before the checks run, a report path that cannot be written (the report would be lost after them):
-    its directory is made and a file is tried in it (root passes access() where the file system says no)."""
+def check_inputs(gpus: str | None, out: str | os.PathLike | None) -> None:
+    """Refuse, before the checks run, a GPU spec the catalog does not know and a report path that cannot be
+    written (the report would be lost after them): its directory is made and a file is tried in it (root passes
+    access() where the file system says no)."""
+    if gpus:
+        parse_gpus(gpus)
     if not out:
         return
     path = Path(out)

@@ -80,12 +80,9 @@ def submit(
     from ogrpo.commands.backend import default_backend
 
     backend = default_backend(backend, dry_run, gpus, config)
-    from ogrpo.launch.slurm.sbatch import check_requeue_options
-
-    check_requeue_options(signal_delay, max_requeues)
     rc, plan, job_dir, signal_delay = _plan(
         backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
-        extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
+        max_requeues=max_requeues, extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
                "strategy": strategy, "overlap": overlap, "gres_type": gres_type})
     spec = build_jobspec(plan, rc, job_dir)
     executor = _executor(backend, plan, rc, spec, detach, nodes=nodes, time_limit=time_limit, slurm=slurm,
@@ -106,7 +103,7 @@ def submit(
 
 
 def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay,
-          slurm_items, extra):
+          slurm_items, extra, max_requeues=None):
     """The run config and the plan for it, with what the backend needs checked: (run config, plan, run dir,
     signal delay)."""
     import os
@@ -116,6 +113,7 @@ def _plan(backend, gpus, config, model, params, profile, vllm_gpus, strict, forc
     from ogrpo.launch import slurm as sl
 
     sl.parse_passthrough(slurm_items)  # bad --slurm or --time input is the one line before any planning
+    sl.check_requeue_options(signal_delay, max_requeues)
     if extra.get("time"):
         sl.parse_time(extra["time"])
 

@@ -23,12 +23,9 @@ def selftest(
     """Check this node against what the plan relies on; write one JSON report (attach it to bug reports).
     Exit 0 when nothing failed, 1 when a check failed, 2 on bad input (e.g. --gpu without CUDA)."""
     # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.checks.selftest import check_report_path, run_selftest, write_report
-    from ogrpo.hardware import parse_gpus
+    from ogrpo.checks.selftest import check_inputs, run_selftest, write_report
 
-    if gpus:
-        parse_gpus(gpus)  # bad input: one line and exit 2 now, not a failed check minutes later
-    check_report_path(out)
+    check_inputs(gpus, out)  # bad input: one line and exit 2 now, not a failed check (or a lost report) later
 
     def progress(name: str, res: dict) -> None:
         typer.echo(f"{res['status']:4}  {name}: {res.get('detail', '')}  ({res.get('seconds', 0)} s)", err=True)

@@ -108,6 +108,12 @@ def apply_env(plan) -> None:
         torch.set_num_threads(int(threads))
 
 
+def conversational(dataset) -> bool:
+    """Whether the laid-out prompts are chat messages (TRL renders them with the tokenizer's chat template)."""
+    feat = dataset.features.get("prompt") if hasattr(dataset, "features") else None
+    return feat is not None and type(feat).__name__ != "Value"
+
+
 def load_tokenizer(model_path: str, trl: dict):
     from transformers import AutoTokenizer
 
@@ -186,6 +192,9 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     apply_env(plan)
     dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
     tokenizer = load_tokenizer(model_path, rc.trl)
+    if getattr(tokenizer, "chat_template", None) is None and conversational(dataset):
+        raise OgrpoError(f"the prompts are chat messages, and the tokenizer of {model_path} has no chat template "
+                         "to render them; set chat_template in the run config, or give text prompts")
     run_dir = Path(output_dir).expanduser() if output_dir else default_run_dir(rc)
     resume_from = _resume_from(run_dir, resume)
     trl = dict(rc.trl)

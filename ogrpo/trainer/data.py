@@ -125,6 +125,23 @@ def _is_conversation(value) -> bool:
     return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
+def prompt_column_problem(ds, column: str) -> str | None:
+    """What is wrong with a loaded dataset's prompt column for TRL (whose tokenizer and chat template fail on it
+    at the first step, with a traceback): values that are neither text nor chat messages, or missing ones. Read
+    from the schema and Arrow's null count: no row is visited."""
+    feat = ds.features[column]
+    dtype = getattr(feat, "dtype", None)
+    if type(feat).__name__ == "Value":
+        if dtype not in ("string", "large_string"):
+            return f"holds {dtype} values"
+    else:
+        inner = feat[0] if isinstance(feat, list) else getattr(feat, "feature", None)
+        if not (isinstance(inner, dict) and "role" in inner and "content" in inner):
+            return f"holds {feat}"
+    nulls = ds.data.column(column).null_count
+    return f"has {nulls} empty (null) value{'s' if nulls != 1 else ''}" if nulls else None
+
+
 def load_prompts(trl: dict, prompt_column: str | None = None, system_prompt: str | None = None):
     """The training dataset with a `prompt` column, as TRL's GRPOTrainer expects."""
     ds = load_dataset_for(trl)
@@ -138,6 +155,10 @@ def load_prompts(trl: dict, prompt_column: str | None = None, system_prompt: str
     if len(ds) == 0:
         raise OgrpoError(f"dataset {name!r} (split {trl.get('dataset_train_split') or 'train'!r}) has no rows; "
                          "point dataset_name at a non-empty file or split")
+    problem = prompt_column_problem(ds, column)
+    if problem:
+        raise OgrpoError(f"dataset {name!r}: column {column!r} {problem}; a prompt is text or a list of chat "
+                         "messages ({role, content})")
     head = [{"role": "system", "content": system}] if system else []
 
     if open_r1:

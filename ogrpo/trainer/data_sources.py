@@ -151,6 +151,32 @@ def file_columns(path: Path) -> list[str]:
     raise ValueError("is not a list of JSON objects nor JSON lines")
 
 
+def jsonl_problem(path: Path, column: str, rows: int = 64) -> str | None:
+    """The first problem in a JSON-lines file's first `rows` rows that fails the job at load or at its first step:
+    a line that is no JSON object, a prompt that is neither text nor chat messages ({role, content})."""
+    with path.open("r", errors="replace") as f:
+        seen = 0
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                return f"line {number} is not JSON ({exc.msg})"
+            if not isinstance(row, dict):
+                return f"line {number} is not a JSON object"
+            value = row.get(column)
+            if not (isinstance(value, str) or (isinstance(value, list) and value and all(
+                    isinstance(m, dict) and "role" in m and "content" in m for m in value))):
+                what = "null" if value is None else type(value).__name__
+                return (f"line {number}: {column!r} is {what}, not text or a list of chat messages "
+                        "({role, content})")
+            seen += 1
+            if seen >= rows:
+                return None
+    return None
+
+
 def _saved_columns(path: Path, split: str) -> list[str]:
     """A `save_to_disk` directory (Dataset or DatasetDict)."""
     if (path / "dataset_dict.json").is_file():
@@ -278,6 +304,11 @@ def check_data(trl: dict, prompt_column: str, needed: dict[str, list[str]]) -> l
             if col not in cols:
                 fix = "set dataset_prompt_column" if col == prompt_column else f"needed by reward {', '.join(users)}"
                 problems.append(f"{label} has no {col!r} column (columns: {', '.join(cols) or 'none'}); {fix}")
+        path = Path(src.name).expanduser()
+        if prompt_column in cols and path.is_file() and path.suffix.lower() == ".jsonl":
+            bad = jsonl_problem(path, prompt_column)
+            if bad:
+                problems.append(f"{label} {bad}")
     if problems:
         raise ConfigError(problems, "dataset")
     return warnings

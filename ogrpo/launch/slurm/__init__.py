@@ -49,7 +49,8 @@ from ogrpo.launch.containers import Container, make_container, wrap
 from ogrpo.launch.ports import pick_slurm_ports, release_ports
 from ogrpo.launch.slurm.parse import key_values, parsable_job_id
 from ogrpo.launch.slurm.sbatch import (  # noqa: F401  (the options API, re-exported for callers of this backend)
-    MIN_SIGNAL_DELAY_S, SlurmOptions, job_mem_gib, job_nodes, options_for, parse_passthrough, parse_time,
+    MIN_SIGNAL_DELAY_S, SlurmOptions, check_requeue_options, job_mem_gib, job_nodes, options_for,
+    parse_passthrough, parse_time,
     request_flags,
 )
 from ogrpo.launch.slurm.cli import run_slurm

@@ -467,6 +467,7 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             elif value is not None and value != r.default:
                 warnings.append(f"{key}: a key of {origin}; not applied ({r.reason}); listed in the plan's changes")
     if not problems:
+        _parse_json_mappings(data, problems)
         _map_renamed(data, problems)
     _map_open_r1(data, section)
 
@@ -514,6 +515,30 @@ def _map_open_r1(data: dict, section: dict) -> None:
     configs = data.get("dataset_configs")
     if data.get("dataset_config") is None and configs:
         data["dataset_config"] = configs[0] if isinstance(configs, list) else configs
+
+
+# Mapping-valued fields that TRL (GRPOConfig's _VALID_DICT_FIELDS) also takes as a JSON object string, which it
+# parses in __post_init__. O-GRPO's planner and trainer read them before that: parsed here, the same way, so that
+# a dtype in `model_init_kwargs: '{"dtype": "bfloat16"}'` is planned for and not a traceback at job start.
+JSON_MAPPINGS = ("model_init_kwargs", "gradient_checkpointing_kwargs", "lr_scheduler_kwargs", "generation_kwargs",
+                 "chat_template_kwargs")
+
+
+def _parse_json_mappings(data: dict, problems: list[str]) -> None:
+    for key in JSON_MAPPINGS:
+        value = data.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            parsed = json.loads(value) if value.startswith("{") else None
+        except ValueError as exc:
+            problems.append(f"{key}: {value!r:.60} is not valid JSON ({exc.msg}); write it as a YAML mapping")
+            continue
+        if isinstance(parsed, dict):
+            data[key] = parsed
+        else:
+            problems.append(f"{key}: {value!r:.60} is no mapping; write `key: value` lines under it, or a JSON "
+                            "object string")
 
 
 def _map_renamed(data: dict, problems: list[str]) -> None:

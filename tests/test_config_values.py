@@ -147,14 +147,27 @@ def test_vllm_gpu_memory_utilization_is_a_share(value, ok):
             load_run_config({**MODEL, "vllm_gpu_memory_utilization": value})
 
 
-def test_line_types_are_the_target_lines(tiny_model_dir):
-    """generation_kwargs may be a JSON string on TRL 1.16 (it parses it), not on 1.9 (the GPU images)."""
+def test_json_object_strings_are_parsed_as_trl_parses_them(tiny_model_dir, tmp_path):
+    """model_init_kwargs, generation_kwargs, ... may be JSON object strings: TRL's GRPOConfig parses them. The loader
+    parses them the same way, so the plan reads them (before, a dtype there was not planned for, and the trainer
+    failed at start with a traceback) and TRL 1.9, which does not parse generation_kwargs, gets the mapping too.
+    A string that is no JSON object is refused in one line."""
     from ogrpo.plan import plan_from_config
+    from ogrpo.trainer.settings import grpo_config_kwargs
 
-    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "generation_kwargs": '{"min_tokens": 1}'})
-    plan_from_config(rc, gpus="cpu")
-    with pytest.raises(ConfigError, match=r"generation_kwargs: expected dict or null.*TRL 1\.9\.2"):
-        plan_from_config(rc, gpus="4xV100-32G")
+    rc = load_run_config({"model_name_or_path": str(tiny_model_dir), "generation_kwargs": '{"min_tokens": 1}',
+                          "model_init_kwargs": '{"dtype": "float32", "low_cpu_mem_usage": true}'})
+    assert rc.trl["generation_kwargs"] == {"min_tokens": 1}
+    assert rc.trl["model_init_kwargs"] == {"dtype": "float32", "low_cpu_mem_usage": True}
+    plan = plan_from_config(rc, gpus="cpu")
+    kwargs, _ = grpo_config_kwargs(rc.trl, plan, tmp_path)
+    assert kwargs["model_init_kwargs"]["low_cpu_mem_usage"] is True
+    plan_from_config(rc, gpus="4xV100-32G")  # TRL 1.9.2's line: a mapping, which it takes
+    for key, value, words in (("model_init_kwargs", "dtype=float32", "is no mapping"),
+                              ("lr_scheduler_kwargs", "[1]", "is no mapping"),
+                              ("generation_kwargs", '{"top_k": 5', "is not valid JSON")):
+        with pytest.raises(ConfigError, match=rf"{key}: .* {words}"):
+            load_run_config({"model_name_or_path": str(tiny_model_dir), key: value})
 
 
 def test_rendered_values_are_typed_and_trl_builds_them(run_cli, write_recipe, tmp_path):

@@ -23,7 +23,8 @@ from ogrpo import fields as rules
 from ogrpo.errors import ConfigError, OgrpoError
 from ogrpo.hardware import parse_gpus
 from ogrpo.models import parse_params
-from ogrpo.values import bool_as_choice, choice_problem, choices, coerce, kind_of, kinds_from_type, range_problem
+from ogrpo.values import (bool_as_choice, choice_problem, choices, coerce, control_character, kind_of,
+                          kinds_from_type, range_problem)
 
 DATA_DIR = Path(__file__).with_name("data")
 RECIPES_DIR = Path(__file__).with_name("recipes")
@@ -612,11 +613,6 @@ MULTILINE_OPTIONS = frozenset({"system_prompt"})  # the recipe's text, handed to
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*")  # partition, account, qos (lists: a,b)
 _SLURM_MEM = re.compile(r"[0-9]+[KMGTkmgt]?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def control_character(text: str) -> str | None:
-    """The first control character (a line break, tab, NUL, ...) in text, else None."""
-    return next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
 
 
 def _check_job_text(opts: dict, problems: list[str]) -> None:

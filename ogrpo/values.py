@@ -69,6 +69,21 @@ RANGES: dict[str, tuple] = {
 }
 
 
+def _is_control(c: str) -> bool:
+    return ord(c) < 32 or ord(c) == 127
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (a line break, tab, NUL, ...) in text, else None: what a one-line value of
+    job.sbatch (an `#SBATCH` option, a header comment, an environment value) must not hold."""
+    return next((c for c in str(text) if _is_control(c)), None)
+
+
+def escaped(text: str) -> str:
+    """Text with each control character written as its escape (a line break as \\n), for one line."""
+    return "".join(repr(c)[1:-1] if _is_control(c) else c for c in str(text))
+
+
 def kind_of(value) -> str:
     if value is None:
         return "none"

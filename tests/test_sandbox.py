@@ -381,11 +381,18 @@ def test_cpu_bound_programs_scale_with_cores(tmp_path):
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("needs 2 cores")
-    busy = "import time\na = time.monotonic()\ns = 0\nfor i in range(4_000_000):\n    s += i\nprint(a, time.monotonic())"
+    busy = ("import time\na = time.monotonic()\ns = 0\nfor i in range(4_000_000):\n    s += i\n"
+            "print(a, time.monotonic())")
+    before = set(_pid_namespaces().values())
     with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
         box.run(busy)  # warm the page cache
         two = box.run_jobs([Job(busy), Job(busy)])
+        uids = set(box.uids())
     assert all(r.runs[0].ok for r in two)
+    now = _pid_namespaces()  # nothing of the programs is left: in their pid namespaces, nor under a slot uid
+    new_ns = {pid: ns for pid, ns in now.items() if ns not in before}
+    assert {pid: ns for pid, ns in new_ns.items() if _ours_or_orphaned(pid, set(new_ns))} == {}
+    assert [pid for pid in now if _uid_of(pid) in uids] == []
     (a1, b1), (a2, b2) = (map(float, r.runs[0].stdout.split()) for r in two)
     shared = min(b1, b2) - max(a1, a2)
     assert shared > 0.5 * min(b1 - a1, b2 - a2), f"spans {a1:.3f}-{b1:.3f} and {a2:.3f}-{b2:.3f} barely overlap"

@@ -82,7 +82,8 @@ def submit(
     backend = default_backend(backend, dry_run, gpus, config)
     rc, plan, job_dir, signal_delay = _plan(
         backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
-        max_requeues=max_requeues, extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
+        max_requeues=max_requeues,
+        extra={"partition": partition, "account": account, "qos": qos, "time": time_limit, "container": container,
                "strategy": strategy, "overlap": overlap, "gres_type": gres_type})
     spec = build_jobspec(plan, rc, job_dir)
     executor = _executor(backend, plan, rc, spec, detach, nodes=nodes, time_limit=time_limit, slurm=slurm,

@@ -34,7 +34,7 @@ from ogrpo.sandbox import policy as sandbox_policy
 from ogrpo.serve import client
 from ogrpo.trainer import rundir
 from ogrpo.trainer.callbacks import default_callbacks, use_quiet_progress
-from ogrpo.trainer.data import load_prompts
+from ogrpo.trainer.data import chat_prompts, load_prompts
 from ogrpo.trainer.peft_config import peft_config
 from ogrpo.trainer.settings import build_grpo_config, grpo_config_kwargs
 from ogrpo.trainer.guard import NonFiniteError
@@ -106,12 +106,6 @@ def apply_env(plan) -> None:
         import torch
 
         torch.set_num_threads(int(threads))
-
-
-def conversational(dataset) -> bool:
-    """Whether the laid-out prompts are chat messages (TRL renders them with the tokenizer's chat template)."""
-    feat = dataset.features.get("prompt") if hasattr(dataset, "features") else None
-    return feat is not None and type(feat).__name__ != "Value"
 
 
 def load_tokenizer(model_path: str, trl: dict):
@@ -192,7 +186,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     apply_env(plan)
     dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
     tokenizer = load_tokenizer(model_path, rc.trl)
-    if getattr(tokenizer, "chat_template", None) is None and conversational(dataset):
+    if getattr(tokenizer, "chat_template", None) is None and chat_prompts(dataset):
         raise OgrpoError(f"the prompts are chat messages, and the tokenizer of {model_path} has no chat template "
                          "to render them; set chat_template in the run config, or give text prompts")
     run_dir = Path(output_dir).expanduser() if output_dir else default_run_dir(rc)

@@ -125,6 +125,13 @@ def _is_conversation(value) -> bool:
     return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
+def chat_prompts(ds) -> bool:
+    """Whether a laid-out dataset's prompts are chat messages (TRL renders them with the tokenizer's chat
+    template), from its schema."""
+    feat = ds.features.get("prompt") if hasattr(ds, "features") else None
+    return feat is not None and type(feat).__name__ != "Value"
+
+
 def prompt_column_problem(ds, column: str) -> str | None:
     """What is wrong with a loaded dataset's prompt column for TRL (whose tokenizer and chat template fail on it
     at the first step, with a traceback): values that are neither text nor chat messages, or missing ones. Read

@@ -23,6 +23,7 @@ from ogrpo.errors import OgrpoError
 from ogrpo.launch.slurm.parse import seconds
 from ogrpo.launch.slurm.submitit_adapter import render_sbatch
 from ogrpo.planner.device_rules import rules_of
+from ogrpo.values import control_character, escaped
 
 # Slurm checks time limits every 30 s (PERIODIC_TIMEOUT) and sends the warning when the end is within
 # delay + 30 s, so it comes 0-30 s earlier than asked; a delay under 30 s could come too late.
@@ -93,8 +94,8 @@ def parse_passthrough(items: list[str] | None) -> dict[str, object]:
         if key in FIXED:
             raise OgrpoError(f"--slurm {key}: set by O-GRPO for checkpoint/requeue and logs; use --signal-delay, "
                              "--max-requeues or -o instead")
-        if sep and comment_text(value) != value:
-            raise OgrpoError(f"--slurm {key}={comment_text(value)}: the value holds a control character; sbatch "
+        if sep and control_character(value) is not None:
+            raise OgrpoError(f"--slurm {key}={escaped(value)}: the value holds a control character; sbatch "
                              "reads one option per line")
         out[key] = value if sep else True
     return out
@@ -160,8 +161,8 @@ def directives(spec, opts: SlurmOptions) -> list[tuple[str, object]]:
     with a control character is refused: a line break would end its `#SBATCH` line and run the rest."""
     pairs = _directives(spec, opts)
     for key, value in pairs:
-        if isinstance(value, str) and comment_text(value) != value:
-            raise OgrpoError(f"#SBATCH --{key}={comment_text(value)}: the value holds a control character; sbatch "
+        if isinstance(value, str) and control_character(value) is not None:
+            raise OgrpoError(f"#SBATCH --{key}={escaped(value)}: the value holds a control character; sbatch "
                              "reads one option per line")
     return pairs
 
@@ -226,7 +227,7 @@ def _q(tok: str) -> str:
 def comment_text(text: str) -> str:
     """Text for a `#` comment line of the script: a control character shown escaped (a line break in a value would
     end the comment, and the rest of the value would run as a command of the batch script)."""
-    return "".join(c if 32 <= ord(c) != 127 else repr(c)[1:-1] for c in str(text))
+    return escaped(text)
 
 
 def _wrap_comment(tokens: list[str], indent: str, width: int = 116) -> list[str]:

@@ -845,12 +845,16 @@ def _lora_job(tmp_path, mode):
 def test_lossless_without_training_ahead_reruns_to_identical_metrics(tmp_path):
     """README's reproducibility note: where groups are trained ahead their gradients are summed in the order the
     completions end, so reruns agree to fp32 rounding only; with `ogrpo.train_ahead: off` two runs of one config
-    on CPU log identical metrics (everything computed: wall-clock figures aside) and sample identical completions."""
+    on CPU log identical metrics (everything computed: wall-clock figures aside) and sample identical completions.
+    A recipe's `full_determinism: true` asks for that: the plan turns training ahead off for it, and the run is the
+    same as the one with `ogrpo.train_ahead: off` (transformers' deterministic algorithms change nothing on CPU)."""
     from overlap_jobs import completions, metrics, run_job
 
-    runs = [run_job(tmp_path / name, "lossless", steps=STEPS, ogrpo={"train_ahead": "off"}) for name in "ab"]
-    manifest = json.loads((runs[0] / "manifest.json").read_text())
-    assert manifest["train_ahead"]["on"] is False and "ogrpo.train_ahead: off" in manifest["train_ahead"]["reason"]
+    runs = [run_job(tmp_path / "a", "lossless", steps=STEPS, ogrpo={"train_ahead": "off"}),
+            run_job(tmp_path / "b", "lossless", steps=STEPS, full_determinism=True)]
+    for run, words in zip(runs, ("ogrpo.train_ahead: off", "full_determinism")):
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["train_ahead"]["on"] is False and words in manifest["train_ahead"]["reason"], manifest
 
     def computed(run):
         return [{k: v for k, v in r.items() if not any(t in k for t in ("time", "_s", "per_second", "runtime"))}

@@ -270,6 +270,12 @@ def train_ahead(d: Draft, p: Placement, targs: dict, t: TrainerFit, groups: int)
         if early == "on":
             s.add("overlap.early_backward_groups", held, "the open groups whose gradient sums fit at once")
             e.terms["early_backward_sums"] = held * sums
+    elif on:
+        whole = (f"each of the {p.num_processes} trainer processes receives its prompts' completions as whole groups"
+                 if p.num_processes > 1 else "TRL's own server (before TRL "
+                 f"{'.'.join(map(str, overlap_stream.FIRST_VLLM_API_LINE))}) answers whole groups")
+        s.add("overlap.early_backward", "off", f"a group's backward waits for the whole group: {whole}, so no "
+              "completion ends before its group")
 
 
 def rank_balance(d: Draft, p: Placement, targs: dict) -> None:

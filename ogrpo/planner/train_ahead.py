@@ -8,6 +8,10 @@ MEAN_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # a row weighs 1 / per_devic
 SUM_LOSSES = ("dapo", "cispo", "vespo")  # normalized by the batch's token count, known at its end
 
 
+FULL_DETERMINISM = ("full_determinism: groups trained ahead sum their gradients in the order completions end, so a "
+                    "rerun would agree only to rounding; the loss waits for the whole batch, and reruns are identical")
+
+
 def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
             entropy_bonus: bool, deepspeed: bool, offload: bool = False, fp16: bool = False) -> str | None:
     """Why a run with these settings cannot train groups ahead, else None (`deepspeed`: a ZeRO strategy; `offload`:
@@ -69,6 +73,8 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
                      float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
                      bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed, offload,
                      bool(trl_get("fp16")))
+    if reason is None and trl_get("full_determinism"):
+        reason = FULL_DETERMINISM
     if reason is None and correction and old_policy_pass != "from_loss":
         reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
     if reason is not None:

@@ -130,4 +130,39 @@ def plan_differences(recorded, now) -> list[str]:
         a, b = getattr(recorded, role), getattr(now, role)
         out += [f"plan.{role}.{k}: {_shown(getattr(a, k))!r} -> {_shown(getattr(b, k))!r}" for k in fields
                 if getattr(a, k) != getattr(b, k)]
+    # O-GRPO's own choices (overlap, train_ahead, padding_free, kernels, the old policy's pass...) decide how the
+    # run computes as much as the TRL keys do; their reasons may be reworded, their values not
+    was, new = (_setting_values(p) for p in (recorded, now))
+    out += [f"plan setting {name}: {was.get(name)!r} -> {new.get(name)!r}" for name in sorted(set(was) | set(new))
+            if was.get(name) != new.get(name)]
     return out
+
+
+def replanned_differences(record: Record, source=None) -> list[str]:
+    """How today's planner plans the recorded config (`source`: the file it is resubmitted from, else the config
+    itself) unlike the recorded plan (empty: alike, or no plan recorded)."""
+    if record.plan is None:
+        return []
+    from ogrpo.config import load_run_config
+    from ogrpo.plan import plan_from_config
+
+    now = plan_from_config(load_run_config(record.config if source is None else source), gpus=record.gpus)
+    return plan_differences(record.plan, now)
+
+
+def _setting_values(plan) -> dict:
+    """name -> value of a plan's settings, as its manifest holds them (JSON: a tuple reads back as a list)."""
+    return {s.name: json.loads(json.dumps(s.value, default=str)) for s in plan.settings}
+
+
+def rerun_note(plan) -> str | None:
+    """Why a rerun of this plan agrees with the recorded run only to rounding, else None (bit for bit on CPU)."""
+    from ogrpo.planner.device_rules import rules_of
+
+    if not rules_of(plan).is_cpu:
+        return "a GPU run: its rerun agrees to rounding, not bit for bit (CUDA kernels are not deterministic)"
+    if plan.train_ahead:
+        return ("the recorded run trained groups ahead (overlap.train_ahead): its gradients were summed in the "
+                "order completions ended, so the rerun agrees to rounding, not bit for bit; full_determinism: true "
+                "(or ogrpo.train_ahead: off) in the recipe gives identical reruns")
+    return None

@@ -260,6 +260,7 @@ def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_p
     again = tmp_path / "again"
     out = run("reproduce", str(sweep), "-o", str(again), "--dry-run", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "differs from the recorded sweep" not in out.stderr, out.stderr  # today's planner plans each point alike
     redo = json.loads((again / "sweep.json").read_text())
     assert redo["backend"] == "local" and redo["recipe"] == data["recipe"] and redo["grid"] == data["grid"]
     assert [p["values"] for p in redo["points"]] == [p["values"] for p in data["points"]]
@@ -271,6 +272,15 @@ def test_local_sweep_runs_points_in_turn_with_status_summary_and_reproduce(tmp_p
     out = run("reproduce", str(sweep / "points" / "1"), "-o", str(one), env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert yaml.safe_load((one / "run.yaml").read_text())["learning_rate"] == 2e-3
+    # a point planned with another setting than today's planner picks: the sweep's rerun names it, --strict refuses
+    manifest = sweep / "points" / "0" / "manifest.json"  # the job's: its plan
+    record = json.loads(manifest.read_text())
+    setting = record["plan"]["settings"][0]
+    setting["value"] = "moved"
+    manifest.write_text(json.dumps(record))
+    out = run("reproduce", str(sweep), "-o", str(tmp_path / "fourth"), "--dry-run", "--strict", env=env)
+    assert out.returncode == 2 and f"plan setting {setting['name']}: 'moved' ->" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and not (tmp_path / "fourth").exists()
 
 
 @pytest.mark.slow

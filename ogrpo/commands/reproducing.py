@@ -32,9 +32,8 @@ def reproduce(
 
         raise typer.Exit(reproduce_sweep(sweep, output, backend, strict, dry_run))
     # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.config import dump_yaml, load_run_config
-    from ogrpo.plan import plan_from_config
-    from ogrpo.reproduce import drift, load_record, plan_differences
+    from ogrpo.config import dump_yaml
+    from ogrpo.reproduce import drift, load_record, replanned_differences, rerun_note
     from ogrpo.trainer.rundir import git_sha
 
     rec = load_record(run)
@@ -43,10 +42,11 @@ def reproduce(
     with os.fdopen(fd, "w") as f:
         f.write(f"# reproduces {rec.source}\n" + dump_yaml(rec.config))
     try:
-        now = plan_from_config(load_run_config(config_path), gpus=rec.gpus)
-        problems += plan_differences(rec.plan, now) if rec.plan is not None else []
+        problems += replanned_differences(rec, config_path)
         for line in problems:
             typer.echo(f"warning: differs from the recorded run: {line}", err=True)
+        if rec.plan is not None and (note := rerun_note(rec.plan)) is not None:
+            typer.echo(f"note: {note}", err=True)
         if problems and strict:
             raise OgrpoError(f"--strict: this run would differ from {rec.source}: " + "; ".join(problems))
         argv = [sys.executable, "-m", "ogrpo", "submit", "--config", config_path, "--gpus", rec.gpus,

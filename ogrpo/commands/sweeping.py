@@ -310,7 +310,7 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
 
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import dump_yaml
-    from ogrpo.reproduce import drift, load_record
+    from ogrpo.reproduce import drift, load_record, replanned_differences
     from ogrpo.sweep import manifest
     from ogrpo.sweep.grid import format_value
     from ogrpo.trainer.rundir import git_sha
@@ -324,7 +324,7 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
             rec = load_record(str(pdir))
         except OgrpoError:
             continue  # this point never trained: nothing recorded to differ from
-        problems += [line for line in drift(rec, git_sha=sha) if line not in problems]
+        problems += [line for line in drift(rec, git_sha=sha) + replanned_differences(rec) if line not in problems]
     for line in problems:
         typer.echo(f"warning: differs from the recorded sweep: {line}", err=True)
     if problems and strict:

@@ -79,6 +79,9 @@ class OgrpoOptions:
     early_backward: str | None = None
     vllm_compile: str | None = None  # auto (GPU: the profile; CPU: where the run repays compiling) | on | off
     rank_balance: str | None = None  # auto (ranks exchange scored rows to hold even tokens, where exact) | off
+    # the SHA-256 of the rows the run must train on (ogrpo/trainer/data_fingerprint.py; `ogrpo reproduce` pins the
+    # recorded run's): other data is refused when the trainer starts
+    data_sha256: str | None = None
     # Slurm header fields; None leaves them out of job.sbatch.
     partition: str | None = None
     gres_type: str | None = None  # the site's GRES type name for the plan's GPU (default: the catalog's; any: untyped)
@@ -102,7 +105,7 @@ _OGRPO_KINDS = {
     "model": ("str",), "prompt_column": ("str",), "system_prompt": ("str",), "reward_weights": ("list",),
     "max_prompt_length": ("int",), "use_vllm": ("bool",), "strategy": ("str",), "kernels": ("bool",), "overlap": ("str",), "old_policy_pass": ("str",),
     "padding_free": ("str",), "train_ahead": ("str",), "early_backward": ("str",), "vllm_compile": ("str",),
-    "rank_balance": ("str",),
+    "rank_balance": ("str",), "data_sha256": ("str",),
     "step_time_s": ("int", "float"), "sandbox": ("str",), "partition": ("str",), "gres_type": ("str",), "account": ("str",),
     "qos": ("str",), "time": ("str", "int"), "cpus_per_gpu": ("int",), "mem_per_gpu": ("str",),
     "job_name": ("str",), "container": ("str",), "env": ("dict",), "plan": ("dict",),
@@ -604,6 +607,10 @@ def _check_values(data: dict, opts: dict, problems: list[str]) -> None:
             parse_gpus(str(opts["gpus"]))
         except OgrpoError as exc:
             problems.append(f"ogrpo.gpus: {exc}")
+    sha = opts.get("data_sha256")
+    if isinstance(sha, str) and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+        problems.append(f"ogrpo.data_sha256: {sha!r:.80} is not a SHA-256 (64 hex digits: the `data.sha256` of a "
+                        "run's manifest)")
     _check_job_text(opts, problems)
 
 

@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ogrpo import __version__, layout
+from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.launch.slurm.query import resolve
+from ogrpo.plan import plan_from_config
+from ogrpo.planner.device_rules import rules_of
 from ogrpo.planner.types import Plan
 
 VERSIONED = ("torch", "transformers", "trl", "vllm", "accelerate", "datasets", "deepspeed", "peft")
@@ -32,6 +35,7 @@ class Record:
     hardware: dict = field(default_factory=dict)
     seed: int | None = None
     source: Path | None = None
+    data: dict | None = None  # the fingerprint of the rows it trained on (ogrpo/trainer/data_fingerprint.py)
 
 
 def _read(path: Path) -> dict | None:
@@ -79,7 +83,7 @@ def load_record(ref: str) -> Record:
     backend = "slurm" if (where / "slurm" / "job_id").is_file() else "local"
     return Record(config=config, plan=plan, gpus=gpus, backend=backend, versions=run_manifest.get("versions") or {},
                   git_sha=run_manifest.get("git_sha"), hardware=run_manifest.get("hardware") or {},
-                  seed=run_manifest.get("seed"), source=where)
+                  seed=run_manifest.get("seed"), source=where, data=run_manifest.get("data"))
 
 
 def installed_versions() -> dict:
@@ -94,6 +98,32 @@ def installed_versions() -> dict:
             except metadata.PackageNotFoundError:
                 continue
     return out
+
+
+def rerun_config(record: Record) -> dict:
+    """The recorded config to submit again, pinned to the rows the recorded run trained on (`ogrpo.data_sha256`)
+    unless it pins some already: a rerun on other data would be another run."""
+    config = copy.deepcopy(record.config)
+    sha = (record.data or {}).get("sha256")
+    section = config.setdefault("ogrpo", {})
+    if sha and not section.get("data_sha256"):
+        section["data_sha256"] = sha
+    return config
+
+
+def pinned_recipe(recipe: dict, records: list[Record]) -> tuple[dict, str | None]:
+    """A sweep's recipe pinned to the rows its points trained on, where they all trained on the same; else the
+    recipe as it was and why it is not pinned (a grid over the data, a point that recorded none)."""
+    shas = {(r.data or {}).get("sha256") for r in records}
+    recipe = copy.deepcopy(recipe)
+    if (recipe.get("ogrpo") or {}).get("data_sha256"):
+        return recipe, None
+    if not records or None in shas:
+        return recipe, "not every point recorded the rows it trained on"
+    if len(shas) > 1:
+        return recipe, "its points trained on different rows (a grid over the data)"
+    recipe.setdefault("ogrpo", {})["data_sha256"] = shas.pop()
+    return recipe, None
 
 
 def drift(record: Record, installed: dict | None = None, git_sha: str | None = None) -> list[str]:
@@ -143,9 +173,6 @@ def replanned_differences(record: Record, source=None) -> list[str]:
     itself) unlike the recorded plan (empty: alike, or no plan recorded)."""
     if record.plan is None:
         return []
-    from ogrpo.config import load_run_config
-    from ogrpo.plan import plan_from_config
-
     now = plan_from_config(load_run_config(record.config if source is None else source), gpus=record.gpus)
     return plan_differences(record.plan, now)
 
@@ -157,9 +184,7 @@ def _setting_values(plan) -> dict:
 
 def rerun_note(plan) -> str | None:
     """Why a rerun of this plan agrees with the recorded run only to rounding, else None (bit for bit on CPU)."""
-    from ogrpo.planner.device_rules import rules_of
-
-    if not rules_of(plan).is_cpu:
+    if not rules_of(plan).reruns_bit_for_bit:
         return "a GPU run: its rerun agrees to rounding, not bit for bit (CUDA kernels are not deterministic)"
     if plan.train_ahead:
         return ("the recorded run trained groups ahead (overlap.train_ahead): its gradients were summed in the "

@@ -191,3 +191,50 @@ def test_plan_time_check_imports_neither_datasets_nor_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
+def test_the_fingerprint_is_the_rows_in_order_however_they_were_loaded(tmp_path):
+    """ogrpo/trainer/data_fingerprint.py: the same rows hash alike through any load (a reload, a map that rewrites
+    the Arrow files, a shuffled selection or its flattened copy); a changed cell, a row more, another order or
+    another column type do not."""
+    import datasets
+
+    from ogrpo.trainer.data_fingerprint import BATCH, fingerprint
+
+    rows = [{"prompt": f"what is {i} + {i % 7}?", "answer": str(i + i % 7), "n": None if i % 3 else i}
+            for i in range(BATCH + 100)]  # two hashed batches
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    first = fingerprint(load_prompts({"dataset_name": str(data)}))
+    assert first["rows"] == len(rows) and len(first["sha256"]) == 64
+    assert fingerprint(load_prompts({"dataset_name": str(data)})) == first
+    ds = datasets.load_dataset("json", data_files=str(data), split="train")
+    assert fingerprint(ds.map(lambda r: {"prompt": r["prompt"]})) == fingerprint(ds)
+    picked = ds.shuffle(seed=3).select(range(500))
+    assert fingerprint(picked) == fingerprint(picked.flatten_indices()) != fingerprint(ds.select(range(500)))
+    for changed in (rows[:-1] + [{**rows[-1], "answer": "0"}], rows + rows[:1], rows[::-1]):
+        assert fingerprint(load_prompts({"dataset_name": str(write_jsonl(tmp_path / "e.jsonl", changed))})) != first
+    typed = ds.cast_column("n", datasets.Value("float64"))
+    assert fingerprint(typed) != fingerprint(ds)
+
+
+def test_a_pinned_fingerprint_refuses_other_data_before_the_model_loads(tmp_path):
+    from ogrpo.trainer.assembly import prepare
+    from ogrpo.trainer.data_fingerprint import resumed_note
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(16)])
+    recipe = {"model_name_or_path": "ogrpo:tiny", "dataset_name": str(data), "reward_funcs": ["tiny_letter"],
+              "per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 8,
+              "ogrpo": {"gpus": "cpu", "use_vllm": False, "max_prompt_length": 32}}
+    found = prepare(recipe, output_dir=tmp_path / "run").data
+    assert found["rows"] == 16
+    recipe["ogrpo"]["data_sha256"] = found["sha256"].upper()  # as a user may paste it
+    assert prepare(recipe, output_dir=tmp_path / "run").data == found
+    write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(15)] + [{"prompt": "other"}])
+    with pytest.raises(OgrpoError, match="its 16 rows hash to .*not to the ogrpo.data_sha256 the run config pins"):
+        prepare(recipe, output_dir=tmp_path / "run")
+    recipe["ogrpo"]["data_sha256"] = "abc"
+    with pytest.raises(ConfigError, match="ogrpo.data_sha256: 'abc' is not a SHA-256"):
+        prepare(recipe, output_dir=tmp_path / "run")
+    # a resumed run whose data changed since it started: a note, in its manifest and on the console
+    assert resumed_note(found, None) is None and resumed_note(found, dict(found)) is None
+    assert "the dataset changed since this run started (16 rows" in resumed_note({**found, "sha256": "0" * 64}, found)

@@ -66,6 +66,27 @@ def test_reproduce_says_which_reruns_agree_only_to_rounding(tmp_path):
     assert "CUDA" in rerun_note(planned("3xA40"))
 
 
+def test_a_rerun_is_pinned_to_the_recorded_rows():
+    from ogrpo.reproduce import pinned_recipe, rerun_config
+
+    sha = "a" * 64
+    rec = Record(config={"ogrpo": {"gpus": "cpu"}, "seed": 1}, plan=None, gpus="cpu", backend="local",
+                 data={"rows": 4, "sha256": sha})
+    assert rerun_config(rec) == {"ogrpo": {"gpus": "cpu", "data_sha256": sha}, "seed": 1}
+    assert rec.config == {"ogrpo": {"gpus": "cpu"}, "seed": 1}  # the record itself unchanged
+    own = Record(config={"ogrpo": {"data_sha256": "b" * 64}}, plan=None, gpus="cpu", backend="local",
+                 data={"sha256": sha})
+    assert rerun_config(own)["ogrpo"]["data_sha256"] == "b" * 64  # the recipe's own pin stays
+    assert "data_sha256" not in rerun_config(Record(config={}, plan=None, gpus="cpu", backend="local"))["ogrpo"]
+    # a sweep: pinned where every point trained on the same rows
+    assert pinned_recipe({"seed": 1}, [rec, rec]) == ({"seed": 1, "ogrpo": {"data_sha256": sha}}, None)
+    other = Record(config={}, plan=None, gpus="cpu", backend="local", data={"sha256": "c" * 64})
+    assert pinned_recipe({"seed": 1}, [rec, other]) == ({"seed": 1}, "its points trained on different rows (a grid "
+                                                                      "over the data)")
+    unrecorded = Record(config={}, plan=None, gpus="cpu", backend="local")
+    assert pinned_recipe({}, [rec, unrecorded])[1] == "not every point recorded the rows it trained on"
+
+
 def test_a_directory_without_a_run_manifest_is_one_line(tmp_path):
     with pytest.raises(OgrpoError, match="no run manifest"):
         load_record(str(tmp_path))
@@ -95,6 +116,11 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
     assert "differs from the recorded run" not in out.stderr and "agrees to rounding" not in out.stderr
     a, b = _metrics(first), _metrics(again)
     assert len(a) == 3 and a == b  # CPU, same seed, same plan: the same numbers, not merely close ones
+    # the rerun was pinned to the rows the first trained on, and trained on them
+    recorded = json.loads((first / "run" / "manifest.json").read_text())["data"]
+    rerun = json.loads((again / "run" / "manifest.json").read_text())
+    assert recorded["rows"] > 0 and rerun["data"] == recorded
+    assert rerun["config"]["ogrpo"]["data_sha256"] == recorded["sha256"]
     # a manifest from another stack: a warning by default, a refusal with --strict, naming what moved
     manifest = first / "run" / "manifest.json"
     data = json.loads(manifest.read_text())
@@ -104,3 +130,12 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert out.returncode == 2 and "trl 1.9.2 -> 1.16.0" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "third").exists()
+    # a run whose rows are not those recorded (as if its dataset changed since): the rerun's trainer refuses them
+    # in one line before the model loads, and nothing trains
+    data["versions"]["trl"] = json.loads((again / "run" / "manifest.json").read_text())["versions"]["trl"]
+    data["data"]["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(data))
+    out = subprocess.run([*OGRPO, "reproduce", str(first), "-o", str(tmp_path / "fourth")], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600)
+    assert out.returncode != 0 and "not to the ogrpo.data_sha256 the run config pins" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not list((tmp_path / "fourth").glob("run/metrics.jsonl"))

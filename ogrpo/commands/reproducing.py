@@ -33,14 +33,14 @@ def reproduce(
         raise typer.Exit(reproduce_sweep(sweep, output, backend, strict, dry_run))
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import dump_yaml
-    from ogrpo.reproduce import drift, load_record, replanned_differences, rerun_note
+    from ogrpo.reproduce import drift, load_record, replanned_differences, rerun_config, rerun_note
     from ogrpo.trainer.rundir import git_sha
 
     rec = load_record(run)
     problems = drift(rec, git_sha=git_sha())
     fd, config_path = tempfile.mkstemp(prefix="ogrpo-reproduce-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        f.write(f"# reproduces {rec.source}\n" + dump_yaml(rec.config))
+        f.write(f"# reproduces {rec.source}\n" + dump_yaml(rerun_config(rec)))
     try:
         problems += replanned_differences(rec, config_path)
         for line in problems:

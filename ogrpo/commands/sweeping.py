@@ -310,7 +310,7 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
 
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.config import dump_yaml
-    from ogrpo.reproduce import drift, load_record, replanned_differences
+    from ogrpo.reproduce import drift, load_record, pinned_recipe, replanned_differences
     from ogrpo.sweep import manifest
     from ogrpo.sweep.grid import format_value
     from ogrpo.trainer.rundir import git_sha
@@ -318,13 +318,18 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
     data = manifest.read(sweep_dir)
     problems: list[str] = []
     sha = git_sha()
+    records = []
     for entry in data["points"]:
         pdir = manifest.point_dir(sweep_dir, entry["index"])
         try:
             rec = load_record(str(pdir))
         except OgrpoError:
             continue  # this point never trained: nothing recorded to differ from
+        records.append(rec)
         problems += [line for line in drift(rec, git_sha=sha) + replanned_differences(rec) if line not in problems]
+    recipe, unpinned = pinned_recipe(data["recipe"], records)
+    if unpinned:
+        typer.echo(f"note: the rerun's data is not pinned to the recorded sweep's: {unpinned}", err=True)
     for line in problems:
         typer.echo(f"warning: differs from the recorded sweep: {line}", err=True)
     if problems and strict:
@@ -332,7 +337,7 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
     opts = data.get("options") or {}
     fd, config_path = tempfile.mkstemp(prefix="ogrpo-reproduce-sweep-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        f.write(f"# reproduces the recipe of sweep {data['id']}\n" + dump_yaml(data["recipe"]))
+        f.write(f"# reproduces the recipe of sweep {data['id']}\n" + dump_yaml(recipe))
     argv = [sys.executable, "-m", "ogrpo", "sweep", "--config", config_path,
             "--backend", backend or data.get("backend") or "slurm"]
     for key, values in (data.get("grid") or {}).items():

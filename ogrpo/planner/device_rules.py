@@ -57,6 +57,9 @@ class DeviceRules:
     suggests_lora: bool  # whether "LoRA" is offered as a fix for a trainer that does not fit
     counts_gpus: bool  # whether steps ask the scheduler for GPUs (--gres, the steps' devices)
     kind: str  # "cpu" | "gpu": the kind's name in messages and in tables kept per kind (the preemption step's default)
+    # whether a rerun of the same plan computes the same bits (`ogrpo reproduce`): not on GPUs, whose CUDA kernels
+    # (atomics in reductions, vLLM's batching) are not deterministic by default
+    reruns_bit_for_bit: bool
     stack: str  # the stack a plan runs on (ogrpo/packages.py): "cpu", or the GPU family's image
     memory_terms: memory.DeviceTerms  # the memory model's per-kind terms (runtime, KV blocks, CUDA graphs ...)
     # Whether a role's device estimate is itself host RAM (processes sharing the host), so the step's --mem is
@@ -88,6 +91,7 @@ class DeviceRules:
 
 class CpuRules(DeviceRules):
     is_cpu = True
+    reruns_bit_for_bit = True
     unit = "process"
     dtype_bytes = dtypes.BYTES["float32"]
     kv_policy = "kv_bytes"
@@ -256,6 +260,7 @@ class CpuRules(DeviceRules):
 
 class GpuRules(DeviceRules):
     is_cpu = False
+    reruns_bit_for_bit = False
     unit = "GPU"
     dtype_bytes = dtypes.BYTES["bfloat16"]  # bf16 or fp16 (vllm_dtype): 2 bytes either way
     kv_policy = "utilization"

@@ -32,7 +32,7 @@ from ogrpo.profile.profiler import StageProfiler, render_table, summarize
 from ogrpo.rewards.registry import resolve_rewards
 from ogrpo.sandbox import policy as sandbox_policy
 from ogrpo.serve import client
-from ogrpo.trainer import rundir
+from ogrpo.trainer import data_fingerprint, rundir
 from ogrpo.trainer.callbacks import default_callbacks, use_quiet_progress
 from ogrpo.trainer.data import chat_prompts, load_prompts
 from ogrpo.trainer.peft_config import peft_config
@@ -54,6 +54,7 @@ class Prepared:
     reward_funcs: list
     resume_from: str | None
     notes: list[str] = field(default_factory=list)
+    data: dict | None = None  # the dataset's fingerprint (ogrpo/trainer/data_fingerprint.py)
 
 
 def load_config(source, overrides: dict | None = None):
@@ -185,6 +186,8 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     check_devices(plan, "trainer")  # a GPU plan refuses a process without its GPUs: one line, in seconds
     apply_env(plan)
     dataset = load_prompts(rc.trl, rc.ogrpo.prompt_column, rc.ogrpo.system_prompt)
+    data = data_fingerprint.fingerprint(dataset)
+    data_fingerprint.check_pinned(data, rc.ogrpo.data_sha256, rc.trl.get("dataset_name") or "dataset_mixture")
     tokenizer = load_tokenizer(model_path, rc.trl)
     if getattr(tokenizer, "chat_template", None) is None and chat_prompts(dataset):
         raise OgrpoError(f"the prompts are chat messages, and the tokenizer of {model_path} has no chat template "
@@ -197,8 +200,10 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
         trl["reward_weights"] = weights
     _, notes = grpo_config_kwargs(trl, plan, run_dir, vllm_url, config_source=rc.source)
     notes = ([pair_note] if pair_note else []) + notes
+    if resume_from and (changed := data_fingerprint.resumed_note(data, rundir.recorded(run_dir, "data"))):
+        notes.append(changed)
     args = build_grpo_config(trl, plan, run_dir, vllm_url, config_source=rc.source)
-    return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes)
+    return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes, data)
 
 
 def install_vllm_hooks(p: Prepared) -> None:
@@ -397,7 +402,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
             rundir.rewind_logs(run_dir, rundir.checkpoint_step(p.resume_from))
         rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan.to_dict(), seed=p.args.seed,
                               model_path=p.model_path,
-                              extra={"grpo_config": _config_summary(p.args), "notes": p.notes,
+                              extra={"grpo_config": _config_summary(p.args), "notes": p.notes, "data": p.data,
                                      "resumed_from": p.resume_from, "status": "running"})
     with _loading_trl(p, own_process):  # the hooks import TRL's client module
         install_vllm_hooks(p)

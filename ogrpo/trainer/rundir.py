@@ -83,6 +83,14 @@ def write_manifest(run_dir: Path, *, config: dict, plan: dict, seed, model_path:
     return path
 
 
+def recorded(run_dir: Path, key: str):
+    """`key` of the manifest a run directory already holds (an earlier start of the same run), else None."""
+    try:
+        return json.loads((run_dir / MANIFEST).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def metrics_callback(run_dir: Path):
     from transformers import TrainerCallback
 

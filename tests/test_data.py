@@ -217,6 +217,12 @@ def test_the_fingerprint_is_the_rows_in_order_however_they_were_loaded(tmp_path)
     assert fingerprint(typed) != fingerprint(ds)
 
 
+def fingerprint_of(path) -> dict:
+    from ogrpo.trainer.data_fingerprint import fingerprint
+
+    return fingerprint(load_prompts({"dataset_name": str(path)}))
+
+
 def test_a_pinned_fingerprint_refuses_other_data_before_the_model_loads(tmp_path):
     from ogrpo.trainer.assembly import prepare
     from ogrpo.trainer.data_fingerprint import resumed_note
@@ -236,5 +242,14 @@ def test_a_pinned_fingerprint_refuses_other_data_before_the_model_loads(tmp_path
     with pytest.raises(ConfigError, match="ogrpo.data_sha256: 'abc' is not a SHA-256"):
         prepare(recipe, output_dir=tmp_path / "run")
     # a resumed run whose data changed since it started: a note, in its manifest and on the console
+    del recipe["ogrpo"]["data_sha256"]
+    run = tmp_path / "resumed"
+    (run / "checkpoint-2").mkdir(parents=True)
+    (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (run / "manifest.json").write_text(json.dumps({"data": found}))  # what its first start trained on
+    notes = prepare(recipe, output_dir=run, resume="auto").notes
+    assert any("the dataset changed since this run started (16 rows" in n for n in notes), notes
+    (run / "manifest.json").write_text(json.dumps({"data": fingerprint_of(tmp_path / "d.jsonl")}))
+    assert not any("dataset changed" in n for n in prepare(recipe, output_dir=run, resume="auto").notes)
     assert resumed_note(found, None) is None and resumed_note(found, dict(found)) is None
     assert "the dataset changed since this run started (16 rows" in resumed_note({**found, "sha256": "0" * 64}, found)

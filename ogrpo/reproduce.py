@@ -36,6 +36,7 @@ class Record:
     seed: int | None = None
     source: Path | None = None
     data: dict | None = None  # the fingerprint of the rows it trained on (ogrpo/trainer/data_fingerprint.py)
+    model_revision: str | None = None  # the hub commit its model came from (ogrpo/trainer/model_revision.py)
 
 
 def _read(path: Path) -> dict | None:
@@ -83,7 +84,8 @@ def load_record(ref: str) -> Record:
     backend = "slurm" if (where / "slurm" / "job_id").is_file() else "local"
     return Record(config=config, plan=plan, gpus=gpus, backend=backend, versions=run_manifest.get("versions") or {},
                   git_sha=run_manifest.get("git_sha"), hardware=run_manifest.get("hardware") or {},
-                  seed=run_manifest.get("seed"), source=where, data=run_manifest.get("data"))
+                  seed=run_manifest.get("seed"), source=where, data=run_manifest.get("data"),
+                  model_revision=run_manifest.get("model_revision"))
 
 
 def installed_versions() -> dict:
@@ -100,30 +102,43 @@ def installed_versions() -> dict:
     return out
 
 
-def rerun_config(record: Record) -> dict:
-    """The recorded config to submit again, pinned to the rows the recorded run trained on (`ogrpo.data_sha256`)
-    unless it pins some already: a rerun on other data would be another run."""
+def rerun_config(record: Record) -> tuple[dict, list[str]]:
+    """The recorded config to submit again, pinned to what the recorded run trained: its hub model's commit
+    (`model_revision`: a name, branch or tag may point elsewhere now) and its rows (`ogrpo.data_sha256`, unless it
+    pins some already): a rerun of other weights or data would be another run. Also the pins added, as lines."""
     config = copy.deepcopy(record.config)
+    pins = []
+    if record.model_revision and config.get("model_revision") != record.model_revision:
+        config["model_revision"] = record.model_revision
+        pins.append(f"model_revision: {record.model_revision}")
     sha = (record.data or {}).get("sha256")
     section = config.setdefault("ogrpo", {})
     if sha and not section.get("data_sha256"):
         section["data_sha256"] = sha
-    return config
+        pins.append(f"ogrpo.data_sha256: {sha}")
+    return config, pins
 
 
-def pinned_recipe(recipe: dict, records: list[Record]) -> tuple[dict, str | None]:
-    """A sweep's recipe pinned to the rows its points trained on, where they all trained on the same; else the
-    recipe as it was and why it is not pinned (a grid over the data, a point that recorded none)."""
-    shas = {(r.data or {}).get("sha256") for r in records}
+def pinned_recipe(recipe: dict, records: list[Record]) -> tuple[dict, list[str]]:
+    """A sweep's recipe pinned as `rerun_config` pins a run, where every point trained on the same rows (the same
+    hub commit); else the recipe as it was for those, and why (a grid over the data or the model, a point that
+    recorded none)."""
     recipe = copy.deepcopy(recipe)
-    if (recipe.get("ogrpo") or {}).get("data_sha256"):
-        return recipe, None
-    if not records or None in shas:
-        return recipe, "not every point recorded the rows it trained on"
-    if len(shas) > 1:
-        return recipe, "its points trained on different rows (a grid over the data)"
-    recipe.setdefault("ogrpo", {})["data_sha256"] = shas.pop()
-    return recipe, None
+    why = []
+    if not (recipe.get("ogrpo") or {}).get("data_sha256"):
+        shas = {(r.data or {}).get("sha256") for r in records}
+        if not records or None in shas:
+            why.append("not every point recorded the rows it trained on")
+        elif len(shas) > 1:
+            why.append("its points trained on different rows (a grid over the data)")
+        else:
+            recipe.setdefault("ogrpo", {})["data_sha256"] = shas.pop()
+    commits = {r.model_revision for r in records}
+    if len(commits) > 1:
+        why.append("its points loaded different model commits (a grid over the model)")
+    elif commits and None not in commits:
+        recipe["model_revision"] = commits.pop()
+    return recipe, why
 
 
 def drift(record: Record, installed: dict | None = None, git_sha: str | None = None) -> list[str]:

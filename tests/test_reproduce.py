@@ -72,19 +72,28 @@ def test_a_rerun_is_pinned_to_the_recorded_rows():
     sha = "a" * 64
     rec = Record(config={"ogrpo": {"gpus": "cpu"}, "seed": 1}, plan=None, gpus="cpu", backend="local",
                  data={"rows": 4, "sha256": sha})
-    assert rerun_config(rec) == {"ogrpo": {"gpus": "cpu", "data_sha256": sha}, "seed": 1}
+    assert rerun_config(rec) == ({"ogrpo": {"gpus": "cpu", "data_sha256": sha}, "seed": 1},
+                                 [f"ogrpo.data_sha256: {sha}"])
     assert rec.config == {"ogrpo": {"gpus": "cpu"}, "seed": 1}  # the record itself unchanged
     own = Record(config={"ogrpo": {"data_sha256": "b" * 64}}, plan=None, gpus="cpu", backend="local",
                  data={"sha256": sha})
-    assert rerun_config(own)["ogrpo"]["data_sha256"] == "b" * 64  # the recipe's own pin stays
-    assert "data_sha256" not in rerun_config(Record(config={}, plan=None, gpus="cpu", backend="local"))["ogrpo"]
-    # a sweep: pinned where every point trained on the same rows
-    assert pinned_recipe({"seed": 1}, [rec, rec]) == ({"seed": 1, "ogrpo": {"data_sha256": sha}}, None)
+    assert rerun_config(own) == ({"ogrpo": {"data_sha256": "b" * 64}}, [])  # the recipe's own pin stays
+    assert rerun_config(Record(config={}, plan=None, gpus="cpu", backend="local")) == ({"ogrpo": {}}, [])
+    # a hub model: pinned to the commit the recorded run loaded, whatever revision its config named
+    hub = Record(config={"model_revision": "main"}, plan=None, gpus="cpu", backend="local", model_revision="c0ffee")
+    assert rerun_config(hub) == ({"model_revision": "c0ffee", "ogrpo": {}}, ["model_revision: c0ffee"])
+    # a sweep: pinned where every point trained on the same rows (and loaded the same commit)
+    assert pinned_recipe({"seed": 1}, [rec, rec]) == ({"seed": 1, "ogrpo": {"data_sha256": sha}}, [])
     other = Record(config={}, plan=None, gpus="cpu", backend="local", data={"sha256": "c" * 64})
-    assert pinned_recipe({"seed": 1}, [rec, other]) == ({"seed": 1}, "its points trained on different rows (a grid "
-                                                                      "over the data)")
+    assert pinned_recipe({"seed": 1}, [rec, other]) == ({"seed": 1}, ["its points trained on different rows (a "
+                                                                      "grid over the data)"])
     unrecorded = Record(config={}, plan=None, gpus="cpu", backend="local")
-    assert pinned_recipe({}, [rec, unrecorded])[1] == "not every point recorded the rows it trained on"
+    assert pinned_recipe({}, [rec, unrecorded])[1] == ["not every point recorded the rows it trained on"]
+    hub.data = rec.data
+    assert pinned_recipe({}, [hub, hub])[0] == {"ogrpo": {"data_sha256": sha}, "model_revision": "c0ffee"}
+    moved = Record(config={}, plan=None, gpus="cpu", backend="local", data=rec.data, model_revision="beef")
+    assert pinned_recipe({}, [hub, moved]) == ({"ogrpo": {"data_sha256": sha}}, [
+        "its points loaded different model commits (a grid over the model)"])
 
 
 def test_a_directory_without_a_run_manifest_is_one_line(tmp_path):
@@ -121,6 +130,8 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
     rerun = json.loads((again / "run" / "manifest.json").read_text())
     assert recorded["rows"] > 0 and rerun["data"] == recorded
     assert rerun["config"]["ogrpo"]["data_sha256"] == recorded["sha256"]
+    assert f"pinned to what the recorded run trained: ogrpo.data_sha256: {recorded['sha256']}" in out.stderr
+    assert rerun["model_revision"] is None and "model_revision" not in rerun["config"]  # a built-in model: no commit
     # a manifest from another stack: a warning by default, a refusal with --strict, naming what moved
     manifest = first / "run" / "manifest.json"
     data = json.loads(manifest.read_text())
@@ -139,3 +150,28 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
                          text=True, cwd=tmp_path, timeout=600)
     assert out.returncode != 0 and "not to the ogrpo.data_sha256 the run config pins" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and not list((tmp_path / "fourth").glob("run/metrics.jsonl"))
+
+
+def test_the_hub_commit_a_model_came_from_is_recorded(tmp_path, monkeypatch):
+    """A hub model (here the tiny model laid out as the HF cache keeps a download, read offline): the run's
+    commit is the snapshot transformers loads, for its name or any revision naming it; a local directory has none."""
+    import shutil
+
+    from ogrpo import tiny
+    from ogrpo.trainer.assembly import prepare
+    from ogrpo.trainer.model_revision import hub_commit
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(tiny.ensure_model(tiny.TINY_NAME), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_commit("org/tiny", None) == hub_commit("org/tiny", "main") == hub_commit("org/tiny", commit) == commit
+    assert hub_commit("org/absent", None) is None
+    assert hub_commit(str(repo / "snapshots" / commit), None) is None  # a directory: its path is the record
+    recipe = {"model_name_or_path": "org/tiny", "dataset_name": "ogrpo:tiny", "reward_funcs": ["tiny_letter"],
+              "per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 8,
+              "ogrpo": {"gpus": "cpu", "use_vllm": False, "params": "1M", "max_prompt_length": 32}}
+    assert prepare(recipe, output_dir=tmp_path / "run").model_commit == commit

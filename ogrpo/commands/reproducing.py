@@ -38,9 +38,12 @@ def reproduce(
 
     rec = load_record(run)
     problems = drift(rec, git_sha=git_sha())
+    config, pins = rerun_config(rec)
+    for pin in pins:
+        typer.echo(f"note: the rerun is pinned to what the recorded run trained: {pin}", err=True)
     fd, config_path = tempfile.mkstemp(prefix="ogrpo-reproduce-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        f.write(f"# reproduces {rec.source}\n" + dump_yaml(rerun_config(rec)))
+        f.write(f"# reproduces {rec.source}\n" + dump_yaml(config))
     try:
         problems += replanned_differences(rec, config_path)
         for line in problems:

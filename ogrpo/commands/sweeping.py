@@ -328,8 +328,8 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
         records.append(rec)
         problems += [line for line in drift(rec, git_sha=sha) + replanned_differences(rec) if line not in problems]
     recipe, unpinned = pinned_recipe(data["recipe"], records)
-    if unpinned:
-        typer.echo(f"note: the rerun's data is not pinned to the recorded sweep's: {unpinned}", err=True)
+    for why in unpinned:
+        typer.echo(f"note: the rerun is not pinned to what the recorded sweep trained: {why}", err=True)
     for line in problems:
         typer.echo(f"warning: differs from the recorded sweep: {line}", err=True)
     if problems and strict:

@@ -32,7 +32,7 @@ from ogrpo.profile.profiler import StageProfiler, render_table, summarize
 from ogrpo.rewards.registry import resolve_rewards
 from ogrpo.sandbox import policy as sandbox_policy
 from ogrpo.serve import client
-from ogrpo.trainer import data_fingerprint, rundir
+from ogrpo.trainer import data_fingerprint, model_revision, rundir
 from ogrpo.trainer.callbacks import default_callbacks, use_quiet_progress
 from ogrpo.trainer.data import chat_prompts, load_prompts
 from ogrpo.trainer.peft_config import peft_config
@@ -55,6 +55,7 @@ class Prepared:
     resume_from: str | None
     notes: list[str] = field(default_factory=list)
     data: dict | None = None  # the dataset's fingerprint (ogrpo/trainer/data_fingerprint.py)
+    model_commit: str | None = None  # the hub commit of the model (ogrpo/trainer/model_revision.py)
 
 
 def load_config(source, overrides: dict | None = None):
@@ -189,6 +190,7 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     data = data_fingerprint.fingerprint(dataset)
     data_fingerprint.check_pinned(data, rc.ogrpo.data_sha256, rc.trl.get("dataset_name") or "dataset_mixture")
     tokenizer = load_tokenizer(model_path, rc.trl)
+    commit = model_revision.hub_commit(model_path, rc.trl.get("model_revision"))
     if getattr(tokenizer, "chat_template", None) is None and chat_prompts(dataset):
         raise OgrpoError(f"the prompts are chat messages, and the tokenizer of {model_path} has no chat template "
                          "to render them; set chat_template in the run config, or give text prompts")
@@ -203,7 +205,8 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
     if resume_from and (changed := data_fingerprint.resumed_note(data, rundir.recorded(run_dir, "data"))):
         notes.append(changed)
     args = build_grpo_config(trl, plan, run_dir, vllm_url, config_source=rc.source)
-    return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes, data)
+    return Prepared(rc, plan, model_path, run_dir, args, tokenizer, dataset, funcs, resume_from, notes, data,
+                    commit)
 
 
 def install_vllm_hooks(p: Prepared) -> None:
@@ -403,6 +406,7 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
         rundir.write_manifest(run_dir, config=p.run_config.to_dict(), plan=p.plan.to_dict(), seed=p.args.seed,
                               model_path=p.model_path,
                               extra={"grpo_config": _config_summary(p.args), "notes": p.notes, "data": p.data,
+                                     "model_revision": p.model_commit,
                                      "resumed_from": p.resume_from, "status": "running"})
     with _loading_trl(p, own_process):  # the hooks import TRL's client module
         install_vllm_hooks(p)

@@ -76,6 +76,8 @@ def test_lossless_with_two_trainer_processes_gives_the_same_losses_as_off(tmp_pa
     ours, theirs = (json.loads((r / "manifest.json").read_text()) for r in (run, off_run))
     assert (theirs["old_policy_pass"]["pass"], ours["old_policy_pass"]["pass"]) == ("separate", "from_loss")
     assert theirs["padding_free"]["on"] is False and ours["padding_free"]["on"] is True, ours["padding_free"]
+    early = ours["train_ahead"].pop("early_backward")  # whole groups come back: none to run ahead of
+    assert early["on"] is False and "whole groups" in early["reason"], early
     assert ours["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}
     # one request per group, each answered as it finished, nothing requested that was not trained on
     assert requests(off_run) == STEPS and requests(run) == STEPS * 2 * GROUPS

@@ -153,25 +153,27 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
 
 
 def test_the_hub_commit_a_model_came_from_is_recorded(tmp_path, monkeypatch):
-    """A hub model (here the tiny model laid out as the HF cache keeps a download, read offline): the run's
-    commit is the snapshot transformers loads, for its name or any revision naming it; a local directory has none."""
+    """A hub model (here the tiny model laid out as the HF cache keeps a download): the run's commit is the
+    snapshot its name, branch or commit resolves to in the cache, read without the network; none for a repo or
+    revision the cache does not hold, or a local directory."""
     import shutil
 
+    from huggingface_hub import constants
+
     from ogrpo import tiny
-    from ogrpo.trainer.assembly import prepare
     from ogrpo.trainer.model_revision import hub_commit
 
-    commit = "0123456789abcdef0123456789abcdef01234567"
+    commit, older = "0123456789abcdef0123456789abcdef01234567", "89abcdef0123456789abcdef0123456789abcdef"
     repo = tmp_path / "hub" / "models--org--tiny"
-    shutil.copytree(tiny.ensure_model(tiny.TINY_NAME), repo / "snapshots" / commit)
+    for snap in (commit, older):
+        shutil.copytree(tiny.ensure_model(tiny.TINY_NAME), repo / "snapshots" / snap)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (repo / "refs" / "v1").write_text(older)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # huggingface_hub reads it at import
     assert hub_commit("org/tiny", None) == hub_commit("org/tiny", "main") == hub_commit("org/tiny", commit) == commit
-    assert hub_commit("org/absent", None) is None
+    assert hub_commit("org/tiny", "v1") == hub_commit("org/tiny", older) == older
+    for name, revision in (("org/absent", None), ("org/tiny", "v2"), ("org/tiny", "f" * 40),
+                           ("org/tiny", "../../../etc")):
+        assert hub_commit(name, revision) is None, (name, revision)
     assert hub_commit(str(repo / "snapshots" / commit), None) is None  # a directory: its path is the record
-    recipe = {"model_name_or_path": "org/tiny", "dataset_name": "ogrpo:tiny", "reward_funcs": ["tiny_letter"],
-              "per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 8,
-              "ogrpo": {"gpus": "cpu", "use_vllm": False, "params": "1M", "max_prompt_length": 32}}
-    assert prepare(recipe, output_dir=tmp_path / "run").model_commit == commit

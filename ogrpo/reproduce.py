@@ -112,7 +112,7 @@ def rerun_config(record: Record) -> tuple[dict, list[str]]:
         config["model_revision"] = record.model_revision
         pins.append(f"model_revision: {record.model_revision}")
     sha = (record.data or {}).get("sha256")
-    section = config.setdefault("ogrpo", {})
+    section = config["ogrpo"] = dict(config.get("ogrpo") or {})  # `ogrpo:` left empty reads as None
     if sha and not section.get("data_sha256"):
         section["data_sha256"] = sha
         pins.append(f"ogrpo.data_sha256: {sha}")
@@ -132,7 +132,7 @@ def pinned_recipe(recipe: dict, records: list[Record]) -> tuple[dict, list[str]]
         elif len(shas) > 1:
             why.append("its points trained on different rows (a grid over the data)")
         else:
-            recipe.setdefault("ogrpo", {})["data_sha256"] = shas.pop()
+            recipe["ogrpo"] = {**(recipe.get("ogrpo") or {}), "data_sha256": shas.pop()}
     commits = {r.model_revision for r in records}
     if len(commits) > 1:
         why.append("its points loaded different model commits (a grid over the model)")

@@ -89,6 +89,9 @@ def test_a_rerun_is_pinned_to_the_recorded_rows():
                                                                       "grid over the data)"])
     unrecorded = Record(config={}, plan=None, gpus="cpu", backend="local")
     assert pinned_recipe({}, [rec, unrecorded])[1] == ["not every point recorded the rows it trained on"]
+    assert pinned_recipe({"ogrpo": None}, [rec])[0] == {"ogrpo": {"data_sha256": sha}}  # `ogrpo:` left empty
+    assert rerun_config(Record(config={"ogrpo": None}, plan=None, gpus="cpu", backend="local", data=rec.data))[0] \
+        == {"ogrpo": {"data_sha256": sha}}
     hub.data = rec.data
     assert pinned_recipe({}, [hub, hub])[0] == {"ogrpo": {"data_sha256": sha}, "model_revision": "c0ffee"}
     moved = Record(config={}, plan=None, gpus="cpu", backend="local", data=rec.data, model_revision="beef")

@@ -103,42 +103,43 @@ def installed_versions() -> dict:
 
 
 def rerun_config(record: Record) -> tuple[dict, list[str]]:
-    """The recorded config to submit again, pinned to what the recorded run trained: its hub model's commit
-    (`model_revision`: a name, branch or tag may point elsewhere now) and its rows (`ogrpo.data_sha256`, unless it
-    pins some already): a rerun of other weights or data would be another run. Also the pins added, as lines."""
-    config = copy.deepcopy(record.config)
-    pins = []
-    if record.model_revision and config.get("model_revision") != record.model_revision:
-        config["model_revision"] = record.model_revision
-        pins.append(f"model_revision: {record.model_revision}")
-    sha = (record.data or {}).get("sha256")
-    section = config["ogrpo"] = dict(config.get("ogrpo") or {})  # `ogrpo:` left empty reads as None
-    if sha and not section.get("data_sha256"):
-        section["data_sha256"] = sha
-        pins.append(f"ogrpo.data_sha256: {sha}")
-    return config, pins
+    """The recorded config to submit again, pinned to what the recorded run trained (`_pinned`). Also the pins
+    added, as lines."""
+    return _pinned(record.config, (record.data or {}).get("sha256"), record.model_revision)
 
 
 def pinned_recipe(recipe: dict, records: list[Record]) -> tuple[dict, list[str]]:
     """A sweep's recipe pinned as `rerun_config` pins a run, where every point trained on the same rows (the same
     hub commit); else the recipe as it was for those, and why (a grid over the data or the model, a point that
     recorded none)."""
-    recipe = copy.deepcopy(recipe)
     why = []
+    shas = {(r.data or {}).get("sha256") for r in records}
     if not (recipe.get("ogrpo") or {}).get("data_sha256"):
-        shas = {(r.data or {}).get("sha256") for r in records}
         if not records or None in shas:
             why.append("not every point recorded the rows it trained on")
         elif len(shas) > 1:
             why.append("its points trained on different rows (a grid over the data)")
-        else:
-            recipe["ogrpo"] = {**(recipe.get("ogrpo") or {}), "data_sha256": shas.pop()}
     commits = {r.model_revision for r in records}
     if len(commits) > 1:
         why.append("its points loaded different model commits (a grid over the model)")
-    elif commits and None not in commits:
-        recipe["model_revision"] = commits.pop()
-    return recipe, why
+    one = (lambda values: next(iter(values)) if len(values) == 1 else None)
+    return _pinned(recipe, one(shas), one(commits))[0], why
+
+
+def _pinned(config: dict, sha: str | None, commit: str | None) -> tuple[dict, list[str]]:
+    """`config` pinned to a hub model's commit (TRL's `model_revision`: a name, branch or tag may point elsewhere
+    now) and to the rows' SHA-256 (`ogrpo.data_sha256`, unless it pins some already): a rerun of other weights or
+    data would be another run; and the pins added."""
+    config = copy.deepcopy(config)
+    pins = []
+    if commit and config.get("model_revision") != commit:
+        config["model_revision"] = commit
+        pins.append(f"model_revision: {commit}")
+    section = config.get("ogrpo") or {}  # `ogrpo:` left empty reads as None
+    if sha and not section.get("data_sha256"):
+        config["ogrpo"] = {**section, "data_sha256": sha}
+        pins.append(f"ogrpo.data_sha256: {sha}")
+    return config, pins
 
 
 def drift(record: Record, installed: dict | None = None, git_sha: str | None = None) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 
 from ogrpo.errors import OgrpoError
 from ogrpo.reproduce import Record, drift, load_record, plan_differences
+from server_mode_job import _survivors
 from toy_recipe import toy_recipe
 
 OGRPO = [sys.executable, "-m", "ogrpo"]
@@ -78,10 +79,10 @@ def test_a_rerun_is_pinned_to_the_recorded_rows():
     own = Record(config={"ogrpo": {"data_sha256": "b" * 64}}, plan=None, gpus="cpu", backend="local",
                  data={"sha256": sha})
     assert rerun_config(own) == ({"ogrpo": {"data_sha256": "b" * 64}}, [])  # the recipe's own pin stays
-    assert rerun_config(Record(config={}, plan=None, gpus="cpu", backend="local")) == ({"ogrpo": {}}, [])
+    assert rerun_config(Record(config={}, plan=None, gpus="cpu", backend="local")) == ({}, [])
     # a hub model: pinned to the commit the recorded run loaded, whatever revision its config named
     hub = Record(config={"model_revision": "main"}, plan=None, gpus="cpu", backend="local", model_revision="c0ffee")
-    assert rerun_config(hub) == ({"model_revision": "c0ffee", "ogrpo": {}}, ["model_revision: c0ffee"])
+    assert rerun_config(hub) == ({"model_revision": "c0ffee"}, ["model_revision: c0ffee"])
     # a sweep: pinned where every point trained on the same rows (and loaded the same commit)
     assert pinned_recipe({"seed": 1}, [rec, rec]) == ({"seed": 1, "ogrpo": {"data_sha256": sha}}, [])
     other = Record(config={}, plan=None, gpus="cpu", backend="local", data={"sha256": "c" * 64})
@@ -153,6 +154,7 @@ def test_reproduce_reruns_to_identical_metrics_and_strict_refuses_drift(tmp_path
                          text=True, cwd=tmp_path, timeout=600)
     assert out.returncode != 0 and "not to the ogrpo.data_sha256 the run config pins" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and not list((tmp_path / "fourth").glob("run/metrics.jsonl"))
+    assert _survivors(tmp_path) == ()  # every job's server-less trainer and supervisor ended, the refused one's too
 
 
 def test_the_hub_commit_a_model_came_from_is_recorded(tmp_path, monkeypatch):
@@ -180,3 +182,8 @@ def test_the_hub_commit_a_model_came_from_is_recorded(tmp_path, monkeypatch):
                            ("org/tiny", "../../../etc")):
         assert hub_commit(name, revision) is None, (name, revision)
     assert hub_commit(str(repo / "snapshots" / commit), None) is None  # a directory: its path is the record
+    solo = tmp_path / "hub" / "models--solo"  # a name without an organization (gpt2, bert-base-uncased)
+    (solo / "snapshots" / older).mkdir(parents=True)
+    (solo / "refs").mkdir()
+    (solo / "refs" / "main").write_text(older)
+    assert hub_commit("solo", None) == older

@@ -48,7 +48,7 @@ from ogrpo.dropout import draws_dropout
 from ogrpo.overlap import early_backward
 from ogrpo.overlap.pipeline import OverlapError
 from ogrpo.overlap.rows import group_rows
-from ogrpo.planner.train_ahead import FULL_DETERMINISM, MEAN_LOSSES, SUM_LOSSES
+from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
 from ogrpo.planner.train_ahead import why_not as config_why_not
 
 DONE: Future = Future()  # in `waiting_on` while work is ready now: the Stream calls `ready` unless a completion is back
@@ -65,11 +65,9 @@ def why_not(trainer) -> str | None:
                             getattr(trainer, "multi_objective_aggregation", None), trainer.top_entropy_quantile,
                             bool(getattr(trainer, "_entropy_bonus_enabled", False)),
                             bool(getattr(trainer, "is_deepspeed_enabled", False)), offloads_optimizer(trainer),
-                            bool(getattr(args, "fp16", False)))
+                            bool(getattr(args, "fp16", False)), bool(getattr(args, "full_determinism", False)))
     if reason:
         return reason
-    if getattr(args, "full_determinism", False):
-        return FULL_DETERMINISM
     engine_side = deepspeed_side(trainer)
     reason = engine_side.why_not() if engine_side is not None else None
     if reason:

@@ -13,9 +13,12 @@ FULL_DETERMINISM = ("full_determinism: groups trained ahead sum their gradients 
 
 
 def why_not(loss_type: str, scale_rewards, multi_objective_aggregation: str | None, top_entropy_quantile: float,
-            entropy_bonus: bool, deepspeed: bool, offload: bool = False, fp16: bool = False) -> str | None:
+            entropy_bonus: bool, deepspeed: bool, offload: bool = False, fp16: bool = False,
+            full_determinism: bool = False) -> str | None:
     """Why a run with these settings cannot train groups ahead, else None (`deepspeed`: a ZeRO strategy; `offload`:
-    its optimizer offloaded; `fp16`: it trains in fp16)."""
+    its optimizer offloaded; `fp16`: it trains in fp16; `full_determinism`: TRL's, identical reruns asked for)."""
+    if full_determinism:
+        return FULL_DETERMINISM
     if loss_type == "bnpo":
         return ("loss_type bnpo: its loss is normalized by each micro-batch's token count, which TRL draws after "
                 "shuffling the batch")
@@ -72,9 +75,7 @@ def decide(wanted: str | None, trl_get, processes: int, deepspeed: bool, old_pol
     reason = why_not(str(trl_get("loss_type")), trl_get("scale_rewards"), trl_get("multi_objective_aggregation"),
                      float(trl_get("top_entropy_quantile") if trl_get("top_entropy_quantile") is not None else 1.0),
                      bool(trl_get("entropy_coef") or trl_get("use_adaptive_entropy")), deepspeed, offload,
-                     bool(trl_get("fp16")))
-    if reason is None and trl_get("full_determinism"):
-        reason = FULL_DETERMINISM
+                     bool(trl_get("fp16")), bool(trl_get("full_determinism")))
     if reason is None and correction and old_policy_pass != "from_loss":
         reason = "the old policy's log-probs come from TRL's separate pass over the whole batch"
     if reason is not None:

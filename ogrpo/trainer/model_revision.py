@@ -17,7 +17,7 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 def hub_commit(model_path: str, revision: str | None) -> str | None:
     """The commit `model_path` at `revision` resolves to in the HF cache (the snapshot transformers loads), else
     None (a local directory; nothing cached for it)."""
-    if Path(model_path).expanduser().is_dir() or "/" not in model_path:
+    if Path(model_path).expanduser().is_dir():
         return None
     from huggingface_hub import constants  # the cache transformers reads (HF_HUB_CACHE, HF_HOME)
 

@@ -88,6 +88,11 @@ def _messages(exc: BaseException) -> list[str]:
 
 
 def main() -> None:
+    # A terminal or pipe that is not UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale): a character it cannot show
+    # is replaced, not a UnicodeEncodeError after the plan was made.
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "encoding", "utf-8").lower().replace("-", "") != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     name = sys.argv[1] if len(sys.argv) > 1 else None
     as_json = name in _JSON_COMMANDS and "--json" in sys.argv[2:]
     # submit prints lines for people; with --json they are collected into its one object

@@ -265,14 +265,29 @@ def parse_params(value) -> int:
 
 
 def from_config_dict(cfg: dict, name: str, source: str = "config.json", reference: str = "") -> ModelFacts:
+    if not isinstance(cfg, dict):
+        kind = {list: "a list", str: "a string", type(None): "null"}.get(type(cfg), type(cfg).__name__)
+        raise OgrpoError(f"{name}: config.json holds {kind}, not an object of the model's settings; pass --params "
+                         "to plan without it")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        value = text.get(key)
+        if key not in text:
+            raise OgrpoError(f"{name}: config.json lacks {key!r}; pass --params to plan without it")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise OgrpoError(f"{name}: config.json {key} {value!r} is not a positive integer; pass --params to plan "
+                             "without it")
     try:
-        hidden = int(text["hidden_size"])
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
-        vocab = int(text["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise OgrpoError(f"{name}: config.json lacks {exc}; pass --params to plan without it") from None
+        return _facts(cfg, text, name, source, reference)
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, AttributeError) as exc:
+        # a malformed optional setting (a width that is a string, a head count of 0): one line, not a traceback
+        raise OgrpoError(f"{name}: config.json has a setting O-GRPO cannot read ({exc}); pass --params to plan "
+                         "without it") from None
+
+
+def _facts(cfg: dict, text: dict, name: str, source: str, reference: str) -> ModelFacts:
+    hidden, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
+    heads, vocab = int(text["num_attention_heads"]), int(text["vocab_size"])
     kv = int(text.get("num_key_value_heads") or heads)
     hd = int(text.get("head_dim") or hidden // heads)
     if text.get("kv_lora_rank"):

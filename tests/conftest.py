@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["no_survivors"]
+
 REPO = Path(__file__).resolve().parents[1]
 # Importing TRL (several tests do, in-process) sets VLLM_LOGGING_LEVEL=ERROR for every vLLM started later
 # unless it is set already; tests read vLLM's INFO lines (KV budget, weight loads) from its logs.

@@ -4,6 +4,8 @@ error, no tracebacks."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -83,9 +85,9 @@ def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
     (["serve", "--config", "tiny", "--port", "99999"], "--port 99999: a TCP port is 1-65535"),
     (["serve", "--config", "tiny", "--port", "0"], "--port 0: a TCP port is 1-65535"),
     (["serve", "--config", "tiny", "--host", "no such host"], "--host 'no such host': this node cannot resolve it"),
-    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "local", "--dry-run", "--signal-delay", "-5"],
+    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "slurm", "--dry-run", "--signal-delay", "-5"],
      "--signal-delay -5: at least 30 s"),
-    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "local", "--dry-run", "--max-requeues", "-1"],
+    (["submit", "--config", "tiny", "--gpus", "cpu", "--backend", "slurm", "--dry-run", "--max-requeues", "-1"],
      "--max-requeues -1: 0 (never requeue) or more"),
     (["sweep", "--config", "tiny", "--gpus", "cpu", "--seeds", "2", "--dry-run", "--max-requeues", "-1"],
      "--max-requeues -1"),
@@ -276,3 +278,65 @@ def test_the_fast_parse_leaves_anything_else_to_typer(argv):
     from ogrpo.commands.options import fast_kwargs
 
     assert fast_kwargs(planning.render, argv) is None
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_that_is_not_utf8_gets_the_plan(encoding):
+    """The plan's table draws with characters ASCII lacks: on such a terminal they are replaced, the plan is shown
+    and the exit is 0 (was a UnicodeEncodeError after the plan was made); an error line still reaches it."""
+    import sys
+
+    env = dict(os.environ, PYTHONIOENCODING=encoding)
+    proc = subprocess.run([sys.executable, "-m", "ogrpo", "plan", "--gpus", "3xA40", "--config", "tiny"],
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert b"fits" in proc.stdout and b"?" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "ogrpo", "plan", "--gpus", "3xA4O", "--config", "tiny"],
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("lines, says", [
+    ("use_vllm: false\nogrpo:\n  vllm_compile: 'on'\n", "ogrpo.vllm_compile on with use_vllm false"),
+    ("use_vllm: false\nogrpo:\n  vllm_gpus: 1\n", "ogrpo.vllm_gpus 1 with use_vllm false"),
+    ("vllm_mode: sideways\n", "vllm_mode 'sideways': TRL's modes are server and colocate"),
+])
+def test_vllm_settings_a_run_cannot_honor_are_refused(run_cli, write_recipe, lines, says):
+    """A vLLM setting in a run without vLLM, or a vLLM mode TRL does not have: refused in one line, not dropped
+    (nor, for the mode, changed with a reason that does not apply)."""
+    recipe = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                          "max_completion_length: 32\n" + lines)
+    for gpus in ("3xA40", "2xcpu"):
+        proc = run_cli("plan", "--gpus", gpus, "--config", recipe)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    ok = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                      "max_completion_length: 32\nuse_vllm: false\nvllm_mode: colocate\nogrpo:\n  vllm_compile: auto\n",
+                      "ok.yaml")
+    assert run_cli("plan", "--gpus", "3xA40", "--config", ok).returncode == 0
+
+
+def test_the_job_trains_the_model_its_plan_is_made_for(run_cli, write_recipe, tmp_path):
+    """--model beside a recipe whose model is known here: the job's run.yaml trains --model (a listed change;
+    --strict refuses it), not the recipe's model under a plan made for another (the job trained the recipe's
+    model before). A recipe model that is not known here (a fine-tune on the compute nodes): --model lends its
+    shapes to the plan only, and a warning says the job trains the recipe's."""
+    import yaml
+
+    out = tmp_path / "job"
+    proc = run_cli("render", "--gpus", "cpu", "--config", "tiny", "--model", "ogrpo:tiny-math", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "change: model_name_or_path: 'ogrpo:tiny' -> 'ogrpo:tiny-math' (--model" in proc.stderr
+    run = yaml.safe_load((out / "run.yaml").read_text())
+    assert run["model_name_or_path"] == "ogrpo:tiny-math"
+    assert run["ogrpo"]["plan"]["model"]["name"] == "ogrpo:tiny-math"
+    proc = run_cli("plan", "--gpus", "cpu", "--config", "tiny", "--model", "ogrpo:tiny-math", "--strict")
+    assert proc.returncode == 2 and "model_name_or_path would change" in proc.stderr
+    recipe = write_recipe("model_name_or_path: /compute-only/my-finetune\ndataset_name: ogrpo:tiny\n"
+                          "reward_funcs: [tiny_letter]\nmax_completion_length: 32\n")
+    out = tmp_path / "job2"
+    proc = run_cli("render", "--gpus", "3xA40", "--config", recipe, "--model", "Qwen/Qwen2.5-1.5B-Instruct", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert ("warning: planned with the shapes of Qwen/Qwen2.5-1.5B-Instruct (--model / ogrpo.model): "
+            "model_name_or_path /compute-only/my-finetune is not known here") in proc.stderr
+    assert yaml.safe_load((out / "run.yaml").read_text())["model_name_or_path"] == "/compute-only/my-finetune"

@@ -73,6 +73,29 @@ def test_local_directory_without_config(tmp_path):
         resolve_model(str(tmp_path))
 
 
+GOOD = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("config, says", [
+    ("[]", "holds a list"), ("null", "holds null"), ('"qwen"', "holds a string"),
+    ({**GOOD, "num_attention_heads": 0}, "num_attention_heads 0 is not a positive integer"),
+    ({**GOOD, "hidden_size": -5}, "hidden_size -5 is not a positive integer"),
+    ('{"hidden_size": 1e400, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}',
+     "hidden_size inf is not"),
+    ({**GOOD, "num_hidden_layers": "x"}, "num_hidden_layers 'x' is not"),
+    ({**GOOD, "vocab_size": True}, "vocab_size True is not"),
+    ({**GOOD, "intermediate_size": "wide"}, "a setting O-GRPO cannot read (invalid literal"),
+])
+def test_a_malformed_config_json_is_one_line(run_cli, tmp_path, config, says):
+    """A local model whose config.json is not what transformers writes: the plan says which setting, no traceback."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    proc = run_cli("plan", "--gpus", "3xA40", "--config", "tiny", "--model", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line, = proc.stderr.strip().splitlines()
+    assert says in line and "--params" in line, line
+
+
 def test_text_config_nested():
     cfg = {"model_type": "gemma3", "text_config": {"hidden_size": 640, "num_hidden_layers": 2,
                                                    "num_attention_heads": 4, "vocab_size": 1000}}

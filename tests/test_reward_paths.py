@@ -83,3 +83,18 @@ def test_a_name_bound_to_a_value_is_refused(tmp_path):
             check_rewards({"reward_funcs": [f"{f}:{attr}"]})
     # a function, and a name also bound to a function in a branch (cannot tell: the trainer's import decides)
     assert check_rewards({"reward_funcs": [f"{f}:score", f"{f}:maybe"]}) == [f"{f}:score", f"{f}:maybe"]
+
+
+def test_a_reward_source_that_does_not_parse_is_refused_at_plan_time(tmp_path, monkeypatch):
+    """A reward file (or module on the path) with a syntax error: the plan refuses it with its line, as the
+    trainer's import would fail only on the cluster; the same file fixed is accepted."""
+    bad = tmp_path / "rw.py"
+    bad.write_text("def fn(:\n    return 1\n")
+    with pytest.raises(ConfigError, match=r"file .*rw.py does not parse as Python 3\.\d+ \(line 1: "):
+        check_rewards({"reward_funcs": [f"{bad}:fn"]})
+    (tmp_path / "rwmod.py").write_text("x = 1\n\ndef fn(completions, **kw)\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"module 'rwmod' does not parse as Python 3\.\d+ \(line 3: "):
+        check_rewards({"reward_funcs": ["rwmod:fn"]})
+    bad.write_text("def fn(completions, **kw):\n    return [0.0] * len(completions)\n")
+    assert check_rewards({"reward_funcs": [f"{bad}:fn"]}) == [f"{bad.resolve()}:fn"]

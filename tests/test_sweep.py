@@ -308,3 +308,34 @@ def test_cancel_stops_a_local_sweep_and_leaves_no_process(tmp_path, monkeypatch)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
+
+
+def test_slurm_options_are_refused_for_a_local_run_and_a_slurm_sweep_reruns_here_without_them(fake_slurm, tmp_path):
+    """--backend local runs on this machine: Slurm's command-line options would be dropped, so they are refused
+    (submit and sweep, nothing written); the recipe's Slurm keys are noted as unused (the recipe goes to Slurm
+    later); a Slurm sweep reproduced here says which of its Slurm options it does not pass."""
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(toy_recipe(3, gpus="cpu") + "  partition: debug\n  container: /images/a40.sif\n")
+    for args in (["submit", "--time", "10", "--nodes", "2"], ["submit", "--max-requeues", "3"],
+                 ["sweep", "--grid", "beta=0,0.04", "--qos", "high", "--slurm", "exclusive"]):
+        out = tmp_path / f"out-{len(args)}"
+        proc = run(*args, "--backend", "local", "--gpus", "cpu", "--config", str(cfg), "--dry-run", "-o", str(out))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        flags = [a for a in args if a.startswith("--") and a != "--grid"]
+        assert f"{', '.join(flags)}: " in proc.stderr and "--backend local runs on this machine" in proc.stderr
+        assert not out.exists()
+    proc = run("submit", "--backend", "local", "--gpus", "cpu", "--config", str(cfg), "--dry-run",
+               "-o", str(tmp_path / "job"))
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: ogrpo.partition, ogrpo.container not used: --backend local runs on this machine, without Slurm"
+            in proc.stderr.splitlines())
+    sweep = tmp_path / "sweep"
+    proc = run("sweep", "--gpus", "cpu", "--config", str(cfg), "--grid", "beta=0,0.04", "--backend", "slurm",
+               "--time", "30", "--qos", "high", "--dry-run", "-o", str(sweep))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((sweep / "sweep.json").read_text())["options"]["max_requeues"] is None  # as given
+    proc = run("reproduce", str(sweep), "--backend", "local", "-o", str(tmp_path / "again"), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: --time 30, --qos high of the recorded sweep not passed: --backend local runs on this machine, "
+            "without Slurm") in proc.stderr, proc.stderr
+    assert len(json.loads((tmp_path / "again" / "sweep.json").read_text())["points"]) == 2

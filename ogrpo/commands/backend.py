@@ -36,6 +36,28 @@ def default_backend(backend: str | None, dry_run: bool, gpus: str | None, config
     return checked_backend(backend, dry_run)
 
 
+# ogrpo: keys that only a Slurm job uses (its sbatch header, its container): a local run notes them unused
+SLURM_ONLY_KEYS = ("partition", "gres_type", "account", "qos", "time", "cpus_per_gpu", "mem_per_gpu", "container")
+
+
+def refuse_slurm_flags(backend: str, given: dict[str, object]) -> None:
+    """Slurm's command-line options (`--time`: value) given for a run on this machine: refused, since nothing
+    here would honor them (a recipe's ogrpo.partition and the like are noted instead: the same recipe goes to
+    Slurm later)."""
+    flags = [flag for flag, value in given.items() if value not in (None, [], ())]
+    if backend == "local" and flags:
+        raise OgrpoError(f"{', '.join(flags)}: {'Slurm options' if len(flags) > 1 else 'a Slurm option'}, and "
+                         "--backend local runs on this machine without Slurm; drop "
+                         f"{'them' if len(flags) > 1 else 'it'}, or submit to Slurm (--backend slurm)")
+
+
+def slurm_only_note(rc) -> str | None:
+    """`note: ...` for the recipe's Slurm-only keys a local run does not use, else None."""
+    keys = [f"ogrpo.{k}" for k in SLURM_ONLY_KEYS if getattr(rc.ogrpo, k, None) not in (None, "")]
+    return (f"note: {', '.join(keys)} not used: --backend local runs on this machine, without Slurm"
+            if keys else None)
+
+
 def runs_locally(gpus: str | None, config: str) -> bool:
     """Whether the cluster a job targets (--gpus, else the config's ogrpo.gpus, else this machine's CPU) can run
     here without Slurm (the device rules' `runs_locally`)."""
@@ -47,6 +69,10 @@ def runs_locally(gpus: str | None, config: str) -> bool:
 def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> None:
     """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
     rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""
+    for note in dict.fromkeys(filter(None, (slurm_only_note(rc) for rc, _ in pairs))):
+        import sys
+
+        sys.stderr.write(note + "\n")
     for rc, plan in pairs:
         check_here(rc)
         if plan.cluster.nodes > 1:

@@ -49,7 +49,8 @@ def submit(
     slurm: Optional[list[str]] = typer.Option(None, "--slurm", help="Extra sbatch option KEY=VALUE (repeatable)."),
     backend: Optional[str] = typer.Option(None, "--backend", help="slurm | local (default: slurm when sbatch is on PATH)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Run directory (default: ./ogrpo-jobs/NAME-TIME)."),
-    max_requeues: int = typer.Option(3, "--max-requeues", help="Requeues allowed after preemption / time limit."),
+    max_requeues: Optional[int] = typer.Option(None, "--max-requeues", help="Requeues allowed after preemption / "
+                                               "time limit (default: 3)."),
     signal_delay: Optional[int] = typer.Option(
         None, "--signal-delay", help="Seconds before the time limit to checkpoint (>= 30; default: one step + "
         "checkpoint + server stop, at least 90)."),
@@ -77,9 +78,14 @@ def submit(
     from ogrpo.render import render_job, write_job
 
     # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.commands.backend import default_backend
+    from ogrpo.commands.backend import default_backend, refuse_slurm_flags
 
     backend = default_backend(backend, dry_run, gpus, config)
+    refuse_slurm_flags(backend, {"--partition": partition, "--gres-type": gres_type, "--time": time_limit,
+                                 "--account": account, "--qos": qos, "--nodes": nodes, "--container": container,
+                                 "--container-runtime": container_runtime, "--slurm": slurm,
+                                 "--max-requeues": max_requeues, "--signal-delay": signal_delay})
+    max_requeues = 3 if max_requeues is None else max_requeues
     rc, plan, job_dir, signal_delay = _plan(
         backend, gpus, config, model, params, profile, vllm_gpus, strict, force, dry_run, output, signal_delay, slurm,
         max_requeues=max_requeues,

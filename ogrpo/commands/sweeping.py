@@ -16,7 +16,8 @@ GPUS_HELP = "Cluster: [NODESx]COUNTxTYPE[-MEM], e.g. 3xA40, 4xV100-16G, cpu. Eve
 CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` section) or a built-in recipe name."
 GRID_HELP = ("KEY=V1,V2,...: a run-config key (TRL's, or ogrpo.KEY) and its values (repeatable; the points are "
              "every combination).")
-# the options `ogrpo reproduce` passes again to repeat a sweep (sweep.json "options")
+# the options `ogrpo reproduce` passes again to repeat a sweep (sweep.json "options"); Slurm's only to Slurm
+_SLURM_ONLY = ("partition", "time", "account", "qos", "gres_type", "max_requeues")
 _REPEATED = ("gpus", "partition", "time", "account", "qos", "gres_type", "max_requeues", "profile", "model",
              "params", "vllm_gpus", "strategy", "overlap", "max_parallel")
 
@@ -39,7 +40,8 @@ def sweep(
     gres_type: Optional[str] = typer.Option(None, "--gres-type", help="Slurm GRES type of the GPUs (default: the "
                                             "catalog's; 'any': untyped)."),
     slurm: Optional[list[str]] = typer.Option(None, "--slurm", help="Extra sbatch option KEY=VALUE (repeatable)."),
-    max_requeues: int = typer.Option(3, "--max-requeues", help="Requeues allowed per point."),
+    max_requeues: Optional[int] = typer.Option(None, "--max-requeues", help="Requeues allowed per point (default: "
+                                               "3)."),
     profile: Optional[str] = typer.Option(None, "--profile", help="conservative | balanced | aggressive."),
     model: Optional[str] = typer.Option(None, "--model", help="Model to plan for (overrides model_name_or_path)."),
     params: Optional[str] = typer.Option(None, "--params", help="Parameter count when the model is unknown: 7B."),
@@ -66,10 +68,13 @@ def sweep(
     n_seeds = g.parse_seeds(seeds, swept)
     if not swept and not n_seeds:
         raise OgrpoError("nothing to sweep: give --grid KEY=V1,V2 (repeatable) and/or --seeds N")
-    backend = _backend(backend, max_parallel, dry_run, gpus, config)
+    backend = _backend(backend, max_parallel, dry_run, gpus, config, {
+        "--partition": partition, "--gres-type": gres_type, "--time": time_limit, "--account": account, "--qos": qos,
+        "--slurm": slurm, "--max-requeues": max_requeues})
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.slurm import grace, sbatch as sb
 
+    given_requeues, max_requeues = max_requeues, 3 if max_requeues is None else max_requeues
     extra_sbatch = sb.parse_passthrough(slurm)
     sb.check_requeue_options(None, max_requeues)
     minutes = sb.parse_time(time_limit) if time_limit else None
@@ -114,7 +119,7 @@ def sweep(
             "base_seed": int(recipe.get("seed", 42)), "max_parallel": parallel,
             "options": {"gpus": first.plan.cluster.spec, "partition": partition, "time": time_limit,
                         "account": account, "qos": qos, "gres_type": gres_type, "slurm": slurm or [],
-                        "max_requeues": max_requeues, "profile": profile, "model": model, "params": params,
+                        "max_requeues": given_requeues, "profile": profile, "model": model, "params": params,
                         "vllm_gpus": vllm_gpus, "strategy": strategy, "overlap": overlap, "strict": strict,
                         "max_parallel": max_parallel},
             "points": entries}
@@ -155,18 +160,20 @@ def sweep(
 
 
 def _backend(backend: str | None, max_parallel: int | None, dry_run: bool, gpus: str | None,
-             config: str) -> str:
-    """--backend, checked with --max-parallel; by default what `submit` picks (slurm where sbatch is on PATH, else
-    local for a cluster that runs here, else refused)."""
+             config: str, slurm_flags: dict) -> str:
+    """--backend, checked with --max-parallel and Slurm's options (`--time`: value, refused for a local sweep); by
+    default what `submit` picks (slurm where sbatch is on PATH, else local for a cluster that runs here, else
+    refused)."""
 
     if max_parallel is not None and max_parallel < 1:
         raise OgrpoError(f"--max-parallel {max_parallel}: must be 1 or more")
     # CLI latency: `ogrpo --help` imports this module
-    from ogrpo.commands.backend import default_backend
+    from ogrpo.commands.backend import default_backend, refuse_slurm_flags
 
     backend = default_backend(backend, dry_run, gpus, config)
     if backend == "local" and max_parallel not in (None, 1):
         raise OgrpoError(f"--max-parallel {max_parallel}: --backend local runs the points one after another")
+    refuse_slurm_flags(backend, slurm_flags)
     return backend
 
 
@@ -344,11 +351,25 @@ def reproduce_sweep(sweep_dir, output: str | None, backend: str | None, strict: 
         argv += ["--grid", f"{key}={','.join(format_value(v) for v in values)}"]
     if data.get("seeds"):
         argv += ["--seeds", str(data["seeds"])]
+    local = (backend or data.get("backend")) == "local"
+    unused = []  # a Slurm sweep's Slurm options, which a local rerun cannot take: said, not passed
     for key in _REPEATED:
-        if opts.get(key) is not None and not (key == "max_parallel" and (backend or data.get("backend")) == "local"):
-            argv += [f"--{key.replace('_', '-')}", str(opts[key])]
+        flag = f"--{key.replace('_', '-')}"
+        if opts.get(key) is None or (key == "max_parallel" and local):
+            continue
+        if local and key in _SLURM_ONLY:
+            if not (key == "max_requeues" and opts[key] == 3):  # the default, recorded by sweeps before 2026-12
+                unused.append(f"{flag} {opts[key]}")
+            continue
+        argv += [flag, str(opts[key])]
     for item in opts.get("slurm") or []:
-        argv += ["--slurm", item]
+        if local:
+            unused.append(f"--slurm {item}")
+        else:
+            argv += ["--slurm", item]
+    if unused:
+        typer.echo(f"note: {', '.join(unused)} of the recorded sweep not passed: --backend local runs on this "
+                   "machine, without Slurm", err=True)
     if opts.get("strict"):
         argv.append("--strict")
     if output:

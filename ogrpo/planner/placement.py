@@ -247,9 +247,17 @@ def _mode(d: Draft, prompt_len: int, completion_len: int) -> tuple[str, _costs.C
         ch.add("use_vllm", trl["use_vllm"], use_vllm, "ogrpo.use_vllm")
     vllm_gpus = d.run_config.ogrpo.vllm_gpus
     total = d.cluster.total_gpus
+    want_mode = trl.get("vllm_mode")
+    if want_mode is not None and want_mode not in ("server", "colocate"):
+        raise ConfigError([f"vllm_mode {want_mode!r}: TRL's modes are server and colocate (or leave it out: the "
+                           "plan picks by placement)"], d.run_config.source)
     if not use_vllm:
-        if vllm_gpus:
-            raise ConfigError([f"ogrpo.vllm_gpus {vllm_gpus} with use_vllm false; drop one of them"],
+        # settings of the vLLM generation a run without vLLM cannot honor: refused, not dropped
+        unused = [f"ogrpo.{key} {value}" for key, value in (("vllm_gpus", vllm_gpus),
+                                                             ("vllm_compile", d.run_config.ogrpo.vllm_compile))
+                  if value not in (None, 0, "auto")]
+        if unused:
+            raise ConfigError([f"{', '.join(unused)} with use_vllm false (no vLLM in this run); drop one of them"],
                               d.run_config.source)
         return "none", costs
     if (trl.get("vllm_mode") == "colocate" and vllm_gpus is None) or vllm_gpus == 0 or (
@@ -257,7 +265,6 @@ def _mode(d: Draft, prompt_len: int, completion_len: int) -> tuple[str, _costs.C
         mode = "colocate"
     else:
         mode = "server"
-    want_mode = trl.get("vllm_mode")
     if want_mode is None and mode == "server":
         ch.add("vllm_mode", "colocate", "server", f"TRL's default colocates vLLM in each trainer process; on "
                                                   f"{total} devices O-GRPO gives the server its own")

@@ -146,6 +146,20 @@ def _is_file(target: str) -> bool:
 # --- plan time: check without importing ------------------------------------------------------------------------
 
 
+def _syntax_problem(source: str) -> str | None:
+    """`does not parse as Python 3.x (line N: why)`, or None for a source that parses."""
+    import ast
+
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        return (f"does not parse as Python {sys.version_info.major}.{sys.version_info.minor} (line {exc.lineno}: "
+                f"{exc.msg})")
+    except ValueError as exc:  # a NUL byte in the source
+        return f"does not parse as Python ({exc})"
+    return None
+
+
 def _defines(source: str, attr: str) -> bool | None:
     """Whether a module's source binds `attr` at top level; None when it cannot tell (star import, __getattr__)."""
     import ast
@@ -269,6 +283,9 @@ def _check_path(spec: str, base_dirs: list[Path]) -> tuple[str, str | None]:
             return spec, None  # a compiled or namespace module: checked when the trainer imports it
         source = Path(origin).read_text(errors="replace")
         where = f"module {target!r}"
+    unparsable = _syntax_problem(source)
+    if unparsable:
+        return spec, f"reward {spec!r}: {where} {unparsable}; the trainer could not import it"
     if _defines(source, attr) is False:
         return spec, _attr_problem(spec, where, attr, "missing")
     if _binds_value(source, attr):

@@ -10,13 +10,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ogrpo.errors import ConfigError
+from ogrpo.errors import ConfigError, OgrpoError
 from ogrpo.lengths import min_tokens, prompt_length
 from ogrpo.local_paths import ABSOLUTE_REASON
+from ogrpo.models import resolve_model
 from ogrpo.planner.types import Change
 from ogrpo.rewards.registry import check_rewards, required_columns
 from ogrpo.trainer.data import prompt_settings
 from ogrpo.trainer.data_sources import absolute_sources, check_data
+
+
+def planned_model(rc, changes: list) -> None:
+    """--model (ogrpo.model) beside the recipe's model_name_or_path: the run trains the model its plan is made
+    for. Where the recipe's model is known here too, --model replaces it (a listed change); where it is not (a
+    fine-tune on the compute nodes' disk), --model only lends its shapes to the plan, and a warning says so."""
+    stand_in, trains = rc.ogrpo.model, rc.model_name_or_path
+    if not stand_in or not trains or str(stand_in) == str(trains):
+        return
+    try:
+        resolve_model(trains)
+    except OgrpoError:
+        rc.warnings.append(f"planned with the shapes of {stand_in} (--model / ogrpo.model): model_name_or_path "
+                           f"{trains} is not known here; the job trains {trains}")
+        return
+    changes.append(Change("model_name_or_path", trains, stand_in, "--model / ogrpo.model: the run trains the model "
+                                                                  "it is planned for"))
+    rc.trl["model_name_or_path"] = stand_in
 
 
 def check_inputs(rc, changes: list | None = None) -> list[str]:

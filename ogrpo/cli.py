@@ -169,7 +169,11 @@ def _main(name: str | None) -> None:
                 sys.exit(130)
         # Usage errors (unknown option, bad value): typer may ship its own copy of click, so match both.
         if _is_click_exception(exc):
-            exc.show()
+            # one line, as every other bad input gets (click's own is usage, a hint and the error on 4 lines)
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else " ".join(
+                ["ogrpo", *([name] if name in _COMMANDS or name in _GROUPS else [])])
+            _echo_err(f"error: {exc.format_message().rstrip('.')} (`{where} -h` for help)")
             raise _exit(2, [exc.format_message()]) from None
         raise
     sys.exit(rc if isinstance(rc, int) else 0)

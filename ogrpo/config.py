@@ -153,6 +153,8 @@ class RunConfig:
     ogrpo: OgrpoOptions = field(default_factory=OgrpoOptions)
     source: str = "<dict>"
     warnings: list[str] = field(default_factory=list)
+    # (ogrpo key, the recipe's value, the override's) where a command-line option replaced what the recipe set
+    replaced: list[tuple] = field(default_factory=list)
 
     def get(self, key: str, default=None):
         """A TRL key's value: the config's, else the given default, else TRL 1.16's default."""
@@ -382,9 +384,12 @@ def _accepts(kinds: list[str] | tuple[str, ...], value) -> bool:
     return True
 
 
-def _merge_overrides(data: dict, overrides: dict | None) -> None:
+def _merge_overrides(data: dict, overrides: dict | None) -> list[tuple]:
+    """Overrides into the recipe's data; returns (ogrpo key, recipe's value, override's) for each `ogrpo` dict
+    value (the command line's options) that replaced another the recipe set."""
+    replaced: list[tuple] = []
     if not overrides:
-        return
+        return replaced
     for key, value in overrides.items():
         if value is None:
             continue
@@ -396,6 +401,8 @@ def _merge_overrides(data: dict, overrides: dict | None) -> None:
                 continue  # the recipe's own `ogrpo:` is not a mapping: load_run_config reports it
             for k, v in value.items():
                 if v is not None:
+                    if section.get(k) is not None and section[k] != v:
+                        replaced.append((k, section[k], v))
                     section[k] = v
             data["ogrpo"] = section
         elif key.startswith("ogrpo."):
@@ -406,13 +413,14 @@ def _merge_overrides(data: dict, overrides: dict | None) -> None:
             data["ogrpo"] = section
         else:
             data[key] = value
+    return replaced
 
 
 def load_run_config(source, overrides: dict | None = None) -> RunConfig:
     """Load, merge overrides (flat TRL keys; `ogrpo` dict or `ogrpo.KEY` for O-GRPO options), validate."""
     warnings: list[str] = []
     data, where = _read_source(source, warnings)
-    _merge_overrides(data, overrides)
+    replaced = _merge_overrides(data, overrides)
     problems: list[str] = []
 
     section = data.pop("ogrpo", None)
@@ -506,7 +514,7 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
             opts[num] = int(opts[num])
     if isinstance(opts.get("time"), int):
         opts["time"] = str(opts["time"])
-    return RunConfig(trl=data, ogrpo=OgrpoOptions(**opts), source=where, warnings=warnings)
+    return RunConfig(trl=data, ogrpo=OgrpoOptions(**opts), source=where, warnings=warnings, replaced=replaced)
 
 
 def _map_open_r1(data: dict, section: dict) -> None:

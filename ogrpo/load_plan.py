@@ -50,12 +50,12 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     overrides = {**(trl or {}), "ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
                            "model": model, **(extra or {})}}
     rc = load_run_config(config, overrides)
-    from ogrpo.trainer.inputs import check_inputs, planned_model  # rewards and dataset columns: exit 2 before anything is written
+    from ogrpo.trainer.inputs import check_inputs, command_line_changes  # rewards and dataset columns: exit 2 before anything is written
 
     # The checks read files, so they run here, before the planner; what they decide enters it as input (their
     # warnings through rc, the paths they made absolute as changes the planner lists).
     input_changes: list = []
-    planned_model(rc, input_changes)
+    command_line_changes(rc, input_changes)
     rc.warnings.extend(check_inputs(rc, input_changes))
     plan = plan_from_config(rc, input_changes=input_changes, preemption=preemption(rc) if preemption else None)
     if strict and plan.changes:

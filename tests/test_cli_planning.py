@@ -340,3 +340,30 @@ def test_the_job_trains_the_model_its_plan_is_made_for(run_cli, write_recipe, tm
     assert ("warning: planned with the shapes of Qwen/Qwen2.5-1.5B-Instruct (--model / ogrpo.model): "
             "model_name_or_path /compute-only/my-finetune is not known here") in proc.stderr
     assert yaml.safe_load((out / "run.yaml").read_text())["model_name_or_path"] == "/compute-only/my-finetune"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["plan", "--foo"], "error: No such option: --foo (`ogrpo plan -h` for help)"),
+    (["plan", "--config", "tiny", "--vllm-gpus", "x"], "error: Invalid value for '--vllm-gpus': 'x' is not a valid "
+                                                       "integer (`ogrpo plan -h` for help)"),
+    (["plan", "--config"], "error: Option '--config' requires an argument (`ogrpo plan -h` for help)"),
+    (["reproduce"], "error: Missing argument 'run' (`ogrpo reproduce -h` for help)"),
+    (["nosuchcmd"], "error: No such command 'nosuchcmd' (`ogrpo -h` for help)"),
+])
+def test_usage_errors_are_one_line_with_where_to_find_help(run_cli, args, words):
+    """The command line's own mistakes (an unknown option, a value of the wrong type, a missing argument) get the
+    one line every other bad input gets, not click's usage block."""
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and proc.stderr.strip() == words, proc.stderr
+
+
+def test_a_file_in_the_way_of_the_job_is_named(run_cli, tmp_path):
+    """A file where the job's logs/ folder goes: the one line names it, and what was in -o is left as it was."""
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "logs").write_text("mine\n")
+    proc = run_cli("render", "--gpus", "cpu", "--config", "tiny", "-o", out)
+    errors = [x for x in proc.stderr.splitlines() if not x.startswith("change: ")]  # the plan's listed changes
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert f"cannot write the job there ({out / 'logs'}: File exists)" in errors[0]
+    assert sorted(p.name for p in out.iterdir()) == ["logs"] and (out / "logs").read_text() == "mine\n"

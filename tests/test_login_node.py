@@ -70,6 +70,22 @@ def test_sweep_of_a_gpu_plan_without_sbatch_is_refused_as_submit_refuses(bare_en
     assert not (tmp_path / "sw").exists() and not (tmp_path / "job").exists()
 
 
+def test_no_slurm_configuration_is_named_not_the_job(tmp_path):
+    """Slurm's commands installed, but no SLURM_CONF, no /etc/slurm/slurm.conf and no configless controller (the
+    real client's DNS SRV lookup fails at once): the line says so, it does not call job 123 unknown."""
+    if shutil.which("squeue") is None or shutil.which("sacct") is None:
+        pytest.skip("Slurm's client commands are not installed")
+    if os.path.isfile("/etc/slurm/slurm.conf"):
+        pytest.skip("this machine has a default slurm.conf")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    for cmd in ("status 123", "cancel 123"):
+        proc = _ogrpo(*cmd.split(), env=env)
+        line = _one_line(proc)
+        assert proc.returncode == 2 and "no Slurm configuration here (no SLURM_CONF" in line, (cmd, line)
+        assert "not known" not in line
+
+
 # -- a controller that cannot be reached ----------------------------------------------------------------------
 
 

@@ -378,6 +378,14 @@ def test_prompt_length_default_fits_small_models(write_recipe):
                                   "num_generations: 4\nper_device_train_batch_size: 4\n"
                                   "ogrpo:\n  max_prompt_length: 128\n", "long.yaml"), "2xcpu")
     assert not too_long.fits and any("exceed the model's 256 positions" in r for r in too_long.reasons)
+    assert "max_completion_length 128" in too_long.fixes
+    # no prompt budget in the recipe: the completion leaves too little room for one; the plan says that (not "prompt
+    # 512", a budget nobody set) and the fix it names leaves the prompt its minimum, not 1 token of completion
+    no_room = _plan(write_recipe("model_name_or_path: ogrpo:tiny\nmax_completion_length: 245\nnum_generations: 4\n"
+                                 "per_device_train_batch_size: 4\n", "noroom.yaml"), "2xcpu")
+    assert not no_room.fits and ("completion 245 tokens leave 11 of the model's 256 positions for the prompt (at "
+                                 "least 16; ogrpo.max_prompt_length sets the prompt budget)") in no_room.reasons
+    assert no_room.fixes == ["max_completion_length 240"]
 
 
 def test_colocated_vllm_share_grows_to_hold_the_weights(basic_recipe):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ogrpo.errors import ConfigError
-from ogrpo.lengths import budget
+from ogrpo.lengths import MIN_PROMPT_ROOM, budget
 from ogrpo.lengths import max_model_len as lengths_max_model_len
 from ogrpo.planner.memory import Estimate, kv_budget_bytes, kv_bytes_per_token_per_gpu, server_estimate
 from ogrpo.models import ModelFacts
@@ -97,14 +97,30 @@ class Placement:
         return len(self.trainer_nodes) * len(self.trainer_gpus)
 
 
+def _too_long(d: Draft, prompt_len: int, completion_len: int, positions: int) -> None:
+    """Prompt + completion past the model's positions: the reason, and the fixes that leave a prompt room."""
+    if d.run_config.ogrpo.max_prompt_length or d.trl.get("max_prompt_length"):  # the recipe's own prompt budget
+        d.reasons.append(f"prompt {prompt_len} + completion {completion_len} tokens exceed the model's {positions} "
+                         "positions")
+        if positions - prompt_len >= 1:
+            d.fixes.append(set_key("max_completion_length", positions - prompt_len))
+        if positions - completion_len >= MIN_PROMPT_ROOM:
+            d.fixes.append(set_key("ogrpo.max_prompt_length", positions - completion_len))
+        return
+    # no prompt budget set: the plan would have fitted one in, but the completion leaves too little room for it
+    d.reasons.append(f"completion {completion_len} tokens leave {max(0, positions - completion_len)} of the model's "
+                     f"{positions} positions for the prompt (at least {MIN_PROMPT_ROOM}; ogrpo.max_prompt_length "
+                     "sets the prompt budget)")
+    if positions > MIN_PROMPT_ROOM:
+        d.fixes.append(set_key("max_completion_length", positions - MIN_PROMPT_ROOM))
+
+
 def place(d: Draft) -> Placement:
     cluster, model, trl, s, ch = d.cluster, d.model, d.trl, d.settings, d.changes
     prompt_len, completion_len = lengths(d.run_config, model)
     max_model_len = lengths_max_model_len(prompt_len, completion_len)
     if max_model_len > model.max_position_embeddings:
-        d.reasons.append(f"prompt {prompt_len} + completion {completion_len} tokens exceed the model's "
-                         f"{model.max_position_embeddings} positions")
-        d.fixes.append(set_key("max_completion_length", max(1, model.max_position_embeddings - prompt_len)))
+        _too_long(d, prompt_len, completion_len, model.max_position_embeddings)
     mode, costs = _mode(d, prompt_len, completion_len)
     total = cluster.total_gpus
     gen_batch_guess = int(d.run_config.get("per_device_train_batch_size")) * max(1, total - 1) * int(

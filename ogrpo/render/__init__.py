@@ -186,7 +186,8 @@ def write_job(files: dict[str, str], out_dir, force: bool = False) -> list[Path]
             written.append(out / name)
         ok = True
     except OSError as exc:  # a file system that refuses (root passes access(), /proc does not), a full disk
-        raise OgrpoError(f"-o {out}: cannot write the job there ({exc.strerror or exc}); choose another output "
+        what = f"{exc.filename}: " if exc.filename and Path(exc.filename).parent != tmp else ""  # what is in the way
+        raise OgrpoError(f"-o {out}: cannot write the job there ({what}{exc.strerror or exc}); choose another output "
                          "directory") from None
     finally:
         if tmp is not None:

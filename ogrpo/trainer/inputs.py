@@ -20,10 +20,14 @@ from ogrpo.trainer.data import prompt_settings
 from ogrpo.trainer.data_sources import absolute_sources, check_data
 
 
-def planned_model(rc, changes: list) -> None:
-    """--model (ogrpo.model) beside the recipe's model_name_or_path: the run trains the model its plan is made
-    for. Where the recipe's model is known here too, --model replaces it (a listed change); where it is not (a
-    fine-tune on the compute nodes' disk), --model only lends its shapes to the plan, and a warning says so."""
+def command_line_changes(rc, changes: list) -> None:
+    """What the command line changed from the recipe, appended to `changes` (listed, refused under --strict): an
+    option that replaced the recipe's value, and --model (ogrpo.model) beside the recipe's model_name_or_path.
+    The run trains the model its plan is made for: where the recipe's model is known here too, --model replaces
+    it; where it is not (a fine-tune on the compute nodes' disk), --model only lends its shapes to the plan, and a
+    warning says so."""
+    for key, old, new in rc.replaced:
+        changes.append(Change(f"ogrpo.{key}", old, new, f"--{key.replace('_', '-')} on the command line"))
     stand_in, trains = rc.ogrpo.model, rc.model_name_or_path
     if not stand_in or not trains or str(stand_in) == str(trains):
         return

@@ -119,9 +119,19 @@ def unanswered(out: subprocess.CompletedProcess) -> None:
     controller), not because of what it was asked: a controller that refuses connections makes squeue fail fast,
     and "job 123 is not known" would then blame the job."""
     if out.returncode != 0:
-        problem = conf_problem() or controller_unreachable()
+        problem = conf_problem() or controller_unreachable() or configless_problem(out.stderr or "")
         if problem:
             raise OgrpoError(problem)
+
+
+def configless_problem(stderr: str) -> str | None:
+    """No slurm.conf here and no configless controller found (the client's DNS SRV lookup failed): Slurm's
+    commands then fail at once, and a job they were asked about would wrongly seem unknown."""
+    if configured() or "fetch_config" not in stderr:
+        return None
+    said = next((line.split("error:", 1)[1].strip() for line in stderr.splitlines() if "fetch_config" in line), "")
+    return (f"no Slurm configuration here (no SLURM_CONF, no {DEFAULT_CONF}, and no configless controller found: "
+            f"{said}): run this on a login node of the cluster, or point SLURM_CONF at its slurm.conf")
 
 
 def require(tool: str) -> None:

@@ -189,7 +189,9 @@ def bool_as_choice(value, allowed) -> str | None:
 def choice_problem(key: str, value, line: str | None = None) -> str | None:
     """A field with a fixed set of values (optim, lr_scheduler_type, *_strategy, log_level, loss_type, scale_rewards,
     ...: ogrpo/data/vendor_trl_fields.py) given one the job's TRL line refuses or ignores (any supported line when
-    `line` is None)."""
+    `line` is None). A list (report_to's) is checked item by item."""
+    if isinstance(value, list):
+        return next((p for p in (choice_problem(key, v, line) for v in value) if p), None)
     if not isinstance(value, str):
         return None
     lines = _choices()

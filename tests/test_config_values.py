@@ -342,6 +342,25 @@ def test_trls_own_string_options_are_checked_at_plan_time_on_both_lines():
     assert load_run_config({**MODEL, "scale_rewards": False}).trl["scale_rewards"] is False  # TRL maps it: "none"
 
 
+def test_report_to_names_an_integration_transformers_has(run_cli, tmp_path):
+    """report_to: a name transformers has no callback for fails when the trainer builds its callbacks, after the
+    job queued and loaded its model; the plan refuses it, alone or in a list, and takes the real ones."""
+    from ogrpo.values import _choices
+
+    for line, table in _choices().items():
+        assert {"wandb", "tensorboard", "mlflow", "all", "none"} <= set(table["report_to"]), line
+    for ok in ("none", "all", "wandb", ["wandb", "tensorboard"], []):
+        assert load_run_config({**MODEL, "report_to": ok}).trl["report_to"] == ok
+    for bad in ("nonsense", ["wandb", "nonsense"]):
+        with pytest.raises(ConfigError, match=r"report_to: 'nonsense' is not a value TRL accepts; did you mean 'none'"):
+            load_run_config({**MODEL, "report_to": bad})
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                      "report_to: [wandb, tensorbord]\n")
+    proc = run_cli("plan", "--gpus", "cpu", "--config", recipe)
+    assert proc.returncode == 2 and "did you mean 'tensorboard'" in proc.stderr, proc.stderr
+
+
 def test_the_choices_are_read_from_the_comparisons_in_trls_source(tmp_path):
     """What the scan of TRL's sources takes: constants an attribute of that name is compared with, alone or in a
     list, on either side; not other attributes, not a comparison with a variable."""

@@ -178,6 +178,11 @@ def installed_choices() -> dict[str, list[str]]:
         if f.metadata.get("choices") and f.name not in out:
             out[f.name] = sorted(str(c) for c in f.metadata["choices"])
         defaults[f.name] = f.default
+    # 4. report_to: the integrations transformers has a callback for, "all" and "none" (a name it lacks fails
+    #    when the trainer builds its callbacks, after the job queued and loaded its model)
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    out["report_to"] = sorted([*INTEGRATION_TO_CALLBACK, "all", "none"])
     root = Path(trl.__file__).parent
     sources = sorted({p for pattern in COMPARED_IN for p in root.glob(pattern)})
     for name, values in compared_values(sources).items():

@@ -57,23 +57,42 @@ def _queued_jobs() -> set[str]:
     return set(out.stdout.split()) if out.returncode == 0 else set()
 
 
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
 @pytest.fixture(autouse=True)
 def _no_job_outlives_its_test(request):
     """A test that fails between its submit and its cancel (or its wait) left its job running, and every later
     test then queued behind it until its time limit: one failure became two in CI. Whatever a test submitted
-    and left in the queue is cancelled when it ends, pass or fail. Session and module fixtures wait for their
+    and left in the queue is cancelled when it ends; a test that passed and left one errors (it started a job it
+    did not see end: tests/no_survivors.py's rule, for the queue). Session and module fixtures wait for their
     own jobs to end before they return, so none of theirs is counted here."""
     if "slurm_cluster" not in request.fixturenames:
         yield
         return
     before = _queued_jobs()
     yield
-    left = sorted(_queued_jobs() - before)
+    left = _queued_jobs() - before
+    deadline = time.monotonic() + 30  # a job the test saw end may still be completing in the controller's queue
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left &= _queued_jobs()
     if left:
-        subprocess.run(["scancel", *left], check=False, capture_output=True)
+        subprocess.run(["scancel", *sorted(left)], check=False, capture_output=True)
         deadline = time.monotonic() + 120
-        while _queued_jobs() & set(left) and time.monotonic() < deadline:
+        while _queued_jobs() & left and time.monotonic() < deadline:
             time.sleep(1)
+        if request.node.stash.get(_PASSED, False):
+            pytest.fail(f"the test left Slurm job(s) {', '.join(sorted(left))} in the queue (cancelled now)",
+                        pytrace=False)
 
 
 def _job_log_tail(job_id: str, chars: int = 3000) -> str:

@@ -23,6 +23,8 @@ def split_plan(workdir: Path, name: str, recipe: dict, mode: str, **ogrpo_keys):
     """(run config, plan) of `recipe` on the split placement with `ogrpo.overlap: mode`; `ogrpo_keys`: other
     O-GRPO options (`use_vllm=False`: two trainer processes on the two cores instead, generating themselves)."""
     ogrpo = {**(recipe.get("ogrpo") or {}), "gpus": SPLIT, "use_vllm": True, "overlap": mode, **ogrpo_keys}
+    if not ogrpo["use_vllm"]:
+        ogrpo.pop("vllm_compile", None)  # the bench's server setting: no server here (a plan refuses it without one)
     cfg = workdir / f"{name}-recipe.yaml"
     cfg.write_text(yaml.safe_dump({**recipe, "ogrpo": ogrpo}))
     rc = load_run_config(str(cfg))

@@ -367,3 +367,14 @@ def test_a_file_in_the_way_of_the_job_is_named(run_cli, tmp_path):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert f"cannot write the job there ({out / 'logs'}: File exists)" in errors[0]
     assert sorted(p.name for p in out.iterdir()) == ["logs"] and (out / "logs").read_text() == "mine\n"
+
+
+def test_a_problem_of_the_default_rewards_says_they_are_the_default(run_cli, write_recipe):
+    """reward_funcs left out: open-r1's default rewards apply, and a dataset that lacks what they read is refused
+    with a line that says the rewards were not the user's choice (it named a reward they never wrote)."""
+    recipe = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs:\n"
+                          "max_completion_length: 32\n")
+    proc = run_cli("plan", "--gpus", "cpu", "--config", recipe)
+    errors = [x for x in proc.stderr.splitlines() if not x.startswith("change: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "needed by reward accuracy (reward_funcs is not set: open-r1's default ['accuracy'" in errors[0]

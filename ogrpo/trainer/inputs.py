@@ -61,9 +61,11 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     if too_long:  # first and alone: a huge prompt is refused before anything else reads or copies it
         raise ConfigError([too_long], str(rc.source))
     weights = rc.ogrpo.reward_weights if rc.ogrpo.reward_weights is not None else rc.trl.get("reward_weights")
+    defaulted = None  # open-r1's default rewards, where the recipe names none: a problem they cause says so
     try:
         specs = check_rewards(rc.trl, weights, base_dirs)
         if rc.trl.get("reward_funcs") is None:
+            defaulted = specs
             warnings.append(f"reward_funcs not set: using open-r1's default {specs}")
         rc.trl["reward_funcs"] = specs  # written into the job's run.yaml: the trainer runs what was checked
     except ConfigError as exc:
@@ -76,6 +78,9 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
     except ConfigError as exc:
         problems += exc.problems
     if problems:
+        if defaulted:
+            problems = [f"{p} (reward_funcs is not set: open-r1's default {defaulted})" if "reward" in p else p
+                        for p in problems]
         raise ConfigError(problems, str(rc.source))
     return warnings
 

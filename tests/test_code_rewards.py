@@ -77,12 +77,25 @@ def test_reward_stage_runs_programs_in_parallel(tmp_path):
     assert elapsed < 5.0, f"8 x 1 s programs took {elapsed:.1f} s"
 
 
-def test_open_r1_line_comparison():
-    assert lines_match("3\n", "3\n")            # expected "3\n" splits to ["3", ""]: zip compares "3" only
+def test_line_comparison_wants_every_expected_line():
+    assert lines_match("3\n", "3\n") and lines_match("3", "3\n")  # blank lines around either side do not count
     assert lines_match("  1 \n2", "1\n 2 ")     # each line stripped
+    assert lines_match("\n1\n2\n\n", "1\n2")
     assert not lines_match("1\n3", "1\n2")
-    assert lines_match("1", "1\n2")             # zip-truncated, as in open-r1's evaluation script
-    assert not lines_match("", "1")
+    # open-r1's zip stopped at the shorter side: the first line alone passed a two-line answer
+    assert not lines_match("1", "1\n2") and not lines_match("YES", "YES\n1 2 3")
+    assert not lines_match("1\n2\n3", "1\n2")  # nor is more than the answer the answer
+    assert not lines_match("", "1") and lines_match("", "")
+
+
+def test_a_program_that_prints_only_the_first_line_of_the_answer_scores_nothing(tmp_path):
+    """The reward hack open-r1's zip comparison pays: print what is easy (the count, the YES) and stop. It scores
+    nothing here; the program that prints the whole answer scores 1."""
+    info = {"test_cases": [{"input": "3\n", "output": "3\n1 2 3\n"}, {"input": "5\n", "output": "5\n1 2 3 4 5"}]}
+    first = "```python\nprint(int(input()))\n```"
+    whole = "```python\nn = int(input())\nprint(n)\nprint(*range(1, n + 1))\n```"
+    with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
+        assert code_reward([first, whole], [info, info], sandbox=box) == [0.0, 1.0]
 
 
 def test_extract_code():
@@ -230,3 +243,45 @@ def test_split_c_programs_compile_in_each_part(tmp_path):
         assert code_reward([CPP_BROKEN], [cpp], sandbox=box, log_metric=metrics.__setitem__) == [0.0]
     assert metrics["code/compile_error_frac"] == 1.0
     assert _launchers_under(tmp_path) == []
+
+
+_SHARED_FILES = ('import fcntl, os, time\n'
+                 'names = sorted(os.listdir("/usr/bin"))\n'
+                 'fds = []\n'
+                 'for name in names:\n'
+                 '    path = os.path.join("/usr/bin", name)\n'
+                 '    if len(fds) < 33 and os.path.isfile(path) and not os.path.islink(path):\n'
+                 '        fds.append(os.open(path, os.O_RDONLY))\n')
+# A group's completions run side by side on the same tests: the solver holds a shared lock on system file i for
+# each set bit of its answer, then on file 32 ("ready"); the copier reads the bits as the locks it cannot take.
+SOLVER = ("```python\n" + _SHARED_FILES + 'n = int(input()) * 2\n'
+          'try:\n'
+          '    for i in range(32):\n'
+          '        if n >> i & 1:\n'
+          '            fcntl.flock(fds[i], fcntl.LOCK_SH)\n'
+          '    fcntl.flock(fds[32], fcntl.LOCK_SH)\n'
+          '    time.sleep(2)\n'
+          'except OSError:\n'
+          '    pass\n'
+          'print(n)\n```')
+COPIER = ("```python\n" + _SHARED_FILES + 'input()\n'
+          'def held(fd):\n'
+          '    try:\n'
+          '        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
+          '    except BlockingIOError:\n'
+          '        return True\n'
+          '    fcntl.flock(fd, fcntl.LOCK_UN)\n'
+          '    return False\n'
+          'deadline = time.time() + 4\n'
+          'while not held(fds[32]) and time.time() < deadline:\n'
+          '    time.sleep(0.01)\n'
+          'print(sum(1 << i for i in range(32) if held(fds[i])))\n```')
+
+
+def test_a_program_cannot_copy_its_siblings_answer_through_the_shared_files(tmp_path):
+    """Two completions of one prompt run at once: the copier never computes, it reads the answer the solver
+    signals through locks on the read-only system files both see. Locks are refused in the sandbox, so the
+    solver still scores and the copier scores nothing (it scored 1.0 before)."""
+    info = {"test_cases": [{"input": "123456\n", "output": "246912\n"}]}
+    with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
+        assert code_reward([SOLVER, COPIER], [info, info], sandbox=box) == [1.0, 0.0]

@@ -209,6 +209,50 @@ int main(void) {
     }
     return 0;
   }
+  if (!strcmp(what, "dgram")) {  /* a datagram pair's socket can sendto() any socket path it sees */
+    int sv[2], st[2];
+    rep("pair_dgram", socketpair(AF_UNIX, SOCK_DGRAM, 0, sv));
+    rep("pair_seqpacket", socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+    long r = socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, st);  /* asyncio's: stays */
+    rep("pair_stream", r);
+    char c = 0;
+    if (r == 0) rep("pair_stream_io", write(st[0], "x", 1) == 1 && read(st[1], &c, 1) == 1 && c == 'x' ? 0 : -1);
+    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) == 0) {
+      struct sockaddr_un a; memset(&a, 0, sizeof a); a.sun_family = AF_UNIX;
+      strncpy(a.sun_path, arg, sizeof a.sun_path - 1);
+      rep("sendto", sendto(sv[0], "pwned", 5, 0, (struct sockaddr *)&a, sizeof a));
+    }
+    return 0;
+  }
+  if (!strcmp(what, "memfd")) {  /* pages neither RLIMIT_AS nor the tmpfs cap counts */
+    rep("memfd_create", syscall(SYS_memfd_create, "m", 0));
+    rep("memfd_secret", syscall(447, 0));
+    return 0;
+  }
+  if (!strcmp(what, "mqueue")) {  /* at "none", a queue in the host's IPC namespace that outlives the program */
+    rep("mq_open", syscall(SYS_mq_open, "ogrpo-sbx-mq", O_CREAT | O_RDWR, 0600, NULL));
+    rep("mq_unlink", syscall(SYS_mq_unlink, "ogrpo-sbx-mq"));
+    return 0;
+  }
+  if (!strcmp(what, "locks")) {  /* a sibling's channel: locks and open events on the shared system files */
+    int fd = open("/bin/sh", O_RDONLY);
+    rep("open", fd);
+    rep("flock", syscall(SYS_flock, fd, 1 /* LOCK_SH */));
+    struct flock l; memset(&l, 0, sizeof l); l.l_type = F_RDLCK; l.l_whence = SEEK_SET;
+    rep("setlk", fcntl(fd, F_SETLK, &l));
+    rep("ofd_setlk", fcntl(fd, 37 /* F_OFD_SETLK */, &l));
+    rep("getlk", fcntl(fd, F_GETLK, &l));
+    rep("getfd", fcntl(fd, F_GETFD));  /* the commands every runtime uses stay */
+    rep("inotify", syscall(SYS_inotify_init1, 0));
+    rep("fanotify", syscall(SYS_fanotify_init, 0, 0));
+    return 0;
+  }
+  if (!strcmp(what, "sigint")) {  /* pid 1: its reaper in a pid namespace (same uid at "userns"), else init */
+    rep("kill1", kill(1, SIGINT));
+    usleep(300000);
+    printf("alive\n");
+    return 0;
+  }
   return 98;
 }
 """
@@ -273,7 +317,8 @@ c_src, workdir_py, bypass_py = (open(p).read() for p in sys.argv[8:11])
 out = {}
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     names = ["remount " + target, "umount", "ptrace", "creds", "nproc", "unix " + sock, "inet " + port, "nofile",
-             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio"]
+             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio", "dgram " + sock + ".d",
+             "memfd", "mqueue", "locks", "sigint"]
     limits = Limits(wall_s=10.0, file_bytes=1024 ** 2, nproc=16)
     jobs = [Job(c_src, "c", [n]) for n in names]
     results = box.run_jobs(jobs, limits=limits)
@@ -377,6 +422,9 @@ def _drive(level: str, user, package: Path, target: Path, files: int = 5000) -> 
     unix.bind(str(sock_path))
     sock_path.chmod(0o777)
     unix.listen(8)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # a journald or /dev/log of the host
+    dgram.bind(f"{sock_path}.d")
+    Path(f"{sock_path}.d").chmod(0o777)
     inet = socket.socket()
     inet.bind(("127.0.0.1", 0))
     inet.listen(8)
@@ -400,14 +448,21 @@ def _drive(level: str, user, package: Path, target: Path, files: int = 5000) -> 
                 out[name] = True
             except socket.timeout:
                 out[name] = False
+        dgram.setblocking(False)
+        try:
+            out["dgram_received"] = dgram.recv(64).decode(errors="replace")
+        except BlockingIOError:
+            out["dgram_received"] = None
         uids = set(out["uids"]) | ({user.pw_uid} if user else set())
         out["survivors"] = [f"{pid} {what}" for pid, what in _survivors(uids).items()]
         out["root_left"] = sorted(os.listdir(root))
         return out
     finally:
         unix.close()
+        dgram.close()
         inet.close()
         sock_path.unlink(missing_ok=True)
+        Path(f"{sock_path}.d").unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True)  # iterative, any depth
 
 
@@ -581,6 +636,39 @@ def test_setuid_bits_and_metadata_outside_landlock_are_refused(attacked):
             assert "utime_out" in got  # the trainer's user's own file was there to attack
     else:
         assert got["chmod_plain"] == (0, 0), attacked["meta"]
+
+
+def test_datagram_pairs_are_refused_and_no_host_socket_hears_the_program(attacked):
+    got = _lines(attacked["dgram"])
+    assert got["pair_dgram"] == got["pair_seqpacket"] == (-1, 1), attacked["dgram"]
+    assert got["pair_stream"] == got["pair_stream_io"] == (0, 0), attacked["dgram"]
+    assert "sendto" not in got and attacked["dgram_received"] is None
+
+
+def test_memory_no_limit_counts_is_refused(attacked):
+    got = _lines(attacked["memfd"])
+    assert got["memfd_create"] == got["memfd_secret"] == (-1, 1), attacked["memfd"]
+
+
+def test_posix_message_queues_are_refused(attacked):
+    got = _lines(attacked["mqueue"])
+    assert got["mq_open"] == got["mq_unlink"] == (-1, 1), attacked["mqueue"]
+
+
+def test_locks_and_file_events_siblings_could_signal_through_are_refused(attacked):
+    got = _lines(attacked["locks"])
+    assert got["open"][0] >= 0 and got["getfd"][1] == 0, attacked["locks"]
+    for call in ("flock", "setlk", "ofd_setlk", "getlk", "inotify", "fanotify"):
+        assert got[call] == (-1, 1), (call, attacked["locks"])
+
+
+def test_a_signal_to_pid_1_leaves_the_run_its_own_result(attacked):
+    """At "userns" pid 1 is the reaper under the program's own uid: Python's SIGINT handler let the kernel deliver
+    it, and the run became a sandbox error the program chose. Elsewhere pid 1 is not the program's to signal."""
+    res, got = attacked["sigint"], _lines(attacked["sigint"])
+    assert res["status"] == "ok" and res["stdout"].endswith("alive\n"), res
+    if attacked["level"] != "userns":
+        assert got["kill1"] == (-1, 1), res
 
 
 def test_no_process_survives(attacked):
@@ -812,6 +900,11 @@ def test_no_run_reads_its_siblings_files(level, unprivileged, where, package, re
         for leak in (str(root).encode(), str(root).encode().hex().encode()):  # the old spec was hex on argv
             assert leak not in reaper_cmdline, reaper_cmdline
         assert out["drained"] and out["left"] == []
+        dgram.setblocking(False)
+        try:
+            out["dgram_received"] = dgram.recv(64).decode(errors="replace")
+        except BlockingIOError:
+            out["dgram_received"] = None
         uids = set(out["uids"]) | ({user.pw_uid} if user else set())
         assert _survivors(uids) == {}
     finally:

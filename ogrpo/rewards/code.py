@@ -3,14 +3,16 @@
 Semantics follow open-r1's src/open_r1/rewards.py and its evaluation script, so a recipe scores the same here:
 - the program is the last ```<language>\\n ... ``` block of the completion (`extract_code`);
 - each test case of `verification_info["test_cases"]` ({"input", "output"}) runs the program with `input` on
-  stdin; it passes when the program exits 0 and, line by line over `zip(stdout.strip().split("\\n"),
-  output.split("\\n"))`, the stripped lines are equal. `zip` stops at the shorter side, exactly as open-r1's
-  script does, so missing trailing lines are not counted against the program;
+  stdin; it passes when the program exits 0 and its stdout, stripped, has the expected output's lines, each
+  equal once stripped (blank lines around either side do not count);
 - `code` is the fraction of test cases passed; `binary_code` is 1.0 above 0.99, else 0.0;
 - a timeout ends the evaluation of that completion with 0.0 (open-r1's `subprocess.run(timeout=5)` raises and
   the whole script fails); no code block, a compile error or no test cases also give 0.0.
 
-Differences from open-r1, all additive: C and C++ (`language="c"` / `"cpp"`, compiled with the system gcc/g++
+Differences from open-r1: its script compares the lines over `zip(stdout_lines, expected_lines)`, which stops
+at the shorter side, so a program that printed only the first lines of a multi-line answer (a count, a YES before
+the construction) scored as if it had solved the problem; here every expected line must be there (a program
+that solves it scores as in open-r1). The rest is additive: C and C++ (`language="c"` / `"cpp"`, compiled with the system gcc/g++
 -O2 inside the sandbox, under compile limits, then run per test case) stand in for E2B's other languages; the
 language of a sample is `verification_info["language"]` when present, else a `language` dataset column, else
 the `language` argument. Every function has TRL's signature `f(completions, **dataset_columns) -> list[float]`;
@@ -51,8 +53,10 @@ def extract_code(completion: str, language: str = "python") -> str:
 
 
 def lines_match(stdout: str, expected: str) -> bool:
-    """open-r1's comparison: stripped lines of the stripped stdout against the expected lines, zip-truncated."""
-    return all(a.strip() == b.strip() for a, b in zip(stdout.strip().split("\n"), expected.split("\n")))
+    """The stripped lines of the stripped stdout against the expected output's, every one of them (open-r1's
+    zip stopped at the shorter side: the first lines alone passed)."""
+    return ([a.strip() for a in stdout.strip().split("\n")]
+            == [b.strip() for b in expected.strip().split("\n")])
 
 
 def _per_sample(value, n: int) -> list:

@@ -154,6 +154,10 @@ def _launcher_main(spec: dict) -> int:
         if "OGRPO_SBX_LOCK_FD" in os.environ:  # the slot's lock stays with the launcher, not the program
             os.close(int(os.environ["OGRPO_SBX_LOCK_FD"]))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Python's own SIGINT handler would make the kernel deliver a program's kill(1, SIGINT) to this pid 1 (it
+        # drops, from inside the namespace, only the signals its init leaves at their default), ending the run as
+        # a sandbox error the program chose; ignored, the reaper reports the program's own result.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
             if isolation in ("root", "userns"):  # the node's processes and their command lines stay hidden
@@ -379,9 +383,9 @@ def _exec_program(spec: dict, status_fd: int) -> None:
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")  # setuid binaries stay unprivileged
     # After the uid change (which clears it): the program dies with its reaper even without a pid namespace.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-    # Python ignores these, and ignored signals stay ignored across execve: a C program writing past
-    # RLIMIT_FSIZE or into a closed pipe must die, not loop on EFBIG/EPIPE.
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    # Python ignores these (and the reaper SIGINT), and ignored signals stay ignored across execve: a C program
+    # writing past RLIMIT_FSIZE or into a closed pipe must die, not loop on EFBIG/EPIPE.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     argv = list(spec["argv"])
     # Where the kernel has Landlock, reads too: the system's software, the program's own installation and dirs,

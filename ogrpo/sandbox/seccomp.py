@@ -11,15 +11,24 @@ What it does (errno EPERM unless said otherwise):
 - socket(): at the namespace levels only AF_INET/AF_INET6, which reach nothing but the namespace's downed
   loopback; AF_UNIX (a session D-Bus, a systemd user manager, an X server or ssh-agent socket on a read-only but
   still connectable path), netlink, packet sockets and the rest are refused. At the "none" level every family is
-  refused: there is no network namespace there. socketpair() stays allowed: a connected pair reaches no one but
-  the program itself, and asyncio's event loop needs one.
+  refused: there is no network namespace there. socketpair() stays allowed for SOCK_STREAM only: a connected
+  stream pair reaches no one but the program itself, and asyncio's event loop needs one; a datagram pair's
+  socket can sendto() any socket path the program sees (/dev/log, journald, a systemd notify socket).
 - calls a scoring program has no use for and an escape would: ptrace and process_vm_readv/writev (the reaper,
   the trainer at the "none" level), mount/umount2/pivot_root/chroot and the new mount API, unshare/setns and
   clone() with a CLONE_NEW* flag (a fresh user namespace gives back every capability), keyrings, bpf,
   perf_event_open, userfaultfd and io_uring (kernel attack surface; io_uring also bypasses this filter),
   kexec, modules, swap, reboot, syslog, acct, quotactl, open_by_handle_at, kcmp, pidfd_getfd.
-- SysV IPC (shm*, msg*, sem*): RLIMIT_AS does not count a SysV segment, and one outlives its creator (on the
-  host at "none"); statmount/listmount (host mount paths).
+- SysV IPC (shm*, msg*, sem*) and memfd_create/memfd_secret: RLIMIT_AS counts neither a SysV segment nor a
+  memfd's pages, nor does the tmpfs cap (16 memfds of 1 GiB each per program pinned host memory no process's RSS
+  shows, so the OOM killer picked the trainer), and a SysV segment outlives its creator (on the host at "none");
+  POSIX message queues (mq_*): at "none" a queue is made in the host's IPC namespace, outlives the program and
+  counts against the node's limit, and mq_unlink removed the trainer user's own; statmount/listmount (host mount
+  paths).
+- file locks (flock, fcntl's F_GETLK/F_SETLK/F_SETLKW and their F_OFD_ forms) and inotify/fanotify: programs
+  that run side by side (a group's completions, same tests) share the read-only system files, and a lock held or
+  an open seen on one of them passed a solver's answer, bit by bit, to a sibling that then scored without solving.
+  (Timing channels between programs on one node remain; docs/sandbox.md.)
 - calls that act on another process or user: prlimit64, sched_setparam/setscheduler/setaffinity/setattr,
   migrate_pages and move_pages only with pid 0 (the caller), setpriority only (PRIO_PROCESS, 0), ioprio_set only
   (IOPRIO_WHO_PROCESS, 0). At "none" the program shares the trainer's uid and sees its processes (Landlock
@@ -46,7 +55,8 @@ AF_INET, AF_INET6 = 2, 10
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 X32_SYSCALL_BIT = 0x40000000
 
-_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K, _AND_K = 0x20, 0x15, 0x45, 0x06, 0x54
+SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF  # socket types beside SOCK_NONBLOCK/SOCK_CLOEXEC in the type argument
 _NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (little endian: args[0]'s low word at 16)
 
 # Denied calls by name; the numbers come from the kernel's tables (arch/x86/entry/syscalls/syscall_64.tbl,
@@ -59,7 +69,14 @@ DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
           "delete_module", "swapon", "swapoff", "reboot", "syslog", "acct", "quotactl", "open_by_handle_at",
           "name_to_handle_at", "kcmp", "pidfd_getfd", "lookup_dcookie", "vhangup",
           "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl",
-          "semtimedop", "statmount", "listmount")
+          "semtimedop", "statmount", "listmount", "memfd_create", "memfd_secret", "mq_open", "mq_unlink",
+          "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr", "flock", "inotify_init1",
+          "inotify_add_watch", "fanotify_init", "fanotify_mark")
+# Denied too where the architecture has them (aarch64 has only the newer call of each pair)
+LEGACY = ("inotify_init",)
+# fcntl's lock commands (F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW); its other commands
+# (F_GETFD, F_SETFL, F_DUPFD_CLOEXEC ...) stay: every runtime uses them
+FCNTL_LOCKS = (5, 6, 7, 36, 37, 38)
 # Allowed only when every (argument, value) pair matches: the call targets the caller itself.
 SELF_ONLY = {"prlimit64": ((0, 0),), "sched_setparam": ((0, 0),), "sched_setscheduler": ((0, 0),),
              "sched_setaffinity": ((0, 0),), "sched_setattr": ((0, 0),), "migrate_pages": ((0, 0),),
@@ -72,10 +89,14 @@ METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lcho
             "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
             "fremovexattr", "setxattrat", "removexattrat")
 # Newer than some installed kernel headers; the same number on every architecture (the unified table from 424).
-UNIFIED = {"fchmodat2": 452, "statmount": 457, "listmount": 458, "setxattrat": 463, "removexattrat": 466}
+UNIFIED = {"memfd_secret": 447, "fchmodat2": 452, "statmount": 457, "listmount": 458, "setxattrat": 463,
+           "removexattrat": 466}
 SYSCALLS = {
     "x86_64": {
-        "socket": 41, "clone": 56, "clone3": 435, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+        "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435, "fcntl": 72, "flock": 73, "inotify_init": 253,
+        "inotify_add_watch": 254, "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301,
+        "memfd_create": 319, "mq_open": 240,
+        "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
         "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "unshare": 272,
         "setns": 308, "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
@@ -91,7 +112,10 @@ SYSCALLS = {
         "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188, "lsetxattr": 189,
         "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199},
     "aarch64": {
-        "socket": 198, "clone": 220, "clone3": 435, "ptrace": 117, "process_vm_readv": 270,
+        "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435, "fcntl": 25, "flock": 32,
+        "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263,
+        "memfd_create": 279, "mq_open": 180,
+        "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185, "ptrace": 117, "process_vm_readv": 270,
         "process_vm_writev": 271, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430,
         "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
@@ -126,6 +150,15 @@ def _self_only(number: int, checks: tuple[tuple[int, int], ...]) -> list[bytes]:
     return [_op(_JEQ_K, number, jf=len(body))] + body
 
 
+def _refuse_values(number: int, arg: int, values: tuple[int, ...]) -> list[bytes]:
+    """`number` refused (EPERM) when args[arg] (its low 32 bits) is one of `values`, else allowed: every path of
+    the block returns."""
+    m = len(values)
+    return ([_op(_JEQ_K, number, jf=m + 3), _op(_LD_W_ABS, _ARG0 + 8 * arg)]
+            + [_op(_JEQ_K, v, jt=m - j) for j, v in enumerate(values)]
+            + [_op(_RET_K, RET_ALLOW), _op(_RET_K, RET_ERRNO | EPERM)])
+
+
 def _no_mode_bits(number: int, arg: int) -> list[bytes]:
     return [_op(_JEQ_K, number, jf=4), _op(_LD_W_ABS, _ARG0 + 8 * arg), _op(_JSET_K, S_ISUID_ISGID, jf=1),
             _op(_RET_K, RET_ERRNO | EPERM), _op(_RET_K, RET_ALLOW)]
@@ -142,7 +175,7 @@ def build(arch: str, socket_families: tuple[int, ...], metadata: bool = False) -
             _op(_LD_W_ABS, _NR)]
     if arch == "x86_64":
         prog += [_op(_JSET_K, X32_SYSCALL_BIT, jf=1), deny]
-    for name in DENIED + (METADATA if metadata else ()):
+    for name in DENIED + LEGACY + (METADATA if metadata else ()):
         if name in nr:
             prog += [_op(_JEQ_K, nr[name], jf=1), deny]
     for name, checks in SELF_ONLY.items():
@@ -150,11 +183,15 @@ def build(arch: str, socket_families: tuple[int, ...], metadata: bool = False) -
     for name, arg in MODE_ARG.items():
         if name in nr:
             prog += _no_mode_bits(nr[name], arg)
+    prog += _refuse_values(nr["fcntl"], 1, FCNTL_LOCKS)
     prog += [_op(_JEQ_K, nr["clone3"], jf=1), _op(_RET_K, RET_ERRNO | ENOSYS)]
     m = len(socket_families)
     prog += [_op(_JEQ_K, nr["socket"], jf=m + 3), _op(_LD_W_ABS, _ARG0)]
     prog += [_op(_JEQ_K, fam, jt=m - j) for j, fam in enumerate(socket_families)]
     prog += [deny, _op(_RET_K, RET_ALLOW)]
+    prog += [_op(_JEQ_K, nr["socketpair"], jf=5), _op(_LD_W_ABS, _ARG0 + 8), _op(_AND_K, SOCK_TYPE_MASK),
+             _op(_JEQ_K, SOCK_STREAM, jf=1), _op(_RET_K, RET_ALLOW), deny]
+    prog += [_op(_LD_W_ABS, _NR)]  # the socketpair block left its type in the accumulator
     prog += [_op(_JEQ_K, nr["clone"], jf=3), _op(_LD_W_ABS, _ARG0), _op(_JSET_K, CLONE_NEW_FLAGS, jf=1), deny,
              _op(_RET_K, RET_ALLOW)]
     return b"".join(prog)

@@ -2,16 +2,20 @@
 
 Each test runs with its own OGRPO_TEST_OWNER in the environment, so every process it starts carries it however
 it detaches (a double fork, its own session, a supervisor's steps, a Slurm job that exports the environment).
-After the test's teardown, those processes and the pytest process's new descendants (a fork without exec shows
-no new environment) must be gone. What is left after a grace (a server that got its TERM may still be shutting
-down under load) is killed, and the test errors at teardown, naming them. (This process is not made a
-subreaper: orphans reparented here would stay zombies that only a wait could clear, and waiting for them would
-take the exit status from the Popen or multiprocessing object a test reads it from.)
+After the test's teardown, the processes born meanwhile that carry its mark, or carry none and descend from
+this one (a fork without exec shows its parent's first environment), must be gone. What is left after a grace (a
+server that got its TERM may still be exiting under load) is killed, and the test errors at teardown, naming
+them. (This process is not made a subreaper: orphans reparented here would stay zombies that only a wait could
+clear, and waiting for them would take the exit status from the Popen or multiprocessing object a test reads
+it from.)
 
-A fixture of a wider scope (module, session) owns what its setup starts, under a mark of its own: those must be
-gone when it is finalized. The one process-wide pool of the test process (the math reward workers, started on
-first use and closed at exit, as in a trainer) is the process's, not a test's; tests/test_rewards.py shows that
-closing it ends them.
+A fixture of a wider scope (module, session) owns what its setup starts, under a mark of its own, and so what
+those processes start later: those must be gone when it is finalized. The one process-wide pool of the test
+process (the math reward workers, started on first use and closed at exit, as in a trainer) is the process's,
+not a test's; tests/test_rewards.py shows that closing it ends them.
+
+Only processes born during the test are read (their /proc entries), so a test that starts none costs two
+listings of /proc.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,15 +36,47 @@ VAR = "OGRPO_TEST_OWNER"
 # (tests/test_no_survivors.py sets it short, to see a leak caught without the wait.)
 GRACE_S = float(os.environ.get("OGRPO_TEST_SURVIVOR_GRACE_S", "45"))
 _marks = itertools.count()
-_owned: dict = {}  # a wider fixture's FixtureDef -> (its mark, the descendants its setup started)
+_owned: dict = {}  # a wider fixture's FixtureDef -> its mark
+_KEY = pytest.StashKey[tuple]()
 
 
 def _new_mark() -> str:
     return f"{os.getpid()}-{next(_marks)}"
 
 
-def _descendants() -> set[int]:
-    return set(procs.descendants(os.getpid()))
+def _pids() -> set[int]:
+    return {int(name) for name in os.listdir("/proc") if name.isdigit()}
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def _mark_of(pid: int) -> str | None:
+    needle = f"\0{VAR}=".encode()
+    try:
+        raw = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    at = raw.find(needle)
+    return raw[at + len(needle):raw.index(b"\0", at + 1)].decode() if at >= 0 else None
+
+
+def _descends_from_me(pid: int) -> bool:
+    me = os.getpid()
+    for _ in range(64):
+        st = _stat(pid)
+        if st is None or st[1] <= 1:
+            return False
+        if st[1] == me:
+            return True
+        pid = st[1]
+    return False
 
 
 def _process_wide() -> set[int]:
@@ -48,17 +85,27 @@ def _process_wide() -> set[int]:
     return set(pool.pids()) if pool is not None else set()
 
 
-def _left(mark: str, before: set[int], exempt: set[int]) -> set[int]:
-    return (set(procs.carrying(VAR, mark)) | (_descendants() - before)) - exempt - _process_wide()
+def _left(mark: str, before: set[int]) -> set[int]:
+    """The live processes born since `before` that are `mark`'s: they carry it, or carry no mark and descend
+    from this process."""
+    out = set()
+    for pid in _pids() - before - _process_wide():
+        st = _stat(pid)
+        if st is None or st[0] in ("Z", "X"):  # a zombie runs nothing: only its exit status is left to reap
+            continue
+        theirs = _mark_of(pid)
+        if theirs == mark or (theirs is None and _descends_from_me(pid)):
+            out.add(pid)
+    return out
 
 
-def _check(mark: str, before: set[int], exempt: set[int], what: str) -> None:
+def _check(mark: str, before: set[int], what: str) -> None:
     """Wait for what `mark` started to end; kill what is left and fail, naming it."""
     deadline = time.monotonic() + GRACE_S
-    left = _left(mark, before, exempt)
+    left = _left(mark, before)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _left(mark, before, exempt)
+        left = _left(mark, before)
     if not left:
         return
     named = procs.describe(sorted(left))
@@ -69,42 +116,38 @@ def _check(mark: str, before: set[int], exempt: set[int], what: str) -> None:
             except OSError:
                 pass
         time.sleep(0.2)
-        left = _left(mark, before, exempt)
+        left = _left(mark, before)
         if not left:
             break
     pytest.fail(f"{what} left processes running {GRACE_S:.0f} s after it ended (killed now): {named}",
                 pytrace=False)
 
 
-def _exempt() -> set[int]:
-    return set().union(*(born for _, born in _owned.values())) if _owned else set()
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope == "function":
         return (yield)
-    before, mark, prev = _descendants(), _new_mark(), os.environ.get(VAR)
+    mark, prev = _new_mark(), os.environ.get(VAR)
     os.environ[VAR] = mark
+    _owned[fixturedef] = (mark, _pids())
     try:
         return (yield)
     finally:
         os.environ.pop(VAR) if prev is None else os.environ.__setitem__(VAR, prev)
-        _owned[fixturedef] = (mark, _descendants() - before)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_post_finalizer(fixturedef, request):
     result = yield
     if fixturedef in _owned:
-        mark, born = _owned.pop(fixturedef)
-        _check(mark, _descendants() - born, _exempt(), f"fixture {fixturedef.argname!r}")
+        mark, before = _owned.pop(fixturedef)
+        _check(mark, before, f"fixture {fixturedef.argname!r}")
     return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    item.stash[_KEY] = (_new_mark(), _descendants())
+    item.stash[_KEY] = (_new_mark(), _pids())
     os.environ[VAR] = item.stash[_KEY][0]
     return (yield)
 
@@ -117,8 +160,5 @@ def pytest_runtest_teardown(item, nextitem):
         os.environ.pop(VAR, None)
     if _KEY in item.stash:
         mark, before = item.stash[_KEY]
-        _check(mark, before, _exempt(), "the test")
+        _check(mark, before, "the test")
     return result
-
-
-_KEY = pytest.StashKey[tuple]()

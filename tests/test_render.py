@@ -226,11 +226,19 @@ def test_examples_are_what_render_produces(tmp_path, run_cli, name, gpus, recipe
 # stand-ins. tests/slurm/test_slurm_job_sbatch.py runs the same file under the real test cluster.
 
 FAKE_SRUN = """#!/bin/bash
-# Stand-in for srun: drop the step options, run the command as one task.
+# Stand-in for srun: drop the step options, run the command as one task. Slurm signals every process of a step
+# (its proctrack container), not only the task: the stand-in passes a TERM to its whole session (the supervisor
+# starts it in one of its own), or a trainer's child would outlive the step it was stopped with.
 while [[ $# -gt 0 && "$1" == --* ]]; do shift; done
 echo "$*" >> "$FAKE_DIR/srun.calls"
 export SLURM_PROCID=0 SLURM_NODEID=0
-exec "$@"
+"$@" &
+child=$!
+trap 'trap "" TERM INT; pkill -TERM -s $$' TERM INT
+wait $child
+rc=$?
+while kill -0 $child 2>/dev/null; do wait $child; rc=$?; done
+exit $rc
 """
 
 FAKE_SCONTROL = """#!/bin/bash

@@ -58,8 +58,12 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     command_line_changes(rc, input_changes)
     rc.warnings.extend(check_inputs(rc, input_changes))
     plan = plan_from_config(rc, input_changes=input_changes, preemption=preemption(rc) if preemption else None)
-    if strict and plan.changes:
+    # what the command line itself set over the recipe is listed, not refused: --strict is about changes nobody asked
+    # for (as a sweep's grid values are the user's own)
+    asked = {f"ogrpo.{key}" for key, _, _ in rc.replaced} | ({"model_name_or_path"} if model is not None else set())
+    refused = [c for c in plan.changes if c.key not in asked]
+    if strict and refused:
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
-                           for c in plan.changes], f"{rc.source} (--strict refuses every change from the recipe)")
+                           for c in refused], f"{rc.source} (--strict refuses every change from the recipe)")
     return rc, plan
 

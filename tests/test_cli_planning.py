@@ -330,8 +330,14 @@ def test_the_job_trains_the_model_its_plan_is_made_for(run_cli, write_recipe, tm
     run = yaml.safe_load((out / "run.yaml").read_text())
     assert run["model_name_or_path"] == "ogrpo:tiny-math"
     assert run["ogrpo"]["plan"]["model"]["name"] == "ogrpo:tiny-math"
+    # asked for on the command line: listed, and --strict (changes nobody asked for) takes it; the same two models
+    # in the recipe (ogrpo.model beside a known model_name_or_path) are a change --strict refuses
     proc = run_cli("plan", "--gpus", "cpu", "--config", "tiny", "--model", "ogrpo:tiny-math", "--strict")
-    assert proc.returncode == 2 and "model_name_or_path would change" in proc.stderr
+    assert proc.returncode in (0, 2) and "model_name_or_path would change" not in proc.stderr, proc.stderr
+    both = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                        "max_completion_length: 32\nogrpo:\n  model: ogrpo:tiny-math\n", "both.yaml")
+    proc = run_cli("plan", "--gpus", "cpu", "--config", both, "--strict")
+    assert proc.returncode == 2 and "model_name_or_path would change from 'ogrpo:tiny'" in proc.stderr
     recipe = write_recipe("model_name_or_path: /compute-only/my-finetune\ndataset_name: ogrpo:tiny\n"
                           "reward_funcs: [tiny_letter]\nmax_completion_length: 32\n")
     out = tmp_path / "job2"
@@ -378,3 +384,18 @@ def test_a_problem_of_the_default_rewards_says_they_are_the_default(run_cli, wri
     errors = [x for x in proc.stderr.splitlines() if not x.startswith("change: ")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "needed by reward accuracy (reward_funcs is not set: open-r1's default ['accuracy'" in errors[0]
+
+
+def test_a_command_line_option_over_the_recipes_value_is_listed_and_strict_lets_it_through(run_cli, write_recipe):
+    """--gpus over the recipe's ogrpo.gpus: the plan is made for --gpus and says what it replaced; --strict refuses
+    the changes nobody asked for, not this one."""
+    recipe = write_recipe("model_name_or_path: ogrpo:tiny\ndataset_name: ogrpo:tiny\nreward_funcs: [tiny_letter]\n"
+                          "max_completion_length: 32\nuse_vllm: false\nogrpo:\n  gpus: 2xV100\n  profile: aggressive\n")
+    proc = run_cli("plan", "--gpus", "cpu", "--profile", "balanced", "--config", recipe)
+    assert proc.returncode == 0, proc.stderr
+    assert "change: ogrpo.gpus: '2xV100' -> 'cpu' (--gpus on the command line)" in proc.stderr
+    assert "change: ogrpo.profile: 'aggressive' -> 'balanced' (--profile on the command line)" in proc.stderr
+    strict = run_cli("plan", "--gpus", "cpu", "--profile", "balanced", "--config", recipe, "--strict")
+    assert "ogrpo.gpus would change" not in strict.stderr and "ogrpo.profile would change" not in strict.stderr
+    same = run_cli("plan", "--gpus", "2xV100", "--config", recipe)
+    assert "change: ogrpo.gpus" not in same.stderr  # the same value is no change

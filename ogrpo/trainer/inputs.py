@@ -21,8 +21,8 @@ from ogrpo.trainer.data_sources import absolute_sources, check_data
 
 
 def command_line_changes(rc, changes: list) -> None:
-    """What the command line changed from the recipe, appended to `changes` (listed, refused under --strict): an
-    option that replaced the recipe's value, and --model (ogrpo.model) beside the recipe's model_name_or_path.
+    """What the command line changed from the recipe, appended to `changes` (listed; --strict lets what the
+    command line asked for through): an option that replaced the recipe's value, and --model (ogrpo.model) beside the recipe's model_name_or_path.
     The run trains the model its plan is made for: where the recipe's model is known here too, --model replaces
     it; where it is not (a fine-tune on the compute nodes' disk), --model only lends its shapes to the plan, and a
     warning says so."""

@@ -399,3 +399,11 @@ def test_a_command_line_option_over_the_recipes_value_is_listed_and_strict_lets_
     assert "ogrpo.gpus would change" not in strict.stderr and "ogrpo.profile would change" not in strict.stderr
     same = run_cli("plan", "--gpus", "2xV100", "--config", recipe)
     assert "change: ogrpo.gpus" not in same.stderr  # the same value is no change
+
+
+@pytest.mark.parametrize("command, words", [("status", "JOB is empty"), ("logs", "JOB is empty"),
+                                            ("cancel", "JOB is empty"), ("reproduce", "RUN is empty")])
+def test_an_empty_job_is_refused_not_taken_as_the_current_directory(run_cli, tmp_path, command, words):
+    proc = run_cli(command, "", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(f"error: {words}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

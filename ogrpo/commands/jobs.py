@@ -16,6 +16,13 @@ CONFIG_HELP = "Run config: TRL flat recipe YAML (with an optional `ogrpo:` secti
 JOB_HELP = "Slurm job id or the job's run directory (Slurm or --backend local)."
 
 
+def _ref(job: str) -> str:
+    """JOB as given; an empty one is refused (as a path it would be the current directory)."""
+    if not job.strip():
+        raise OgrpoError("JOB is empty: give a Slurm job id or the job's run directory")
+    return job
+
+
 def _default_job_dir(name: str) -> str:
     import os
     import time
@@ -195,6 +202,7 @@ def status(
     (its directory or id): one row per point."""
     import json
 
+    job = _ref(job)
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 
@@ -248,6 +256,7 @@ def logs(
     """Print a job's logs (supervisor, server, trainer) from its run directory."""
     import sys
 
+    job = _ref(job)
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.launch.executor import find
 
@@ -266,6 +275,7 @@ def cancel(
 ) -> None:
     """Cancel a job (Slurm: scancel; local: SIGTERM to the run) and wait until its processes are gone (exit 1
     naming any still alive after a bounded wait). A sweep (its directory or id): every point."""
+    job = _ref(job)
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 

@@ -26,6 +26,8 @@ def reproduce(
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.sweep.manifest import find as find_sweep
 
+    if not run.strip():  # as a path, the current directory
+        raise OgrpoError("RUN is empty: give the run's directory, its Slurm job id, or a sweep's")
     if (sweep := find_sweep(run)) is not None:  # a whole sweep; one point of it is a job directory (points/I)
         # heavy: typer
         from ogrpo.commands.sweeping import reproduce_sweep

@@ -278,10 +278,25 @@ COPIER = ("```python\n" + _SHARED_FILES + 'input()\n'
           'print(sum(1 << i for i in range(32) if held(fds[i])))\n```')
 
 
-def test_a_program_cannot_copy_its_siblings_answer_through_the_shared_files(tmp_path):
+@pytest.mark.parametrize("where", ["under-tmp", "outside-tmp"])
+def test_a_program_cannot_copy_its_siblings_answer_through_the_shared_files(tmp_path, where):
     """Two completions of one prompt run at once: the copier never computes, it reads the answer the solver
     signals through locks on the read-only system files both see. Locks are refused in the sandbox, so the
-    solver still scores and the copier scores nothing (it scored 1.0 before)."""
+    solver still scores and the copier scores nothing (it scored 1.0 before), with the runs' TMPDIR under /tmp
+    and outside it (a site's scratch: here under the checkout, as tests/test_sandbox_attacks.py does)."""
+    import tempfile
+    from pathlib import Path
+
+    if where == "outside-tmp":
+        base = Path(__file__).resolve().parents[1] / ".scratch"
+        base.mkdir(exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="ogrpo-siblings-", dir=base))
+    else:
+        root = tmp_path
     info = {"test_cases": [{"input": "123456\n", "output": "246912\n"}]}
-    with Sandbox(max_workers=2, tmp_root=str(tmp_path)) as box:
-        assert code_reward([SOLVER, COPIER], [info, info], sandbox=box) == [1.0, 0.0]
+    try:
+        with Sandbox(max_workers=2, tmp_root=str(root)) as box:
+            assert code_reward([SOLVER, COPIER], [info, info], sandbox=box) == [1.0, 0.0]
+        assert list(root.iterdir()) == []  # nothing of either run is left
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -50,7 +50,8 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
     overrides = {**(trl or {}), "ogrpo": {"gpus": gpus, "profile": profile, "vllm_gpus": vllm_gpus, "params": params,
                            "model": model, **(extra or {})}}
     rc = load_run_config(config, overrides)
-    from ogrpo.trainer.inputs import check_inputs, command_line_changes  # rewards and dataset columns: exit 2 before anything is written
+    # rewards and dataset columns: exit 2 before anything is written
+    from ogrpo.trainer.inputs import check_inputs, command_line_changes
 
     # The checks read files, so they run here, before the planner; what they decide enters it as input (their
     # warnings through rc, the paths they made absolute as changes the planner lists).
@@ -66,4 +67,3 @@ def load_and_plan(config: str, gpus, model, params, profile, vllm_gpus, extra: d
         raise ConfigError([f"{c.key} would change from {c.old!r} to {c.new!r} ({c.reason})"
                            for c in refused], f"{rc.source} (--strict refuses every change from the recipe)")
     return rc, plan
-

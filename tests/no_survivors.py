@@ -57,16 +57,6 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
-def _mark_of(pid: int) -> str | None:
-    needle = f"\0{VAR}=".encode()
-    try:
-        raw = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    at = raw.find(needle)
-    return raw[at + len(needle):raw.index(b"\0", at + 1)].decode() if at >= 0 else None
-
-
 def _descends_from_me(pid: int) -> bool:
     me = os.getpid()
     for _ in range(64):
@@ -93,7 +83,7 @@ def _left(mark: str, before: set[int]) -> set[int]:
         st = _stat(pid)
         if st is None or st[0] in ("Z", "X"):  # a zombie runs nothing: only its exit status is left to reap
             continue
-        theirs = _mark_of(pid)
+        theirs = procs.environ(pid).get(VAR)
         if theirs == mark or (theirs is None and _descends_from_me(pid)):
             out.add(pid)
     return out

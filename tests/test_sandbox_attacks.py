@@ -317,8 +317,8 @@ c_src, workdir_py, bypass_py = (open(p).read() for p in sys.argv[8:11])
 out = {}
 with Sandbox(max_workers=2, isolation=level, tmp_root=root) as box:
     names = ["remount " + target, "umount", "ptrace", "creds", "nproc", "unix " + sock, "inet " + port, "nofile",
-             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio", "dgram " + sock + ".d",
-             "memfd", "mqueue", "locks", "sigint"]
+             "fsize", "sigpipe", "unshare", "signal", "sysv", "procs", "meta " + target, "stdio",
+             "dgram " + sock + ".d", "memfd", "mqueue", "locks", "sigint"]
     limits = Limits(wall_s=10.0, file_bytes=1024 ** 2, nproc=16)
     jobs = [Job(c_src, "c", [n]) for n in names]
     results = box.run_jobs(jobs, limits=limits)

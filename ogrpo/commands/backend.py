@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ogrpo.config import load_run_config
 from ogrpo.errors import OgrpoError
 from ogrpo.hardware import parse_gpus
@@ -70,8 +72,6 @@ def check_local(pairs: list, dry_run: bool, command: str, elsewhere: str) -> Non
     """What running (run config, plan) pairs on this machine needs, checked before anything is written: code
     rewards without an isolating level exit 2, one node only, and the stack installed (not for a dry run)."""
     for note in dict.fromkeys(filter(None, (slurm_only_note(rc) for rc, _ in pairs))):
-        import sys
-
         sys.stderr.write(note + "\n")
     for rc, plan in pairs:
         check_here(rc)

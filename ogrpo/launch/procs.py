@@ -65,20 +65,7 @@ def of_slurm_job(job_id: str, conf: str | None = None) -> list[int]:
     """Live processes of Slurm job JOB_ID on this machine: SLURM_JOB_ID in their environment (readable for our
     own uid, or as root). `conf`: our SLURM_CONF, when set; a process whose job environment names another one
     belongs to another cluster's job of the same number (test machines run several clusters)."""
-    out = []
-    for pid in carrying("SLURM_JOB_ID", job_id):
-        theirs = environ(pid).get("SLURM_CONF")
-        if conf and theirs and os.path.realpath(theirs) != os.path.realpath(conf):
-            continue
-        out.append(pid)
-    return out
-
-
-def carrying(name: str, value: str) -> list[int]:
-    """Live processes (but this one) started with NAME=VALUE in their environment, readable for our own uid or as
-    root: what a job or a test started, however it detached (a double fork, its own session, a Slurm step).
-    The environment is the one the process was exec'd with; a fork without exec shows its parent's."""
-    needle = f"{name}={value}\0".encode()
+    needle = f"SLURM_JOB_ID={job_id}\0".encode()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -87,8 +74,12 @@ def carrying(name: str, value: str) -> list[int]:
             raw = (d / "environ").read_bytes()
         except OSError:
             continue
-        if (raw.startswith(needle) or b"\0" + needle in raw) and alive(int(d.name)):
-            out.append(int(d.name))
+        if not (raw.startswith(needle) or b"\0" + needle in raw) or not alive(int(d.name)):
+            continue
+        theirs = environ(int(d.name)).get("SLURM_CONF")
+        if conf and theirs and os.path.realpath(theirs) != os.path.realpath(conf):
+            continue
+        out.append(int(d.name))
     return sorted(out)
 
 

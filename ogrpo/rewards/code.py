@@ -9,13 +9,13 @@ Semantics follow open-r1's src/open_r1/rewards.py and its evaluation script, so 
 - a timeout ends the evaluation of that completion with 0.0 (open-r1's `subprocess.run(timeout=5)` raises and
   the whole script fails); no code block, a compile error or no test cases also give 0.0.
 
-Differences from open-r1: its script compares the lines over `zip(stdout_lines, expected_lines)`, which stops
-at the shorter side, so a program that printed only the first lines of a multi-line answer (a count, a YES before
-the construction) scored as if it had solved the problem; here every expected line must be there (a program
-that solves it scores as in open-r1). The rest is additive: C and C++ (`language="c"` / `"cpp"`, compiled with the system gcc/g++
--O2 inside the sandbox, under compile limits, then run per test case) stand in for E2B's other languages; the
-language of a sample is `verification_info["language"]` when present, else a `language` dataset column, else
-the `language` argument. Every function has TRL's signature `f(completions, **dataset_columns) -> list[float]`;
+Differences from open-r1: its script compares the lines over `zip(stdout_lines, expected_lines)`, which stops at the
+shorter side, so a program that printed only the first lines of a multi-line answer (a count, a YES before the
+construction) scored as if it had solved the problem; here every expected line must be there (a program that solves
+it scores as in open-r1). The rest is additive: C and C++ (`language="c"` / `"cpp"`, compiled with the system
+gcc/g++ -O2 inside the sandbox, under compile limits, then run per test case) stand in for E2B's other languages;
+the language of a sample is `verification_info["language"]` when present, else a `language` dataset column, else the
+`language` argument. Every function has TRL's signature `f(completions, **dataset_columns) -> list[float]`;
 completions are strings or chat lists (the last message's content is scored).
 """
 

@@ -21,11 +21,11 @@ from ogrpo.trainer.data_sources import absolute_sources, check_data
 
 
 def command_line_changes(rc, changes: list) -> None:
-    """What the command line changed from the recipe, appended to `changes` (listed; --strict lets what the
-    command line asked for through): an option that replaced the recipe's value, and --model (ogrpo.model) beside the recipe's model_name_or_path.
-    The run trains the model its plan is made for: where the recipe's model is known here too, --model replaces
-    it; where it is not (a fine-tune on the compute nodes' disk), --model only lends its shapes to the plan, and a
-    warning says so."""
+    """What the command line changed from the recipe, appended to `changes` (listed; --strict lets what the command
+    line asked for through): an option that replaced the recipe's value, and --model (ogrpo.model) beside the
+    recipe's model_name_or_path. The run trains the model its plan is made for: where the recipe's model is known
+    here too, --model replaces it; where it is not (a fine-tune on the compute nodes' disk), --model only lends its
+    shapes to the plan, and a warning says so."""
     for key, old, new in rc.replaced:
         changes.append(Change(f"ogrpo.{key}", old, new, f"--{key.replace('_', '-')} on the command line"))
     stand_in, trains = rc.ogrpo.model, rc.model_name_or_path
@@ -79,8 +79,8 @@ def check_inputs(rc, changes: list | None = None) -> list[str]:
         problems += exc.problems
     if problems:
         if defaulted:
-            problems = [f"{p} (reward_funcs is not set: open-r1's default {defaulted})" if "reward" in p else p
-                        for p in problems]
+            problems = [f"{p} (reward_funcs is not set: open-r1's default {defaulted})" if "needed by reward" in p
+                        else p for p in problems]
         raise ConfigError(problems, str(rc.source))
     return warnings
 

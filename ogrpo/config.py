@@ -475,12 +475,14 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
         if info["group"] == "other" and r is not None:
             origin = "open-r1's scripts" if key in rules.open_r1_keys() else "older TRL/transformers/accelerate"
             if r.kind in (rules.MAPPED, rules.PLANNED):
-                warnings.append(f"{key}: a key of {origin}, not of TRL 1.16; mapped to {r.target}")
+                if not _overridden(key, data, section):  # else _one_home names it
+                    warnings.append(f"{key}: a key of {origin}, not of TRL 1.16; mapped to {r.target}")
             elif value is not None and value != r.default:
                 warnings.append(f"{key}: a key of {origin}; not applied ({r.reason}); listed in the plan's changes")
     if not problems:
         _parse_json_mappings(data, problems)
         _map_renamed(data, problems)
+    _one_home(data, section, warnings)
     _map_open_r1(data, section)
 
     opt_names = {f.name for f in fields(OgrpoOptions)}
@@ -515,6 +517,25 @@ def load_run_config(source, overrides: dict | None = None) -> RunConfig:
     if isinstance(opts.get("time"), int):
         opts["time"] = str(opts["time"])
     return RunConfig(trl=data, ogrpo=OgrpoOptions(**opts), source=where, warnings=warnings, replaced=replaced)
+
+
+# recipe keys that have a home under `ogrpo:` too: the trainer reads the `ogrpo:` one
+_OGRPO_HOMES = {"system_prompt": "system_prompt", "dataset_prompt_column": "prompt_column",
+                "max_prompt_length": "max_prompt_length", "reward_weights": "reward_weights"}
+
+
+def _overridden(key: str, data: dict, section: dict) -> bool:
+    home = _OGRPO_HOMES.get(key)
+    return home is not None and data.get(key) is not None and section.get(home) not in (None, data[key])
+
+
+def _one_home(data: dict, section: dict, warnings: list[str]) -> None:
+    """A key set both at the top and under `ogrpo:` to different values: the `ogrpo:` one is applied, and the
+    warning says the other is not."""
+    for key, home in _OGRPO_HOMES.items():
+        if _overridden(key, data, section):
+            warnings.append(f"{key}: {data[key]!r:.40} is not applied: ogrpo.{home} ({section[home]!r:.40}) is, "
+                            "where the recipe sets both")
 
 
 def _map_open_r1(data: dict, section: dict) -> None:

@@ -66,7 +66,7 @@ sync_ref_model temperature top_entropy_quantile top_k top_p torch_compile_backen
 torch_empty_cache_steps trackio_bucket_id trackio_space_id trackio_static_space_id train_sampling_strategy
 transformers_continuous_batching_config trust_remote_code use_adaptive_entropy use_bias_correction_kl use_cache
 use_liger_kernel use_transformers_continuous_batching use_transformers_paged vespo_k_neg vespo_k_pos
-vespo_lambda_neg vespo_lambda_pos vllm_enable_sleep_mode vllm_group_port vllm_importance_sampling_cap
+vespo_lambda_neg vespo_lambda_pos vllm_enable_sleep_mode vllm_importance_sampling_cap
 vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min vllm_importance_sampling_correction
 vllm_importance_sampling_mode vllm_model_impl vllm_server_timeout vllm_structured_outputs_regex warmup_ratio
 warmup_steps weight_decay
@@ -92,6 +92,7 @@ _GRPO_PLANNED = {
     "vllm_server_base_url": "the job's own server",
     "vllm_server_host": "the job's own server",
     "vllm_server_port": "the job's own server",
+    "vllm_group_port": "the job's own weight-sync port, picked free at start",
     "deepspeed": "the plan's ZeRO stage (deepspeed.json) or DDP",
     "fsdp": "the plan's strategy (DDP or DeepSpeed ZeRO in accelerate.yaml): FSDP is not planned",
     "fsdp_config": "the plan's strategy (DDP or DeepSpeed ZeRO in accelerate.yaml): FSDP is not planned",
@@ -313,11 +314,23 @@ def line_kinds(line: str) -> dict[str, tuple[str, ...]]:
 REPLACED_BY_PLAN = frozenset({"fsdp", "fsdp_config", "deepspeed", "output_dir"})
 
 
+# GRPOConfig fields typed Optional whose null TRL does not honor as written: what it would run is not what the plan
+# describes (or does not run at all)
+NULL_REFUSED = {
+    "num_generations": "TRL cannot size its batches without it",
+    "max_completion_length": "unbounded completions: the plan sizes memory and the server's context from this "
+                             "budget",
+    "report_to": "transformers takes no null logger; write `none` for no logger",
+}
+
+
 def line_type_problems(trl: dict, line: str) -> list[str]:
     """Values the loader accepted (typed by the union of both lines' fields) that the target line's own GRPOConfig
-    field type refuses: e.g. a JSON string for generation_kwargs, which TRL 1.16 parses and 1.9 does not."""
+    field type refuses: e.g. a JSON string for generation_kwargs, which TRL 1.16 parses and 1.9 does not; and the
+    nulls TRL's types allow but it does not honor (NULL_REFUSED)."""
     kinds = line_kinds(line)
-    problems = []
+    problems = [f"{key}: null: {why}; give a value or leave the key out" for key, why in NULL_REFUSED.items()
+                if key in trl and trl[key] is None]
     for key, value in trl.items():
         if key in kinds and key not in REPLACED_BY_PLAN:
             try:
@@ -357,6 +370,10 @@ def config_changes(trl: dict, line: str) -> list[dict]:
         elif key == "dataset_configs" and isinstance(value, list) and len(value) > 1:
             out.append(change(key, value, value[0], "TRL's ScriptArguments take one dataset_config: the first "
                                                     "entry is loaded"))
+        elif key in renames and key not in line_fields and trl.get(renames[key]) is not None:
+            new = renames[key]
+            out.append(change(key, value, None, f"TRL {line} has no {key}; its {new} (which the recipe also sets: "
+                                                f"{trl[new]!r}) is applied and {key} is dropped"))
         elif key in every_grpo and key not in line_fields and key not in renames:
             out.append(change(key, value, None, f"not a GRPOConfig field of TRL {line}, which this plan's job runs "
                                                 "(dropped)"))

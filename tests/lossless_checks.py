@@ -18,6 +18,8 @@ import torch
 
 from ogrpo import tiny
 from ogrpo.overlap import early_backward
+from ogrpo.overlap import prefixes as prefix_passes
+from ogrpo.overlap.prefixes import Prefixes
 from overlap_jobs import PACKED
 
 STEPS = 2
@@ -70,6 +72,7 @@ class ScriptedServer:
         self.scoring = False  # the server's own forward, not counted as one of the trainer's passes
         self.pipeline = None  # StreamingPipeline, where the trainer streams
         self.interleaved = False  # completions one by one, group after group (else all groups' at once)
+        self.prefixes = False  # (interleaved) the open completions' tokens so far before each hand-over
 
     def sync_weights(self):
         pass
@@ -95,11 +98,39 @@ class ScriptedServer:
         on_part = getattr(self.pipeline, "on_part", None)
         n = self.trainer.num_generations
 
+        sink = Prefixes() if self.prefixes and on_part is not None and self.interleaved else None
+        if sink is not None:
+            self.pipeline.side.prefixes = sink  # as the Pipeline hands its stream's to the trainer's side work
+        handed: set[int] = set()
+
+        def grow():
+            """As a streamed request's chunks arrive: every completion still generating, a few more tokens of it
+            (never its last: it ends with its answer), and the trainer's side work scores them."""
+            if sink is None:
+                return
+            grow.events += 1
+            for k, ids in enumerate(completions):
+                if k not in handed and len(ids) > 1:
+                    sink.put(k // n, k % n, ids[:min(len(ids) - 1, 2 * grow.events)])
+            self._wake()
+
+        grow.events = 0
+
+        def hand(ks):
+            for k in ks:
+                handed.add(k)
+                if sink is not None:
+                    sink.end(k // n, k % n)
+
         def part(k):
+            grow()
+            hand([k])
             on_part(k // n, k % n, {"completion_ids": [completions[k]], "logprobs": [logprobs[k]]})
             self._wake()
 
         def group(i):
+            grow()
+            hand(range(i * n, (i + 1) * n))
             on_group(i, {"completion_ids": completions[i * n:(i + 1) * n], "logprobs": logprobs[i * n:(i + 1) * n]})
             self._wake()
 
@@ -126,11 +157,15 @@ class ScriptedServer:
         from concurrent.futures import wait
 
         side = getattr(self.pipeline, "side", None)
-        futures = side.waiting_on() if side is not None else []
-        while futures:
-            wait(futures)
-            side.ready()
+        while side is not None:
             futures = side.waiting_on()
+            # the stream's prefixes wake it only once tokens came: nothing to wait for where none did
+            wake = getattr(side.prefixes, "wake", None) if getattr(side, "prefixes", None) is not None else None
+            others = [f for f in futures if f is not wake]
+            if not others and not (wake in futures and wake.done()):
+                return
+            wait(others)
+            side.ready()
 
     def _policy_logps(self, prompt, ids):
         model = self.trainer.model
@@ -157,7 +192,8 @@ class StreamingPipeline:
         return self.trainer.state.global_step
 
 
-def stream_groups(trainer, server, completions: bool = False, early_groups: int | None = None) -> None:
+def stream_groups(trainer, server, completions: bool = False, early_groups: int | None = None,
+                  prefixes: bool = False) -> None:
     """The overlap layer in `lossless`, its batches streamed group by group, each group trained as it arrives;
     `completions`: each group's completions come back one by one first (their passes run as each ends);
     `early_groups`: the plan's overlap.early_backward_groups (None: every open group)."""
@@ -172,6 +208,7 @@ def stream_groups(trainer, server, completions: bool = False, early_groups: int 
     state.streams = True
     state.completions = completions
     state.early_backward_groups = early_groups
+    state.prefixes = server.prefixes = prefixes
     trainer.overlap = state
     reason = trainer.train_groups_ahead()
     assert reason is None, reason
@@ -179,7 +216,7 @@ def stream_groups(trainer, server, completions: bool = False, early_groups: int 
 
 def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kernel: bool = False,
         ahead: bool = False, shared: bool = False, completions: bool = False, early_groups: int | None = None,
-        deepspeed: dict | None = None):
+        deepspeed: dict | None = None, prefixes: bool = False):
     """Trains STEPS steps of the tiny task with the layers asked for (none: TRL's own passes); returns (log rows,
     final parameters, no-grad policy forwards, the trainer). `ahead`: batches streamed group by group, each
     group's loss forward and backward run as it arrives (ogrpo/overlap/train_ahead.py). `shared` (with packed):
@@ -218,12 +255,16 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
         assert trainer.pack_sequences() is None
         trainer.packing.layout = "shared" if shared else None
     if ahead:
-        stream_groups(trainer, server, completions, early_groups)
+        stream_groups(trainer, server, completions, early_groups, prefixes)
     forwards = []
     trainer.model.register_forward_pre_hook(
         lambda *_: forwards.append(1) if not torch.is_grad_enabled() and not server.scoring else None)
     start = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    trainer.train()
+    least, prefix_passes.MIN_PIECE = prefix_passes.MIN_PIECE, 1  # the scripted completions are a few tokens long
+    try:
+        trainer.train()
+    finally:
+        prefix_passes.MIN_PIECE = least
     rows = [r for r in trainer.state.log_history if "loss" in r]
     params = {k: (v.detach().clone(), start[k]) for k, v in trainer.model.named_parameters()} if not deepspeed else {}
     return rows, params, len(forwards), trainer
@@ -302,4 +343,7 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
             else:  # fewer groups' sums at once: the others' rows wait for a group to close its sums
                 assert all(0 < b <= early for b in backward) if linear else backward == [0.0] * STEPS, backward
             assert trainer.overlap.early_backward_redone == []
+        if layers.get("prefixes"):  # completions' passes answered from their prefixes, scored as they streamed
+            prefixed = [r["overlap/prefix_passes"] for r in logged]
+            assert all(1 <= p <= trainer.args.generation_batch_size for p in prefixed), prefixed
     return {"trl": a, "layers": b}

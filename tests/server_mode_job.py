@@ -4,7 +4,8 @@ config one after the other against it (run-a on the fresh server, run-b on a ser
 run-a advanced), launched and torn down by the local launcher from one JobSpec.
 
 Readers: tests/test_train_server.py (run-a: the trainer entry in server mode, the plan's KV budget, weight pushes,
-the stage profile) and tests/test_serve_seed.py (run-a and run-b agree: per-request seeds). Nothing here is
+the stage profile), tests/test_serve_seed.py (run-a and run-b agree: per-request seeds) and
+tests/test_prefix_stream.py (then a request asked whole and streamed: STREAM_REPORT). Nothing here is
 changed by a test; each reads files only."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 STEPS = 3
 RUNS = ("run-a", "run-b")
 VLLM_REPORT = "run-b-vllm.json"  # whether run-b's trainer process had vLLM loaded at its end
+STREAM_REPORT = "stream-probe.json"  # tests/stream_probe.py: requests asked whole and streamed
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ def run_server_mode_job(job_dir: Path) -> ServerModeJob:
     # run-b through python -m ogrpo.train, reporting whether its process loaded vLLM (VLLM_REPORT)
     report = f"{sys.executable} {Path(__file__).with_name('train_report_vllm.py')} - {{job_dir}}/{VLLM_REPORT} "
     train = {"run-a": "ogrpo train " + args, "run-b": report + args}
+    # then one request asked whole and streamed (ogrpo.serve.prefix_stream), the same answer expected
+    probe = (f"{sys.executable} {Path(__file__).with_name('stream_probe.py')} http://{{server_host}}:{{server_port}} "
+             f"{tiny.ensure_tiny_model()} {{job_dir}}/{STREAM_REPORT}")
     job = JobSpec(name="server-mode", job_dir=str(job_dir), health_timeout_s=300, steps=[
         # Importing TRL (earlier tests in this process did) sets VLLM_LOGGING_LEVEL=ERROR in os.environ, which
         # the server would inherit; INFO shows how vLLM sized its KV cache.
@@ -75,7 +80,7 @@ def run_server_mode_job(job_dir: Path) -> ServerModeJob:
              argv=["ogrpo", "serve", "--config", "{job_dir}/run.yaml", "--host", "{server_host}",
                    "--port", "{server_port}"]),
         Step(role="trainer", nodes=[0], gpus=[], ntasks=1, env={"OMP_NUM_THREADS": "1"},
-             argv=["bash", "-c", " && ".join(train[name] + name for name in RUNS)]),
+             argv=["bash", "-c", " && ".join([*(train[name] + name for name in RUNS), probe])]),
     ])
     out = io.StringIO()
     res = run_local_result(job, out=out)

@@ -98,6 +98,16 @@ def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
     (["bench", "rollout", "--repeats", "0"], "too small: --repeats 0"),
     (["train", "--config", "tiny", "--vllm-url", "notaurl"], "--vllm-url 'notaurl': expected http://HOST:PORT"),
     (["train", "--config", "tiny", "--vllm-url", "http://node1:99999"], "--vllm-url 'http://node1:99999'"),
+    (["serve", "--config", "tiny", "--dry-run", "--max-model-len", "0"], "--max-model-len 0 < "),
+    (["serve", "--config", "tiny", "--dry-run", "--", "--model", "other"], "restates what the plan sets (--model)"),
+    (["serve", "--config", "tiny", "--dry-run", "--", "--port=9"], "restates what the plan sets (--port)"),
+    (["bench", "step", "--gpus", "3xA40"], "--gpus 3xA40: the single placement runs on one GPU"),
+    (["bench", "step", "--gpus", "3xFOO"], "unknown GPU type"),
+    (["bench", "rollout", "--gpu-memory-utilization", "2"], "--gpu-memory-utilization 2.0: vLLM's share"),
+    (["bench", "kernels", "--tokens", "", "--parts", "logprobs"], "--tokens '': the log-prob cases need"),
+    (["bench", "rewards", "--cases", "nosuchcase"], "--cases nosuchcase: no case has these in its name"),
+    (["selftest", "--no-server", "--ds-ops", "bogus_op"], "--ds-ops bogus_op: not a DeepSpeed op"),
+    (["selftest", "--no-server", "--ds-ops", ","], "--ds-ops names no op"),
 ])
 def test_bad_command_line_values_get_one_line_before_any_work(run_cli, tmp_path, monkeypatch, args, words):
     """Values refused at once, in one line, where before they failed after minutes (a bench's model built, vLLM's
@@ -407,3 +417,25 @@ def test_an_empty_job_is_refused_not_taken_as_the_current_directory(run_cli, tmp
     proc = run_cli(command, "", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().startswith(f"error: {words}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_selftest_keeps_an_earlier_report(run_cli, tmp_path):
+    """A report path that holds a file (an earlier report) is refused before the checks, the file kept."""
+    earlier = tmp_path / "report.json"
+    earlier.write_text('{"earlier": true}')
+    proc = run_cli("selftest", "--no-server", "-o", earlier, cwd=tmp_path)
+    assert proc.returncode == 2 and "a file is there already" in proc.stderr, proc.stderr[-2000:]
+    assert earlier.read_text() == '{"earlier": true}'
+
+
+@pytest.mark.parametrize("record", ["[1, 2]", "{}", '{"state": "RUNNING"}', '{"state": "RUNNING", "pid": "12"}'])
+def test_a_local_record_of_another_shape_is_one_line_for_status_and_cancel(run_cli, tmp_path, record):
+    """local/state.json that is JSON but no run record (hand-edited, another tool's): one line, no traceback."""
+    job = tmp_path / "job"
+    (job / "local").mkdir(parents=True)
+    (job / "job.sbatch").write_text("#!/bin/bash\n")
+    (job / "local" / "state.json").write_text(record)
+    for command in ("status", "cancel"):
+        proc = run_cli(command, job, cwd=tmp_path)
+        assert proc.returncode == 2 and "no readable local/state.json" in proc.stderr, proc.stderr[-2000:]
+        _no_traceback(proc)

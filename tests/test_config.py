@@ -100,6 +100,19 @@ def test_explicit_ogrpo_options_win_over_open_r1_keys(write_recipe):
                                       "dataset_configs: [all]\nogrpo:\n  prompt_column: question\n"))
     assert rc.ogrpo.prompt_column == "question" and rc.ogrpo.system_prompt == "S"
     assert rc.trl["dataset_config"] == "main"
+    # the key not applied is named, not said to be mapped
+    assert any(w.startswith("dataset_prompt_column: 'problem' is not applied: ogrpo.prompt_column ('question')")
+               for w in rc.warnings), rc.warnings
+    assert not any(w.startswith("dataset_prompt_column: a key of") for w in rc.warnings), rc.warnings
+
+
+@pytest.mark.parametrize("key, home, a, b", [("system_prompt", "system_prompt", "TOP", "NESTED"),
+                                             ("max_prompt_length", "max_prompt_length", 100, 200),
+                                             ("reward_weights", "reward_weights", [0.5], [2.0])])
+def test_a_key_set_at_the_top_and_under_ogrpo_is_named_where_the_ogrpo_one_wins(write_recipe, key, home, a, b):
+    rc = load_run_config(write_recipe(f"{key}: {json.dumps(a)}\nogrpo:\n  {home}: {json.dumps(b)}\n"))
+    assert getattr(rc.ogrpo, home) == b
+    assert any(w.startswith(f"{key}: {a!r} is not applied: ogrpo.{home} ({b!r})") for w in rc.warnings), rc.warnings
 
 
 def test_errors_are_collected_once(write_recipe):

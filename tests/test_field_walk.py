@@ -298,3 +298,29 @@ def test_older_names_are_mapped_or_listed(tiny_model_dir, tmp_path):
         "use_liger_loss"]["reason"]
     for key in ("code_eval_partial_grading", "remote_gen_model_url", "vllm_dtype"):
         assert changes[key]["reason"], key
+
+
+MODEL = "model_name_or_path: Qwen/Qwen2.5-1.5B\n"
+
+
+@pytest.mark.parametrize("key", sorted(rules.NULL_REFUSED))
+def test_a_null_trl_does_not_honor_is_refused(write_recipe, key):
+    """GRPOConfig types these Optional, but TRL (or the plan) cannot run what a null says: one line, not a plan of
+    something else or a failure at job start."""
+    with pytest.raises(OgrpoError, match=f"{key}: null: .*give a value or leave the key out"):
+        plan_from_config(load_run_config(write_recipe(f"{MODEL}{key}: null\n")), gpus="cpu")
+
+
+def test_warmup_ratio_beside_warmup_steps_is_listed_as_dropped(write_recipe):
+    plan = plan_from_config(load_run_config(write_recipe(f"{MODEL}warmup_ratio: 0.1\nwarmup_steps: 5\n")),
+                            gpus="cpu")
+    changed = {c["key"]: c for c in plan.to_dict()["changes"]}
+    assert "warmup_ratio" in changed and "warmup_steps" in changed["warmup_ratio"]["reason"]
+
+
+def test_what_the_jobs_server_decides_is_listed_where_the_recipe_set_it(write_recipe):
+    """The weight-sync port the job picks free, and TRL's colocated-only vLLM keys, on a plan with a server."""
+    rc = load_run_config(write_recipe(f"{MODEL}vllm_group_port: 51300\nvllm_model_impl: transformers\n"
+                                      "vllm_enable_sleep_mode: true\n"))
+    changed = {c["key"] for c in plan_from_config(rc, gpus="3xA40").to_dict()["changes"]}
+    assert {"vllm_group_port", "vllm_model_impl", "vllm_enable_sleep_mode"} <= changed

@@ -192,3 +192,62 @@ def test_local_prompt_files_load_through_datasets(tmp_path):
     chat = load_prompts({"dataset_name": str(tmp_path / "p.jsonl")}, system_prompt="Be brief.")
     assert chat[0]["prompt"] == [{"role": "system", "content": "Be brief."},
                                  {"role": "user", "content": "Write the letter a:"}]
+
+
+@pytest.mark.slow
+def test_an_output_dir_that_holds_anything_or_is_a_file_is_refused_and_left_as_it_was(tmp_path):
+    """A new run writes its manifest, logs and model card into --output-dir: a directory holding files, or a file
+    in the way, is one line and exit 2, the files untouched."""
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "README.md").write_text("precious")
+    (full / "metrics.jsonl").write_text("precious")
+    afile = tmp_path / "afile"
+    afile.write_text("precious")
+    for out, needle in ((full, "is not empty"), (afile, "a file is in the way")):
+        proc = _run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out)], tmp_path, timeout=120)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in full.iterdir()) == ["README.md", "metrics.jsonl"]
+    assert {p.read_text() for p in (full / "README.md", full / "metrics.jsonl", afile)} == {"precious"}
+
+
+def test_the_recipes_resume_from_checkpoint_is_where_a_run_resumes(tmp_path):
+    """TRL's scripts resume from the recipe's `resume_from_checkpoint`; O-GRPO's trainer too: --resume wins over
+    it, `auto` takes the run directory's own checkpoint first, and a directory that is no checkpoint is refused."""
+    from ogrpo.errors import OgrpoError
+    from ogrpo.trainer.assembly import _resume_from
+
+    ckpt = tmp_path / "other" / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    run = tmp_path / "run"
+    assert _resume_from(run, None, str(ckpt)) == str(ckpt)
+    assert _resume_from(run, "auto", str(ckpt)) == str(ckpt)  # the run directory has none yet
+    own = run / "checkpoint-5"
+    own.mkdir(parents=True)
+    (own / "trainer_state.json").write_text("{}")
+    assert _resume_from(run, "auto", str(ckpt)) == str(own)
+    assert _resume_from(tmp_path / "new", str(own), str(ckpt)) == str(own)
+    with pytest.raises(OgrpoError, match="resume_from_checkpoint .*not a checkpoint directory"):
+        _resume_from(tmp_path / "new", None, str(tmp_path / "other"))
+
+
+@pytest.mark.slow
+def test_a_trainer_the_recipe_cannot_build_here_is_one_line_with_its_traceback_kept(tmp_path):
+    """A logger the node does not have (wandb): one line and exit 2, not a traceback; the manifest says failed and
+    the traceback is kept in the run directory."""
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: the recipe builds")
+    out = tmp_path / "run"
+    proc = _run([OGRPO, "train", "--config", "tiny", "--output-dir", str(out), "--set", "report_to=wandb",
+                 "--set", "max_steps=1"], tmp_path, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert "TRL's trainer could not be built" in errors[0] and "wandb" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "failed"
+    assert "Traceback" in (out / "trainer-build-error.txt").read_text()

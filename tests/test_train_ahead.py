@@ -385,3 +385,11 @@ def test_the_replaying_engine_steps_once_at_the_boundary_divides_there_and_stops
     plain = Engine(norm=3.0)
     deepspeed_ahead.ReplayingEngine(plain, state).backward(torch.tensor(2.0), sync_gradients=True)
     assert plain.calls == [("boundary", True), ("backward", 2.0), ("step", 1.0)]  # accelerate's: no divisor
+
+
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-checkpointed"])
+def test_completions_scored_on_their_prefixes_as_they_stream_train_exactly_as_trls_micro_batches(tmp_path, case):
+    """Each completion's reference pass runs in pieces on its tokens so far while it generates
+    (ogrpo/overlap/prefixes.py), the rest when it ends: the run trains as TRL's."""
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved",
+                         prefixes=True)

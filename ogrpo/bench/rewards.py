@@ -24,6 +24,7 @@ import threading
 import time
 
 from ogrpo.bench.harness import append_rows, environment_tags, make_row
+from ogrpo.errors import OgrpoError
 from ogrpo.sandbox.pool import Job, Limits, Sandbox
 from ogrpo.tables import format_table
 
@@ -205,6 +206,10 @@ def run_rewards_bench(old_cap_s: float = 150.0, csv_path: str | None = "bench/re
     rows, csv_rows = [], []
     with tempfile.TemporaryDirectory(prefix="ogrpo-bench-rewards-") as tmp:
         box, new, cases_old = _new_paths(tmp)
+        if cases and not any(c in name for name in new for c in cases):
+            box.close()
+            raise OgrpoError(f"--cases {','.join(cases)}: no case has these in its name (the cases: "
+                             f"{'; '.join(new)})")
         try:
             for name, fn in new.items():
                 if cases and not any(c in name for c in cases):

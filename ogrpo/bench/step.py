@@ -38,6 +38,7 @@ from ogrpo.bench.jobs import run_split_job, split_plan
 from ogrpo.bench.rollout import RolloutShape, build_model, check_counts, text_prompts
 from ogrpo.bench.task import token_reward
 from ogrpo.errors import LaunchError, OgrpoError
+from ogrpo.hardware import parse_gpus
 from ogrpo.launch.cpu_slots import SLOTS_ENV
 from ogrpo.profile.hooks import profiled
 from ogrpo.profile.profiler import StageProfiler, pad_shares, run_peak_gib
@@ -250,6 +251,20 @@ def preset(name: str, **given) -> tuple[RolloutShape, dict]:
     return shape, {k: values.get(k) for k in ("prompts", "generations", "tokens", "mean_share")}
 
 
+def check_local_gpus(gpus: str) -> None:
+    """--gpus of the single placement: cpu, or one GPU of a kind the catalog knows that this node has; refused
+    before the baseline's minutes, not after them."""
+    if gpus == "cpu":
+        return
+    import torch
+
+    spec = parse_gpus(gpus)
+    if spec.total_gpus != 1:
+        raise OgrpoError(f"--gpus {gpus}: the single placement runs on one GPU (1x{spec.gpu.name})")
+    if not torch.cuda.is_available():
+        raise OgrpoError(f"--gpus {gpus}: this node has no CUDA GPU; use --gpus cpu")
+
+
 def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, prompts: int = 4,
                    generations: int = 8, new_tokens: int = 64, prompt_tokens: int = 32, seed: int = 42,
                    csv_path: str = "bench/results/step.csv", png_path: str | None = "bench/results/step.png",
@@ -269,6 +284,7 @@ def run_step_bench(shape: RolloutShape, *, dtype: str = "fp32", steps: int = 4, 
     paths = PLACEMENTS[placement]
     if placement != "single" and (gpus != "cpu" or kernels is not None):
         raise OgrpoError("--gpus and --kernels/--no-kernels apply to the single placement")
+    check_local_gpus(gpus)
     if dtype not in _DTYPES:
         raise OgrpoError(f"--dtype {dtype!r}: use fp32 or bf16")
     if steps < 2:

@@ -616,26 +616,47 @@ def _visible(index: int) -> str:
     return ids[index] if len(ids) > index else str(index)
 
 
-def check_inputs(gpus: str | None, out: str | os.PathLike | None) -> None:
-    """Refuse, before the checks run, a GPU spec the catalog does not know and a report path that cannot be
-    written (the report would be lost after them): its directory is made and a file is tried in it (root passes
-    access() where the file system says no)."""
+def check_inputs(gpus: str | None, out: str | os.PathLike | None, ds_ops: tuple[str, ...] | None = None) -> None:
+    """Refuse, before the checks run, a GPU spec the catalog does not know, DeepSpeed ops it does not have (a
+    check of nothing would pass), and a report path that cannot be written (the report would be lost after
+    them) or holds a file already (an earlier report): its directory is made and a file is tried in it (root
+    passes access() where the file system says no)."""
     if gpus:
         parse_gpus(gpus)
+    _check_out(out)
+    if ds_ops is not None:  # last: it imports DeepSpeed
+        _check_ds_ops(ds_ops)
+
+
+def _check_out(out: str | os.PathLike | None) -> None:
     if not out:
         return
     path = Path(out)
     where = path if path.is_dir() else path.parent
+    if path.exists() and not path.is_dir():
+        raise OgrpoError(f"-o {out}: a file is there already (an earlier report?); choose another report path or "
+                         "a directory")
     try:
-        if path.exists() and not path.is_dir():
-            with open(path, "a"):
-                pass
         where.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as exc:
         raise OgrpoError(f"-o {out}: cannot write the report there ({exc.strerror or exc}); choose another "
                          "report path") from None
+
+
+def _check_ds_ops(ops: tuple[str, ...]) -> None:
+    if not ops:
+        raise OgrpoError("--ds-ops names no op; give a comma list (e.g. cpu_adam,fused_adam)")
+    try:
+        # heavy: deepspeed (only where ops are named; DeepSpeed absent is the op checks' own finding)
+        from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    except Exception:  # noqa: BLE001 - no DeepSpeed (or a broken one): the checks report it
+        return
+    unknown = [op for op in ops if op not in ALL_OPS]
+    if unknown:
+        raise OgrpoError(f"--ds-ops {','.join(unknown)}: not a DeepSpeed op (this DeepSpeed has "
+                         f"{', '.join(sorted(ALL_OPS))})")
 
 
 def write_report(report: dict, out: str | os.PathLike | None = None) -> Path:

@@ -25,12 +25,12 @@ def selftest(
     # CLI latency: `ogrpo --help` imports this module
     from ogrpo.checks.selftest import check_inputs, run_selftest, write_report
 
-    check_inputs(gpus, out)  # bad input: one line and exit 2 now, not a failed check (or a lost report) later
+    ops = tuple(o.strip() for o in ds_ops.split(",") if o.strip())
+    check_inputs(gpus, out, ops)  # bad input: one line and exit 2 now, not a failed check (or a lost report) later
 
     def progress(name: str, res: dict) -> None:
         typer.echo(f"{res['status']:4}  {name}: {res.get('detail', '')}  ({res.get('seconds', 0)} s)", err=True)
 
-    ops = tuple(o.strip() for o in ds_ops.split(",") if o.strip())
     report = run_selftest(config, gpu=gpu, gpus=gpus, model=model, ds_ops=ops, jit_ops=jit_ops, server=server,
                           progress=progress)
     path = write_report(report, out)

@@ -76,6 +76,8 @@ def bench_rollout(
     from ogrpo.bench.rollout import RolloutShape, run_rollout_bench
     from ogrpo.launch.teardown import exit_on_signals
 
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:  # NaN fails both
+        raise OgrpoError(f"--gpu-memory-utilization {gpu_memory_utilization}: vLLM's share of the device, in (0, 1]")
     shape = RolloutShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
                          intermediate=intermediate, vocab=vocab)
     with exit_on_signals():  # the server it starts is stopped on SIGTERM/SIGHUP too
@@ -107,6 +109,8 @@ def bench_kernels(
     except ValueError:
         raise OgrpoError(f"--tokens takes a comma list of integers, got {tokens!r}") from None
     split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip())  # noqa: E731
+    if "logprobs" in split(parts) and (not token_counts or min(token_counts) < 1):
+        raise OgrpoError(f"--tokens {tokens!r}: the log-prob cases need token counts of 1 or more")
     run_kernels_bench(tokens=token_counts, hidden=hidden, vocab=vocab, dtype=dtype, batch=batch, history=history,
                       repeats=repeats, parts=split(parts), paths=split(paths), csv_path=csv)
 

@@ -36,6 +36,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Protocol
 
+from ogrpo.overlap.prefixes import Prefixes
 from ogrpo.patches.trl_vllm_wraps import wrap
 from ogrpo.planner.types import Overlap
 
@@ -167,6 +168,7 @@ class Stream:
                         for i, j in self.where]
         self.of_group = [[f for (g, _), f in zip(self.where, self.futures) if g == i] for i in range(len(self.groups))]
         self.arrivals: list[int] = []
+        self.prefixes = None  # ogrpo.overlap.prefixes.Prefixes: the completions' tokens so far, where they stream
         # when it was sent, when its last part came back, when the caller had taken them all (`trainer_bound`)
         self.sent_at, self.last_back, self.taken_at = time.monotonic(), None, None
         for fut in self.futures:
@@ -236,6 +238,8 @@ class Stream:
     def _arrived(self, fut: Future, k: int, got: list, answers: dict, on_group, on_part, regroup: bool) -> None:
         i, j = self.where[k]
         got[i][j] = out = fut.result()
+        if self.prefixes is not None:
+            self.prefixes.end(i, j)
         whole = len(self.groups[i]) == 1
         if on_part is not None and not whole and not (regroup and all(f.done() for f in self.of_group[i])):
             on_part(i, j, out)
@@ -278,6 +282,17 @@ class GroupWork:
         self.row_fn: Callable[[int, int, dict], Any] | None = None  # a completion's passes, as it ends
         self.then_part: Callable[[int, int, dict], Any] | None = None  # after them (its loss forward: train_ahead)
         self.rows: dict[int, dict[int, Any]] = {}  # group -> completion -> its passes (read by score_fn)
+        # the passes run on completions' prefixes as they stream (ogrpo.overlap.prefixes): (group, completion) ->
+        # kind -> IncrementalPass; the models per kind (empty: off), the context each piece runs in, an error
+        self.prefix_passes: dict = {}
+        self.prefix_models: dict = {}
+        self.prefix_context = None
+        self.prefix_failed: BaseException | None = None
+        self.prefix_used = 0  # completions whose passes came from their prefix
+
+    def pop_prefix(self, group: int, j: int) -> dict | None:
+        """Completion j of `group`'s passes run on its prefix (kind -> IncrementalPass), taken out; None if none."""
+        return self.prefix_passes.pop((group, j), None)
 
     def event(self, what: str, group: int) -> None:
         with self._lock:
@@ -452,6 +467,8 @@ class Pipeline:
         self.last_stream: Stream | None = None
         self.parts_alone = True  # whether the last stream handed its completions over one by one (`_take`)
         self.regroup = False  # completions may go with their groups (`_take`): set where groups train ahead
+        # each completion's tokens stream as they are sampled, for its passes on the prefix (ogrpo.overlap.prefixes)
+        self.prefix_tokens = False
         self._real: Callable | None = None
 
     # ---- wiring onto one client instance -------------------------------------------------------------------
@@ -500,14 +517,20 @@ class Pipeline:
             ticket.future.exception()  # waits; an error surfaces when the trainer takes the result
 
     def _stream(self, prompts: list, sampling: dict) -> Stream | None:
-        calls = self.split(prompts, sampling) if self.split is not None else None
+        sink = Prefixes() if self.prefix_tokens and self.split is not None else None
+        if sink is not None:
+            calls = self.split(prompts, sampling, sink.put)
+        else:
+            calls = self.split(prompts, sampling) if self.split is not None else None
         if not calls:
             return None
         on_done = None
         if self.timeline is not None:
             span = self.timeline.open("server", "generate")
             on_done = lambda: self.timeline.close(span)  # noqa: E731 - closes when the last group is back
-        return Stream(calls, on_done)
+        stream = Stream(calls, on_done)
+        stream.prefixes = sink
+        return stream
 
     def _take(self, handle) -> dict:
         if isinstance(handle, Stream):
@@ -520,6 +543,8 @@ class Pipeline:
             alone = None if bound else self.on_part
             self.parts_alone = alone is not None
             self.last_stream = handle
+            if self.side is not None:
+                self.side.prefixes = handle.prefixes
             return handle.result(self.on_group, alone, self.side, self.regroup)
         return handle.result()
 

@@ -60,6 +60,7 @@ class OverlapState:
         self.capture = None  # the forwards of a group trained ahead: [(log-probs, entropies)]
         self.forwards = None  # the chunk's rows whose loss forward ran as they ended (train_ahead.Forward)
         self.forwards_answered = 0  # such rows whose forward the chunk's loss took
+        self.prefixes = False  # completions' scoring passes run on their prefixes (ogrpo.overlap.prefixes)
         self.replay = None  # ogrpo.overlap.train_ahead.Replay: TRL's micro-batches answered from the groups
         # DeepSpeed (ogrpo.overlap.deepspeed_ahead): the loss the Trainer backwards next is a replayed micro-batch's,
         # and whether the groups gave the step a gradient the engine must show
@@ -101,7 +102,12 @@ class Overlapped:
             return None
         reason = streaming.completions_stream(self)
         state.completions = reason is None
-        return {"stream_unit": "completion" if reason is None else "group", "stream_unit_reason": reason}
+        prefix = streaming.prefix_passes(self) if reason is None else "the completions come back with their groups"
+        state.prefixes = prefix is None
+        if state.pipeline is not None:
+            state.pipeline.prefix_tokens = state.prefixes
+        return {"stream_unit": "completion" if reason is None else "group", "stream_unit_reason": reason,
+                "prefix_passes": prefix is None, "prefix_passes_reason": prefix}
 
     # what runs beneath this layer: the reward thread and the per-group passes call it, as TRL's batch would
     def rewards_beneath(self, *args, **kwargs):
@@ -288,6 +294,8 @@ def _log_streamed(trainer, state) -> None:
             trainer._metrics["train"][f"overlap/{name}"].append(value)
     if state.completions and state.pipeline is not None:  # 0: the trainer was the bottleneck, groups took theirs
         trainer._metrics["train"]["overlap/completions_alone"].append(float(state.pipeline.parts_alone))
+    if state.prefixes and work is not None:  # completions scored on their prefixes as they streamed
+        trainer._metrics["train"]["overlap/prefix_passes"].append(float(work.prefix_used))
 
 
 def _start_rewards(trainer, state, prompts, completions, completion_ids) -> None:

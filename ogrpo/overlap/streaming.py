@@ -32,7 +32,11 @@ def splitter(trainer, per_completion):
 
     flavor = compat.server_flavor(trl.__version__)
     client = trainer.vllm_generation.vllm_client
-    return lambda prompts, sampling: group_calls(client, prompts, sampling, flavor, per_completion())
+    def split(prompts, sampling, on_tokens=None):
+        alone = per_completion()
+        return group_calls(client, prompts, sampling, flavor, alone, on_tokens if alone else None)
+
+    return split
 
 
 def completions_stream(trainer) -> str | None:
@@ -46,6 +50,20 @@ def completions_stream(trainer) -> str | None:
         return "the ranks take whole groups (RankGroups)"
     if not (_can_score_groups(trainer) or trainer.overlap.train_ahead):
         return "nothing runs per completion: no log-prob pass per group, no group trained ahead"
+    return None
+
+
+def prefix_passes(trainer) -> str | None:
+    """Why a streamed completion's scoring passes do not run on its prefix while it generates
+    (ogrpo.overlap.prefixes), else None. Called once completions stream one by one."""
+    import trl.trainer.utils as trl_utils
+
+    if not trainer.overlap.train_ahead:
+        return "its pieces run in the trainer's waits for the server, which train groups ahead (off here)"
+    if not _can_score_groups(trainer):
+        return "no reference or old-policy pass runs per completion"
+    if not hasattr(trl_utils, "add_fused_lm_head"):
+        return "this TRL line scores without its fused LM head, which the pieces go through"
     return None
 
 
@@ -94,6 +112,10 @@ def group_work(trainer, state, prompts):
     work = GroupWork(reward, score)
     if score is not None and state.completions:  # each completion's passes as it ends
         work.row_fn = score.row
+    if score is not None and state.prefixes:  # and on its prefix while it generates
+        work.prefix_models = {kind: trainer.model if kind == "old" else trainer.ref_model
+                              for kind in score.kinds}
+        work.prefix_context = score.no_checkpointing
     work.batch = (inputs, prompts)  # what the groups' rewards were computed for
     work.used_rewards = False
     if state.train_ahead and reward is not None:  # the groups' loss forward/backward too (ogrpo.overlap.train_ahead)
@@ -241,14 +263,36 @@ def _group_score(trainer, state, prompts):
             state.timeline.record("trainer", "score", t0, time.time_ns())
         return out
 
+    def from_prefix(index, j, completion: list, mask) -> dict | None:
+        """Completion j's passes from those run on its prefix as it streamed (ogrpo.overlap.prefixes), its last
+        tokens scored now; None where there are none, or they do not hold (a truncated row TRL masks: its pass
+        gives zeros there)."""
+        work = state.work
+        held = work.pop_prefix(index, j) if work is not None else None
+        if not held or set(held) != set(kinds) or not bool(mask[width:width + len(completion)].all()):
+            return None
+        t0 = time.time_ns()
+        out = {kind: held[kind].finish(completion) for kind in kinds}
+        if state.timeline is not None:
+            state.timeline.record("trainer", "score", t0, time.time_ns())
+        if any(v is None for v in out.values()):
+            return None
+        work.prefix_used += 1
+        return {"length": len(completion), **out}
+
     def row(index, j, answer):
         ids, mask, length = group_rows(trainer, prompt_ids[index * n], answer["completion_ids"], width)
-        return {"length": length, **passes(ids.to(device), mask.to(device), length)}
+        done = from_prefix(index, j, answer["completion_ids"][0], mask[0])
+        return done or {"length": length, **passes(ids.to(device), mask.to(device), length)}
 
     def score(index, answer):
         ids, mask, length = group_rows(trainer, prompt_ids[index * n], answer["completion_ids"], width)
+        early = dict(state.work.rows.get(index, {})) if state.work is not None else {}
+        for j in range(n):
+            done = None if j in early else from_prefix(index, j, answer["completion_ids"][j], mask[j])
+            if done is not None:
+                early[j] = done
         ids, mask = ids.to(device), mask.to(device)
-        early = state.work.rows.get(index, {}) if state.work is not None else {}
         rest = [j for j in range(n) if j not in early]
         computed = passes(ids[rest], mask[rest], length) if rest else {}
         out = {"ids": ids, "mask": mask, "length": length, "old": None, "ref": None}
@@ -260,6 +304,9 @@ def _group_score(trainer, state, prompts):
         return out
 
     score.row = row
+    score.kinds = kinds
+    score.no_checkpointing = lambda: grpo.disable_gradient_checkpointing(trainer.model,
+                                                                         trainer.args.gradient_checkpointing_kwargs)
     return score
 
 

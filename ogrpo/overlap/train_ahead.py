@@ -45,7 +45,7 @@ import time
 from concurrent.futures import Future
 
 from ogrpo.dropout import draws_dropout
-from ogrpo.overlap import early_backward
+from ogrpo.overlap import early_backward, prefixes
 from ogrpo.overlap.pipeline import OverlapError
 from ogrpo.overlap.rows import group_rows
 from ogrpo.planner.train_ahead import MEAN_LOSSES, SUM_LOSSES
@@ -290,6 +290,8 @@ class TrainAhead:
         self.kl: list[tuple[object, int]] = []  # their KL terms' backward not yet run: (scaled loss, positions held)
         self.linear: bool | None = None  # whether the loss allows it (early_backward.why_not), once asked
         self.failed: BaseException | None = None
+        self.prefixes = None  # the stream's completions so far (ogrpo.overlap.prefixes), set as it is taken
+        self.worked = 0  # pieces of work run (`busy`): what `ready` ran before a prefix's turn
 
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
@@ -331,19 +333,20 @@ class TrainAhead:
         self.queue_rewards(keep=(index, j) if self.parts[index] >= trainer.num_generations else None)
 
     @contextlib.contextmanager
-    def busy(self):
+    def busy(self, stage: str = "train_ahead"):
         """The trainer's work ahead: timed by the profiler (inside its wait for the server) and on the timeline."""
         trainer = self.trainer
         profiler = getattr(trainer, "stage_profiler", None)
         depth = profiler.ahead_begin() if profiler is not None else None
         t0 = time.time_ns()
+        self.worked += 1
         try:
             yield
         finally:
             if profiler is not None:
                 profiler.ahead_end(depth, t0)
             if trainer.overlap.timeline is not None:
-                trainer.overlap.timeline.record("trainer", "train_ahead", t0, time.time_ns())
+                trainer.overlap.timeline.record("trainer", stage, t0, time.time_ns())
 
     def summing(self, group: int) -> bool:
         """Whether open group `group`'s completions may run their backward before it is whole
@@ -506,11 +509,44 @@ class TrainAhead:
             return []
         reward = self.work.rewards.get(self.pending[0][0]) if self.pending else None
         return (([reward] if reward is not None else []) + [f.reward for f in self.early_rows().values()]
-                + ([DONE] if self.kl else []))
+                + ([DONE] if self.kl else []) + ([self.prefixes.wake] if self.scores_prefixes() else []))
+
+    def scores_prefixes(self) -> bool:
+        """Whether completions' tokens so far are scored here (the stream hands them over, the batch's work
+        has passes to run on them)."""
+        return self.prefixes is not None and self.work is not None and bool(self.work.prefix_models)
 
     def ready(self) -> None:
+        worked = self.worked
         self.run(wait=0, last=self.arrivals >= self.total)
         self.backward_one()
+        if self.worked == worked and self.failed is None:  # nothing else was ready: a completion's prefix
+            self.score_prefix()
+
+    def score_prefix(self) -> None:
+        """The scoring passes of the completion with the most new tokens, on its prefix (ogrpo.overlap.prefixes),
+        while fewer than MAX_OPEN prefixes are held (its passes then wait for its end)."""
+        if not self.scores_prefixes():
+            return
+        work = self.work
+        held = work.prefix_passes
+        taken = self.prefixes.take(lambda key: key in held or len(held) < prefixes.MAX_OPEN, prefixes.MIN_PIECE)
+        if taken is None:
+            return
+        (group, j), ids = taken
+        try:
+            with self.busy("score"):
+                passes = held.get((group, j))
+                if passes is None:
+                    prompt = self.prompt_ids[group * self.trainer.num_generations]
+                    passes = held[(group, j)] = {kind: prefixes.IncrementalPass(self.trainer, model, prompt,
+                                                                                work.prefix_context)
+                                                 for kind, model in work.prefix_models.items()}
+                for p in passes.values():
+                    p.extend(ids)
+        except Exception as exc:  # noqa: BLE001 - the completion's passes run whole at its end instead
+            held.pop((group, j), None)
+            work.prefix_failed = exc
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""

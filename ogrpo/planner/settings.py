@@ -114,6 +114,14 @@ def trainer_args(d: Draft, p: Placement, v: VllmFit, t: TrainerFit, precision: s
         for key in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port"):
             if trl.get(key) is not None:
                 ch.add(key, trl[key], None, "the job starts its own vLLM server and gives the trainer its URL")
+        for key in ("vllm_model_impl", "vllm_enable_sleep_mode"):
+            if trl.get(key) not in (None, False, "auto", "vllm"):
+                ch.add(key, trl[key], None, "TRL reads it only for colocated generation; the job's server runs "
+                                            "vLLM's defaults")
+        if trl.get("vllm_group_port") is not None:
+            ch.add("vllm_group_port", trl["vllm_group_port"], None,
+                   "the job picks a free port for its weight-sync group at start (a fixed one collides between "
+                   "jobs sharing a node)")
     elif p.mode == "colocate":
         targs["vllm_mode"] = "colocate"
         targs["vllm_gpu_memory_utilization"] = s.add(

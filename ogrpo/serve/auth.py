@@ -133,7 +133,11 @@ class GenerationAborted(ConnectionError):
 def _refuse_unfinished(response, *args, **kwargs):
     """vLLM's OpenAI routes answer an aborted request with HTTP 200 and its partial (possibly empty) sequences,
     which TRL's client would take as completions. Fail the request instead: the step fails with it, and a job
-    that is stopping leaves with its last complete checkpoint (ogrpo.trainer.preemption)."""
+    that is stopping leaves with its last complete checkpoint (ogrpo.trainer.preemption). A streamed answer is
+    read, and its finish reasons checked, by its reader (ogrpo.serve.prefix_stream): reading it here would wait
+    for its end."""
+    if kwargs.get("stream"):
+        return response
     if response.status_code != 200 or not any(f'"{r}"'.encode() in response.content for r in UNFINISHED):
         return response  # the common case, decided without parsing
     try:

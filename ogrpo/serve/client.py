@@ -23,11 +23,11 @@ import itertools
 import os
 import tempfile
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ogrpo import compat
 from ogrpo.patches import trl_vllm_client
-from ogrpo.serve import auth
+from ogrpo.serve import auth, prefix_stream
 from ogrpo.serve.auth import install_client_key
 from ogrpo.serve.server import required_max_model_len, resolve_model
 
@@ -250,7 +250,8 @@ def seeded_generation_kwargs(generation_kwargs: dict | None, run_seed: int, call
     return kwargs
 
 
-def group_calls(client, prompts: list, sampling: dict, flavor: str, per_completion: bool = False) -> list | None:
+def group_calls(client, prompts: list, sampling: dict, flavor: str, per_completion: bool = False,
+                on_tokens: Callable[[int, int, list], Any] | None = None) -> list | None:
     """One thunk per prompt group (each prompt with its n completions) that together ask the server for what
     `client.generate(prompts=prompts, **sampling)` asks in one request, each group with the sampling seeds it has
     inside that one request, so the completions are the same; None where the request must stay whole.
@@ -266,7 +267,9 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str, per_completi
     `per_completion` (vLLM's API server only, at most MAX_COMPLETION_CALLS requests): each group is a list of n
     thunks, one request per completion with n=1, so each completion comes back as soon as it ends. vLLM samples a
     seeded request's j-th completion with the request's seed + j (its parallel sampling), so completion j of
-    prompt i is sent with seed + i x n + j; the engine runs the same sequences either way."""
+    prompt i is sent with seed + i x n + j; the engine runs the same sequences either way. `on_tokens(i, j, ids)`
+    (with per_completion): each such request streams (ogrpo.serve.prefix_stream), and completion j of prompt i's
+    token ids so far go to it as they are sampled."""
     images = sampling.get("images")
     if len(prompts) < 2 or sampling.get("features") is not None \
             or (images is not None and any(i is not None for i in images)):
@@ -295,7 +298,11 @@ def group_calls(client, prompts: list, sampling: dict, flavor: str, per_completi
             one = {**part, "n": 1}
             if seed is not None:
                 one["generation_kwargs"] = {**base, "seed": int(seed) + i * n + j}
-            group.append(call(**one))
+            if on_tokens is not None and prefix_stream.streamable(one):
+                group.append(functools.partial(prefix_stream.generate, client, functools.partial(on_tokens, i, j),
+                                               **one))
+            else:
+                group.append(call(**one))
         calls.append(group)
     return calls
 

@@ -166,11 +166,26 @@ def check_request(settings: ServeSettings, *, model: str | None = None, revision
         problems.append(f"--revision {revision} but the run trains revision {settings.revision or 'main'}")
     if dtype and settings.dtype != "auto" and normalize_dtype(dtype) != settings.dtype:
         problems.append(f"--dtype {dtype} but the trainer runs {settings.dtype} (log-probs would not match)")
-    if max_model_len and settings.max_model_len and max_model_len < settings.max_model_len:
+    if max_model_len is not None and settings.max_model_len and max_model_len < settings.max_model_len:
         problems.append(f"--max-model-len {max_model_len} < {settings.max_model_len} that the trainer needs "
                         "(prompt + completion)")
     if problems:
         raise OgrpoError("refusing to serve: " + "; ".join(problems) + "; fix the run config instead")
+
+
+def _flag_name(arg: str) -> str | None:
+    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else None
+
+
+def check_extra_args(argv: list[str], extra: list[str]) -> None:
+    """Extra server arguments (after `--`) may add what the plan leaves to vLLM, never restate what it sets: vLLM
+    takes the last of a repeated flag, so `-- --model other` would serve another model than the run trains."""
+    planned = {name for name in map(_flag_name, argv) if name}
+    clash = [arg for arg in extra if _flag_name(arg) in planned]
+    if clash:
+        raise OgrpoError(f"refusing to serve: {' '.join(clash)} after `--` restates what the plan sets "
+                         f"({', '.join(sorted({_flag_name(a) for a in clash}))}); use ogrpo serve's own options or "
+                         "change the run config")
 
 
 def _flag(name: str) -> str:
@@ -348,7 +363,9 @@ def serve(config: str, host: str = DEFAULT_HOST, port: int = 8000, *, model: str
         settings.max_model_len = max_model_len
 
     flavor = compat.runtime_server_flavor()
-    argv = build_server_argv(settings, host, port, flavor=flavor) + list(extra_args or [])
+    argv = build_server_argv(settings, host, port, flavor=flavor)
+    check_extra_args(argv, extra_args or [])
+    argv += list(extra_args or [])
     if dry_run:
         return argv
 

@@ -134,17 +134,29 @@ def default_run_dir(run_config) -> Path:
     return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _resume_from(run_dir: Path, resume: str | None) -> str | None:
+def _resume_from(run_dir: Path, resume: str | None, recipe: str | None = None) -> str | None:
+    """The checkpoint to resume from: --resume (auto: the run directory's last complete checkpoint), else the
+    recipe's `resume_from_checkpoint` (as TRL's scripts read it); `auto` falls back to the recipe's where the run
+    directory has none yet (a job's first start)."""
     # heavy: torch, transformers
     from ogrpo.trainer import preemption
 
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OgrpoError(f"--output-dir {run_dir}: a file is in the way (the run directory must be a directory)")
+    if recipe is not None and not (Path(recipe).expanduser() / "trainer_state.json").is_file():
+        raise OgrpoError(f"resume_from_checkpoint {recipe}: not a checkpoint directory (no trainer_state.json)")
+    recipe = str(Path(recipe).expanduser()) if recipe is not None else None
     if resume in (None, "", "no", "never"):
         if preemption.complete_checkpoints(run_dir):
             raise OgrpoError(f"{run_dir} already has checkpoints; pass --resume auto to continue that run or "
                              "choose a new --output-dir")
-        return None
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            # a new run writes its manifest, logs and model card there: what the directory holds would be lost
+            raise OgrpoError(f"--output-dir {run_dir} is not empty; choose a new or empty directory (or pass "
+                             "--resume auto to continue a run there)")
+        return recipe
     if resume == "auto":
-        return preemption.resume_checkpoint(run_dir)
+        return preemption.resume_checkpoint(run_dir) or recipe
     path = Path(resume).expanduser()
     if not (path / "trainer_state.json").is_file():
         raise OgrpoError(f"--resume {resume}: not a checkpoint directory (no trainer_state.json); pass --resume "
@@ -195,7 +207,8 @@ def prepare(config, output_dir=None, vllm_url: str | None = None, resume: str | 
         raise OgrpoError(f"the prompts are chat messages, and the tokenizer of {model_path} has no chat template "
                          "to render them; set chat_template in the run config, or give text prompts")
     run_dir = Path(output_dir).expanduser() if output_dir else default_run_dir(rc)
-    resume_from = _resume_from(run_dir, resume)
+    recipe_resume = rc.trl.get("resume_from_checkpoint")
+    resume_from = _resume_from(run_dir, resume, str(recipe_resume) if recipe_resume not in (None, "") else None)
     trl = dict(rc.trl)
     trl["model_name_or_path"] = model_path
     if weights is not None:
@@ -375,6 +388,9 @@ def _loading_trl(p: Prepared, own_process: bool):
     return trl_imports(needs_vllm=_trl_needs_vllm(p.args) or not own_process)
 
 
+BUILD_ERROR = "trainer-build-error.txt"  # in the run directory: the traceback behind a one-line build error
+
+
 def build_trainer(p: Prepared, own_process: bool = False):
     """`own_process`: this process exists for this one run (the trainer entry points), so TRL's modules may load
     without vLLM where the run does not use it (`_trl_needs_vllm`); in a process that may run more (a test, a
@@ -411,7 +427,22 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     with _loading_trl(p, own_process):  # the hooks import TRL's client module
         install_vllm_hooks(p)
     init_cpu_deepspeed(p)
-    trainer = build_trainer(p, own_process)
+    try:
+        trainer = build_trainer(p, own_process)
+    except OgrpoError:
+        raise
+    except Exception as exc:  # what the recipe asks that this node cannot give (a logger not installed, a hub
+        # out of reach): one line, the manifest saying so, not a traceback
+        import traceback
+
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        where = ""
+        if is_main:
+            run_state.record_status(run_dir, "failed", why)
+            (run_dir / BUILD_ERROR).write_text(traceback.format_exc())
+            where = f" (traceback: {run_dir / BUILD_ERROR})"
+        raise OgrpoError(f"TRL's trainer could not be built from {p.run_config.source or 'the run config'}: "
+                         f"{why}{where}") from exc
     # the layers of OgrpoGRPOTrainer (ogrpo/trainer/grpo.py) turned on; their order is the class's, not this one.
     # Always on: the generation stream's state (one-step's batch in flight, the seed counter) goes into each
     # checkpoint, so a resumed server-mode run samples what the uninterrupted one did.

@@ -31,11 +31,16 @@ def has_state(job_dir: str | os.PathLike) -> bool:
 
 def read_state(job_dir: str | os.PathLike) -> dict | None:
     try:
-        return json.loads(state_path(job_dir).read_text())
+        record = json.loads(state_path(job_dir).read_text())
     except FileNotFoundError:
         return None
     except ValueError:  # never half-written (write_state replaces atomically), but a hand-edited file may be bad
         return None
+    # ... or another shape: a record is the run's state and the pid that wrote it
+    if not (isinstance(record, dict) and isinstance(record.get("state"), str)
+            and isinstance(record.get("pid"), int) and not isinstance(record.get("pid"), bool)):
+        return None
+    return record
 
 
 def write_state(job_dir: str | os.PathLike, data: dict) -> None:

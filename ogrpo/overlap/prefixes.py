@@ -1,0 +1,127 @@
+"""Lossless streaming, a completion's scoring passes on its prefix (issue 36): while the server still generates a
+completion, the trainer runs its reference (and, where TRL needs one, old-policy) pass on the tokens sampled so
+far, extending a key/value cache as more arrive (ogrpo.serve.prefix_stream sends them every few tokens), so that
+when the completion ends only its last tokens are left to score. Without it, the pass of the completion that ends
+last runs whole after generation, on the step's critical path.
+
+Why it is exact: the passes score with weights that do not change before the optimizer step, under no gradient;
+a causal model's log-prob of a token depends only on the tokens before it, so the sequence fed in pieces through a
+cache gives the log-probs the whole sequence gives (to float rounding: attention over a cache sums in another
+order, as the padding-free pass does). The pieces go through the model's own forward and TRL's fused LM head
+(`fused_lm_head=True`: its temperature, soft-capping and logit scale), as TRL's pass does, with the positions the
+padding-free pass gives (the prompt's real tokens from 0). The tokens a completion ends with are checked against
+the prefix scored; on any difference the prefix is dropped and the pass runs whole, as without it.
+
+Memory: a prefix holds a key/value cache, no activations: 2 x layers x kv-heads x head-dim values per position,
+a small share of what one position's activations take in the loss forward the plan budgets for. At most
+MAX_OPEN prefixes are held at once, and each is released when its completion is scored.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+MAX_OPEN = 8  # prefixes held at once; the completions that end last are those still generating at the end
+# the fewest new tokens a piece scores: each piece pays the model's per-call cost, and the pieces run while the
+# server generates on the next device set (on CPU, beside it: a busier trainer slows the server's core)
+MIN_PIECE = 48
+
+
+class Prefixes:
+    """The completions' token ids so far, put by the request threads (`put`), taken by the trainer's thread
+    (`take`). `wake` is done while some completion has tokens the trainer has not taken."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.latest: dict[tuple[int, int], list[int]] = {}
+        self.taken: dict[tuple[int, int], int] = {}
+        self.ended: set[tuple[int, int]] = set()
+        self.wake: Future = Future()
+        self.puts = 0
+
+    def put(self, group: int, j: int, ids: list[int]) -> None:
+        with self._lock:
+            key = (group, j)
+            if key in self.ended:
+                return
+            self.latest[key] = ids
+            self.puts += 1
+            if not self.wake.done():
+                self.wake.set_result(None)
+
+    def end(self, group: int, j: int) -> None:
+        """Completion j of `group` is back: no more prefixes of it."""
+        with self._lock:
+            self.ended.add((group, j))
+            self.latest.pop((group, j), None)
+
+    def take(self, allowed, least: int = 1) -> tuple[tuple[int, int], list[int]] | None:
+        """The completion with the most tokens not yet taken (at least `least`), among those `allowed(key)`
+        accepts, and its ids so far; None when there is none (`wake` is then reset until the next put)."""
+        with self._lock:
+            fresh = [(len(ids) - self.taken.get(key, 0), key) for key, ids in self.latest.items()
+                     if len(ids) - self.taken.get(key, 0) >= least and allowed(key)]
+            if not fresh:
+                if self.wake.done():
+                    self.wake = Future()
+                return None
+            _, key = max(fresh)
+            ids = self.latest[key]
+            self.taken[key] = len(ids)
+            return key, ids
+
+
+class IncrementalPass:
+    """One sequence's no-gradient log-prob pass, fed in pieces: `extend(completion so far)` scores the completion
+    tokens whose previous token is known, `finish(completion)` the rest and returns the (1, len) log-probs, or
+    None where the completion does not start with the prefix scored."""
+
+    def __init__(self, trainer, model, prompt: list[int], context=None):
+        """`context()`: entered around each piece (TRL's gradient checkpointing switched off, as its passes do)."""
+        import contextlib
+
+        self.trainer, self.model, self.prompt = trainer, model, list(prompt)
+        self.context = context or contextlib.nullcontext
+        self.cache = None
+        self.seq: list[int] = list(prompt)  # the tokens known so far
+        self.fed = 0  # positions in the cache
+        self.logps: list = []
+
+    def extend(self, completion: list[int]) -> None:
+        import torch
+        from transformers import DynamicCache
+
+        seq = self.prompt + list(completion)
+        end = len(seq) - 1  # the last known token has no label yet
+        if end <= self.fed:
+            self.seq = seq
+            return
+        p = len(self.prompt)
+        device = self.trainer.accelerator.device
+        ids = torch.tensor([seq[self.fed:end]], device=device)
+        labels = torch.tensor([[t if self.fed + 1 + k >= p else -100 for k, t in enumerate(seq[self.fed + 1:end + 1])]],
+                              device=device)
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.model.config)
+        positions = torch.arange(self.fed, end, device=device).unsqueeze(0)
+        with torch.no_grad(), self.context(), self.trainer.accelerator.autocast():
+            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
+                             shift_labels=labels, fused_lm_head=True)
+        scored = labels[0] != -100
+        if bool(scored.any()):
+            self.logps.append(out.log_probs[0][scored].float())
+        self.fed, self.seq = end, seq
+
+    def finish(self, completion: list[int]):
+        import torch
+
+        seq = self.prompt + list(completion)
+        if not completion or seq[:len(self.seq)] != self.seq:
+            return None
+        self.extend(completion)
+        logps = torch.cat(self.logps) if self.logps else torch.zeros(0, device=self.trainer.accelerator.device)
+        self.cache = None
+        if logps.numel() != len(completion):
+            return None
+        return logps.unsqueeze(0)

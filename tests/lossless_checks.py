@@ -260,11 +260,13 @@ def run(out_dir, case: str, from_loss: bool = False, packed: bool = False, kerne
     trainer.model.register_forward_pre_hook(
         lambda *_: forwards.append(1) if not torch.is_grad_enabled() and not server.scoring else None)
     start = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    least, prefix_passes.MIN_PIECE = prefix_passes.MIN_PIECE, 1  # the scripted completions are a few tokens long
+    # the scripted completions are a few tokens long: every piece of a prefix is scored
+    least, share = prefix_passes.MIN_PIECE, prefix_passes.START_SHARE
+    prefix_passes.MIN_PIECE, prefix_passes.START_SHARE = 1, 0.0
     try:
         trainer.train()
     finally:
-        prefix_passes.MIN_PIECE = least
+        prefix_passes.MIN_PIECE, prefix_passes.START_SHARE = least, share
     rows = [r for r in trainer.state.log_history if "loss" in r]
     params = {k: (v.detach().clone(), start[k]) for k, v in trainer.model.named_parameters()} if not deepspeed else {}
     return rows, params, len(forwards), trainer

@@ -672,6 +672,9 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     assert requests(off_run) == STEPS and requests(run) == STEPS * 16
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["overlap"]["mode"] == "lossless" and manifest["overlap"]["stream_unit"] == "completion"
+    # each completion's request streams, for its reference pass on its prefix (pieces of MIN_PIECE tokens: none
+    # this short here; tests/test_train_ahead.py and tests/test_prefix_stream.py run them)
+    assert manifest["overlap"]["prefix_passes"] is True, manifest["overlap"]
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
     early = manifest["train_ahead"].pop("early_backward")
     assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}

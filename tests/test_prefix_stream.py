@@ -213,3 +213,10 @@ def test_prefixes_wake_the_trainer_and_hand_over_the_completion_with_most_new_to
     sink.end(0, 1)
     sink.put(0, 1, [1, 2, 3, 4])  # a chunk read after its request ended: dropped
     assert sink.take(lambda key: True) is None
+    # a completion's first piece waits until it is `start` long; later pieces only need `least` new tokens
+    sink.put(2, 0, [1] * 5)
+    assert sink.take(lambda key: True, least=1, start=6) is None
+    sink.put(2, 0, [1] * 6)
+    assert sink.take(lambda key: True, least=1, start=6) == ((2, 0), [1] * 6)
+    sink.put(1, 0, [4, 5, 6, 7, 8, 9])  # (1, 0) was taken at 5: one new token, past its start
+    assert sink.take(lambda key: True, least=1, start=60) == ((1, 0), [4, 5, 6, 7, 8, 9])

@@ -26,6 +26,10 @@ MAX_OPEN = 8  # prefixes held at once; the completions that end last are those s
 # the fewest new tokens a piece scores: each piece pays the model's per-call cost, and the pieces run while the
 # server generates on the next device set (on CPU, beside it: a busier trainer slows the server's core)
 MIN_PIECE = 48
+# a completion's prefix is first scored once it is this share of the length cap: only the pass of a completion that
+# ends last is on the step's critical path, and those still generating late are the long ones (all start
+# together); the shorter ones' passes run at their end, while the server still generates, at no cost in pieces
+START_SHARE = 0.5
 
 
 class Prefixes:
@@ -56,12 +60,14 @@ class Prefixes:
             self.ended.add((group, j))
             self.latest.pop((group, j), None)
 
-    def take(self, allowed, least: int = 1) -> tuple[tuple[int, int], list[int]] | None:
-        """The completion with the most tokens not yet taken (at least `least`), among those `allowed(key)`
-        accepts, and its ids so far; None when there is none (`wake` is then reset until the next put)."""
+    def take(self, allowed, least: int = 1, start: int = 0) -> tuple[tuple[int, int], list[int]] | None:
+        """The completion with the most tokens not yet taken (at least `least`, and `start` so far for its first
+        piece), among those `allowed(key)` accepts, and its ids so far; None when there is none (`wake` is then
+        reset until the next put)."""
         with self._lock:
             fresh = [(len(ids) - self.taken.get(key, 0), key) for key, ids in self.latest.items()
-                     if len(ids) - self.taken.get(key, 0) >= least and allowed(key)]
+                     if len(ids) - self.taken.get(key, 0) >= least and (key in self.taken or len(ids) >= start)
+                     and allowed(key)]
             if not fresh:
                 if self.wake.done():
                     self.wake = Future()
@@ -108,6 +114,9 @@ class IncrementalPass:
         with torch.no_grad(), self.context(), self.trainer.accelerator.autocast():
             out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
                              shift_labels=labels, fused_lm_head=True)
+        profiler = getattr(self.trainer, "stage_profiler", None)
+        if profiler is not None:
+            profiler.count_positions(ids.size(1), ids.size(1))
         scored = labels[0] != -100
         if bool(scored.any()):
             self.logps.append(out.log_probs[0][scored].float())

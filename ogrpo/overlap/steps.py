@@ -102,12 +102,19 @@ class Overlapped:
             return None
         reason = streaming.completions_stream(self)
         state.completions = reason is None
-        prefix = streaming.prefix_passes(self) if reason is None else "the completions come back with their groups"
-        state.prefixes = prefix is None
+        return {"stream_unit": "completion" if reason is None else "group", "stream_unit_reason": reason}
+
+    def stream_prefixes(self) -> dict | None:
+        """Once the padding-free layer is on too: whether streamed completions' scoring passes run on their
+        prefixes as they generate (ogrpo.overlap.prefixes); for the manifest's overlap."""
+        state = self.overlap
+        if state is None or not state.streams:
+            return None
+        why = streaming.prefix_passes(self) if state.completions else "the completions come back with their groups"
+        state.prefixes = why is None
         if state.pipeline is not None:
             state.pipeline.prefix_tokens = state.prefixes
-        return {"stream_unit": "completion" if reason is None else "group", "stream_unit_reason": reason,
-                "prefix_passes": prefix is None, "prefix_passes_reason": prefix}
+        return {"prefix_passes": why is None, "prefix_passes_reason": why}
 
     # what runs beneath this layer: the reward thread and the per-group passes call it, as TRL's batch would
     def rewards_beneath(self, *args, **kwargs):

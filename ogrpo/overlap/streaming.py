@@ -64,6 +64,9 @@ def prefix_passes(trainer) -> str | None:
         return "no reference or old-policy pass runs per completion"
     if not hasattr(trl_utils, "add_fused_lm_head"):
         return "this TRL line scores without its fused LM head, which the pieces go through"
+    if getattr(trainer, "packing", None) is None:
+        return ("the padding-free passes are off: the pieces give their positions (the prompt's first real token "
+                "at 0), which TRL's padded pass gives only where the model's positions are relative")
     return None
 
 

@@ -333,7 +333,7 @@ class TrainAhead:
         self.queue_rewards(keep=(index, j) if self.parts[index] >= trainer.num_generations else None)
 
     @contextlib.contextmanager
-    def busy(self, stage: str = "train_ahead"):
+    def busy(self):
         """The trainer's work ahead: timed by the profiler (inside its wait for the server) and on the timeline."""
         trainer = self.trainer
         profiler = getattr(trainer, "stage_profiler", None)
@@ -346,7 +346,7 @@ class TrainAhead:
             if profiler is not None:
                 profiler.ahead_end(depth, t0)
             if trainer.overlap.timeline is not None:
-                trainer.overlap.timeline.record("trainer", stage, t0, time.time_ns())
+                trainer.overlap.timeline.record("trainer", "train_ahead", t0, time.time_ns())
 
     def summing(self, group: int) -> bool:
         """Whether open group `group`'s completions may run their backward before it is whole
@@ -525,28 +525,36 @@ class TrainAhead:
 
     def score_prefix(self) -> None:
         """The scoring passes of the completion with the most new tokens, on its prefix (ogrpo.overlap.prefixes),
-        while fewer than MAX_OPEN prefixes are held (its passes then wait for its end)."""
+        once it is START_SHARE of the cap long, while fewer than MAX_OPEN prefixes are held (its passes then wait
+        for its end)."""
         if not self.scores_prefixes():
             return
         work = self.work
         held = work.prefix_passes
-        taken = self.prefixes.take(lambda key: key in held or len(held) < prefixes.MAX_OPEN, prefixes.MIN_PIECE)
+        start = max(prefixes.MIN_PIECE, int(prefixes.START_SHARE * self.trainer.max_completion_length))
+        taken = self.prefixes.take(lambda key: key in held or len(held) < prefixes.MAX_OPEN, prefixes.MIN_PIECE,
+                                   start)
         if taken is None:
             return
         (group, j), ids = taken
+        t0 = time.time_ns()
+        self.worked += 1
+        timeline = self.trainer.overlap.timeline
         try:
-            with self.busy("score"):
-                passes = held.get((group, j))
-                if passes is None:
-                    prompt = self.prompt_ids[group * self.trainer.num_generations]
-                    passes = held[(group, j)] = {kind: prefixes.IncrementalPass(self.trainer, model, prompt,
-                                                                                work.prefix_context)
-                                                 for kind, model in work.prefix_models.items()}
-                for p in passes.values():
-                    p.extend(ids)
+            passes = held.get((group, j))
+            if passes is None:
+                prompt = self.prompt_ids[group * self.trainer.num_generations]
+                passes = held[(group, j)] = {kind: prefixes.IncrementalPass(self.trainer, model, prompt,
+                                                                            work.prefix_context)
+                                             for kind, model in work.prefix_models.items()}
+            for p in passes.values():
+                p.extend(ids)
         except Exception as exc:  # noqa: BLE001 - the completion's passes run whole at its end instead
             held.pop((group, j), None)
             work.prefix_failed = exc
+        finally:  # a scoring pass inside the wait for the server, as a completion's pass at its end
+            if timeline is not None:
+                timeline.record("trainer", "score", t0, time.time_ns())
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""

@@ -242,6 +242,13 @@ class StageProfiler:
                 counts[1] = counts[1] + positions[1]
         return out
 
+    def count_positions(self, computed: int, real: int) -> None:
+        """A pass's positions counted where it runs outside `counted_pass` (a completion's prefix scored in
+        pieces through a key/value cache, ogrpo.overlap.prefixes: every position computed is a real one)."""
+        counts = self.pass_tokens.setdefault("score" if self._scoring_depth else "loss", [0, 0])
+        counts[0] += int(computed)
+        counts[1] = counts[1] + int(real)
+
     def logprob_pass(self, fn, *args, **kwargs):
         if self._scoring_depth == 0:  # the policy forward inside the loss: counted in "train"
             return fn(*args, **kwargs)

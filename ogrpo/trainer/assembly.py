@@ -467,6 +467,9 @@ def train(config, output_dir=None, vllm_url: str | None = None, resume: str | No
     packing = install_packing(trainer, p.plan)
     if is_main and packing:
         run_state.update_manifest(run_dir, padding_free=packing)
+    prefixes = trainer.stream_prefixes()  # after the padding-free layer, whose positions the pieces give
+    if is_main and prefixes:
+        run_state.update_manifest(run_dir, overlap={**(overlap or {}), **(unit or {}), **prefixes})
     profiler = StageProfiler(run_dir / rundir.PROFILE if is_main else None, memory_terms=p.plan.trainer.memory_terms)
     profiler.attach(trainer)  # after the overlap: its timeline and pipeline are the overlap's
     for cb in default_callbacks(run_dir):

@@ -208,7 +208,7 @@ def stream_groups(trainer, server, completions: bool = False, early_groups: int 
     state.streams = True
     state.completions = completions
     state.early_backward_groups = early_groups
-    state.prefixes = server.prefixes = prefixes
+    state.prefixes = server.prefixes = bool(prefixes)
     trainer.overlap = state
     reason = trainer.train_groups_ahead()
     assert reason is None, reason
@@ -345,7 +345,10 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
             else:  # fewer groups' sums at once: the others' rows wait for a group to close its sums
                 assert all(0 < b <= early for b in backward) if linear else backward == [0.0] * STEPS, backward
             assert trainer.overlap.early_backward_redone == []
-        if layers.get("prefixes"):  # completions' passes answered from their prefixes, scored as they streamed
+        if layers.get("prefixes") == "failing":  # every piece's end failed: each row's pass ran whole instead
+            assert [r["overlap/prefix_passes"] for r in logged] == [0.0] * STEPS, logged
+            assert trainer.overlap.prefix_failures >= 1
+        elif layers.get("prefixes"):  # completions' passes answered from their prefixes, scored as they streamed
             prefixed = [r["overlap/prefix_passes"] for r in logged]
             assert all(1 <= p <= trainer.args.generation_batch_size for p in prefixed), prefixed
     return {"trl": a, "layers": b}

@@ -101,6 +101,8 @@ def test_plan_bad_input_exit_2(run_cli, basic_recipe, args, words):
     (["serve", "--config", "tiny", "--dry-run", "--max-model-len", "0"], "--max-model-len 0 < "),
     (["serve", "--config", "tiny", "--dry-run", "--", "--model", "other"], "restates what the plan sets (--model)"),
     (["serve", "--config", "tiny", "--dry-run", "--", "--port=9"], "restates what the plan sets (--port)"),
+    (["serve", "--config", "tiny", "--dry-run", "--", "--max_model_len=9000"],
+     "restates what the plan sets (--max-model-len)"),
     (["bench", "step", "--gpus", "3xA40"], "--gpus 3xA40: the single placement runs on one GPU"),
     (["bench", "step", "--gpus", "3xFOO"], "unknown GPU type"),
     (["bench", "rollout", "--gpu-memory-utilization", "2"], "--gpu-memory-utilization 2.0: vLLM's share"),

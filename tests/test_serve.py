@@ -340,3 +340,16 @@ def test_gpu_client_pushes_in_the_servers_dtype(monkeypatch):
         vg.VLLMClient = before
     assert seen["metadata"] == [("w", "bfloat16", [2, 2]), ("n", "int64", [2])]
     assert seen["dtypes"] == [torch.bfloat16, torch.int64]
+
+
+def test_extra_server_arguments_may_add_but_never_restate_what_the_plan_sets():
+    """vLLM takes the last of a repeated flag: after `--`, a flag the plan sets (spelled with `_`, `=` or `--no-`)
+    would override it; a flag the plan leaves to vLLM is passed."""
+    from ogrpo.errors import OgrpoError
+    from ogrpo.serve.server import check_extra_args
+
+    planned = ["python", "-m", "x", "--model", "m", "--enforce-eager", "--max-model-len", "300"]
+    for extra in (["--model", "other"], ["--no-enforce-eager"], ["--max_model_len=9"]):
+        with pytest.raises(OgrpoError, match="restates what the plan sets"):
+            check_extra_args(planned, extra)
+    check_extra_args(planned, ["--enable-prefix-caching", "--swap-space", "4"])

@@ -393,3 +393,18 @@ def test_completions_scored_on_their_prefixes_as_they_stream_train_exactly_as_tr
     (ogrpo/overlap/prefixes.py), the rest when it ends: the run trains as TRL's."""
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved",
                          prefixes=True)
+
+
+def test_a_prefix_whose_pass_fails_leaves_its_completion_to_run_whole_and_trains_as_trl(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A piece that raises (here every completion's last): its completion's pass runs whole at its end, the run
+    trains as TRL's, and the failure is said once."""
+    from ogrpo.overlap.prefixes import IncrementalPass
+
+    def broken(self, completion):
+        raise RuntimeError("no cache here")
+
+    monkeypatch.setattr(IncrementalPass, "finish", broken)
+    assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions="interleaved",
+                         prefixes="failing")
+    assert capsys.readouterr().err.count("a completion's pass on its prefix failed (RuntimeError: no cache") == 1

@@ -283,11 +283,10 @@ class GroupWork:
         self.then_part: Callable[[int, int, dict], Any] | None = None  # after them (its loss forward: train_ahead)
         self.rows: dict[int, dict[int, Any]] = {}  # group -> completion -> its passes (read by score_fn)
         # the passes run on completions' prefixes as they stream (ogrpo.overlap.prefixes): (group, completion) ->
-        # kind -> IncrementalPass; the models per kind (empty: off), the context each piece runs in, an error
+        # kind -> IncrementalPass; the models per kind (empty: off), the context each piece runs in
         self.prefix_passes: dict = {}
         self.prefix_models: dict = {}
         self.prefix_context = None
-        self.prefix_failed: BaseException | None = None
         self.prefix_used = 0  # completions whose passes came from their prefix
 
     def pop_prefix(self, group: int, j: int) -> dict | None:

@@ -32,6 +32,17 @@ MIN_PIECE = 48
 START_SHARE = 0.5
 
 
+def report_failure(state, exc: BaseException) -> None:
+    """A piece that failed: that completion's passes run whole at its end (the same numbers, later); said once per
+    run on stderr, and counted (`state.prefix_failures`)."""
+    import sys
+
+    state.prefix_failures = getattr(state, "prefix_failures", 0) + 1
+    if state.prefix_failures == 1:
+        print(f"note: a completion's pass on its prefix failed ({type(exc).__name__}: {exc}); such completions' "
+              "passes run whole when they end", file=sys.stderr, flush=True)
+
+
 class Prefixes:
     """The completions' token ids so far, put by the request threads (`put`), taken by the trainer's thread
     (`take`). `wake` is done while some completion has tokens the trainer has not taken."""
@@ -42,7 +53,6 @@ class Prefixes:
         self.taken: dict[tuple[int, int], int] = {}
         self.ended: set[tuple[int, int]] = set()
         self.wake: Future = Future()
-        self.puts = 0
 
     def put(self, group: int, j: int, ids: list[int]) -> None:
         with self._lock:
@@ -50,7 +60,6 @@ class Prefixes:
             if key in self.ended:
                 return
             self.latest[key] = ids
-            self.puts += 1
             if not self.wake.done():
                 self.wake.set_result(None)
 

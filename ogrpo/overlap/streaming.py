@@ -15,10 +15,12 @@ import time
 
 from ogrpo import compat
 from ogrpo.dropout import draws_dropout
+from ogrpo.overlap import prefixes as prefix_pieces
 from ogrpo.overlap.pipeline import GroupWork, RankGroups
 from ogrpo.overlap.rows import group_rows, prompt_layout
 from ogrpo.overlap.train_ahead import TrainAhead
 from ogrpo.patches import trl_overlap as trl_collectives
+from ogrpo.serve import prefix_stream
 from ogrpo.serve.client import group_calls
 
 _REF_FILL = -1e4  # reference log-prob past a sequence's end (masked): exp(ref - logp) stays 0, never inf x 0
@@ -64,6 +66,9 @@ def prefix_passes(trainer) -> str | None:
         return "no reference or old-policy pass runs per completion"
     if not hasattr(trl_utils, "add_fused_lm_head"):
         return "this TRL line scores without its fused LM head, which the pieces go through"
+    problems = prefix_stream.trl_generate_problems()
+    if problems:  # the streamed request is TRL's own, with `stream`: only while TRL's client asks what it reads
+        return "; ".join(problems)
     if getattr(trainer, "packing", None) is None:
         return ("the padding-free passes are off: the pieces give their positions (the prompt's first real token "
                 "at 0), which TRL's padded pass gives only where the model's positions are relative")
@@ -275,9 +280,14 @@ def _group_score(trainer, state, prompts):
         if not held or set(held) != set(kinds) or not bool(mask[width:width + len(completion)].all()):
             return None
         t0 = time.time_ns()
-        out = {kind: held[kind].finish(completion) for kind in kinds}
-        if state.timeline is not None:
-            state.timeline.record("trainer", "score", t0, time.time_ns())
+        try:
+            out = {kind: held[kind].finish(completion) for kind in kinds}
+        except Exception as exc:  # noqa: BLE001 - the row's pass runs whole instead
+            prefix_pieces.report_failure(state, exc)
+            return None
+        finally:
+            if state.timeline is not None:
+                state.timeline.record("trainer", "score", t0, time.time_ns())
         if any(v is None for v in out.values()):
             return None
         work.prefix_used += 1

@@ -551,7 +551,7 @@ class TrainAhead:
                 p.extend(ids)
         except Exception as exc:  # noqa: BLE001 - the completion's passes run whole at its end instead
             held.pop((group, j), None)
-            work.prefix_failed = exc
+            prefixes.report_failure(self.trainer.overlap, exc)
         finally:  # a scoring pass inside the wait for the server, as a completion's pass at its end
             if timeline is not None:
                 timeline.record("trainer", "score", t0, time.time_ns())

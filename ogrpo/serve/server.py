@@ -174,7 +174,11 @@ def check_request(settings: ServeSettings, *, model: str | None = None, revision
 
 
 def _flag_name(arg: str) -> str | None:
-    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else None
+    """The flag an argument sets (`--no-x` sets `--x`), or None for a value."""
+    if not arg.startswith("--"):
+        return None
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return "--" + name[len("--no-"):] if name.startswith("--no-") else name
 
 
 def check_extra_args(argv: list[str], extra: list[str]) -> None:

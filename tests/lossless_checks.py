@@ -17,7 +17,7 @@ import math
 import torch
 
 from ogrpo import tiny
-from ogrpo.overlap import early_backward
+from ogrpo.overlap import early_backward, train_ahead
 from ogrpo.overlap import prefixes as prefix_passes
 from ogrpo.overlap.prefixes import Prefixes
 from overlap_jobs import PACKED
@@ -53,7 +53,14 @@ CHECKPOINTED = {"grpo-checkpointed": dict(loss_type="grpo", beta=0.04, gradient_
 # vespo without vLLM's importance-sampling correction: its weight is 1 for either sign at a ratio of 1, so a
 # completion runs its backward before its group is whole (with the correction it waits)
 UNCORRECTED = {"vespo-uncorrected": dict(loss_type="vespo", vllm_importance_sampling_correction=False, beta=0.04)}
-ALL_CASES = {**CASES, **CHUNKED, **CHECKPOINTED, **UNCORRECTED}
+# the loss forward not recomputed (TRL's default recomputes it; the planner turns that off where activations fit):
+# a completion's loss forward may run on its prefix as it streams (ogrpo/overlap/prefixes.py), where the budget of
+# graphs held (a group's chunk: 4 rows here, 2 in CHUNKED's) leaves room for it beside two more
+UNCHECKPOINTED = {"grpo-uncheckpointed": dict(loss_type="grpo", beta=0.04, gradient_checkpointing=False),
+                  "dapo-halves-uncheckpointed": dict(loss_type="dapo", per_device_train_batch_size=4,
+                                                     gradient_accumulation_steps=2, steps_per_generation=2,
+                                                     beta=0.04, gradient_checkpointing=False)}
+ALL_CASES = {**CASES, **CHUNKED, **CHECKPOINTED, **UNCORRECTED, **UNCHECKPOINTED}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 
 
@@ -210,6 +217,7 @@ def stream_groups(trainer, server, completions: bool = False, early_groups: int 
     state.early_backward_groups = early_groups
     state.prefixes = server.prefixes = bool(prefixes)
     trainer.overlap = state
+    state.prefix_forwards = state.prefixes and train_ahead.prefix_forwards_why_not(trainer) is None
     reason = trainer.train_groups_ahead()
     assert reason is None, reason
 
@@ -314,8 +322,10 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         assert fa >= STEPS and fb == 0, (case, fa, fb)
     if layers.get("packed"):
         calls = trainer.packing.calls
-        # a chunk trained ahead may be rows of one length, where packing saves nothing and TRL's pass runs
-        assert calls["packed"] >= STEPS and (calls["padded"] == 0 or layers.get("ahead")), calls
+        # a chunk trained ahead may be rows of one length, where packing saves nothing and TRL's pass runs, or
+        # rows all forwarded on their prefixes as they streamed
+        forwarded = trainer.overlap is not None and trainer.overlap.prefix_forwards
+        assert (calls["packed"] >= STEPS or forwarded) and (calls["padded"] == 0 or layers.get("ahead")), calls
         if layers.get("shared"):  # a pass computed its rows' prompts once where a chunk held rows of one prompt
             shuffled = trainer.args.steps_per_generation > 1  # TRL shuffles a generation's rows into micro-batches
             assert calls["shared"] > 0 and (shuffled or calls["shared"] == calls["packed"]), calls
@@ -333,8 +343,10 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
             early = trainer.args.generation_batch_size - groups
             passes = early if trainer.beta != 0.0 else 0
             assert [r["overlap/completions_early"] for r in logged] == [float(passes)] * STEPS, logged
-            # and the loss forward of at least one, its graph kept until its group's backward
-            assert all(1 <= r["overlap/forwarded_early"] <= early for r in logged), logged
+            # and the loss forward of at least one, its graph kept until its group's backward (and of a group's
+            # last, where it ran on its prefix)
+            assert all(1 <= r["overlap/forwarded_early"] <= early + r.get("overlap/prefix_forwards", 0)
+                       for r in logged), logged
             # and where the loss is linear in the advantage (ogrpo/overlap/early_backward.py) their backward too,
             # before their group was whole, each with its own rewards: every completion but each group's last
             # (the scripted server waits for the trainer between completions, as a slow server gives it time)
@@ -351,4 +363,10 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         elif layers.get("prefixes"):  # completions' passes answered from their prefixes, scored as they streamed
             prefixed = [r["overlap/prefix_passes"] for r in logged]
             assert all(1 <= p <= trainer.args.generation_batch_size for p in prefixed), prefixed
+            # and, but under gradient checkpointing, loss forwards too, their graphs kept through the cache
+            forwarded = [r.get("overlap/prefix_forwards") for r in logged]
+            if trainer.args.gradient_checkpointing:
+                assert forwarded == [None] * STEPS, forwarded
+            else:
+                assert all(1 <= f <= trainer.args.generation_batch_size for f in forwarded), forwarded
     return {"trl": a, "layers": b}

@@ -675,6 +675,8 @@ def test_lossless_gives_the_same_completions_and_losses_as_off(off_run, tmp_path
     # each completion's request streams, for its reference pass on its prefix (pieces of MIN_PIECE tokens: none
     # this short here; tests/test_train_ahead.py and tests/test_prefix_stream.py run them)
     assert manifest["overlap"]["prefix_passes"] is True, manifest["overlap"]
+    # and so may the loss forward (the plan turns gradient checkpointing off: the activations fit)
+    assert manifest["overlap"]["prefix_forwards"] is True, manifest["overlap"]
     assert manifest["old_policy_pass"] == {"pass": "from_loss", "reason": None}
     early = manifest["train_ahead"].pop("early_backward")
     assert manifest["train_ahead"] == {"on": True, "reason": None, "fallbacks": []}

@@ -220,3 +220,54 @@ def test_prefixes_wake_the_trainer_and_hand_over_the_completion_with_most_new_to
     assert sink.take(lambda key: True, least=1, start=6) == ((2, 0), [1] * 6)
     sink.put(1, 0, [4, 5, 6, 7, 8, 9])  # (1, 0) was taken at 5: one new token, past its start
     assert sink.take(lambda key: True, least=1, start=60) == ((1, 0), [4, 5, 6, 7, 8, 9])
+
+
+@pytest.mark.parametrize("pieces", [[7, 6, 7], [20], [1] * 19 + [1]])
+def test_a_loss_forward_in_pieces_gives_trls_log_probs_entropies_and_gradients(pieces):
+    """The loss forward on a prefix (`grad=True`): its graph kept through the cache, the log-probs and entropies
+    and the gradients they give are those of TRL's forward over the left-padded row."""
+    import contextlib
+
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny.ensure_tiny_model()), dtype=torch.float32).train()
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))  # the policy's head, as TRL adds it
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("cpu"), autocast=contextlib.nullcontext),
+                              compute_loss_context_manager=contextlib.nullcontext, logprobs_scorer=None,
+                              temperature=0.7)
+    g = torch.Generator().manual_seed(len(pieces))
+    vocab = model.config.vocab_size
+    prompt = torch.randint(1, vocab, (9,), generator=g).tolist()
+    completion = torch.randint(1, vocab, (20,), generator=g).tolist()
+    weights = torch.randn(1, 20, generator=g)
+
+    def grads(logps, entropies):  # a loss of both, as TRL's with an entropy term would be
+        model.zero_grad()
+        ((logps * weights).sum() + 0.1 * entropies.sum()).backward()
+        return {k: v.grad.clone() for k, v in model.named_parameters() if v.grad is not None}
+
+    pad = 4
+    ids = torch.tensor([[0] * pad + prompt + completion])
+    mask = torch.ones_like(ids)
+    mask[:, :pad] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-len(completion)] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    logps, entropies = out.log_probs[:, -20:], out.entropy[:, -20:]
+    expected = grads(logps, entropies)
+
+    p = IncrementalPass(trainer, model, prompt, grad=True)
+    k = 0
+    for n in pieces[:-1]:
+        k += n
+        p.extend(completion[:k])
+    got = p.finish(completion)
+    assert got.requires_grad and got.shape == logps.shape
+    torch.testing.assert_close(got, logps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p.entropies, entropies, rtol=1e-5, atol=1e-5)
+    found = grads(got, p.entropies)
+    assert found.keys() == expected.keys() and len(found) > 5
+    for name, grad in expected.items():  # summed in another order (the cache's attention): fp32 noise, ~1e-5
+        apart = float((found[name] - grad).norm() / grad.norm().clamp(min=1e-12))
+        assert apart < 1e-4, (name, apart)

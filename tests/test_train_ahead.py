@@ -387,12 +387,20 @@ def test_the_replaying_engine_steps_once_at_the_boundary_divides_there_and_stops
     assert plain.calls == [("boundary", True), ("backward", 2.0), ("step", 1.0)]  # accelerate's: no divisor
 
 
-@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-checkpointed"])
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-uncheckpointed", "dapo-halves-uncheckpointed"])
 def test_completions_scored_on_their_prefixes_as_they_stream_train_exactly_as_trls_micro_batches(tmp_path, case):
     """Each completion's reference pass runs in pieces on its tokens so far while it generates
-    (ogrpo/overlap/prefixes.py), the rest when it ends: the run trains as TRL's."""
+    (ogrpo/overlap/prefixes.py), the rest when it ends, and without gradient checkpointing its loss forward too,
+    its graph kept through the cache: the run trains as TRL's."""
     assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved",
                          prefixes=True)
+
+
+def test_loss_forwards_on_prefixes_through_the_linear_logprobs_kernel_train_exactly_as_trls_micro_batches(tmp_path):
+    """Where the kernel scores the policy, a completion's loss forward on its prefix goes through it, as its
+    forward at its end would: the run still trains as TRL's."""
+    assert_same_training(tmp_path, "grpo-uncheckpointed", from_loss=True, packed=True, kernel=True, ahead=True,
+                         completions="interleaved", prefixes=True)
 
 
 def test_a_prefix_whose_pass_fails_leaves_its_completion_to_run_whole_and_trains_as_trl(tmp_path, monkeypatch,

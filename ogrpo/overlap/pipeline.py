@@ -288,6 +288,7 @@ class GroupWork:
         self.prefix_models: dict = {}
         self.prefix_context = None
         self.prefix_used = 0  # completions whose passes came from their prefix
+        self.prefix_forwards = 0  # completions whose loss forward ran on their prefix (train_ahead)
 
     def pop_prefix(self, group: int, j: int) -> dict | None:
         """Completion j of `group`'s passes run on its prefix (kind -> IncrementalPass), taken out; None if none."""

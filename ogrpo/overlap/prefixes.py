@@ -15,6 +15,11 @@ the prefix scored; on any difference the prefix is dropped and the pass runs who
 Memory: a prefix holds a key/value cache, no activations: 2 x layers x kv-heads x head-dim values per position,
 a small share of what one position's activations take in the loss forward the plan budgets for. At most
 MAX_OPEN prefixes are held at once, and each is released when its completion is scored.
+
+The loss forward goes the same way where TrainAhead allows it (`grad=True`): the policy's pieces run with their
+graph kept through the cache, so that when the completion ends its forward is all but done and only its backward
+waits. Its graph is held within the budget TrainAhead holds the graphs of completions forwarded as they end by,
+reserved at the cap while the completion grows.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ MIN_PIECE = 48
 # ends last is on the step's critical path, and those still generating late are the long ones (all start
 # together); the shorter ones' passes run at their end, while the server still generates, at no cost in pieces
 START_SHARE = 0.5
+# loss forwards on prefixes held at once (graphs kept): one follows the completion that is to end last, and the budget
+# left forwards (and backwards) the others as they end; another begins once it has ended
+MAX_FORWARDS = 1
 
 
 def report_failure(state, exc: BaseException) -> None:
@@ -88,20 +96,23 @@ class Prefixes:
 
 
 class IncrementalPass:
-    """One sequence's no-gradient log-prob pass, fed in pieces: `extend(completion so far)` scores the completion
-    tokens whose previous token is known, `finish(completion)` the rest and returns the (1, len) log-probs, or
-    None where the completion does not start with the prefix scored."""
+    """One sequence's log-prob pass, fed in pieces: `extend(completion so far)` scores the completion tokens whose
+    previous token is known, `finish(completion)` the rest and returns the (1, len) log-probs, or None where the
+    completion does not start with the prefix scored. Without gradient (the scoring passes), or with it (`grad`:
+    the loss forward, its entropies in `entropies` after `finish`)."""
 
-    def __init__(self, trainer, model, prompt: list[int], context=None):
+    def __init__(self, trainer, model, prompt: list[int], context=None, grad: bool = False):
         """`context()`: entered around each piece (TRL's gradient checkpointing switched off, as its passes do)."""
         import contextlib
 
-        self.trainer, self.model, self.prompt = trainer, model, list(prompt)
+        self.trainer, self.model, self.prompt, self.grad = trainer, model, list(prompt), grad
         self.context = context or contextlib.nullcontext
         self.cache = None
         self.seq: list[int] = list(prompt)  # the tokens known so far
         self.fed = 0  # positions in the cache
         self.logps: list = []
+        self.pieces: list = []  # the loss forward's entropies, piece by piece
+        self.entropies = None
 
     def extend(self, completion: list[int]) -> None:
         import torch
@@ -120,15 +131,21 @@ class IncrementalPass:
         if self.cache is None:
             self.cache = DynamicCache(config=self.model.config)
         positions = torch.arange(self.fed, end, device=device).unsqueeze(0)
-        with torch.no_grad(), self.context(), self.trainer.accelerator.autocast():
-            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
-                             shift_labels=labels, fused_lm_head=True)
+        scored = labels[0] != -100
+        if self.grad:
+            logps, entropies = loss_piece(self.trainer, self.model, ids, positions, self.cache, labels)
+            if bool(scored.any()):
+                self.logps.append(logps[0][scored])
+                self.pieces.append(entropies[0][scored])
+        else:
+            with torch.no_grad(), self.context(), self.trainer.accelerator.autocast():
+                out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
+                                 shift_labels=labels, fused_lm_head=True)
+            if bool(scored.any()):
+                self.logps.append(out.log_probs[0][scored].float())
         profiler = getattr(self.trainer, "stage_profiler", None)
         if profiler is not None:
             profiler.count_positions(ids.size(1), ids.size(1))
-        scored = labels[0] != -100
-        if bool(scored.any()):
-            self.logps.append(out.log_probs[0][scored].float())
         self.fed, self.seq = end, seq
 
     def finish(self, completion: list[int]):
@@ -142,4 +159,27 @@ class IncrementalPass:
         self.cache = None
         if logps.numel() != len(completion):
             return None
+        if self.grad:
+            self.entropies = torch.cat(self.pieces).unsqueeze(0)
         return logps.unsqueeze(0)
+
+
+def loss_piece(trainer, model, ids, positions, cache, labels):
+    """(log-probs, entropies) of a piece of the policy's loss forward, with their graph, by the path the trainer's
+    own loss forward takes: the linear_logprobs kernel where it scores the policy, else TRL's fused head (whose
+    entropies the policy's head computes); each position's label in `labels`, -100 where none is scored."""
+    import torch
+
+    from ogrpo.patches import trl_linear_logprobs as kernel  # heavy: torch, and pipeline.py's importers are light
+
+    with trainer.compute_loss_context_manager(), trainer.accelerator.autocast():
+        if trainer.logprobs_scorer is not None and getattr(kernel.unwrap(trainer, model), kernel.PATCHED, False):
+            c = (labels[0] != -100).nonzero()[:, 0]
+            spec = {"temperature": trainer.temperature, "index": (torch.zeros_like(c), c), "targets": labels[0, c]}
+            logps, entropies = model(input_ids=ids, position_ids=positions, past_key_values=cache,
+                                     **{kernel.FORWARD_KEY: spec})
+            full = logps.new_zeros(labels.shape).index_put((torch.zeros_like(c), c), logps)
+            return full, entropies.new_zeros(labels.shape).index_put((torch.zeros_like(c), c), entropies)
+        out = model(input_ids=ids, position_ids=positions, past_key_values=cache, shift_labels=labels,
+                    fused_lm_head=True)
+        return out.log_probs, out.entropy

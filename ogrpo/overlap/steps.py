@@ -61,6 +61,7 @@ class OverlapState:
         self.forwards = None  # the chunk's rows whose loss forward ran as they ended (train_ahead.Forward)
         self.forwards_answered = 0  # such rows whose forward the chunk's loss took
         self.prefixes = False  # completions' scoring passes run on their prefixes (ogrpo.overlap.prefixes)
+        self.prefix_forwards = False  # and their loss forwards (ogrpo.overlap.train_ahead)
         self.replay = None  # ogrpo.overlap.train_ahead.Replay: TRL's micro-batches answered from the groups
         # DeepSpeed (ogrpo.overlap.deepspeed_ahead): the loss the Trainer backwards next is a replayed micro-batch's,
         # and whether the groups gave the step a gradient the engine must show
@@ -114,7 +115,10 @@ class Overlapped:
         state.prefixes = why is None
         if state.pipeline is not None:
             state.pipeline.prefix_tokens = state.prefixes
-        return {"prefix_passes": why is None, "prefix_passes_reason": why}
+        forwards = train_ahead.prefix_forwards_why_not(self) if why is None else "no prefix passes"
+        state.prefix_forwards = forwards is None
+        return {"prefix_passes": why is None, "prefix_passes_reason": why, "prefix_forwards": forwards is None,
+                "prefix_forwards_reason": forwards}
 
     # what runs beneath this layer: the reward thread and the per-group passes call it, as TRL's batch would
     def rewards_beneath(self, *args, **kwargs):
@@ -303,6 +307,8 @@ def _log_streamed(trainer, state) -> None:
         trainer._metrics["train"]["overlap/completions_alone"].append(float(state.pipeline.parts_alone))
     if state.prefixes and work is not None:  # completions scored on their prefixes as they streamed
         trainer._metrics["train"]["overlap/prefix_passes"].append(float(work.prefix_used))
+        if state.prefix_forwards:  # and their loss forwards
+            trainer._metrics["train"]["overlap/prefix_forwards"].append(float(work.prefix_forwards))
 
 
 def _start_rewards(trainer, state, prompts, completions, completion_ids) -> None:

@@ -96,6 +96,18 @@ def why_not(trainer) -> str | None:
     return None
 
 
+def prefix_forwards_why_not(trainer) -> str | None:
+    """Why a streamed completion's loss forward does not run on its prefix while it generates
+    (ogrpo.overlap.prefixes, `grad=True`), else None; asked where its scoring passes do."""
+    if trainer.accelerator.num_processes > 1:
+        return "several trainer processes: a completion's forward runs as it ends only on one"
+    if deepspeed_side(trainer) is not None:
+        return "DeepSpeed's engine gathers and frees the weights around each forward it runs whole"
+    if getattr(trainer.args, "gradient_checkpointing", False):
+        return "gradient checkpointing recomputes each forward whole, without the key/value cache"
+    return None
+
+
 def deepspeed_side(trainer):
     """ogrpo.overlap.deepspeed_ahead where the trainer runs under DeepSpeed, else None."""
     if not getattr(trainer, "is_deepspeed_enabled", False):
@@ -292,6 +304,10 @@ class TrainAhead:
         self.failed: BaseException | None = None
         self.prefixes = None  # the stream's completions so far (ogrpo.overlap.prefixes), set as it is taken
         self.worked = 0  # pieces of work run (`busy`): what `ready` ran before a prefix's turn
+        # (group, completion) -> its loss forward on its prefix, graph kept (where the overlap state allows it),
+        # each holding `reserve` positions of the budget while it grows
+        self.loss_prefixes: dict[tuple[int, int], prefixes.IncrementalPass] = {}
+        self.reserve = width + trainer.max_completion_length
 
     def arrived(self, index: int, answer: dict) -> None:
         self.pending.append((index, answer))
@@ -313,24 +329,36 @@ class TrainAhead:
         self.run(wait=len(self.pending), last=False)
         if self.failed is not None:
             return
+        if not self.forward_row(index, j, answer, whole=True):
+            return
+        # the group's last completion: the group follows it at once, and trains it with the others not yet run
+        self.queue_rewards(keep=(index, j) if self.parts[index] >= self.trainer.num_generations else None)
+
+    def forward_row(self, index: int, j: int, answer: dict, whole: bool) -> bool:
+        """Completion j of group `index` (`answer`: its own), its loss forward kept as a Forward: from its forward on
+        its prefix where one ran, else (`whole`) run now where the budget leaves room; whether it is kept."""
         trainer = self.trainer
         ids, mask, length = group_rows(trainer, self.prompt_ids[index * trainer.num_generations],
                                        answer["completion_ids"], self.width)
         positions = self.width + length
-        if self.held + positions + self.width + trainer.max_completion_length > self.budget:
-            return
         device = trainer.accelerator.device
         ids, mask = ids.to(device), mask.to(device)
-        try:
-            with self.busy(), trainer.compute_loss_context_manager():
-                lp, ent = trainer.logps_beneath(trainer.model_wrapped, ids, mask, length, compute_entropy=True)[:2]
-        except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
-            self.failed = exc
-            return
+        done = self.forward_from_prefix(index, j, answer["completion_ids"][0], mask[0])
+        if done is not None:
+            lp, ent = done
+        else:
+            if not whole or self.held + positions + self.width + trainer.max_completion_length > self.budget:
+                return False
+            try:
+                with self.busy(), trainer.compute_loss_context_manager():
+                    lp, ent = trainer.logps_beneath(trainer.model_wrapped, ids, mask, length,
+                                                    compute_entropy=True)[:2]
+            except Exception as exc:  # noqa: BLE001 - TRL's micro-batches run instead; the error is reported
+                self.failed = exc
+                return False
         self.forwards.setdefault(index, {})[j] = Forward(ids, mask, length, lp, ent, positions, answer)
         self.held += positions
-        # the group's last completion: the group follows it at once, and trains it with the others not yet run
-        self.queue_rewards(keep=(index, j) if self.parts[index] >= trainer.num_generations else None)
+        return True
 
     @contextlib.contextmanager
     def busy(self):
@@ -540,10 +568,10 @@ class TrainAhead:
         t0 = time.time_ns()
         self.worked += 1
         timeline = self.trainer.overlap.timeline
+        prompt = self.prompt_ids[group * self.trainer.num_generations]
         try:
             passes = held.get((group, j))
             if passes is None:
-                prompt = self.prompt_ids[group * self.trainer.num_generations]
                 passes = held[(group, j)] = {kind: prefixes.IncrementalPass(self.trainer, model, prompt,
                                                                             work.prefix_context)
                                              for kind, model in work.prefix_models.items()}
@@ -555,6 +583,53 @@ class TrainAhead:
         finally:  # a scoring pass inside the wait for the server, as a completion's pass at its end
             if timeline is not None:
                 timeline.record("trainer", "score", t0, time.time_ns())
+        self.forward_prefix(group, j, prompt, ids)
+
+    def forward_prefix(self, group: int, j: int, prompt: list, ids: list) -> None:
+        """Completion j of `group`'s loss forward on its tokens so far, its graph kept (ogrpo.overlap.prefixes):
+        begun where the graphs held leave room for it at the cap beside two more rows at the cap: a completion that
+        ends meanwhile is still forwarded as it ends (which leaves room for one more, so a group's chunk still
+        fits); MAX_FORWARDS at a time."""
+        key, trainer = (group, j), self.trainer
+        p = self.loss_prefixes.get(key)
+        if p is None:
+            if (not getattr(trainer.overlap, "prefix_forwards", False) or self.failed is not None
+                    or group not in self.open or len(self.loss_prefixes) >= prefixes.MAX_FORWARDS
+                    or self.held + 3 * self.reserve > self.budget):
+                return
+            p = self.loss_prefixes[key] = prefixes.IncrementalPass(trainer, trainer.model_wrapped, prompt, grad=True)
+            self.held += self.reserve
+        try:
+            with self.busy():
+                p.extend(ids)
+        except Exception as exc:  # noqa: BLE001 - its forward runs whole at its end instead
+            self.drop_prefix_forward(key)
+            prefixes.report_failure(trainer.overlap, exc)
+
+    def drop_prefix_forward(self, key: tuple[int, int]) -> None:
+        if self.loss_prefixes.pop(key, None) is not None:
+            self.held -= self.reserve
+
+    def forward_from_prefix(self, group: int, j: int, completion: list, mask):
+        """(log-probs, entropies) of completion j of `group`'s loss forward, from the one run on its prefix, its
+        last tokens forwarded now; None where there is none, or it does not hold (a truncated row TRL masks: its
+        forward attends to none of it)."""
+        p = self.loss_prefixes.get((group, j))
+        if p is None:
+            return None
+        self.drop_prefix_forward((group, j))
+        if not bool(mask[self.width:self.width + len(completion)].all()):
+            return None
+        try:
+            with self.busy():
+                logps = p.finish(completion)
+        except Exception as exc:  # noqa: BLE001 - its forward runs whole instead
+            prefixes.report_failure(self.trainer.overlap, exc)
+            return None
+        if logps is None:
+            return None
+        self.work.prefix_forwards += 1
+        return logps, p.entropies
 
     def train_now(self, index: int, answer: dict, early: bool) -> None:
         """Train group `index` now, waiting for its rewards; an error is raised (the other ranks are in step)."""
@@ -567,6 +642,8 @@ class TrainAhead:
     def finish(self) -> None:
         """Every group in: train what is left (waiting for its rewards)."""
         self.run(wait=len(self.pending), last=True)
+        for key in list(self.loss_prefixes):  # completions that came back with their groups
+            self.drop_prefix_forward(key)
 
     def run(self, wait: int, last: bool) -> None:
         """Train the pending groups in arrival order: the first `wait` whatever it takes for their rewards, the
@@ -591,6 +668,9 @@ class TrainAhead:
         import torch.nn.functional as F
 
         trainer = self.trainer
+        for _, j in sorted(key for key in self.loss_prefixes if key[0] == index):  # came back with the group
+            self.forward_row(index, j, {k: answer[k][j:j + 1] for k in answer if isinstance(answer[k], list)},
+                             whole=False)
         self.kl_backward()  # the KL terms waiting, their graphs released before the group's chunks
         if self.failed is not None:
             raise self.failed

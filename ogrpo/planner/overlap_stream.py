@@ -50,7 +50,9 @@ def decide(trl_version: str, trainer_processes: int, rank_rows: int | None = Non
         why += ("; each completion is its own request (with the seed it has inside its group's): its passes, and "
                 "its loss forward where groups train ahead, run as it ends (the trainer's manifest says "
                 "overlap.stream_unit), its reference/old-policy passes on its tokens so far while it generates "
-                "(streamed every few tokens), so only its last tokens wait for its end (overlap.prefix_passes)")
+                "(streamed every few tokens), so only its last tokens wait for its end (overlap.prefix_passes), "
+                "and so does its loss forward where no gradient checkpointing recomputes it "
+                "(overlap.prefix_forwards)")
     if trainer_processes > 1:
         why += (f"; the main process hands each finished group to the one of the {trainer_processes} trainer "
                 "processes that owns it (the ranks run their k-th log-prob passes together where those are "

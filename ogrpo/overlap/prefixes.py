@@ -38,6 +38,9 @@ START_SHARE = 0.5
 # loss forwards on prefixes held at once (graphs kept): one follows the completion that is to end last, and the budget
 # left forwards (and backwards) the others as they end; another begins once it has ended
 MAX_FORWARDS = 1
+# a loss forward's pieces are at least this share of the cap: each piece's attention keeps the keys and values so
+# far for its backward, so its pieces are few (a cap of 4096: 4 pieces between half the cap and the cap)
+FORWARD_PIECE_SHARE = 1 / 8
 
 
 def report_failure(state, exc: BaseException) -> None:

@@ -599,6 +599,9 @@ class TrainAhead:
                 return
             p = self.loss_prefixes[key] = prefixes.IncrementalPass(trainer, trainer.model_wrapped, prompt, grad=True)
             self.held += self.reserve
+        elif len(p.prompt) + len(ids) - 1 - p.fed < max(prefixes.MIN_PIECE, int(prefixes.FORWARD_PIECE_SHARE
+                                                                                  * trainer.max_completion_length)):
+            return  # too short a piece yet
         try:
             with self.busy():
                 p.extend(ids)

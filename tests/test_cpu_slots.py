@@ -36,7 +36,8 @@ def test_a_cpu_split_plan_gives_server_and_trainer_disjoint_cores(monkeypatch):
     spec = build_jobspec(plan, rc, "/tmp/job")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
     server, trainer = local_step_env(spec.step("server")), local_step_env(spec.step("trainer"))
-    assert server == {"OGRPO_CPU_CORES": "0-1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    # the engine on the server's cores, its HTTP front end on all once the engine has started
+    assert server == {"OGRPO_CPU_CORES": "0-1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "OGRPO_CPU_FRONTEND_CORES": "0-5"}
     assert trainer == {"OGRPO_CPU_CORES": "2-5"}
     assert plan.setting("cpu_slots") is not None  # shown with its reason
 
@@ -50,3 +51,40 @@ def test_a_process_pins_itself_to_its_cores():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OGRPO_CPU_CORES": str(core)},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"[{core}]", out.stderr
+
+
+RELEASE_PROBE = """
+import json, os, subprocess, sys, time
+from ogrpo.launch import cpu_slots
+os.sched_setaffinity(0, [int(sys.argv[1])])
+thread = cpu_slots.release_frontend({cpu_slots.FRONTEND_ENV: sys.argv[2]}, poll_s=0.05)
+time.sleep(0.3)
+before = sorted(os.sched_getaffinity(0))  # no engine yet: still pinned
+child = subprocess.Popen([sys.executable, "-c", "import ctypes, time; "
+                          "ctypes.CDLL(None).prctl(15, b'VLLM::EngineCore', 0, 0, 0); time.sleep(30)"])
+thread.join(20)
+print(json.dumps([before, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(child.pid)), child.pid]))
+child.kill()
+child.wait()
+"""
+
+
+def test_the_servers_front_end_leaves_the_engines_cores_once_the_engine_has_started():
+    """The API process stays on the server's cores until its engine process (named as vLLM names it) has started
+    there, then moves to all the cores given; the engine keeps the server's."""
+    import subprocess
+    import sys
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one core: nothing to move to")
+    from ogrpo.launch.cpu_slots import cpu_list
+
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE, str(allowed[-1]), cpu_list(allowed)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    before, after, engine, pid = json.loads(out.stdout)
+    assert (before, after, engine) == ([allowed[-1]], allowed, [allowed[-1]]), out.stdout
+    assert not os.path.exists(f"/proc/{pid}")  # the probe killed and reaped its stand-in engine

@@ -12,6 +12,7 @@ from __future__ import annotations
 import runpy
 import sys
 
+from ogrpo.launch import cpu_slots
 from ogrpo.patches import vllm_completions
 from ogrpo.serve.auth import server_key
 
@@ -26,6 +27,7 @@ def with_guard(argv: list[str]) -> list[str]:
 def main() -> None:
     server_key()  # no key, no server: fail here rather than in the API process after the model loaded
     vllm_completions.install()
+    cpu_slots.release_frontend()
     sys.argv[:] = ["vllm.entrypoints.openai.api_server", *with_guard(sys.argv[1:])]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 

@@ -59,7 +59,9 @@ UNCORRECTED = {"vespo-uncorrected": dict(loss_type="vespo", vllm_importance_samp
 UNCHECKPOINTED = {"grpo-uncheckpointed": dict(loss_type="grpo", beta=0.04, gradient_checkpointing=False),
                   "dapo-halves-uncheckpointed": dict(loss_type="dapo", per_device_train_batch_size=4,
                                                      gradient_accumulation_steps=2, steps_per_generation=2,
-                                                     beta=0.04, gradient_checkpointing=False)}
+                                                     beta=0.04, gradient_checkpointing=False),
+                  # truncated completions masked: their prefix forwards are dropped (TRL's forward attends to none)
+                  "dapo-masked-uncheckpointed": dict(CASES["dapo-masked"], beta=0.04, gradient_checkpointing=False)}
 ALL_CASES = {**CASES, **CHUNKED, **CHECKPOINTED, **UNCORRECTED, **UNCHECKPOINTED}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 
@@ -324,8 +326,9 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
         calls = trainer.packing.calls
         # a chunk trained ahead may be rows of one length, where packing saves nothing and TRL's pass runs, or
         # rows all forwarded on their prefixes as they streamed
-        forwarded = trainer.overlap is not None and trainer.overlap.prefix_forwards
-        assert (calls["packed"] >= STEPS or forwarded) and (calls["padded"] == 0 or layers.get("ahead")), calls
+        forwarded = sum(r.get("overlap/prefix_forwards", 0) for r in trainer.state.log_history)
+        assert (calls["packed"] >= STEPS or forwarded >= STEPS) and (calls["padded"] == 0 or layers.get("ahead")), \
+            (calls, forwarded)
         if layers.get("shared"):  # a pass computed its rows' prompts once where a chunk held rows of one prompt
             shuffled = trainer.args.steps_per_generation > 1  # TRL shuffles a generation's rows into micro-batches
             assert calls["shared"] > 0 and (shuffled or calls["shared"] == calls["packed"]), calls
@@ -359,6 +362,7 @@ def assert_same_training(tmp_path, case: str, kernel: bool = False, **layers) ->
             assert trainer.overlap.early_backward_redone == []
         if layers.get("prefixes") == "failing":  # every piece's end failed: each row's pass ran whole instead
             assert [r["overlap/prefix_passes"] for r in logged] == [0.0] * STEPS, logged
+            assert all(r.get("overlap/prefix_forwards", 0.0) == 0.0 for r in logged), logged  # and its forward
             assert trainer.overlap.prefix_failures >= 1
         elif layers.get("prefixes"):  # completions' passes answered from their prefixes, scored as they streamed
             prefixed = [r["overlap/prefix_passes"] for r in logged]

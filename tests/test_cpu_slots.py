@@ -88,3 +88,12 @@ def test_the_servers_front_end_leaves_the_engines_cores_once_the_engine_has_star
     before, after, engine, pid = json.loads(out.stdout)
     assert (before, after, engine) == ([allowed[-1]], allowed, [allowed[-1]]), out.stdout
     assert not os.path.exists(f"/proc/{pid}")  # the probe killed and reaped its stand-in engine
+
+
+def test_without_an_engine_process_the_front_end_stays_and_says_so(capsys):
+    before = os.sched_getaffinity(0)
+    thread = cpu_slots.release_frontend({cpu_slots.FRONTEND_ENV: "0"}, poll_s=0.01, give_up_s=0.2)
+    thread.join(30)
+    assert not thread.is_alive() and os.sched_getaffinity(0) == before
+    assert "no VLLM::EngineCore process seen" in capsys.readouterr().err
+    assert cpu_slots.release_frontend({}) is None  # a GPU plan, or Slurm: nothing to move

@@ -271,3 +271,35 @@ def test_a_loss_forward_in_pieces_gives_trls_log_probs_entropies_and_gradients(p
     for name, grad in expected.items():  # summed in another order (the cache's attention): fp32 noise, ~1e-5
         apart = float((found[name] - grad).norm() / grad.norm().clamp(min=1e-12))
         assert apart < 1e-4, (name, apart)
+
+
+def test_rope_that_rotates_by_the_length_seen_keeps_prefixes_off():
+    from ogrpo.overlap.prefixes import rope_why_not
+
+    assert rope_why_not(SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})) is None
+    assert rope_why_not(SimpleNamespace()) is None
+    assert "dynamic" in rope_why_not(SimpleNamespace(rope_parameters={"rope_type": "dynamic", "factor": 2.0}))
+    assert "longrope" in rope_why_not(SimpleNamespace(rope_scaling={"type": "longrope"}))
+    per_layer = {"full_attention": {"rope_type": "dynamic"}, "sliding_attention": {"rope_type": "default"}}
+    assert "dynamic" in rope_why_not(SimpleNamespace(rope_parameters=per_layer))
+    from transformers import AutoConfig
+
+    assert rope_why_not(AutoConfig.from_pretrained(str(tiny.ensure_tiny_model()))) is None  # the tests' model
+
+
+def test_a_prefix_whose_tokens_change_or_whose_cache_is_dropped_is_refused(fused_model):
+    """Tokens that no longer start with the prefix scored, or a model that ignores the cache it is given (as
+    gradient checkpointing does in training): the piece raises, and its completion's passes run whole."""
+    p = IncrementalPass(_trainer(), fused_model, [5, 6, 7])
+    p.extend([8, 9, 10])
+    with pytest.raises(ValueError, match="changed"):
+        p.extend([8, 11, 10, 12])
+
+    class Dropping:
+        config = fused_model.config
+
+        def __call__(self, **kwargs):
+            return fused_model(**{**kwargs, "past_key_values": None})
+
+    with pytest.raises(RuntimeError, match="key/value cache"):
+        IncrementalPass(_trainer(), Dropping(), [5, 6, 7]).extend([8, 9, 10])

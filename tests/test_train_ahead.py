@@ -387,7 +387,8 @@ def test_the_replaying_engine_steps_once_at_the_boundary_divides_there_and_stops
     assert plain.calls == [("boundary", True), ("backward", 2.0), ("step", 1.0)]  # accelerate's: no divisor
 
 
-@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-uncheckpointed", "dapo-halves-uncheckpointed"])
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-uncheckpointed", "dapo-halves-uncheckpointed",
+                                  "dapo-masked-uncheckpointed"])
 def test_completions_scored_on_their_prefixes_as_they_stream_train_exactly_as_trls_micro_batches(tmp_path, case):
     """Each completion's reference pass runs in pieces on its tokens so far while it generates
     (ogrpo/overlap/prefixes.py), the rest when it ends, and without gradient checkpointing its loss forward too,
@@ -403,16 +404,17 @@ def test_loss_forwards_on_prefixes_through_the_linear_logprobs_kernel_train_exac
                          completions="interleaved", prefixes=True)
 
 
+@pytest.mark.parametrize("case", ["grpo-beta", "grpo-uncheckpointed"])
 def test_a_prefix_whose_pass_fails_leaves_its_completion_to_run_whole_and_trains_as_trl(tmp_path, monkeypatch,
-                                                                                          capsys):
-    """A piece that raises (here every completion's last): its completion's pass runs whole at its end, the run
-    trains as TRL's, and the failure is said once."""
+                                                                                          capsys, case):
+    """A piece that raises (here every completion's last): its completion's pass (and, without checkpointing, its
+    loss forward) runs whole at its end, the run trains as TRL's, and the failure is said once."""
     from ogrpo.overlap.prefixes import IncrementalPass
 
     def broken(self, completion):
         raise RuntimeError("no cache here")
 
     monkeypatch.setattr(IncrementalPass, "finish", broken)
-    assert_same_training(tmp_path, "grpo-beta", from_loss=True, packed=True, ahead=True, completions="interleaved",
+    assert_same_training(tmp_path, case, from_loss=True, packed=True, ahead=True, completions="interleaved",
                          prefixes="failing")
     assert capsys.readouterr().err.count("a completion's pass on its prefix failed (RuntimeError: no cache") == 1

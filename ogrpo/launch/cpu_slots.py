@@ -68,7 +68,7 @@ def _cores(spec: str) -> list[int]:
     return cores
 
 
-def release_frontend(environ=os.environ, poll_s: float = 0.5):
+def release_frontend(environ=os.environ, poll_s: float = 0.5, give_up_s: float = 1800.0):
     """In the server's API process: once its engine process has started (pinned to the server's cores, which it
     inherited), move this process's threads to FRONTEND_ENV's cores. The front end (HTTP, streamed answers)
     then takes the trainer's idle time instead of the engine's core. Runs on a daemon thread, returned (None
@@ -94,7 +94,14 @@ def release_frontend(environ=os.environ, poll_s: float = 0.5):
         return False
 
     def run() -> None:
+        import sys
+
+        deadline = time.monotonic() + give_up_s
         while not children():
+            if time.monotonic() > deadline:  # no engine process of vLLM's name: the front end stays where it is
+                sys.stderr.write("ogrpo serve: no VLLM::EngineCore process seen; the HTTP front end stays on the "
+                                 "server's cores\n")
+                return
             time.sleep(poll_s)
         time.sleep(poll_s)
         for tid in os.listdir("/proc/self/task"):
@@ -102,6 +109,7 @@ def release_frontend(environ=os.environ, poll_s: float = 0.5):
                 os.sched_setaffinity(int(tid), wide)
             except OSError:
                 pass
+        sys.stderr.write(f"ogrpo serve: the engine started; the HTTP front end may use cores {spec}\n")
 
     thread = threading.Thread(target=run, name="ogrpo-release-frontend", daemon=True)
     thread.start()

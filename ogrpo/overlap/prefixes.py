@@ -43,6 +43,24 @@ MAX_FORWARDS = 1
 FORWARD_PIECE_SHARE = 1 / 8
 
 
+def rope_why_not(config) -> str | None:
+    """Why pieces through a cache would not rotate keys as one whole pass does, else None: RoPE whose frequencies
+    depend on the longest position seen (dynamic NTK, LongRoPE) rotates a piece's keys by the length so far."""
+    specs = [getattr(config, name, None) for name in ("rope_parameters", "rope_scaling")]
+    for spec in specs:
+        if not isinstance(spec, dict):
+            continue
+        # transformers 5 may hold one per attention type
+        for one in ([spec] if "rope_type" in spec or "type" in spec else list(spec.values())):
+            kind = one.get("rope_type", one.get("type")) if isinstance(one, dict) else None
+            if kind in LENGTH_DEPENDENT_ROPE:
+                return f"RoPE {kind!r} rotates by the length seen so far: a piece's keys differ from a whole pass's"
+    return None
+
+
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
 def report_failure(state, exc: BaseException) -> None:
     """A piece that failed: that completion's passes run whole at its end (the same numbers, later); said once per
     run on stderr, and counted (`state.prefix_failures`)."""
@@ -122,6 +140,8 @@ class IncrementalPass:
         from transformers import DynamicCache
 
         seq = self.prompt + list(completion)
+        if seq[:len(self.seq)] != self.seq:
+            raise ValueError("a completion's tokens so far changed under the prefix already scored")
         end = len(seq) - 1  # the last known token has no label yet
         if end <= self.fed:
             self.seq = seq
@@ -146,6 +166,9 @@ class IncrementalPass:
                                  shift_labels=labels, fused_lm_head=True)
             if bool(scored.any()):
                 self.logps.append(out.log_probs[0][scored].float())
+        if self.cache.get_seq_length() != end:  # a model that drops it (checkpointing in training) scores wrongly
+            raise RuntimeError(f"the model kept {self.cache.get_seq_length()} of {end} positions in its key/value "
+                               "cache")
         profiler = getattr(self.trainer, "stage_profiler", None)
         if profiler is not None:
             profiler.count_positions(ids.size(1), ids.size(1))

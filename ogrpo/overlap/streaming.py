@@ -72,7 +72,7 @@ def prefix_passes(trainer) -> str | None:
     if getattr(trainer, "packing", None) is None:
         return ("the padding-free passes are off: the pieces give their positions (the prompt's first real token "
                 "at 0), which TRL's padded pass gives only where the model's positions are relative")
-    return None
+    return prefix_pieces.rope_why_not(trainer.model.config)
 
 
 def rank_groups(trainer, state, work, prompts):

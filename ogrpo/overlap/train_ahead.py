@@ -103,7 +103,9 @@ def prefix_forwards_why_not(trainer) -> str | None:
         return "several trainer processes: a completion's forward runs as it ends only on one"
     if deepspeed_side(trainer) is not None:
         return "DeepSpeed's engine gathers and frees the weights around each forward it runs whole"
-    if getattr(trainer.args, "gradient_checkpointing", False):
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(trainer.args, "gradient_checkpointing", False) or getattr(base, "is_gradient_checkpointing", False):
         return "gradient checkpointing recomputes each forward whole, without the key/value cache"
     return None
 
@@ -346,6 +348,8 @@ class TrainAhead:
         done = self.forward_from_prefix(index, j, answer["completion_ids"][0], mask[0])
         if done is not None:
             lp, ent = done
+            # counted at the cap: its pieces' attention keeps a copy of the keys and values so far each
+            positions = max(positions, self.reserve)
         else:
             if not whole or self.held + positions + self.width + trainer.max_completion_length > self.budget:
                 return False

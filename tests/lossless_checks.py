@@ -60,8 +60,14 @@ UNCHECKPOINTED = {"grpo-uncheckpointed": dict(loss_type="grpo", beta=0.04, gradi
                   "dapo-halves-uncheckpointed": dict(loss_type="dapo", per_device_train_batch_size=4,
                                                      gradient_accumulation_steps=2, steps_per_generation=2,
                                                      beta=0.04, gradient_checkpointing=False),
-                  # truncated completions masked: their prefix forwards are dropped (TRL's forward attends to none)
-                  "dapo-masked-uncheckpointed": dict(CASES["dapo-masked"], beta=0.04, gradient_checkpointing=False)}
+                  # the loss types and importance-sampling modes of CASES with a reference pass to stream (its
+                  # prefix pieces carry the loss forward's), dapo-masked's truncations included (their prefix
+                  # forwards are dropped: TRL's forward attends to none of them); not those that train no group
+                  # ahead (bnpo, the entropy quantile), nor vespo: with beta > 0 and vLLM's correction its
+                  # completions forwarded alone already part from TRL's KL at step 2 (1782.35 against 1782.95,
+                  # before prefix forwards existed: open in issue 36)
+                  **{f"{name}-uncheckpointed": dict(keys, beta=0.04, gradient_checkpointing=False)
+                     for name, keys in CASES.items() if name not in ("grpo-beta", "bnpo", "grpo-accumulated", "vespo")}}
 ALL_CASES = {**CASES, **CHUNKED, **CHECKPOINTED, **UNCORRECTED, **UNCHECKPOINTED}
 TIMES = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
 

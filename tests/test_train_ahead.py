@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lossless_checks import CASES, CHUNKED, assert_same_training
+from lossless_checks import CASES, CHUNKED, UNCHECKPOINTED, assert_same_training
 
 # every case of tests/lossless_checks.py whose loss can be trained ahead (bnpo and the entropy mask cannot)
 AHEAD = [c for c in CASES if c not in ("bnpo", "grpo-accumulated")] + list(CHUNKED)
@@ -387,8 +387,7 @@ def test_the_replaying_engine_steps_once_at_the_boundary_divides_there_and_stops
     assert plain.calls == [("boundary", True), ("backward", 2.0), ("step", 1.0)]  # accelerate's: no divisor
 
 
-@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", "grpo-uncheckpointed", "dapo-halves-uncheckpointed",
-                                  "dapo-masked-uncheckpointed"])
+@pytest.mark.parametrize("case", ["grpo-beta", "dapo-chunked", *UNCHECKPOINTED])
 def test_completions_scored_on_their_prefixes_as_they_stream_train_exactly_as_trls_micro_batches(tmp_path, case):
     """Each completion's reference pass runs in pieces on its tokens so far while it generates
     (ogrpo/overlap/prefixes.py), the rest when it ends, and without gradient checkpointing its loss forward too,

@@ -43,6 +43,9 @@ MAX_FORWARDS = 1
 FORWARD_PIECE_SHARE = 1 / 8
 
 
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # RoPE types whose frequencies depend on the length seen
+
+
 def rope_why_not(config) -> str | None:
     """Why pieces through a cache would not rotate keys as one whole pass does, else None: RoPE whose frequencies
     depend on the longest position seen (dynamic NTK, LongRoPE) rotates a piece's keys by the length so far."""
@@ -56,9 +59,6 @@ def rope_why_not(config) -> str | None:
             if kind in LENGTH_DEPENDENT_ROPE:
                 return f"RoPE {kind!r} rotates by the length seen so far: a piece's keys differ from a whole pass's"
     return None
-
-
-LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 def report_failure(state, exc: BaseException) -> None:
